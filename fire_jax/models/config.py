@@ -1,0 +1,113 @@
+"""Typed model configuration, built from the ``config.model`` ConfigDict.
+
+Models receive these frozen dataclasses, never the ml_collections tree, so
+``fire_jax.models`` can be used (and tested against Hugging Face) on its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from fire_jax.geometry import DEFAULT_PINPOINTS, ImageGeometry
+
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+@dataclasses.dataclass(frozen=True)
+class VisionConfig:
+    """CLIP ViT (pre-LN, quick_gelu)."""
+
+    image_size: int = 336
+    patch_size: int = 14
+    width: int = 1024
+    layers: int = 24
+    heads: int = 16
+    mlp_dim: int = 4096
+    layer_norm_eps: float = 1e-5
+    feature_layer: int = -2  # index into hidden states (0 = embeddings), as HF's vision_feature_layer
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int = 128320
+    dim: int = 4096
+    layers: int = 32
+    heads: int = 32
+    kv_heads: int = 8
+    head_dim: int = 128
+    mlp_dim: int = 14336
+    norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    # None, or the Llama-3.1 "llama3" scaling: factor, low_freq_factor,
+    # high_freq_factor, original_max_position_embeddings.
+    rope_scaling: Mapping[str, float] | None = None
+    attention_bias: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+    """PEFT-style LoRA: W x + (alpha / rank) * B A dropout(x)."""
+
+    rank: int = 64
+    alpha: float = 256.0
+    dropout: float = 0.05
+    targets: tuple[str, ...] = ("q", "k")
+
+    def __post_init__(self):
+        bad = [t for t in self.targets if t not in LORA_TARGETS]
+        if bad:
+            raise ValueError(f"lora.targets: unknown target(s) {bad}; choose from {LORA_TARGETS}")
+        object.__setattr__(self, "targets", tuple(self.targets))
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
+@dataclasses.dataclass(frozen=True)
+class LlavaNextConfig:
+    vision: VisionConfig = VisionConfig()
+    llm: LlamaConfig = LlamaConfig()
+    lora: LoraConfig | None = LoraConfig()
+    image_token_id: int = 128256
+    image_grid_pinpoints: tuple[tuple[int, int], ...] = DEFAULT_PINPOINTS
+    image_mode: str = "anyres"  # or "pad": one tile per image
+    pad_newline: bool = False
+    projector_bias: bool = True
+    remat: str = "none"  # per-layer rematerialisation policy name, see models.llama.REMAT_POLICIES
+    dtype: str = "float32"  # activation / compute dtype
+    param_dtype: str = "float32"  # frozen weights' storage dtype
+
+    @property
+    def geometry(self) -> ImageGeometry:
+        return ImageGeometry(
+            tile_size=self.vision.image_size, patch_size=self.vision.patch_size,
+            pinpoints=self.image_grid_pinpoints, mode=self.image_mode, pad_newline=self.pad_newline)
+
+    @classmethod
+    def from_dict(cls, cfg: Mapping[str, Any]) -> "LlavaNextConfig":
+        """Build from ``config.model`` (a ConfigDict or plain dict); unknown keys raise."""
+        cfg = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
+        sub = {"vision": VisionConfig, "llm": LlamaConfig, "lora": LoraConfig}
+        kwargs = {}
+        for key, value in cfg.items():
+            if key in sub:
+                kwargs[key] = None if value is None else _build(sub[key], value, f"model.{key}")
+            elif key == "image_grid_pinpoints":
+                kwargs[key] = tuple(tuple(p) for p in value)
+            else:
+                kwargs[key] = value
+        return _build(cls, kwargs, "model")
+
+
+def _build(cls, values: Mapping[str, Any], where: str):
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {unknown}; known: {sorted(names)}")
+    return cls(**{k: (dict(v) if isinstance(v, Mapping) and k == "rope_scaling" else v) for k, v in values.items()})
