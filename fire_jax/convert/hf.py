@@ -1,0 +1,333 @@
+"""Hugging Face LLaVA-NeXT checkpoints <-> fire_jax NNX models, and PEFT adapters out.
+
+One function per tensor family (MaxText's layout): a rule maps each HF key to a
+path in our state and a transform of the tensor. Loading streams one tensor at
+a time from the safetensors files into an abstract model, so the 8B weights
+never exist twice in host memory.
+
+Key layouts read: the hub's (``language_model.model.*``, ``language_model.lm_head``,
+``vision_tower.vision_model.*`` or ``vision_tower.*``, ``multi_modal_projector.*``,
+``image_newline``) and transformers' in-memory one (``model.language_model.*``,
+``model.vision_tower.*``, ``lm_head.*``). Written: the hub's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from fire_jax.geometry import DEFAULT_PINPOINTS
+from fire_jax.models.config import LlamaConfig, LlavaNextConfig, LoraConfig, VisionConfig
+from fire_jax.models.layers import LoRAParam
+from fire_jax.models.llava_next import LlavaNext
+
+# Defaults of transformers' config classes, for keys a config.json leaves out.
+_HF_LLAMA_DEFAULTS = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                          num_attention_heads=32, rms_norm_eps=1e-6, rope_theta=10000.0, attention_bias=False)
+_HF_CLIP_DEFAULTS = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                         image_size=224, patch_size=32, layer_norm_eps=1e-5, hidden_act="quick_gelu")
+# LlavaNextConfig's vision tower when its config.json has no vision_config at all.
+_LLAVA_DEFAULT_VISION = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
+                             image_size=336, patch_size=14)
+
+
+# --------------------------------------------------------------------------- configs
+
+def config_from_hf(hf: dict, lora: LoraConfig | None = LoraConfig(), **overrides) -> LlavaNextConfig:
+    """Our config from a HF LLaVA-NeXT ``config.json`` dict (missing keys take HF's defaults)."""
+    text = {**_HF_LLAMA_DEFAULTS, **hf.get("text_config", {})}
+    vision = {**_HF_CLIP_DEFAULTS, **hf.get("vision_config", _LLAVA_DEFAULT_VISION)}
+    if hf.get("vision_feature_select_strategy", "default") != "default":
+        raise ValueError("only vision_feature_select_strategy='default' (CLS dropped) is supported")
+    layer = hf.get("vision_feature_layer", -2)
+    if not isinstance(layer, int):
+        raise ValueError(f"vision_feature_layer={layer}: only a single layer is supported")
+    if vision["hidden_act"] != "quick_gelu" or text.get("hidden_act", "silu") != "silu":
+        raise ValueError("expected CLIP quick_gelu and Llama silu activations")
+    if hf.get("projector_hidden_act", "gelu") != "gelu":
+        raise ValueError(f"projector_hidden_act={hf['projector_hidden_act']!r}: only exact 'gelu' is supported")
+    rope = dict(text.get("rope_parameters") or {})
+    theta = rope.pop("rope_theta", text["rope_theta"])
+    scaling = text.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+    heads = text["num_attention_heads"]
+    llm = LlamaConfig(
+        vocab_size=text["vocab_size"], dim=text["hidden_size"], layers=text["num_hidden_layers"], heads=heads,
+        kv_heads=text.get("num_key_value_heads") or heads,
+        head_dim=text.get("head_dim") or text["hidden_size"] // heads, mlp_dim=text["intermediate_size"],
+        norm_eps=text["rms_norm_eps"], rope_theta=float(theta),
+        rope_scaling=dict(scaling) if scaling else None, attention_bias=text["attention_bias"])
+    vis = VisionConfig(image_size=vision["image_size"], patch_size=vision["patch_size"], width=vision["hidden_size"],
+                       layers=vision["num_hidden_layers"], heads=vision["num_attention_heads"],
+                       mlp_dim=vision["intermediate_size"], layer_norm_eps=vision["layer_norm_eps"],
+                       feature_layer=layer)
+    kwargs = dict(vision=vis, llm=llm, lora=lora, image_token_id=hf.get("image_token_index", 32000),
+                  image_grid_pinpoints=tuple(tuple(p) for p in hf.get("image_grid_pinpoints", DEFAULT_PINPOINTS)),
+                  projector_bias=hf.get("multimodal_projector_bias", True))
+    kwargs.update(overrides)
+    return LlavaNextConfig(**kwargs)
+
+
+def config_to_hf(cfg: LlavaNextConfig) -> dict:
+    """A ``config.json`` dict that transformers' LlavaNextConfig reads back to the same model."""
+    llm, vis = cfg.llm, cfg.vision
+    text = dict(model_type="llama", vocab_size=llm.vocab_size, hidden_size=llm.dim, intermediate_size=llm.mlp_dim,
+                num_hidden_layers=llm.layers, num_attention_heads=llm.heads, num_key_value_heads=llm.kv_heads,
+                head_dim=llm.head_dim, rms_norm_eps=llm.norm_eps, rope_theta=llm.rope_theta,
+                attention_bias=llm.attention_bias, hidden_act="silu", tie_word_embeddings=False)
+    text["rope_parameters"] = {"rope_theta": llm.rope_theta, **(dict(llm.rope_scaling) if llm.rope_scaling
+                                                                   else {"rope_type": "default"})}
+    if llm.rope_scaling:
+        text["rope_scaling"] = dict(llm.rope_scaling)
+    vision = dict(model_type="clip_vision_model", hidden_size=vis.width, intermediate_size=vis.mlp_dim,
+                  num_hidden_layers=vis.layers, num_attention_heads=vis.heads, image_size=vis.image_size,
+                  patch_size=vis.patch_size, layer_norm_eps=vis.layer_norm_eps, hidden_act="quick_gelu")
+    return dict(architectures=["LlavaNextForConditionalGeneration"], model_type="llava_next", text_config=text,
+                vision_config=vision, image_token_index=cfg.image_token_id, projector_hidden_act="gelu",
+                vision_feature_select_strategy="default", vision_feature_layer=vis.feature_layer,
+                image_grid_pinpoints=[list(p) for p in cfg.image_grid_pinpoints],
+                multimodal_projector_bias=cfg.projector_bias, tie_word_embeddings=False)
+
+
+# --------------------------------------------------------------------------- key mapping
+
+def canonical_key(key: str) -> str:
+    """Any supported HF key layout -> the hub layout (``language_model.model.*`` ...)."""
+    key = re.sub(r"^model\.language_model\.", "language_model.model.", key)
+    key = re.sub(r"^lm_head\.", "language_model.lm_head.", key)
+    key = re.sub(r"^model\.(vision_tower|multi_modal_projector|image_newline)", r"\1", key)
+    return key.replace("vision_tower.vision_model.", "vision_tower.")
+
+
+def _linear(w):
+    return np.ascontiguousarray(np.asarray(w).T)
+
+
+def _patch_conv(w):
+    w = np.asarray(w)  # [width, 3, p, p] -> [3*p*p, width], flattened (channel, row, col)
+    return np.ascontiguousarray(w.reshape(w.shape[0], -1).T)
+
+
+def _same(w):
+    return np.asarray(w)
+
+
+# HF key pattern (hub layout) -> (our path template, tensor transform); "W" = kernel or norm weight.
+_RULES: list[tuple[str, str, Callable | None]] = [
+    (r"vision_tower\.embeddings\.patch_embedding\.weight", "vision_tower.patch_embedding", _patch_conv),
+    (r"vision_tower\.embeddings\.class_embedding", "vision_tower.class_embedding", _same),
+    (r"vision_tower\.embeddings\.position_embedding\.weight", "vision_tower.position_embedding", _same),
+    (r"vision_tower\.encoder\.layers\.(\d+)\.(.+)\.weight", "vision_tower.layers.{0}.{1}.W", None),
+    (r"vision_tower\.encoder\.layers\.(\d+)\.(.+)\.bias", "vision_tower.layers.{0}.{1}.bias", _same),
+    (r"vision_tower\.(pre_layrnorm|post_layernorm)\.(weight|bias)", "vision_tower.{0}.{1}", _same),
+    (r"language_model\.model\.embed_tokens\.weight", "language_model.model.embed_tokens.embedding", _same),
+    (r"(language_model\.(?:model\.layers\.\d+\..+|lm_head))\.weight", "{0}.W", None),
+    (r"(language_model\.model\.layers\.\d+\..+)\.bias", "{0}.bias", _same),
+    (r"language_model\.model\.norm\.weight", "language_model.model.norm.weight", _same),
+    (r"multi_modal_projector\.(linear_[12])\.weight", "multi_modal_projector.{0}.kernel", _linear),
+    (r"multi_modal_projector\.(linear_[12])\.bias", "multi_modal_projector.{0}.bias", _same),
+    (r"image_newline", "image_newline", _same),
+]
+
+
+def _flat_params(state) -> dict[str, Any]:
+    """``{"a.b.0.kernel": leaf}`` for an nnx State (Variables' values)."""
+    return {".".join(str(p) for p in path): leaf for path, leaf in nnx.to_flat_state(state)}
+
+
+def hf_to_path(key: str, ours: dict[str, Any]) -> tuple[str, Callable]:
+    """Our parameter path and tensor transform for a HF key; ``W`` marks "kernel or weight"."""
+    key = canonical_key(key)
+    for pattern, template, fn in _RULES:
+        m = re.fullmatch(pattern, key)
+        if not m:
+            continue
+        path = template.format(*m.groups())
+        if path.endswith(".W"):  # a Linear's kernel (transposed) or a norm's weight (as is)
+            stem = path[:-2]
+            return (stem + ".kernel", _linear) if stem + ".kernel" in ours else (stem + ".weight", _same)
+        return path, fn
+    raise KeyError(f"unknown Hugging Face key {key!r}")
+
+
+def path_to_hf(path: str) -> tuple[str, Callable]:
+    """The hub-layout key and inverse transform for one of our frozen parameters."""
+    if path == "vision_tower.patch_embedding":
+        return "vision_tower.vision_model.embeddings.patch_embedding.weight", None
+    fixed = {"vision_tower.class_embedding": "vision_tower.embeddings.class_embedding",
+             "vision_tower.position_embedding": "vision_tower.embeddings.position_embedding.weight",
+             "language_model.model.embed_tokens.embedding": "language_model.model.embed_tokens.weight"}
+    if path in fixed:
+        key, fn = fixed[path], _same
+    elif path.endswith(".kernel"):
+        key, fn = path[: -len(".kernel")] + ".weight", _linear
+    else:
+        key, fn = path, _same
+    key = re.sub(r"^vision_tower\.layers\.", "vision_tower.encoder.layers.", key)
+    return key.replace("vision_tower.", "vision_tower.vision_model.", 1), fn
+
+
+# --------------------------------------------------------------------------- loading
+
+def _safetensors_files(directory: str) -> list[str]:
+    index = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            return sorted({os.path.join(directory, v) for v in json.load(f)["weight_map"].values()})
+    single = os.path.join(directory, "model.safetensors")
+    if os.path.exists(single):
+        return [single]
+    raise FileNotFoundError(f"{directory}: no model.safetensors or model.safetensors.index.json")
+
+
+def iter_hf_tensors(directory: str) -> Iterator[tuple[str, np.ndarray]]:
+    """(key, numpy array) pairs, one tensor in memory at a time (bf16 kept as ml_dtypes.bfloat16)."""
+    from safetensors import safe_open
+
+    for path in _safetensors_files(directory):
+        with safe_open(path, framework="flax") as f, jax.default_device(jax.devices("cpu")[0]):
+            for key in f.keys():
+                yield key, np.asarray(f.get_tensor(key))
+
+
+def abstract_model(cfg: LlavaNextConfig) -> LlavaNext:
+    """The model's structure with ShapeDtypeStructs for leaves: nothing allocated."""
+    return nnx.eval_shape(lambda: LlavaNext(cfg, rngs=nnx.Rngs(0)))
+
+
+def fresh_lora_state(cfg: LlavaNextConfig, seed: int = 0):
+    """Freshly initialised LoRA factors (A random, B zero) without materialising frozen weights.
+
+    Under jit the frozen initialisers are dead code that XLA removes.
+    """
+    return jax.jit(lambda: nnx.state(LlavaNext(cfg, rngs=nnx.Rngs(seed)), LoRAParam))()
+
+
+def load_hf_checkpoint(directory: str, lora: LoraConfig | None = LoraConfig(), *, seed: int = 0,
+                       sharding: Callable[[str, Any], Any] | None = None, **overrides) -> LlavaNext:
+    """Load a HF LLaVA-NeXT checkpoint directory (config.json + safetensors) into a fresh NNX model.
+
+    ``overrides`` set LlavaNextConfig fields (e.g. ``dtype``, ``param_dtype``,
+    ``remat``, ``image_mode``). ``sharding(path, abstract_leaf)`` may return a
+    ``jax.sharding.Sharding`` to place each tensor directly on a mesh.
+    LoRA factors are freshly initialised (B = 0).
+    """
+    with open(os.path.join(directory, "config.json")) as f:
+        cfg = config_from_hf(json.load(f), lora=lora, **overrides)
+    graphdef, frozen, lora_state = nnx.split(abstract_model(cfg), nnx.Param, LoRAParam)
+    ours = _flat_params(frozen)
+    loaded: dict[str, jax.Array] = {}
+    for key, tensor in iter_hf_tensors(directory):
+        path, fn = hf_to_path(key, ours)
+        if path not in ours:
+            raise KeyError(f"{directory}: HF key {key!r} maps to {path!r}, which the model does not have")
+        target = ours[path]
+        value = fn(tensor)
+        if value.shape != target.shape:
+            raise ValueError(f"{directory}: {key} has shape {value.shape}, the model expects {target.shape} at {path}")
+        value = value.astype(target.dtype)
+        loaded[path] = jax.device_put(value, sharding(path, target) if sharding else None)
+        del tensor, value
+    missing = sorted(set(ours) - set(loaded))
+    if missing:
+        raise KeyError(f"{directory}: checkpoint lacks {len(missing)} tensor(s), e.g. {missing[:5]}")
+    for path, variable in nnx.to_flat_state(frozen):
+        variable.set_value(loaded[".".join(str(p) for p in path)])
+    if cfg.lora is not None:
+        lora_state = fresh_lora_state(cfg, seed)
+    return nnx.merge(graphdef, frozen, lora_state)
+
+
+# --------------------------------------------------------------------------- saving
+
+def save_hf_checkpoint(model: LlavaNext, directory: str, *, max_shard_bytes: int = 5 * 2**30,
+                       dtype: str | None = None) -> None:
+    """Write the frozen weights (merge LoRA first to keep it) as a HF checkpoint directory.
+
+    Shards of at most ``max_shard_bytes``; one shard at a time lives on the host.
+    """
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config_to_hf(model.cfg), f, indent=2)
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for path, leaf in _flat_params(nnx.state(model, nnx.Param)).items():
+        key, fn = path_to_hf(path)
+        arr = np.asarray(jax.device_get(leaf[...] if hasattr(leaf, "get_value") else leaf))
+        if fn is None:  # patch conv: [3*p*p, width] -> [width, 3, p, p]
+            p = model.cfg.vision.patch_size
+            arr = arr.T.reshape(arr.shape[1], 3, p, p)
+        else:
+            arr = fn(arr)
+        if dtype:
+            arr = arr.astype(jnp.dtype(dtype))
+        if size + arr.nbytes > max_shard_bytes and shards[-1]:
+            _write_shard(directory, shards, len(shards) - 1)
+            shards.append({})
+            size = 0
+        shards[-1][key] = np.ascontiguousarray(arr)
+        size += arr.nbytes
+    _write_shard(directory, shards, len(shards) - 1)
+    names = [_shard_name(i, len(shards)) for i in range(len(shards))]
+    if len(shards) == 1:
+        os.replace(os.path.join(directory, _shard_name(0, None)), os.path.join(directory, "model.safetensors"))
+        return
+    for i in range(len(shards)):
+        os.replace(os.path.join(directory, _shard_name(i, None)), os.path.join(directory, names[i]))
+    weight_map = {k: names[i] for i, shard in enumerate(shards) for k in shard}
+    with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=2)
+
+
+def _shard_name(i: int, total: int | None) -> str:
+    return f"shard-{i:05d}.tmp" if total is None else f"model-{i + 1:05d}-of-{total:05d}.safetensors"
+
+
+def _write_shard(directory: str, shards: list[dict], i: int) -> None:
+    """Write shard i under a temporary name and keep only its key list in memory."""
+    from safetensors.numpy import save_file
+
+    save_file(shards[i], os.path.join(directory, _shard_name(i, None)), metadata={"format": "pt"})
+    shards[i] = {k: None for k in shards[i]}
+
+
+# --------------------------------------------------------------------------- PEFT
+
+_PEFT_MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
+                 "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
+
+
+def save_peft_adapter(model: LlavaNext, directory: str, base_model_name_or_path: str = "") -> None:
+    """Export the LoRA factors as a PEFT adapter (adapter_config.json + adapter_model.safetensors).
+
+    Keys follow transformers' LlavaNextForConditionalGeneration module names
+    (``base_model.model.model.language_model.layers.N.self_attn.q_proj.lora_A.weight``);
+    target_modules is a regex so the CLIP tower's q/k projections are not matched.
+    """
+    from safetensors.numpy import save_file
+
+    lora = model.cfg.lora
+    if lora is None:
+        raise ValueError("the model has no LoRA adapter to export")
+    tensors = {}
+    for i, layer in enumerate(model.language_model.model.layers):
+        for target in lora.targets:
+            sub, proj = _PEFT_MODULES[target].split(".")
+            linear = getattr(getattr(layer, sub), proj)
+            prefix = f"base_model.model.model.language_model.layers.{i}.{sub}.{proj}"
+            tensors[f"{prefix}.lora_A.weight"] = _linear(jax.device_get(linear.lora_a[...]))
+            tensors[f"{prefix}.lora_B.weight"] = _linear(jax.device_get(linear.lora_b[...]))
+    os.makedirs(directory, exist_ok=True)
+    save_file(tensors, os.path.join(directory, "adapter_model.safetensors"), metadata={"format": "pt"})
+    names = "|".join(_PEFT_MODULES[t].split(".")[1] for t in lora.targets)
+    config = dict(peft_type="LORA", task_type=None, r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                  bias="none", fan_in_fan_out=False, init_lora_weights=True, inference_mode=True,
+                  target_modules=rf".*language_model.*\.({names})", base_model_name_or_path=base_model_name_or_path)
+    with open(os.path.join(directory, "adapter_config.json"), "w") as f:
+        json.dump(config, f, indent=2)

@@ -1,0 +1,11 @@
+"""Models: ``LlavaNext`` (CLIP + connector + Llama-3 with LoRA) and its typed config."""
+
+from fire_jax.models.config import LlamaConfig, LlavaNextConfig, LoraConfig, VisionConfig
+from fire_jax.models.layers import LoRAParam
+from fire_jax.models.llama import KVCache
+from fire_jax.models.llava_next import LlavaNext, count_params, merge_lora
+
+Model = LlavaNext
+
+__all__ = ["Model", "LlavaNext", "LlavaNextConfig", "VisionConfig", "LlamaConfig", "LoraConfig", "LoRAParam",
+           "KVCache", "merge_lora", "count_params"]

@@ -1,0 +1,115 @@
+"""Shared building blocks: linear layers with optional LoRA, norms, embeddings.
+
+Every weight carries ``axes``: logical axis names that the trainer maps to
+mesh axes with the rules in the config (MaxText's vocabulary). LoRA weights
+are :class:`LoRAParam`, their own variable type, so "what is trainable" is a
+filter (``nnx.split(model, LoRAParam, ...)``), not bookkeeping.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+class LoRAParam(nnx.Variable):
+    """A LoRA factor: trainable, float32, never merged into frozen state implicitly."""
+
+
+def dtype_of(name: str):
+    return jnp.dtype(name)
+
+
+class Linear(nnx.Module):
+    """y = x W (+ b) (+ alpha/r * dropout(x) A B).
+
+    Kernel is stored ``[in, out]`` (Flax convention; HF stores ``[out, in]``).
+    LoRA follows PEFT: A ``[in, r]`` ~ kaiming-uniform(a=sqrt 5), i.e.
+    U(-1/sqrt(in), 1/sqrt(in)); B ``[r, out]`` = 0, so a fresh adapter is a no-op.
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, axes: tuple[str | None, str | None],
+                 bias: bool = False, lora_rank: int = 0, lora_scale: float = 1.0, lora_dropout: float = 0.0,
+                 param_dtype=jnp.float32, rngs: nnx.Rngs):
+        init = jax.nn.initializers.normal(0.02)
+        self.kernel = nnx.Param(init(rngs.params(), (in_features, out_features), param_dtype), axes=axes)
+        self.bias = nnx.Param(jnp.zeros((out_features,), param_dtype), axes=(axes[1],)) if bias else None
+        self.lora_scale = lora_scale
+        self.lora_dropout = lora_dropout
+        if lora_rank:
+            bound = 1.0 / math.sqrt(in_features)
+            a = jax.random.uniform(rngs.params(), (in_features, lora_rank), jnp.float32, -bound, bound)
+            self.lora_a = LoRAParam(a, axes=(axes[0], None))
+            self.lora_b = LoRAParam(jnp.zeros((lora_rank, out_features), jnp.float32), axes=(None, axes[1]))
+        else:
+            self.lora_a = self.lora_b = None
+
+    def __call__(self, x: jax.Array, dropout_rng: jax.Array | None = None) -> jax.Array:
+        y = x @ self.kernel[...].astype(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias[...].astype(x.dtype)
+        if self.lora_a is not None:
+            h = x
+            if dropout_rng is not None and self.lora_dropout > 0:
+                keep = jax.random.bernoulli(dropout_rng, 1.0 - self.lora_dropout, x.shape)
+                h = jnp.where(keep, x / (1.0 - self.lora_dropout), 0).astype(x.dtype)
+            y = y + ((h @ self.lora_a[...].astype(x.dtype)) @ self.lora_b[...].astype(x.dtype)) * self.lora_scale
+        return y
+
+    def merge_lora(self) -> None:
+        """Fold the adapter into the kernel and drop it (PEFT's merge_and_unload)."""
+        if self.lora_a is None:
+            return
+        delta = (self.lora_a[...] @ self.lora_b[...]) * self.lora_scale
+        self.kernel[...] = (self.kernel[...].astype(jnp.float32) + delta).astype(self.kernel[...].dtype)
+        self.lora_a = self.lora_b = None
+
+
+class RMSNorm(nnx.Module):
+    """Llama RMSNorm: statistics in float32, result cast back before the scale."""
+
+    def __init__(self, dim: int, eps: float, *, param_dtype=jnp.float32):
+        self.weight = nnx.Param(jnp.ones((dim,), param_dtype), axes=("norm",))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.weight[...].astype(x.dtype) * y.astype(x.dtype)
+
+
+class LayerNorm(nnx.Module):
+    """LayerNorm with bias (CLIP); statistics in float32."""
+
+    def __init__(self, dim: int, eps: float, *, param_dtype=jnp.float32):
+        self.weight = nnx.Param(jnp.ones((dim,), param_dtype), axes=("norm",))
+        self.bias = nnx.Param(jnp.zeros((dim,), param_dtype), axes=("norm",))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        mean = jnp.mean(x32, axis=-1, keepdims=True)
+        var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+        y = (x32 - mean) * jax.lax.rsqrt(var + self.eps)
+        return (y * self.weight[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)).astype(x.dtype)
+
+
+class Embed(nnx.Module):
+    def __init__(self, num: int, dim: int, *, axes: tuple[str, str], param_dtype=jnp.float32, rngs: nnx.Rngs):
+        self.embedding = nnx.Param(jax.random.normal(rngs.params(), (num, dim), param_dtype) * 0.02, axes=axes)
+
+    def __call__(self, ids: jax.Array, dtype) -> jax.Array:
+        return jnp.take(self.embedding[...], ids, axis=0).astype(dtype)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None) -> jax.Array:
+    """Scaled dot-product attention, grouped-query aware.
+
+    q ``[batch, q_len, heads, head_dim]``, k/v ``[batch, kv_len, kv_heads, head_dim]``,
+    mask bool broadcastable to ``[batch, heads, q_len, kv_len]``. Goes through
+    ``jax.nn.dot_product_attention`` so GPUs can pick the cuDNN flash kernel.
+    """
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=q.shape[-1] ** -0.5)

@@ -1,0 +1,192 @@
+"""Llama-3 decoder: RMSNorm, RoPE (with Llama-3.1 "llama3" scaling), GQA, SwiGLU.
+
+Readable top to bottom. The KV cache is an explicit pytree passed in and out
+(fixed size, updated with ``dynamic_update_slice``) so prefill and decode are
+pure functions that ``jax.jit`` compiles once per shape.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from fire_jax.models.config import LlamaConfig, LoraConfig
+from fire_jax.models.layers import Embed, Linear, RMSNorm, attention
+
+#: Per-layer rematerialisation policies, chosen by name in the config.
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_saveable,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+class KVCache(NamedTuple):
+    """Fixed-size cache. k, v: one ``[batch, max_len, kv_heads, head_dim]`` per layer.
+
+    ``mask`` ``[batch, max_len]`` marks filled, non-padding slots; ``index`` is
+    the next slot to write (shared by the batch: prompts are left-padded).
+    """
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+    mask: jax.Array
+    index: jax.Array
+
+    @classmethod
+    def init(cls, cfg: LlamaConfig, batch: int, max_len: int, dtype) -> "KVCache":
+        shape = (batch, max_len, cfg.kv_heads, cfg.head_dim)
+        zeros = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.layers))
+        return cls(zeros, zeros, jnp.zeros((batch, max_len), bool), jnp.zeros((), jnp.int32))
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> np.ndarray:
+    """RoPE inverse frequencies; ``scaling`` is Llama-3.1's "llama3" rule or None."""
+    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim))
+    if not scaling:
+        return inv_freq.astype(np.float32)
+    kind = scaling.get("rope_type", scaling.get("type", "llama3"))
+    if kind != "llama3":
+        raise ValueError(f"rope_scaling type {kind!r} is not supported (only 'llama3')")
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+    """Rotate-half RoPE (HF Llama layout). x ``[batch, seq, heads, head_dim]``, positions ``[batch, seq]``."""
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [batch, seq, head_dim/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
+    cos, sin = jnp.cos(emb), jnp.sin(emb)
+    x32 = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    return (x32 * cos + rotated * sin).astype(x.dtype)
+
+
+def _lora_args(lora: LoraConfig | None, target: str) -> dict:
+    if lora is None or target not in lora.targets:
+        return {}
+    return dict(lora_rank=lora.rank, lora_scale=lora.scale, lora_dropout=lora.dropout)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: LlamaConfig, lora: LoraConfig | None, *, param_dtype, rngs: nnx.Rngs):
+        self.cfg = cfg
+        d, q_dim, kv_dim = cfg.dim, cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+        kw = dict(bias=cfg.attention_bias, param_dtype=param_dtype, rngs=rngs)
+        self.q_proj = Linear(d, q_dim, axes=("embed", "heads"), **kw, **_lora_args(lora, "q"))
+        self.k_proj = Linear(d, kv_dim, axes=("embed", "kv_heads"), **kw, **_lora_args(lora, "k"))
+        self.v_proj = Linear(d, kv_dim, axes=("embed", "kv_heads"), **kw, **_lora_args(lora, "v"))
+        self.o_proj = Linear(q_dim, d, axes=("heads", "embed"), **kw, **_lora_args(lora, "o"))
+
+    def __call__(self, x, positions, mask, cache_kv, cache_index, rngs):
+        b, t, _ = x.shape
+        c = self.cfg
+        q = self.q_proj(x, rngs[0]).reshape(b, t, c.heads, c.head_dim)  # [batch, seq, heads, head_dim]
+        k = self.k_proj(x, rngs[1]).reshape(b, t, c.kv_heads, c.head_dim)  # [batch, seq, kv_heads, head_dim]
+        v = self.v_proj(x, rngs[2]).reshape(b, t, c.kv_heads, c.head_dim)
+        inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling)  # numpy, a trace-time constant
+        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        if cache_kv is not None:
+            k_all = jax.lax.dynamic_update_slice(cache_kv[0], k.astype(cache_kv[0].dtype), (0, cache_index, 0, 0))
+            v_all = jax.lax.dynamic_update_slice(cache_kv[1], v.astype(cache_kv[1].dtype), (0, cache_index, 0, 0))
+            cache_kv = (k_all, v_all)
+            k, v = k_all.astype(x.dtype), v_all.astype(x.dtype)
+        out = attention(q, k, v, mask)
+        return self.o_proj(out.reshape(b, t, c.heads * c.head_dim), rngs[3]), cache_kv
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: LlamaConfig, lora: LoraConfig | None, *, param_dtype, rngs: nnx.Rngs):
+        kw = dict(param_dtype=param_dtype, rngs=rngs)
+        self.gate_proj = Linear(cfg.dim, cfg.mlp_dim, axes=("embed", "mlp"), **kw, **_lora_args(lora, "gate"))
+        self.up_proj = Linear(cfg.dim, cfg.mlp_dim, axes=("embed", "mlp"), **kw, **_lora_args(lora, "up"))
+        self.down_proj = Linear(cfg.mlp_dim, cfg.dim, axes=("mlp", "embed"), **kw, **_lora_args(lora, "down"))
+
+    def __call__(self, x, rngs):
+        return self.down_proj(jax.nn.silu(self.gate_proj(x, rngs[0])) * self.up_proj(x, rngs[1]), rngs[2])
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, cfg: LlamaConfig, lora: LoraConfig | None, *, param_dtype, rngs: nnx.Rngs):
+        self.input_layernorm = RMSNorm(cfg.dim, cfg.norm_eps, param_dtype=param_dtype)
+        self.self_attn = Attention(cfg, lora, param_dtype=param_dtype, rngs=rngs)
+        self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.norm_eps, param_dtype=param_dtype)
+        self.mlp = MLP(cfg, lora, param_dtype=param_dtype, rngs=rngs)
+
+    def __call__(self, x, positions, mask, cache_kv, cache_index, dropout_rng):
+        rngs = [None] * 7 if dropout_rng is None else list(jax.random.split(dropout_rng, 7))
+        h, cache_kv = self.self_attn(self.input_layernorm(x), positions, mask, cache_kv, cache_index, rngs[:4])
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x), rngs[4:]), cache_kv
+
+
+class LlamaModel(nnx.Module):
+    """Embeddings + decoder layers + final norm (HF ``LlamaModel``)."""
+
+    def __init__(self, cfg: LlamaConfig, lora: LoraConfig | None, *, dtype, param_dtype, remat: str,
+                 rngs: nnx.Rngs):
+        if remat not in REMAT_POLICIES:
+            raise ValueError(f"model.remat={remat!r}: choose from {sorted(REMAT_POLICIES)}")
+        self.cfg = cfg
+        self.dtype = dtype
+        self.remat = remat
+        self.embed_tokens = Embed(cfg.vocab_size, cfg.dim, axes=("vocab", "embed"), param_dtype=param_dtype,
+                                  rngs=rngs)
+        self.layers = nnx.List(
+            [DecoderLayer(cfg, lora, param_dtype=param_dtype, rngs=rngs) for _ in range(cfg.layers)])
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps, param_dtype=param_dtype)
+
+    def embed(self, input_ids: jax.Array) -> jax.Array:
+        return self.embed_tokens(jnp.clip(input_ids, 0, self.cfg.vocab_size - 1), self.dtype)
+
+    def __call__(self, embeds: jax.Array, positions: jax.Array, attention_mask: jax.Array,
+                 cache: KVCache | None = None, dropout_rng: jax.Array | None = None):
+        """embeds ``[batch, seq, dim]``; attention_mask ``[batch, seq]`` (1 = real token).
+
+        Without a cache, attention is causal over this sequence. With one, the
+        new keys are written at ``cache.index`` and queries attend causally to
+        every filled slot. Returns (normed hidden ``[batch, seq, dim]``, cache).
+        """
+        b, t, _ = embeds.shape
+        attention_mask = attention_mask.astype(bool)
+        if cache is None:
+            index, key_valid, q_idx = 0, attention_mask, jnp.arange(t)
+        else:
+            index = cache.index
+            key_valid = jax.lax.dynamic_update_slice(cache.mask, attention_mask, (0, index))
+            q_idx = index + jnp.arange(t)
+        k_idx = jnp.arange(key_valid.shape[1])
+        mask = (k_idx[None, None, :] <= q_idx[None, :, None]) & key_valid[:, None, :]  # [batch, seq, kv_len]
+        mask = mask[:, None]  # broadcast over heads
+
+        def run_layer(layer, x, kv, rng):
+            return layer(x, positions, mask, kv, index, rng)
+
+        policy = REMAT_POLICIES[self.remat]
+        if self.remat != "none":
+            run_layer = nnx.remat(run_layer, policy=policy)
+        x = embeds.astype(self.dtype)
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            kv = None if cache is None else (cache.k[i], cache.v[i])
+            rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, i)
+            x, kv = run_layer(layer, x, kv, rng)
+            if kv is not None:
+                new_k.append(kv[0])
+                new_v.append(kv[1])
+        if cache is not None:
+            cache = KVCache(tuple(new_k), tuple(new_v), key_valid, index + t)
+        return self.norm(x), cache

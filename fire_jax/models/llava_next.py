@@ -1,0 +1,110 @@
+"""LLaVA-NeXT: CLIP tiles -> 2-layer GELU connector -> merged into Llama-3 embeddings.
+
+The merge has static shapes: the host computes ``image_index`` (see
+:func:`fire_jax.geometry.place_images`), the position of every image feature
+in the token sequence, as an index into a per-example feature bank (all tile
+features, then image_newline). The device gathers from the bank and selects
+with ``jnp.where``; no boolean scatter, no Python loop over examples.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from fire_jax.models.clip import CLIPVisionTower
+from fire_jax.models.config import LlavaNextConfig
+from fire_jax.models.layers import Linear, LoRAParam
+from fire_jax.models.llama import KVCache, LlamaModel
+
+
+class Projector(nnx.Module):
+    """Linear(vision -> llm) -> GELU (exact) -> Linear(llm -> llm)."""
+
+    def __init__(self, cfg: LlavaNextConfig, *, param_dtype, rngs: nnx.Rngs):
+        kw = dict(bias=cfg.projector_bias, param_dtype=param_dtype, rngs=rngs)
+        self.linear_1 = Linear(cfg.vision.width, cfg.llm.dim, axes=("vision_embed", "embed"), **kw)
+        self.linear_2 = Linear(cfg.llm.dim, cfg.llm.dim, axes=("mlp", "embed"), **kw)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.linear_2(jax.nn.gelu(self.linear_1(x), approximate=False))
+
+
+class LanguageModel(nnx.Module):
+    """Llama decoder + untied lm_head (HF ``LlamaForCausalLM``)."""
+
+    def __init__(self, cfg: LlavaNextConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+        self.model = LlamaModel(cfg.llm, cfg.lora, dtype=dtype, param_dtype=param_dtype, remat=cfg.remat, rngs=rngs)
+        self.lm_head = Linear(cfg.llm.dim, cfg.llm.vocab_size, axes=("embed", "vocab"), param_dtype=param_dtype,
+                              rngs=rngs)
+
+
+class LlavaNext(nnx.Module):
+    def __init__(self, cfg: LlavaNextConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+        self.dtype = dtype
+        self.vision_tower = CLIPVisionTower(cfg.vision, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.multi_modal_projector = Projector(cfg, param_dtype=param_dtype, rngs=rngs)
+        self.image_newline = nnx.Param(
+            jax.random.normal(rngs.params(), (cfg.llm.dim,), param_dtype) * cfg.llm.dim ** -0.5, axes=("embed",))
+        self.language_model = LanguageModel(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+    def image_features(self, pixel_values: jax.Array) -> jax.Array:
+        """pixel_values ``[batch, tiles, 3, H, W]`` -> projected features ``[batch, tiles, patches, dim]``."""
+        b, t = pixel_values.shape[:2]
+        feats = self.vision_tower(pixel_values.reshape(b * t, *pixel_values.shape[2:]))
+        feats = self.multi_modal_projector(feats)
+        return feats.reshape(b, t, feats.shape[1], feats.shape[2])
+
+    def embed(self, input_ids: jax.Array, pixel_values: jax.Array | None = None,
+              image_index: jax.Array | None = None) -> jax.Array:
+        """Token embeddings with image features placed by ``image_index`` (-1 = text)."""
+        embeds = self.language_model.model.embed(input_ids)  # [batch, seq, dim]
+        if pixel_values is None:
+            return embeds
+        feats = self.image_features(pixel_values)
+        b, t, p, d = feats.shape
+        newline = jnp.broadcast_to(self.image_newline[...].astype(feats.dtype), (b, 1, d))
+        bank = jnp.concatenate([feats.reshape(b, t * p, d), newline], axis=1)  # [batch, tiles*patches+1, dim]
+        gathered = jnp.take_along_axis(bank, jnp.maximum(image_index, 0)[..., None], axis=1)
+        return jnp.where(image_index[..., None] >= 0, gathered.astype(embeds.dtype), embeds)
+
+    def hidden_states(self, input_ids, pixel_values=None, image_index=None, attention_mask=None, positions=None,
+                      cache: KVCache | None = None, dropout_rng=None):
+        """Final normed hidden states ``[batch, seq, dim]`` and the updated cache."""
+        if attention_mask is None:
+            attention_mask = jnp.ones(input_ids.shape, jnp.int32)
+        if positions is None:
+            offset = 0 if cache is None else cache.index
+            positions = jnp.broadcast_to(offset + jnp.arange(input_ids.shape[1]), input_ids.shape)
+        embeds = self.embed(input_ids, pixel_values, image_index)
+        return self.language_model.model(embeds, positions, attention_mask, cache, dropout_rng)
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        return self.language_model.lm_head(hidden)
+
+    def __call__(self, input_ids, pixel_values=None, image_index=None, attention_mask=None, positions=None,
+                 cache: KVCache | None = None, dropout_rng=None):
+        """Logits ``[batch, seq, vocab]`` (and the cache when one is given)."""
+        hidden, cache = self.hidden_states(input_ids, pixel_values, image_index, attention_mask, positions, cache,
+                                           dropout_rng)
+        logits = self.logits(hidden)
+        return logits if cache is None else (logits, cache)
+
+
+def merge_lora(model: nnx.Module) -> nnx.Module:
+    """Fold every LoRA adapter into its frozen kernel, in place; returns the model."""
+    for _, module in nnx.iter_modules(model):
+        if isinstance(module, Linear):
+            module.merge_lora()
+    return model
+
+
+def count_params(model: nnx.Module, filter_=nnx.Param) -> int:
+    """Number of parameters of one variable type (works on abstract models too)."""
+    return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, filter_)))
+
+
+__all__ = ["LlavaNext", "LoRAParam", "KVCache", "merge_lora", "count_params"]

@@ -1,0 +1,34 @@
+"""fire_jax: FIRE feedback-refinement for LLaVA-NeXT in JAX / Flax NNX."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="fire_jax",
+    version="0.1.0",
+    description="FIRE (feedback-refinement) and VLRMBench for LLaVA-NeXT in JAX/Flax NNX",
+    python_requires=">=3.10",
+    packages=find_packages(include=["fire_jax", "fire_jax.*"]),
+    package_data={"fire_jax": ["assets/**/*", "eval/paper_results/*.json"]},
+    include_package_data=True,
+    install_requires=[
+        "jax>=0.10",
+        "flax>=0.12.8",
+        "optax>=0.2.8",
+        "orbax-checkpoint>=0.12",
+        "ml-collections>=1.1",
+        "numpy",
+        "pillow",
+        "safetensors",
+        "tokenizers",
+        "tqdm",
+        "tensorflow-datasets>=4.9.10",
+        "array-record",
+        "grain>=0.2.18",
+        "tensorboardX",
+        "matplotlib",
+    ],
+    extras_require={
+        # The PyTorch reference side of the parity tests (CPU build of torch, pinned).
+        "test": ["torch==2.13.0", "transformers>=5.24", "peft>=0.21", "pycocoevalcap", "pytest", "scikit-learn"],
+    },
+)

@@ -1,0 +1,88 @@
+"""Tiny Hugging Face PyTorch LLaVA-NeXT models and inputs for parity tests.
+
+The reference side of every model test: transformers'
+``LlavaNextForConditionalGeneration`` with random weights, saved to a
+directory and loaded into fire_jax through the converter, so a test checks
+model and conversion together.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fire_jax.geometry import place_images
+
+PINPOINTS = [[32, 64], [64, 32], [64, 64], [96, 32], [32, 96]]
+IMAGE_TOKEN = 511
+
+
+def tiny_hf_model(directory: str, *, feature_layer: int = -2, rope_scaling: dict | None = None, seed: int = 0):
+    """Build, randomise (non-zero norms and biases too) and save a tiny HF LLaVA-NeXT."""
+    import torch
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaNextConfig, LlavaNextForConditionalGeneration
+
+    vision = CLIPVisionConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                              intermediate_size=128, projection_dim=32)
+    rope = {"rope_type": "default", "rope_theta": 500000.0} if rope_scaling is None else {
+        "rope_theta": 500000.0, **rope_scaling}
+    text = LlamaConfig(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, intermediate_size=128, rope_parameters=rope,
+                       max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=False)
+    cfg = LlavaNextConfig(vision_config=vision, text_config=text, image_token_index=IMAGE_TOKEN,
+                          image_grid_pinpoints=PINPOINTS, vision_feature_layer=feature_layer,
+                          tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = LlavaNextForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            # Random everything (incl. norm scales and biases) so no weight's mapping can hide.
+            p.copy_(torch.randn_like(p) * (0.5 if p.ndim == 1 else 0.08) + (1.0 if "norm" in name else 0.0))
+    model.save_pretrained(directory)
+    return model
+
+
+def make_batch(geometry, image_sizes, text_lengths, seed: int = 0):
+    """A right-padded batch in the HF "expanded placeholder" convention.
+
+    ``image_sizes[b]`` is an (h, w) or None (text-only). Each sequence is
+    ``[prefix text] [image tokens] [suffix text]``. Returns numpy arrays
+    (input_ids, attention_mask, pixel_values [B, max_tiles, 3, H, W], image_index)
+    and per-example unpadded lengths.
+    """
+    rng = np.random.default_rng(seed)
+    rows, lengths = [], []
+    for size, (pre, post) in zip(image_sizes, text_lengths):
+        n_img = 0 if size is None else geometry.num_tokens(size)
+        ids = np.concatenate([rng.integers(0, 500, pre), np.full(n_img, IMAGE_TOKEN), rng.integers(0, 500, post)])
+        rows.append(ids)
+        lengths.append(len(ids))
+    seq = max(lengths)
+    input_ids = np.zeros((len(rows), seq), np.int64)
+    mask = np.zeros((len(rows), seq), np.int64)
+    for b, ids in enumerate(rows):
+        input_ids[b, :len(ids)] = ids
+        mask[b, :len(ids)] = 1
+    t = geometry.max_tiles
+    pixel_values = rng.standard_normal((len(rows), t, 3, geometry.tile_size, geometry.tile_size)).astype(np.float32)
+    sizes = [[] if s is None else [s] for s in image_sizes]
+    for b, s in enumerate(sizes):
+        pixel_values[b, sum(geometry.num_tiles(x) for x in s):] = 0.0
+    image_index = place_images(input_ids, IMAGE_TOKEN, sizes, geometry, t)
+    return input_ids, mask, pixel_values, image_index, lengths
+
+
+def hf_logits(model, input_ids, pixel_values=None, image_size=None):
+    """Logits of one unpadded example from the PyTorch model (float32 numpy)."""
+    import torch
+
+    kwargs = {"input_ids": torch.as_tensor(input_ids)[None]}
+    if image_size is not None:
+        kwargs["pixel_values"] = torch.as_tensor(pixel_values)[None]
+        kwargs["image_sizes"] = torch.as_tensor([image_size])
+    with torch.no_grad():
+        return model(**kwargs).logits[0].float().numpy()
+
+
+def rel_err(ours, ref) -> float:
+    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
+    return float(np.linalg.norm(ours - ref) / np.linalg.norm(ref))
