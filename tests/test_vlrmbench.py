@@ -1,0 +1,401 @@
+"""VLRMBench loading, prompts, parsers, metrics and the Table 3 report (no model)."""
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from sklearn.metrics import f1_score
+
+from fire_jax.eval import vlrmbench as vb
+from fire_jax.eval.vlrmbench_prompts import JUDGE_PROMPTS, TASK_PROMPTS, TASKS, task_info
+
+FIXTURES = Path(__file__).parent / "fixtures" / "vlrmbench"
+IC_FILE = FIXTURES / "image_ref_error.jsonl"
+
+
+def ic_records():
+    return [json.loads(line) for line in IC_FILE.read_text(encoding="utf-8").splitlines()]
+
+
+def make_images(root, records):
+    for record in records:
+        for image in record["image"]:
+            path = root / image
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.new("RGB", (8, 8), (200, 30, 30)).save(path)
+
+
+def sample(task="step_correctness", id="s", task_gt=(0, 1), step_list=("STEP1: a\n\n", "STEP2: b"),
+           reasoning_error="STEP1: a\nSTEP2: wrong b"):
+    return vb.Sample(task=task_info(task).file, id=id, images=("x.png",), question="Q?", step_list=step_list,
+                     reasoning_error=reasoning_error, task_gt=task_gt, category=task, line=1)
+
+
+# ---------------------------------------------------------------- prompts
+
+def test_prompts_are_the_release_verbatim():
+    release = json.loads((FIXTURES / "prompts.json").read_text(encoding="utf-8"))
+    ours = {**TASK_PROMPTS, **{f"judge/{k}": v for k, v in JUDGE_PROMPTS.items()}}
+    assert ours == release
+    assert list(TASK_PROMPTS) == [t.file for t in TASKS]
+
+
+def test_task_table():
+    assert [(t.short, t.file, t.theme) for t in TASKS] == [
+        ("SC", "step_correctness", "step"), ("RD", "redundant_det", "step"), ("CM", "most_confidence", "step"),
+        ("EH", "existence_hallucination", "step"), ("AH", "attribute_hallucination", "step"),
+        ("DE", "detail_error", "step"), ("SR", "location_error", "step"), ("IC", "image_ref_error", "step"),
+        ("MJ", "multi_solution", "outcome"), ("FF", "foresight", "outcome"),
+        ("ERA", "error_reason_analysis", "criticism"), ("EC", "error_correction", "criticism")]
+    assert {t.metric for t in TASKS if t.theme == "step"} == {"weighted_f1"}
+    assert task_info("IC") is task_info("image_ref_error")
+    with pytest.raises(ValueError, match="unknown VLRMBench task"):
+        task_info("XX")
+
+
+def test_step_prompt_uses_reasoning_error_verbatim():
+    s = sample()
+    assert vb.build_prompt(s, "SC") == TASK_PROMPTS["step_correctness"].format(
+        question="Q?", reasoning_process="STEP1: a\nSTEP2: wrong b")
+    with pytest.raises(ValueError, match="order"):
+        vb.build_prompt(s, "SC", order=1)
+
+
+def test_mj_prompt_both_orders_and_renders():
+    record = ic_records()[0]
+    s = sample("MJ", step_list=tuple(record["step_list"]), reasoning_error=record["reasoning_error"])
+    official = [vb.build_prompt(s, "MJ", render="official", order=o) for o in range(vb.num_orders("MJ"))]
+    template = TASK_PROMPTS["multi_solution"]
+    assert official[0] == template.format(question="Q?", ai_respond_1=record["step_list"],
+                                          ai_respond_2=record["reasoning_error"])
+    assert official[1] == template.format(question="Q?", ai_respond_1=record["reasoning_error"],
+                                          ai_respond_2=record["step_list"])
+    assert "['STEP1: So I\\'ve got" in official[0] and "\\n\\n', \"STEP2: First" in official[0]
+
+    plain = vb.build_prompt(s, "MJ")
+    good = plain.split("## AI Assistant's Response 1\n")[1].split("\n\n## AI Assistant's Response 2")[0]
+    assert good.startswith("STEP1: So I've got") and "['" not in good and "\\n" not in good
+    assert good.count("\nSTEP") == len(record["step_list"]) - 1
+    swapped = vb.build_prompt(s, "MJ", order=1)
+    assert swapped.index(record["reasoning_error"]) < swapped.index(good)
+
+
+def test_plain_render_matches_reasoning_error_layout():
+    # Unchanged steps (label 0) read the same in the plain render and in
+    # reasoning_error, up to the whitespace IC's reasoning_error adds; steps
+    # with an inner colon are cut at it in reasoning_error, so they are left out.
+    compared = 0
+    for record in ic_records():
+        plain = vb.render_steps(record["step_list"])
+        assert vb.count_steps(plain) == len(record["step_list"])
+        ours = re.split(r"(?:^|\n)STEP\d+:", plain)[1:]
+        theirs = re.split(r"(?:^|\n)STEP\d+:", record["reasoning_error"])[1:]
+        for step, mine, released, label in zip(record["step_list"], ours, theirs, record["task_gt"]):
+            if label == 0 and step.count(":") == 1:
+                assert " ".join(mine.split()) == " ".join(released.split())
+                compared += 1
+    assert compared > 300
+    assert vb.render_steps(["STEP1: a\n\n", "b"], "official") == "['STEP1: a\\n\\n', 'b']"
+    assert vb.render_steps(["STEP1: a\n\n", "b"]) == "STEP1: a\nSTEP2: b"
+
+
+def test_foresight_prompt_takes_the_records_partial_process():
+    partial = sample("FF", task_gt=True, step_list=("STEP1: a\n\n", "STEP2: b"), reasoning_error=None)
+    assert "## AI Assistant's Partial Reasoning Process\nSTEP1: a\nSTEP2: b\n" in vb.build_prompt(partial, "FF")
+    assert "['STEP1: a\\n\\n', 'STEP2: b']" in vb.build_prompt(partial, "FF", render="official")
+    wrong = sample("FF", task_gt=False, reasoning_error="STEP1: a\nSTEP2: c")
+    assert "Process\nSTEP1: a\nSTEP2: c\n" in vb.build_prompt(wrong, "FF", render="official")
+
+
+def test_judge_prompts_both_orders():
+    era = sample("ERA", task_gt="The reference analysis.")
+    first = vb.build_judge_prompt(era, "ERA", "My analysis.", order=0)
+    assert first == JUDGE_PROMPTS["error_reason_analysis"].format(
+        question="Q?", reasoning_error=era.reasoning_error, ai_respond_1="The reference analysis.",
+        ai_respond_2="My analysis.")
+    second = vb.build_judge_prompt(era, "ERA", "My analysis.", order=1)
+    assert second.index("My analysis.") < second.index("The reference analysis.")
+    ec = sample("EC", task_gt=("STEP1: a", "STEP2: b"))
+    assert vb.build_judge_prompt(ec, "EC", "fixed", order=0) == JUDGE_PROMPTS["error_correction"].format(
+        question="Q?", ai_respond_1="STEP1: a\nSTEP2: b", ai_respond_2="fixed")
+    assert "['STEP1: a', 'STEP2: b']" in vb.build_judge_prompt(ec, "EC", "fixed", render="official")
+    with pytest.raises(ValueError, match="only ERA and EC"):
+        vb.build_judge_prompt(sample(), "SC", "x")
+
+
+# ---------------------------------------------------------------- loader
+
+def test_loader_reads_the_58_ic_records(tmp_path):
+    records = ic_records()
+    make_images(tmp_path, records)
+    data = vb.load_task(FIXTURES, "IC", image_root=tmp_path)
+    assert len(data) == 58 and not data.skipped and data.task == "image_ref_error"
+    assert sum(len(s.images) for s in data) == 86
+    first = data[0]
+    assert first.images == (str(tmp_path / "hallusion_bench/VD/video/7_0.png"),)
+    assert first.task_gt == (0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    assert first.step_list == tuple(records[0]["step_list"]) and first.line == 1
+    assert all(len(s.task_gt) == vb.count_steps(s.reasoning_error) == len(s.step_list) for s in data)
+    assert sum(sum(s.task_gt) for s in data) == sum(sum(r["task_gt"]) for r in records)
+    assert vb.load_task(IC_FILE, "image_ref_error")[0].images == ("hallusion_bench/VD/video/7_0.png",)
+
+
+def test_count_steps():
+    assert vb.count_steps("STEP1: a\n\n\nSTEP2: b: c\nSTEP3:  d, see STEP 1: above") == 3
+    assert vb.count_steps("no steps") == 0
+
+
+def test_loader_skips_and_counts_bad_records(tmp_path):
+    records = ic_records()[:6]
+    make_images(tmp_path / "img", records)
+    bad_length = dict(records[1], task_gt=records[1]["task_gt"][:-1])
+    no_question = {k: v for k, v in records[2].items() if k != "question"}
+    bad_label = dict(records[3], task_gt=[2] + records[3]["task_gt"][1:])
+    missing_image = dict(records[4], image=["nowhere/missing.png"])
+    lines = [json.dumps(records[0]), '{"id": "broken", ', json.dumps(bad_length), "",
+             json.dumps(no_question), json.dumps(bad_label), json.dumps(missing_image),
+             json.dumps(records[5]), json.dumps(records[0])]
+    path = tmp_path / "image_ref_error.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    data = vb.load_task(tmp_path, "IC", image_root=tmp_path / "img")
+    assert [s.id for s in data] == [records[0]["id"], records[5]["id"]]
+    assert data.skipped == {"malformed_json": 1, "task_gt_length": 1, "missing_field": 1, "bad_field": 1,
+                            "missing_image": 1, "duplicate_id": 1}
+    assert "skipped 6 bad records" in data.describe()
+    # Without an image root the image paths are not checked.
+    assert len(vb.load_task(path, "IC")) == 3
+
+    with pytest.raises(vb.BadRecord) as error:
+        vb.load_task(path, "IC", image_root=tmp_path / "img", on_bad_record="error")
+    assert error.value.line == 2 and error.value.reason == "malformed_json"
+    assert str(error.value).startswith(f"{path}:2: malformed_json")
+    path.write_text("\n".join([json.dumps(records[0]), json.dumps(bad_length)]) + "\n", encoding="utf-8")
+    with pytest.raises(vb.BadRecord, match=r"image_ref_error\.jsonl:2: field 'task_gt': task_gt_length"):
+        vb.load_task(path, "IC", on_bad_record="error")
+    path.write_text(json.dumps(missing_image) + "\n", encoding="utf-8")
+    with pytest.raises(vb.BadRecord, match=r":1: field 'image': missing_image: no file .*missing\.png"):
+        vb.load_task(path, "IC", image_root=tmp_path / "img", on_bad_record="error")
+
+
+def test_loader_checks_task_gt_by_theme(tmp_path):
+    record = ic_records()[0]
+    ff = dict(record, task_gt=True, category="foresight")
+    del ff["reasoning_error"]
+    ff_bad = dict(record, id="b", task_gt=[0, 1], category="foresight")
+    ec = dict(record, id="c", task_gt=["STEP1: fixed"], category="error_correction")
+    (tmp_path / "foresight.jsonl").write_text(json.dumps(ff) + "\n" + json.dumps(ff_bad) + "\n")
+    (tmp_path / "error_correction.jsonl").write_text(json.dumps(ec) + "\n")
+    data = vb.load_task(tmp_path, "FF")
+    assert len(data) == 1 and data[0].task_gt is True and data[0].reasoning_error is None
+    assert data.skipped == {"bad_field": 1}
+    assert vb.load_task(tmp_path, "EC")[0].task_gt == ("STEP1: fixed",)
+
+
+# ---------------------------------------------------------------- metrics
+
+def test_weighted_f1_by_hand():
+    # pos: tp 1, fp 1, fn 0 -> 2/3; neg: tp 2, fp 0, fn 1 -> 4/5; weights 3/4 and 1/4.
+    assert vb.f1_per_class([1, 0, 0, 0], [1, 1, 0, 0]) == pytest.approx((2 / 3, 4 / 5))
+    assert vb.weighted_f1([1, 0, 0, 0], [1, 1, 0, 0]) == pytest.approx(0.75 * 2 / 3 + 0.25 * 0.8)
+    # pos: tp 1, fp 1, fn 1 -> 1/2; neg: no true negative -> 0; weights 1/3 and 2/3.
+    assert vb.weighted_f1([1, 1, 0], [0, 1, 1]) == pytest.approx(1 / 6)
+    assert vb.weighted_f1([1, 0, 1, 0], [1, 0, 1, 0]) == 1.0
+    assert vb.weighted_f1([0, 1, 0, 1], [1, 0, 1, 0]) == 0.0
+
+
+def test_weighted_f1_degenerate_cases():
+    assert vb.weighted_f1([0, 0, 0], [0, 0, 0]) == 0.0  # no erroneous step: the weight is on the absent class
+    assert vb.weighted_f1([1, 1], [1, 1]) == 0.0
+    with pytest.raises(ValueError):
+        vb.weighted_f1([], [])
+    with pytest.raises(ValueError):
+        vb.weighted_f1([0, 1], [0])
+    with pytest.raises(ValueError):
+        vb.weighted_f1([0, 2], [0, 1])
+
+
+def test_weighted_f1_matches_sklearn_per_class_with_inverse_weights():
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        n = int(rng.integers(2, 60))
+        labels = (rng.random(n) < rng.uniform(0.05, 0.6)).astype(int)
+        predictions = (rng.random(n) < rng.uniform(0.0, 1.0)).astype(int)
+        f1_pos, f1_neg = f1_score(labels, predictions, labels=[1, 0], average=None, zero_division=0)
+        assert vb.f1_per_class(labels, predictions) == pytest.approx((f1_pos, f1_neg))
+        n_pos = labels.sum()
+        expected = ((n - n_pos) * f1_pos + n_pos * f1_neg) / n if 0 < n_pos < n else 0.0
+        assert vb.weighted_f1(labels, predictions) == pytest.approx(expected)
+    # The inverse weights are not scikit-learn's "weighted".
+    labels, predictions = [1, 0, 0, 0, 0], [1, 1, 0, 0, 0]
+    assert vb.weighted_f1(labels, predictions) != pytest.approx(f1_score(labels, predictions, average="weighted"))
+
+
+def test_weighted_average_reproduces_the_papers_w_avg():
+    paper = vb.load_paper_results()
+    counts = {t.short: paper["samples"][t.short] for t in TASKS}
+    for model, row in paper["rows"].items():
+        cells = dict(zip(paper["columns"], row))
+        for theme, column in (("step", "Step W-Avg"), ("outcome", "Outcome W-Avg")):
+            values = {t.short: cells[t.short] for t in TASKS if t.theme == theme}
+            assert vb.weighted_average(values, counts) == pytest.approx(cells[column], abs=0.15), (model, column)
+
+
+# ---------------------------------------------------------------- parsers
+
+def test_official_step_parser_quirks_and_robust_reading():
+    pairs = "STEP 1: 0, STEP 2: 1, STEP 3: 0"
+    assert vb.parse_step_labels(pairs, 3, parser="official") == [1, 0, 1]
+    assert vb.parse_step_labels(pairs, 3) == [0, 1, 0]
+
+    counted = "The process has 3 steps; step 2 is wrong.\n[0, 1, 0]"
+    assert vb.parse_step_labels(counted, 3, parser="official") == [1, 1, 0]
+    assert vb.parse_step_labels(counted, 3) == [0, 1, 0]
+
+    restated = "[Indicator for STEP 1, Indicator for STEP 2, ..., Indicator for STEP N]\n['0', '0', '1']"
+    assert vb.parse_step_labels(restated, 3, parser="official") == [1, 1, 0]
+    assert vb.parse_step_labels(restated, 3) == [0, 0, 1]
+
+    assert vb.parse_step_labels("STEP 10: 1\n**Step 2**: 1", 10) == [0, 1] + [0] * 7 + [1]
+    assert vb.parse_step_labels_ex("[0, 0, 1, 0]", 4, parser="official") == ([0, 0, 1, 0], True)
+    assert vb.parse_step_labels_ex("[1, 0, 0, 1]", 4) == ([1, 0, 0, 1], True)
+
+
+def test_step_parser_failures():
+    assert vb.parse_step_labels_ex(None, 3) == ([0, 0, 0], False)
+    assert vb.parse_step_labels_ex(None, 3, parser="official") == ([0, 0, 0], False)
+    assert vb.parse_step_labels_ex("I cannot tell.", 2) == ([0, 0], False)
+    assert vb.parse_step_labels_ex("I cannot tell.", 2, parser="official") == ([0, 0], False)
+    assert vb.parse_step_labels_ex("[1]", 3) == ([1, 0, 0], False)  # too short: padded, a failure
+    assert vb.parse_step_labels_ex("[1, 0, 1, 1]", 3) == ([1, 0, 1], False)  # too long: cut, a failure
+    assert vb.parse_step_labels_ex("STEP 1: 1, STEP 3: 1", 3) == ([1, 0, 1], False)  # step 2 missing
+    with pytest.raises(ValueError, match="parser"):
+        vb.parse_step_labels("[0]", 1, parser="lenient")
+
+
+def test_score_parsers():
+    said = '["8", "6"]\nResponse 1 is better.'
+    assert vb.parse_scores(said, parser="official") == (6, 1)
+    assert vb.parse_scores(said) == (8, 6)
+    spelled = "Score for Response 1: 8/10\nScore for Response 2: 6/10"
+    assert vb.parse_scores(spelled, parser="official") == (6, 10)
+    assert vb.parse_scores(spelled) == (8, 6)
+    assert vb.parse_scores('["Score for Response 1", "Score for Response 2"]\n[7.5, 9/10]') == (7.5, 9)
+    assert vb.parse_scores_ex("7", parser="official") == ((7, 0), False)
+    assert vb.parse_scores_ex("no idea") == ((0, 0), False)
+    assert vb.parse_scores_ex(None, parser="official") == ((0, 0), False)
+
+
+def test_foresight_parser_on_hedged_answers():
+    hedged = "I think yes, but no, it will not reach the answer."
+    assert vb.parse_foresight(hedged, parser="official") == {True, False}
+    assert vb.parse_foresight(hedged) == {True}
+    assert vb.parse_foresight("No. Although it looks true at first.") == {False}
+    assert vb.parse_foresight("No. Although it looks true at first.", parser="official") == {True, False}
+    assert vb.parse_foresight("Yesterday's note is not enough.", parser="official") == frozenset()
+    assert vb.parse_foresight("**YES**") == {True}
+    assert vb.parse_foresight(None) == frozenset()
+
+
+# ---------------------------------------------------------------- scoring
+
+def test_step_task_scoring_pools_steps_and_counts_failures():
+    samples = [sample(id="a", task_gt=(0, 1, 0)), sample(id="b", task_gt=(1, 0)), sample(id="c", task_gt=(0, 0, 1))]
+    outputs = {"a": "[0, 1, 0]", "b": "STEP 1: 0, STEP 2: 1"}  # "c" failed to generate
+    result = vb.score_task("SC", samples, outputs)
+    labels, predictions = [0, 1, 0, 1, 0, 0, 0, 1], [0, 1, 0, 0, 1, 0, 0, 0]
+    assert result.scores["f1"] == pytest.approx(vb.weighted_f1(labels, predictions))
+    assert (result.scores["f1_pos"], result.scores["f1_neg"]) == pytest.approx(vb.f1_per_class(labels, predictions))
+    assert (result.num_samples, result.num_outputs, result.failures) == (3, 3, 1)
+    official = vb.score_task("SC", samples, outputs, parser="official")
+    # b reads as [1, 0] (the step numbers), c is padding; both still pooled.
+    assert official.scores["f1"] == pytest.approx(vb.weighted_f1(labels, [0, 1, 0, 1, 0, 0, 0, 0]))
+    assert official.failures == 1
+
+
+def test_mj_scoring_both_orders_and_ties():
+    samples = [sample("MJ", id=i, task_gt=None) for i in "abcdef"]
+    outputs = {
+        "a": ("[9, 4]", "[5, 8]"),  # good: 9 + 8 > 4 + 5: correct
+        "b": ("[9, 4]", "[9, 4]"),  # prefers response 1 whatever it is: 13 = 13, a tie: wrong
+        "c": ("[3, 7]", "[6, 2]"),  # prefers the bad one: wrong
+        "d": ('["8", "6"] Response 1 is better.', "[6, 8]"),  # robust 16 > 12; official (6,1)+(6,8): 14 > 7
+        "e": ("[8, 6]", None),  # second order failed: (0, 0); 8 > 6: correct, one failure
+    }  # "f" missing entirely: 0 = 0, wrong, two failures
+    result = vb.score_task("MJ", samples, outputs)
+    assert result.scores == {"accuracy": pytest.approx(3 / 6)}
+    assert (result.num_outputs, result.failures) == (12, 3)
+    official = vb.score_task("multi_solution", samples, outputs, parser="official")
+    assert official.scores == {"accuracy": pytest.approx(3 / 6)} and official.failures == 3
+    quirk = {"a": ('["8", "6"] Response 1 is better.', '["6", "8"] Response 2 is better.')}
+    assert vb.score_task("MJ", samples[:1], quirk).scores["accuracy"] == 1.0
+    assert vb.score_task("MJ", samples[:1], quirk, parser="official").scores["accuracy"] == 0.0  # (6,1),(8,2)
+
+
+def test_ff_scoring():
+    samples = [sample("FF", id=str(i), task_gt=label) for i, label in enumerate([True, False, True, False, True])]
+    outputs = {"0": "Yes.", "1": "I think yes, but no.", "2": "True", "3": "Hmm, hard to say."}
+    robust = vb.score_task("FF", samples, outputs)
+    assert robust.scores["accuracy"] == pytest.approx(2 / 5) and robust.failures == 2
+    official = vb.score_task("FF", samples, outputs, parser="official")
+    assert official.scores["accuracy"] == pytest.approx(3 / 5) and official.failures == 2
+
+
+def test_criticism_win_tie_lose():
+    samples = [sample("ERA", id=i, task_gt="reference") for i in "abcd"]
+    judged = {
+        "a": ("[6, 8]", "[9, 5]"),  # reference 6 + 5, candidate 8 + 9: win
+        "b": ("[8, 6]", "[6, 8]"),  # reference 16, candidate 12: lose
+        "c": ("[8, 8]", "[7, 7]"),  # tie
+    }  # "d" not judged: (0, 0) twice, a tie and two failures
+    result = vb.score_task("ERA", samples, judged)
+    assert result.scores == pytest.approx({"win": 0.25, "tie": 0.5, "lose": 0.25})
+    assert result.failures == 2 and result.num_outputs == 8
+
+
+# ---------------------------------------------------------------- table
+
+def full_results(step_f1=0.5, mj=0.6, ff=0.7):
+    results = {}
+    paper = vb.load_paper_results()
+    for t in TASKS:
+        scores = ({"f1": step_f1, "f1_pos": 0.0, "f1_neg": 0.0} if t.theme == "step"
+                  else {"win": 0.1, "tie": 0.2, "lose": 0.7} if t.theme == "criticism"
+                  else {"accuracy": mj if t.short == "MJ" else ff})
+        n = paper["samples"][t.short]
+        results[t.short] = vb.TaskResult(task=t.file, num_samples=n, num_outputs=n, failures=3,
+                                         scores=scores, parser="robust")
+    return results
+
+
+def test_theme_average_needs_every_task():
+    results = full_results(mj=0.5, ff=1.0)
+    assert vb.theme_average(results, "step") == pytest.approx(0.5)
+    assert vb.theme_average(results, "outcome") == pytest.approx((0.5 * 2986 + 2416) / (2986 + 2416))
+    del results["FF"]
+    assert vb.theme_average(results, "outcome") is None
+
+
+def test_results_table_has_paper_rows_ours_and_the_judge():
+    partial = {"IC": full_results()["IC"]}
+    table = vb.results_table({"fire-teacher": full_results(), "fire-student (IC only)": partial},
+                             judge="fire-teacher (LLaVA-NeXT-8B)", render="plain")
+    lines = table.splitlines()
+    header = lines[lines.index(next(l for l in lines if l.startswith("| Model | SC")))]
+    assert header.split(" | ")[1:4] == ["SC", "RD", "CM"] and "Step W-Avg" in header and "EC L |" in header
+    assert "ERA/EC judge: fire-teacher (LLaVA-NeXT-8B) (paper rows: Qwen2.5-VL-72B)" in table
+    assert "parser=robust, render=plain" in table
+    gpt = next(l for l in lines if l.startswith("| GPT-4o (paper)"))
+    assert gpt.startswith("| GPT-4o (paper) | 73.7 | 50.6 |") and "| 62.4 |" in gpt and "| 66.3 |" in gpt
+    assert sum(l.endswith("(paper) |") or "(paper) |" in l for l in lines) == len(vb.PAPER_MODELS)
+    ours = next(l for l in lines if l.startswith("| fire-teacher |"))
+    outcome = f"{100 * (0.6 * 2986 + 0.7 * 2416) / 5402:.1f}"
+    assert ours == ("| fire-teacher | " + " | ".join(["50.0"] * 9) + f" | 60.0 | 70.0 | {outcome} | "
+                    + " | ".join(["10.0", "20.0", "70.0"] * 2) + " |")
+    student = next(l for l in lines if l.startswith("| fire-student (IC only) |"))
+    assert student.split(" | ")[8:10] == ["50.0", "-"]  # IC scored, no step W-Avg from one task
+    assert "| fire-teacher | 3/998 | 3/997 |" in table
+    assert "| fire-student (IC only) | - | - | - | - | - | - | - | 3/58 | - |" in table
