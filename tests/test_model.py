@@ -1,0 +1,210 @@
+"""The Flax LLaVA-NeXT against transformers' PyTorch implementation (SPEC section 2)."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+from fire_jax.convert import hf as convert
+from fire_jax.geometry import ImageGeometry, select_best_resolution, unpadded_size
+from fire_jax.models import KVCache, LlavaNext, LlavaNextConfig, LoRAParam, count_params, merge_lora
+from hf_reference import IMAGE_TOKEN, PINPOINTS, hf_logits, make_batch, rel_err, tiny_hf_model
+
+TOL = 1e-4
+# Three aspect ratios with images, a square one and a text-only example, in one padded batch.
+SIZES = [(40, 70), (70, 40), None, (30, 90), (64, 64)]
+TEXT = [(3, 5), (4, 2), (9, 0), (2, 7), (1, 1)]
+
+
+@pytest.fixture(scope="module", params=[-2, -1], ids=["layer-2", "layer-1"])
+def pair(request, tmp_path_factory):
+    """(HF model, our model loaded from its checkpoint, checkpoint dir)."""
+    directory = str(tmp_path_factory.mktemp(f"hf{request.param}"))
+    hf = tiny_hf_model(directory, feature_layer=request.param)
+    return hf, convert.load_hf_checkpoint(directory), directory
+
+
+@pytest.fixture(scope="module")
+def batch(pair):
+    return make_batch(pair[1].cfg.geometry, SIZES, TEXT)
+
+
+def _ours(model, batch):
+    ids, mask, pv, idx, _ = batch
+    return np.asarray(model(jnp.asarray(ids), jnp.asarray(pv), jnp.asarray(idx), jnp.asarray(mask)))
+
+
+def _check_each_example(hf, model, batch, ours=None):
+    ids, _, pv, _, lengths = batch
+    ours = _ours(model, batch) if ours is None else ours
+    errors = []
+    for b, size in enumerate(SIZES):
+        tiles = 0 if size is None else model.cfg.geometry.num_tiles(size)
+        ref = hf_logits(hf, ids[b, :lengths[b]], pv[b, :tiles], size)
+        errors.append(rel_err(ours[b, :lengths[b]], ref))
+    return errors
+
+
+def test_logits_match_hf_padded_mixed_batch(pair, batch):
+    hf, model, _ = pair
+    errors = _check_each_example(hf, model, batch)
+    print("relative logit errors per example:", errors)
+    assert max(errors) < TOL, errors
+
+
+def test_image_features_and_packed_sequence_match_hf(pair, batch):
+    hf, model, _ = pair
+    ids, mask, pv, idx, lengths = batch
+    b = 3  # the 30x90 image: a 1x3 grid whose rows are unpadded
+    size = SIZES[b]
+    tiles = model.cfg.geometry.num_tiles(size)
+    ours = np.asarray(model.image_features(jnp.asarray(pv[b:b + 1])))[0, :tiles]
+    with torch.no_grad():
+        out = hf.model.get_image_features(torch.as_tensor(pv[b:b + 1, :tiles]), torch.as_tensor([size]),
+                                          vision_feature_layer=hf.config.vision_feature_layer,
+                                          vision_feature_select_strategy="default", return_dict=True)
+        packed = torch.cat(out.pooler_output, 0).numpy()
+        embeds = hf.model.get_input_embeddings()(torch.as_tensor(ids[b:b + 1, :lengths[b]]))[0].numpy()
+    ours_embeds = np.asarray(model.embed(jnp.asarray(ids[b:b + 1]), jnp.asarray(pv[b:b + 1]),
+                                         jnp.asarray(idx[b:b + 1])))[0, :lengths[b]]
+    is_image = ids[b, :lengths[b]] == IMAGE_TOKEN
+    assert is_image.sum() == packed.shape[0] == model.cfg.geometry.num_tokens(size)
+    assert rel_err(ours_embeds[is_image], packed) < TOL
+    np.testing.assert_array_equal(ours_embeds[~is_image], embeds[~is_image])
+    # The base tile's features are the first 16 image tokens, unchanged by packing.
+    assert rel_err(ours[0], packed[:16]) < TOL
+
+
+def test_llama3_rope_scaling_matches_hf(tmp_path):
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+    hf = tiny_hf_model(str(tmp_path), rope_scaling=scaling)
+    model = convert.load_hf_checkpoint(str(tmp_path))
+    assert model.cfg.llm.rope_scaling["factor"] == 8.0
+    ids = np.random.default_rng(1).integers(0, 500, 300)  # past the original context: scaling matters
+    ours = np.asarray(model(jnp.asarray(ids)[None]))[0]
+    assert rel_err(ours, hf_logits(hf, ids)) < TOL
+
+
+def test_geometry_matches_hf_functions():
+    from transformers.image_processing_utils import select_best_resolution as hf_best
+    from transformers.models.llava_next.modeling_llava_next import unpad_image
+
+    geo = ImageGeometry()
+    rng = np.random.default_rng(0)
+    for h, w in rng.integers(20, 2000, (200, 2)):
+        best = select_best_resolution((h, w), geo.pinpoints)
+        assert best == tuple(hf_best((int(h), int(w)), [list(p) for p in geo.pinpoints]))
+        rows, cols = geo.grid_shape((h, w))
+        fake = torch.zeros(1, rows * 24, cols * 24)
+        assert unpadded_size((h, w), rows, cols, 24) == tuple(unpad_image(fake, (int(h), int(w))).shape[1:])
+
+
+def test_lora_zero_b_is_identity_merge_and_peft_export(pair, batch, tmp_path):
+    hf, model, directory = pair
+    ids, mask, pv, idx, lengths = batch
+    base = _ours(model, batch)
+    lora_state = nnx.state(model, LoRAParam)
+    assert len(jax.tree.leaves(lora_state)) == 2 * 2 * model.cfg.llm.layers  # A and B on q and k
+    # B = 0 at init: the adapter changes nothing.
+    np.testing.assert_array_equal(_ours(model, batch), base)
+    # Give B random values: the output moves; merged LoRA equals unmerged.
+    rng = np.random.default_rng(0)
+    lora_model = convert.load_hf_checkpoint(directory)
+    for layer in lora_model.language_model.model.layers:
+        for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
+            proj.lora_b[...] = jnp.asarray(rng.standard_normal(proj.lora_b[...].shape) * 0.05, jnp.float32)
+    with_lora = _ours(lora_model, batch)
+    assert rel_err(with_lora, base) > 1e-3
+    adapter_dir = str(tmp_path / "adapter")
+    convert.save_peft_adapter(lora_model, adapter_dir)
+    merged = _ours(merge_lora(lora_model), batch)
+    assert rel_err(merged, with_lora) < 1e-5
+    assert not jax.tree.leaves(nnx.state(lora_model, LoRAParam))
+    # The PEFT adapter on the PyTorch model gives fire_jax's LoRA logits.
+    from peft import PeftModel
+
+    peft_model = PeftModel.from_pretrained(hf, adapter_dir).eval()
+    try:
+        errors = _check_each_example(peft_model, lora_model, batch, ours=with_lora)
+    finally:
+        peft_model.unload()
+    assert max(errors) < TOL, errors
+    config = json.load(open(os.path.join(adapter_dir, "adapter_config.json")))
+    assert (config["r"], config["lora_alpha"]) == (64, 256.0)
+
+
+def test_save_round_trips_through_transformers(pair, batch, tmp_path):
+    from transformers import LlavaNextForConditionalGeneration
+
+    hf, model, _ = pair
+    out = str(tmp_path / "saved")
+    convert.save_hf_checkpoint(model, out, max_shard_bytes=200_000)  # force several shards
+    assert os.path.exists(os.path.join(out, "model.safetensors.index.json"))
+    reloaded = LlavaNextForConditionalGeneration.from_pretrained(out).eval()
+    assert max(_check_each_example(reloaded, model, batch)) < TOL
+    again = convert.load_hf_checkpoint(out)
+    for a, b in zip(jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(nnx.state(again, nnx.Param))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_kv_cache_decoding_equals_full_forward(pair, batch):
+    _, model, _ = pair
+    ids, mask, pv, idx, _ = batch
+    full = _ours(model, batch)
+    prompt = 12
+    cache = KVCache.init(model.cfg.llm, ids.shape[0], ids.shape[1], jnp.float32)
+    logits, cache = model(jnp.asarray(ids[:, :prompt]), jnp.asarray(pv), jnp.asarray(idx[:, :prompt]),
+                          jnp.asarray(mask[:, :prompt]), cache=cache)
+    steps = [np.asarray(logits)]
+    for t in range(prompt, ids.shape[1]):
+        logits, cache = model(jnp.asarray(ids[:, t:t + 1]), jnp.asarray(pv), jnp.asarray(idx[:, t:t + 1]),
+                              jnp.asarray(mask[:, t:t + 1]), cache=cache)
+        steps.append(np.asarray(logits))
+    decoded = np.concatenate(steps, axis=1)
+    valid = mask.astype(bool)
+    assert rel_err(decoded[valid], full[valid]) < 1e-5
+
+
+def test_remat_and_pad_mode(pair, batch):
+    _, model, directory = pair
+    ids, mask, pv, idx, _ = batch
+    remat = convert.load_hf_checkpoint(directory, remat="full")
+    np.testing.assert_allclose(_ours(remat, batch), _ours(model, batch), rtol=1e-6, atol=1e-6)
+    pad = convert.load_hf_checkpoint(directory, image_mode="pad")
+    geo = pad.cfg.geometry
+    assert geo.max_tiles == 1 and geo.num_tokens((40, 70)) == 16
+    # One tile, its 16 features in raster order: exactly the anyres model's base-tile block.
+    one = jnp.asarray(np.concatenate([[1, 2], np.full(16, IMAGE_TOKEN), [3]])[None])
+    index = jnp.asarray(np.concatenate([[-1, -1], np.arange(16), [-1]])[None])
+    a = pad.embed(one, jnp.asarray(pv[:1, :1]), index)
+    b = model.embed(one, jnp.asarray(pv[:1]), index)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+
+
+def test_8b_parameter_counts_abstract():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("c", os.path.join(os.path.dirname(__file__), "..", "configs",
+                                                                    "llava_next_8b.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cfg = LlavaNextConfig.from_dict(module.get_config().model)
+    model = convert.abstract_model(cfg)
+    llm = count_params(model.language_model, nnx.Param)
+    vision = count_params(model.vision_tower, nnx.Param)
+    connector = count_params(model.multi_modal_projector, nnx.Param)
+    lora = count_params(model, LoRAParam)
+    print(f"LLM {llm:,}  vision {vision:,}  connector {connector:,}  LoRA(q,k) {lora:,}  "
+          f"share {lora / llm:.4%}")
+    # Llama-3-8B with the llava-hf 128320-row embedding and lm_head.
+    assert llm == 8_030_261_248 + 2 * 64 * 4096
+    assert vision == 303_507_456
+    assert connector == 1024 * 4096 + 4096 + 4096 * 4096 + 4096
+    assert lora == 32 * 64 * ((4096 + 4096) + (4096 + 1024))
+    assert 0.003 < lora / llm < 0.005
