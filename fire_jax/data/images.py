@@ -1,0 +1,112 @@
+"""Any-resolution image preprocessing (LLaVA-NeXT), PIL + numpy only (SPEC 2).
+
+Matches transformers' ``LlavaNextImageProcessorPil`` bit for bit: RGB
+conversion (alpha composited on white), best pinpoint, aspect-preserving
+bicubic resize (sizes rounded up, as HF does), centred black padding (the
+extra pixel of an odd margin goes to the bottom/right), row-major tiles, the
+whole image resized to a *square* tile as tile 0 (HF does not keep its aspect
+ratio), then rescale 1/255 in float64 -> float32 and CLIP normalisation in
+float32. Tile layout comes from :class:`fire_jax.geometry.ImageGeometry`.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+from PIL import Image
+
+from fire_jax.geometry import ImageGeometry, select_best_resolution
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+def _normalisation_table() -> np.ndarray:
+    """float32 [3, 256]: the normalised value of every uint8 level, per channel.
+
+    Computed exactly as HF does it ((x * 1/255 in float64) -> float32, then
+    (x - mean) / std in float32), so a table lookup equals HF's arithmetic.
+    """
+    levels = (np.arange(256, dtype=np.float64) * (1 / 255)).astype(np.float32)
+    mean, std = np.asarray(CLIP_MEAN, np.float32), np.asarray(CLIP_STD, np.float32)
+    return ((levels[None, :] - mean[:, None]) / std[:, None]).astype(np.float32)
+
+
+_TABLE = _normalisation_table()
+
+
+def load_image(source: str | bytes | Image.Image) -> Image.Image:
+    """An RGB PIL image from a path, encoded bytes or a PIL image; transparency composited on white."""
+    image = source if isinstance(source, Image.Image) else Image.open(
+        io.BytesIO(source) if isinstance(source, bytes) else source)
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        image = image.convert("RGBA")
+        background = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, image).convert("RGB")
+    return image.convert("RGB")
+
+
+def normalise(tiles: np.ndarray) -> np.ndarray:
+    """uint8 [tiles, H, W, 3] -> float32 [tiles, 3, H, W] with CLIP normalisation."""
+    tiles = np.moveaxis(tiles, -1, 1)  # [tiles, 3, H, W]
+    out = np.empty(tiles.shape, np.float32)
+    for c in range(3):
+        out[:, c] = _TABLE[c][tiles[:, c]]
+    return out
+
+
+def resized_size(image_size, target) -> tuple[int, int]:
+    """(h, w) of an image of ``image_size`` resized to fit ``target`` keeping its aspect ratio (HF rounding)."""
+    height, width = image_size
+    target_h, target_w = target
+    scale_w, scale_h = target_w / width, target_h / height
+    if scale_w < scale_h:
+        return min(math.ceil(height * scale_w), target_h), target_w
+    return target_h, min(math.ceil(width * scale_h), target_w)
+
+
+def _resize(image: Image.Image, size) -> np.ndarray:
+    """uint8 [h, w, 3], bicubic; PIL returns an unchanged copy when the size already matches."""
+    return np.asarray(image.resize((size[1], size[0]), resample=Image.Resampling.BICUBIC))
+
+
+def preprocess(image: Image.Image, geometry: ImageGeometry) -> tuple[np.ndarray, tuple[int, int]]:
+    """Tiles of one image.
+
+    Args:
+      image: an RGB PIL image (see :func:`load_image`).
+      geometry: the model's tiling rule.
+
+    Returns:
+      pixel_values float32 ``[geometry.num_tiles(size), 3, tile, tile]`` (tile 0
+      is the whole image) and the original ``(height, width)``.
+    """
+    size = (image.height, image.width)
+    t = geometry.tile_size
+    if geometry.mode == "pad":
+        return normalise(_resize(expand_to_square(image), (t, t))[None]), size
+    target = select_best_resolution(size, geometry.pinpoints)
+    new_h, new_w = resized_size(size, target)
+    resized = _resize(image, (new_h, new_w))
+    top, left = (target[0] - new_h) // 2, (target[1] - new_w) // 2
+    canvas = np.zeros((*target, 3), np.uint8)  # [H, W, 3] black padding
+    canvas[top:top + new_h, left:left + new_w] = resized
+    rows, cols = target[0] // t, target[1] // t
+    grid = canvas.reshape(rows, t, cols, t, 3).transpose(0, 2, 1, 3, 4).reshape(rows * cols, t, t, 3)
+    tiles = np.concatenate([_resize(image, (t, t))[None], grid])  # [1 + rows*cols, t, t, 3]
+    assert len(tiles) == geometry.num_tiles(size)
+    return normalise(tiles), size
+
+
+def expand_to_square(image: Image.Image) -> Image.Image:
+    """LLaVA's "pad" mode: centre the image on a square of the CLIP mean colour."""
+    width, height = image.size
+    if width == height:
+        return image
+    side = max(width, height)
+    background = tuple(int(255 * m) for m in CLIP_MEAN)
+    square = Image.new("RGB", (side, side), background)
+    square.paste(image, ((side - width) // 2, (side - height) // 2))
+    return square

@@ -1,0 +1,335 @@
+"""Typed FIRE conversations and instruction records, parsed from released files.
+
+A FIRE record (SPEC section 3) is one conversation {I, q, gt, [(r_1, f_1), ...,
+(r_n, f_n)]}; a LLaVA-665K-style instruction record is a list of human/gpt
+messages about an optional image. Files are JSON arrays or JSONL. Records that
+cannot be used are skipped and counted by reason (:class:`BadRecords`), or
+raise :class:`BadRecordError` naming file, record and field under
+``on_bad_record="error"``.
+
+Texts are stripped of surrounding whitespace, as Llama-3's chat template trims
+message contents; the stripped text is what a labelled span decodes back to.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import io
+import json
+import os
+import re
+from typing import Any, Iterator, Sequence
+
+from PIL import Image
+
+#: Reasons a record is skipped at parse time (pipeline adds image_cut, no_labelled_token).
+REASONS = ("invalid_json", "missing_field", "missing_image", "unreadable_image", "bad_turn_order",
+           "empty_text", "no_score")
+
+IMAGE_PLACEHOLDER = "<image>"
+_SCORE_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
+
+
+@dataclasses.dataclass(frozen=True)
+class Turn:
+    """One refinement round: the student's response r_i and the teacher's feedback f_i."""
+
+    response: str
+    feedback: str  # whole feedback, score line included (what the teacher learns)
+    score: float | None  # a_i parsed from the feedback
+
+    @property
+    def feedback_text(self) -> str:
+        """What the student is shown: the feedback with its score line removed."""
+        return feedback_text(self.feedback)
+
+
+@dataclasses.dataclass(frozen=True)
+class Conversation:
+    """A FIRE conversation {I, q, gt, [(r_1, f_1), ..., (r_n, f_n)]}."""
+
+    id: str
+    image: str | None  # path relative to the image root
+    question: str
+    groundtruth: str
+    turns: tuple[Turn, ...]
+    source: str
+    split: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+    """A LLaVA-665K-style record: alternating ("user", text) / ("assistant", text) messages."""
+
+    id: str
+    image: str | None
+    messages: tuple[tuple[str, str], ...]
+    source: str
+    split: str
+
+
+Record = Conversation | Instruction
+
+
+class BadRecordError(ValueError):
+    """A record that cannot be used, under ``on_bad_record="error"``."""
+
+    def __init__(self, reason: str, where: str, field: str, detail: str = ""):
+        self.reason, self.where, self.field = reason, where, field
+        super().__init__(f"{where}: field {field!r}: {reason}" + (f" ({detail})" if detail else ""))
+
+
+class BadRecords(collections.Counter):
+    """Counts of skipped records by reason, with the first offender of each reason."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.first: dict[str, str] = {}
+
+    def add(self, error: BadRecordError) -> None:
+        self[error.reason] += 1
+        self.first.setdefault(error.reason, str(error))
+
+    def merge(self, other: "BadRecords") -> None:
+        self.update(other)
+        for reason, example in getattr(other, "first", {}).items():
+            self.first.setdefault(reason, example)
+
+    def report(self, title: str = "bad records") -> str:
+        if not self:
+            return f"{title}: none"
+        lines = [f"{title}: {sum(self.values())}"]
+        for reason, count in sorted(self.items()):
+            example = self.first.get(reason)
+            lines.append(f"  {reason:<18} {count:>8}" + (f"   e.g. {example}" if example else ""))
+        return "\n".join(lines)
+
+
+def parse_score(feedback: str) -> float | None:
+    """The score a_i of a feedback text (SPEC 3, "Score parsing").
+
+    The first number (integer or decimal) on the first line that contains
+    "Score:"; no such line, or a number outside 0..10, gives None.
+    "Score: 8/10." gives 8, "Score: 7.5" gives 7.5.
+    """
+    for line in feedback.splitlines():
+        if "Score:" in line:
+            match = _SCORE_NUMBER.search(line)
+            if match is None:
+                return None
+            value = float(match.group())
+            if not 0 <= value <= 10:
+                return None
+            return int(value) if value.is_integer() else value
+    return None
+
+
+def feedback_text(feedback: str) -> str:
+    """The part of a feedback shown to the student: what follows "Feedback:".
+
+    Without a "Feedback:" marker, the feedback minus its score line.
+    """
+    head, marker, tail = feedback.partition("Feedback:")
+    if marker:
+        return tail.strip()
+    return "\n".join(line for line in feedback.splitlines() if "Score:" not in line).strip()
+
+
+def strip_image_placeholder(text: str) -> str:
+    """The text without any "<image>" placeholder (it is re-inserted where the template wants it)."""
+    return text.replace(IMAGE_PLACEHOLDER, "").strip()
+
+
+# ---------------------------------------------------------------------------- parsing
+
+
+def _text(value: Any) -> str | None:
+    """A message's text: a plain string or a {"role", "value"} dict."""
+    if isinstance(value, dict):
+        value = value.get("value")
+    return value if isinstance(value, str) else None
+
+
+def _role(message: dict) -> str:
+    role = message.get("role", message.get("from", ""))
+    return role.lower() if isinstance(role, str) else ""
+
+
+def parse_record(raw: Any, *, default_id: str, default_split: str = "", where: str | None = None) -> Record:
+    """A typed record from one raw JSON object; raises BadRecordError (image not checked)."""
+    where = where or default_id
+    if not isinstance(raw, dict):
+        raise BadRecordError("missing_field", where, "<record>", f"expected a JSON object, got {type(raw).__name__}")
+    record_id = str(raw.get("id") or default_id)
+    where = where if raw.get("id") is None else f"{where} (id {record_id!r})"
+    image = raw.get("image", raw.get("img_path"))
+    if image is not None and not isinstance(image, str):
+        raise BadRecordError("missing_field", where, "image", f"expected a path, got {image!r}")
+    source = str(raw.get("source") or "unknown")
+    split = str(raw.get("split") or default_split)
+    messages = raw.get("conversations")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise BadRecordError("missing_field", where, "conversations", "expected a non-empty list of messages")
+    if "question" in raw:
+        return _parse_fire(raw, messages, record_id, image, source, split, where)
+    return _parse_instruction(messages, record_id, image, source, split, where)
+
+
+def _parse_fire(raw, messages, record_id, image, source, split, where) -> Conversation:
+    if image is None:
+        raise BadRecordError("missing_field", where, "image")
+    texts = {}
+    for field in ("question", "groundtruth"):
+        if field not in raw or _text(raw[field]) is None:
+            raise BadRecordError("missing_field", where, field)
+        texts[field] = _text(raw[field]).strip()
+        if field == "question":
+            texts[field] = strip_image_placeholder(texts[field])
+        if not texts[field]:
+            raise BadRecordError("empty_text", where, field)
+    if len(messages) % 2:
+        raise BadRecordError("bad_turn_order", where, "conversations",
+                             f"{len(messages)} messages; turns alternate student, teacher and end with feedback")
+    expected = (("student", "response"), ("teacher", "feedback"))
+    values = []
+    for i, message in enumerate(messages):
+        role, kind = expected[i % 2]
+        if _role(message) != role or message.get("type", kind) != kind:
+            raise BadRecordError("bad_turn_order", where, f"conversations[{i}].role",
+                                 f"expected {role}/{kind}, got {_role(message) or None}/{message.get('type')}")
+        value = _text(message)
+        if value is None:
+            raise BadRecordError("missing_field", where, f"conversations[{i}].value")
+        if not value.strip():
+            raise BadRecordError("empty_text", where, f"conversations[{i}].value")
+        values.append(value.strip())
+    turns = []
+    for i in range(0, len(values), 2):
+        score = parse_score(values[i + 1])
+        if score is None:
+            raise BadRecordError("no_score", where, f"conversations[{i + 1}].value", repr(values[i + 1][:60]))
+        if not feedback_text(values[i + 1]):
+            raise BadRecordError("empty_text", where, f"conversations[{i + 1}].value", "no feedback after the score")
+        turns.append(Turn(response=values[i], feedback=values[i + 1], score=score))
+    return Conversation(id=record_id, image=image, question=texts["question"], groundtruth=texts["groundtruth"],
+                        turns=tuple(turns), source=source, split=split)
+
+
+_INSTRUCTION_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
+
+
+def _parse_instruction(messages, record_id, image, source, split, where) -> Instruction:
+    parsed = []
+    for i, message in enumerate(messages):
+        role = _INSTRUCTION_ROLES.get(_role(message))
+        if role != ("user", "assistant")[i % 2]:
+            raise BadRecordError("bad_turn_order", where, f"conversations[{i}].from",
+                                 f"expected {('human', 'gpt')[i % 2]}, got {_role(message) or None}")
+        value = _text(message)
+        if value is None:
+            raise BadRecordError("missing_field", where, f"conversations[{i}].value")
+        value = strip_image_placeholder(value) if role == "user" else value.strip()
+        if not value:
+            raise BadRecordError("empty_text", where, f"conversations[{i}].value")
+        parsed.append((role, value))
+    if parsed[-1][0] != "assistant":
+        raise BadRecordError("bad_turn_order", where, "conversations", "the last message must be the assistant's")
+    return Instruction(id=record_id, image=image, messages=tuple(parsed), source=source, split=split)
+
+
+def image_size_of(path_or_bytes: str | bytes, *, decode: bool = False) -> tuple[int, int]:
+    """(height, width) of an image file, reading the header (or everything with ``decode``)."""
+    stream = io.BytesIO(path_or_bytes) if isinstance(path_or_bytes, bytes) else path_or_bytes
+    with Image.open(stream) as image:
+        if decode:
+            image.load()
+        return image.height, image.width
+
+
+def check_image(record: Record, image_root: str, where: str, *, decode: bool = False) -> str | None:
+    """The absolute image path of a record; raises missing_image / unreadable_image."""
+    if record.image is None:
+        return None
+    path = os.path.join(image_root, record.image)
+    if not os.path.isfile(path):
+        raise BadRecordError("missing_image", where, "image", path)
+    try:
+        image_size_of(path, decode=decode)
+    except Exception as e:  # PIL raises many types for broken files
+        raise BadRecordError("unreadable_image", where, "image", f"{path}: {e}") from None
+    return path
+
+
+def iter_raw(path: str) -> Iterator[tuple[int, Any]]:
+    """(index, raw object) of a JSON-array or JSONL file; unparsable JSONL lines give BadRecordError objects."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if text.lstrip().startswith("["):
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not a valid JSON array: {e}") from None
+        yield from enumerate(records)
+        return
+    index = 0
+    for line_number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield index, json.loads(line)
+        except json.JSONDecodeError as e:
+            yield index, BadRecordError("invalid_json", f"{path}: record {index} (line {line_number})", "<line>", str(e))
+        index += 1
+
+
+def load_records(
+    paths: str | Sequence[str],
+    image_root: str,
+    *,
+    on_bad_record: str = "skip",
+    split: str = "",
+    decode_images: bool = False,
+    bad: BadRecords | None = None,
+) -> tuple[list[Record], BadRecords]:
+    """Parse FIRE / instruction files into typed records, checking every image.
+
+    Args:
+      paths: JSON-array or JSONL files.
+      image_root: directory the records' image paths are relative to.
+      on_bad_record: "skip" (count by reason) or "error" (raise BadRecordError).
+      split: the split of records that name none.
+      decode_images: decode every image fully (slow) instead of reading its header.
+      bad: a counter to add to.
+
+    Returns:
+      (records, bad record counts).
+    """
+    bad = BadRecords() if bad is None else bad
+    records = [record for record, _ in iter_records(paths, image_root, on_bad_record=on_bad_record, split=split,
+                                                    decode_images=decode_images, bad=bad)]
+    return records, bad
+
+
+def iter_records(paths, image_root, *, on_bad_record="skip", split="", decode_images=False, bad=None):
+    """Like :func:`load_records`, streaming (record, absolute image path or None)."""
+    if on_bad_record not in ("skip", "error"):
+        raise ValueError(f"on_bad_record must be 'skip' or 'error', got {on_bad_record!r}")
+    bad = BadRecords() if bad is None else bad
+    for path in [paths] if isinstance(paths, str) else paths:
+        stem = os.path.splitext(os.path.basename(path))[0]
+        for index, raw in iter_raw(path):
+            try:
+                if isinstance(raw, BadRecordError):
+                    raise raw
+                where = f"{path}: record {index}"
+                record = parse_record(raw, default_id=f"{stem}:{index}", default_split=split, where=where)
+                if record.id != f"{stem}:{index}":
+                    where = f"{where} (id {record.id!r})"
+                image_path = check_image(record, image_root, where, decode=decode_images)
+            except BadRecordError as e:
+                if on_bad_record == "error":
+                    raise
+                bad.add(e)
+                continue
+            yield record, image_path
