@@ -1,0 +1,182 @@
+"""fire_jax.eval.metrics: parity with pycocoevalcap and hand-computed dialogue metrics."""
+
+import math
+import random
+
+import numpy as np
+import pytest
+from pycocoevalcap.bleu.bleu import Bleu
+from pycocoevalcap.cider.cider import Cider
+
+from fire_jax.eval import metrics
+
+TOL = 1e-9
+
+
+def assert_close(actual, expected):
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=TOL)
+
+
+def random_pairs(seed: int, num_pairs: int) -> tuple[list[str], list[str]]:
+    """Sentences over a tiny vocabulary: heavy overlap, repeated words, empty and one-word sentences."""
+    rng = random.Random(seed)
+    vocab = ["the", "cat", "sat", "on", "a", "mat", "red", "is", "answer", "9"]
+    lengths = [0, 1, 1, 2, 3, 4, 5, 8, 13, 21]
+
+    def sentence() -> str:
+        kind = rng.random()
+        if kind < 0.1:
+            return " ".join([rng.choice(vocab)] * rng.choice(lengths))  # one word repeated
+        return " ".join(rng.choice(vocab) for _ in range(rng.choice(lengths)))
+
+    references = [sentence() for _ in range(num_pairs)]
+    predictions = []
+    for reference in references:
+        if rng.random() < 0.3:  # a noisy copy of the reference, so that high-order n-grams match
+            words = reference.split()
+            predictions.append(" ".join(w if rng.random() < 0.8 else rng.choice(vocab) for w in words))
+        else:
+            predictions.append(sentence())
+    predictions[0] = ""  # always an empty prediction
+    return predictions, references
+
+
+def coco_scores(predictions, references):
+    gts = {i: [r] for i, r in enumerate(references)}
+    res = {i: [p] for i, p in enumerate(predictions)}
+    corpus, per_sentence = Bleu(4).compute_score(gts, res, verbose=0)
+    _, cider_scores = Cider().compute_score(gts, res)
+    return np.array(corpus), np.array(per_sentence).T, np.array(cider_scores)
+
+
+@pytest.mark.parametrize("seed,num_pairs", [(0, 2), (1, 3), (2, 17), (3, 200), (4, 1000)])
+def test_bleu_and_cider_equal_pycocoevalcap(seed, num_pairs):
+    predictions, references = random_pairs(seed, num_pairs)
+    corpus, per_sentence, cider_scores = coco_scores(predictions, references)
+
+    assert_close(metrics.bleu_per_sample(predictions, references), per_sentence)
+    assert_close(metrics.bleu(predictions, references), per_sentence.mean(axis=0))
+    assert_close(metrics.corpus_bleu(predictions, references), corpus)
+    assert_close(metrics.cider_per_sample(predictions, references), cider_scores)
+    assert metrics.cider(predictions, references) == pytest.approx(cider_scores.mean(), abs=TOL)
+    combined = metrics.text_metrics(predictions, references)
+    assert list(combined) == ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "CIDEr"]
+    assert_close(list(combined.values()), [*per_sentence.mean(axis=0), cider_scores.mean()])
+    if num_pairs >= 200:  # the larger sets do exercise high-order matches and high CIDEr
+        assert cider_scores.max() > 1.0 and per_sentence[:, 3].max() > 0.5
+
+
+def test_large_vocabulary_key_compaction(monkeypatch):
+    # Keys of (k-gram, pair, side) that would not fit int64 are compacted first; force that path.
+    monkeypatch.setattr(metrics, "_KEY_LIMIT", 2 ** 16)
+    predictions, references = random_pairs(5, 300)
+    _, per_sentence, cider_scores = coco_scores(predictions, references)
+    assert_close(metrics.bleu_per_sample(predictions, references), per_sentence)
+    assert_close(metrics.cider_per_sample(predictions, references), cider_scores)
+
+
+def test_ngram_in_every_reference_has_zero_idf():
+    # "a" is in both references: idf = log(2) - log(2) must be exactly 0, as in pycocoevalcap;
+    # otherwise the first pair's unigram cosine would be ~1e-32 / ~1e-32 instead of 0.
+    predictions, references = ["a a", "a b c"], ["a", "a b"]
+    _, per_sentence, cider_scores = coco_scores(predictions, references)
+    assert_close(metrics.cider_per_sample(predictions, references), cider_scores)
+    assert_close(metrics.bleu_per_sample(predictions, references), per_sentence)
+
+
+def test_bleu_hand_computed():
+    # 4 of 4 unigrams, 3/3 bigrams, 2/2 trigrams, 1/1 4-gram match; brevity penalty exp(1 - 5/4).
+    scores = metrics.bleu_per_sample(["a b c d"], ["a b c d e"])
+    assert_close(scores, [[math.exp(-0.25)] * 4])
+    # Clipping: "a a a a" against "a b" matches one "a"; no bigram matches (1e-15 / 3 floor).
+    scores = metrics.bleu_per_sample(["a a a a"], ["a b"])
+    assert scores[0, 0] == pytest.approx(0.25, abs=1e-9)
+    assert scores[0, 1] == pytest.approx(math.sqrt(0.25 * 1e-15 / 3), rel=1e-6)
+    # An empty prediction scores 0; "x" vs "x" has 0 of 0 k-grams for k > 1, each a 1e-15 / 1e-9 factor.
+    assert metrics.bleu(["", "x"], ["x", "x"]) == pytest.approx(
+        [0.5, 0.5 * 1e-6 ** (1 / 2), 0.5 * 1e-12 ** (1 / 3), 0.5 * 1e-18 ** (1 / 4)], rel=1e-6)
+
+
+def test_cider_single_pair_is_zero():
+    # With one reference every reference n-gram has idf log(1) - log(1) = 0.
+    assert metrics.cider(["a b c"], ["a b c"]) == 0.0
+
+
+def test_text_metric_errors():
+    with pytest.raises(ValueError, match="2 predictions but 1 references"):
+        metrics.bleu(["a", "b"], ["a"])
+    with pytest.raises(ValueError, match=r"references\[1\] is list"):
+        metrics.cider(["a", "b"], ["a", ["b"]])
+    with pytest.raises(ValueError, match="no predictions"):
+        metrics.bleu([], [])
+
+
+def test_score_mae():
+    assert metrics.score_mae([7, None, 3], [9, 5, 3]) == pytest.approx((2 + 10 + 0) / 3)
+    assert metrics.score_mae([7.5, None], [9, 5], missing_penalty=4.0) == pytest.approx((1.5 + 4) / 2)
+    with pytest.raises(ValueError, match=r"reference_scores\[0\]"):
+        metrics.score_mae([1], [None])
+    with pytest.raises(ValueError, match="2 predicted scores but 1"):
+        metrics.score_mae([1, 2], [1])
+
+
+# Every branch of the free-dialogue protocol, threshold 8, p = 10.
+DIALOGUES = [
+    [9],                # solved at turn 1: n_k = 1, removed from AT/ADR/ATR/RR
+    [4, 6, 9],          # solved at turn 3: t = 3, diff 5, per turn 2.5, RR +1
+    [5, 5],             # stopped on a non-increasing score: t = 10, diff 0
+    [2, 3, 4, 5, 6],    # never solved in 5 turns: t = 10, diff 4, per turn 1
+    [6, None],          # teacher gave no score: a = 0, t = 10, diff -6, per turn -6
+    [3],                # unsolved at turn 1: n_k = 1, removed
+]
+
+
+def test_free_dialogue_metrics_by_hand():
+    result = metrics.free_dialogue_metrics(DIALOGUES)
+    assert result["K"] == 4
+    assert result["mean_turns"] == pytest.approx((3 + 10 + 10 + 10) / 4)
+    assert result["AT"] == pytest.approx(1.0)  # normalised by its own mean_turns
+    assert result["ADR"] == pytest.approx((5 + 0 + 4 - 6) / 4)
+    assert result["ATR"] == pytest.approx((2.5 + 0 + 1 - 6) / 4)
+    assert result["RR"] == pytest.approx(1 / 4)
+
+
+def test_free_dialogue_metrics_baseline_normalisation():
+    baseline = metrics.free_dialogue_metrics([[7, 8], [6, 7]])  # t = 2 and 10
+    assert baseline["mean_turns"] == pytest.approx(6.0)
+    result = metrics.free_dialogue_metrics(DIALOGUES, baseline_turns=baseline["mean_turns"])
+    assert result["AT"] == pytest.approx(8.25 / 6.0)
+    # A first answer already >= 8 that is kept lowers RR.
+    assert metrics.free_dialogue_metrics([[8, 9], [9, 7]])["RR"] == pytest.approx((0 - 1) / 2)
+
+
+def test_free_dialogue_metrics_no_refined_items():
+    result = metrics.free_dialogue_metrics([[9], [None]], baseline_turns=5.0)
+    assert result["K"] == 0
+    assert all(math.isnan(result[key]) for key in ["AT", "ADR", "ATR", "RR", "mean_turns"])
+
+
+@pytest.mark.parametrize("sequences,message", [
+    ([[5, 6], []], "item 1: empty"),
+    ([[1, 2, 3, 4, 5, 6]], "item 0: 6 scores, more than max_turns=5"),
+    ([[5], [None, 7]], "item 1: turn 1 has no score"),
+    ([[5, "7"]], "item 0, turn 2 is '7'"),
+    ([[5, float("nan")]], "item 0, turn 2 is nan"),
+])
+def test_dialogue_input_errors(sequences, message):
+    with pytest.raises(ValueError, match=message):
+        metrics.free_dialogue_metrics(sequences)
+    with pytest.raises(ValueError, match=message):
+        metrics.accuracy_by_turn(sequences)
+
+
+def test_bad_baseline_turns():
+    with pytest.raises(ValueError, match="baseline_turns"):
+        metrics.free_dialogue_metrics(DIALOGUES, baseline_turns=0)
+
+
+def test_accuracy_by_turn():
+    # Turn 1: only [9]; turn 2: [9] kept ([6, None] reads 0); turn 3 on: [9] and [4, 6, 9].
+    assert metrics.accuracy_by_turn(DIALOGUES) == pytest.approx([1 / 6, 1 / 6, 2 / 6, 2 / 6, 2 / 6])
+    assert metrics.accuracy_by_turn([[7, 8]], max_turns=3) == [0.0, 1.0, 1.0]
+    assert all(math.isnan(v) for v in metrics.accuracy_by_turn([]))
