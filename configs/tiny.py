@@ -23,4 +23,26 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         param_dtype="float32",
     )
     config.model = ml_collections.ConfigDict(config.model)
+    # Input pipeline (fire_jax.data.pipeline.InputPipeline): the shipped synthetic FIRE set.
+    config.data = ml_collections.ConfigDict(dict(
+        tokenizer="assets:tiny_tokenizer.json",  # a tokenizer.json; "assets:" = fire_jax/assets
+        image_token="<image>",  # its id must equal model.image_token_id
+        pad_token="<pad>",
+        role="student",  # or "teacher"
+        student_first_turn=False,  # also label r_1 (SPEC loss.student_first_turn)
+        teacher_history="full",  # or "latest"
+        sources=dict(synthetic=dict(json="assets:synthetic_fire/train.json",
+                                    image_root="assets:synthetic_fire/images", weight=1.0)),
+        eval_sources=dict(synthetic=dict(json="assets:synthetic_fire/test.json",
+                                         image_root="assets:synthetic_fire/images", weight=1.0)),
+        on_bad_record="skip",  # or "error"
+        max_len=768,  # tokens, image features included (teacher sequences: ~520-640)
+        buckets=(256, 384, 512, 640, 768),
+        batch_size=8,  # global; each process gets batch_size // process_count
+        shuffle=True,
+        seed=0,
+        num_epochs=0,  # 0: repeat forever
+        num_threads=0,  # grain read threads (0: in the calling thread)
+        num_workers=0,  # grain worker processes (0: none)
+    ))
     return config

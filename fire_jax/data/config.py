@@ -1,0 +1,82 @@
+"""Reading the data parts of an experiment config: paths, config files, geometry, sources.
+
+A source (one entry of ``config.data.sources``) is either raw JSON::
+
+    dict(json="assets:synthetic_fire/train.json", image_root="assets:synthetic_fire/images", weight=1.0)
+
+or a split built by ``tools/build_dataset.py``::
+
+    dict(tfds="/data/tfds", split="fire_100k", weight=1.0)
+
+Paths starting with ``assets:`` are inside ``fire_jax/assets`` (the shipped
+tiny tokenizer and synthetic demo data).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Sequence as SequenceABC
+from typing import Any, Mapping
+
+from fire_jax.geometry import ImageGeometry
+from fire_jax.data.records import BadRecords, Record, iter_records
+
+ASSETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
+
+
+def resolve_path(path: str) -> str:
+    """``assets:x`` -> ``fire_jax/assets/x``; other paths with ``~`` expanded."""
+    if path.startswith("assets:"):
+        return os.path.join(ASSETS_DIR, path[len("assets:"):])
+    return os.path.expanduser(path)
+
+
+def load_config(spec: str):
+    """``configs/tiny.py`` or ``configs/tiny.py:arg`` -> the file's ``get_config(arg)``."""
+    path, _, arg = spec.partition(":")
+    module_spec = importlib.util.spec_from_file_location("fire_jax_config", path)
+    if module_spec is None:
+        raise FileNotFoundError(f"config file {path!r} not found")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg)
+
+
+def geometry_from_model_config(model: Mapping[str, Any]) -> ImageGeometry:
+    """The image geometry named by ``config.model`` (what ``LlavaNextConfig.geometry`` builds)."""
+    return ImageGeometry(tile_size=model["vision"]["image_size"], patch_size=model["vision"]["patch_size"],
+                         pinpoints=tuple(tuple(p) for p in model["image_grid_pinpoints"]),
+                         mode=model.get("image_mode", "anyres"), pad_newline=model.get("pad_newline", False))
+
+
+class _TfdsRecords(SequenceABC):
+    """Random access to (record, encoded image) of a built TFDS split."""
+
+    def __init__(self, source):
+        self._source = source
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def __getitem__(self, index):
+        from fire_jax.data.tfds_fire import to_record
+        return to_record(self._source[index])
+
+
+def open_source(source: Mapping[str, Any], *, on_bad_record: str = "skip",
+                bad: BadRecords | None = None) -> SequenceABC[tuple[Record, str | bytes | None]]:
+    """A random-access sequence of (record, image path / encoded bytes / None) for one source config.
+
+    JSON sources are parsed (and their images checked) here; bad records are
+    added to ``bad`` (or raise under ``on_bad_record="error"``).
+    """
+    if "tfds" in source:
+        from fire_jax.data.tfds_fire import data_source
+        return _TfdsRecords(data_source(resolve_path(source["tfds"]), source.get("split")))
+    if "json" not in source:
+        raise ValueError(f"a data source needs 'json' (+ 'image_root') or 'tfds' (+ 'split'), got {dict(source)}")
+    paths = source["json"]
+    paths = [resolve_path(p) for p in ([paths] if isinstance(paths, str) else paths)]
+    return list(iter_records(paths, resolve_path(source.get("image_root", "")), on_bad_record=on_bad_record,
+                             split=source.get("split", ""), bad=bad))

@@ -1,0 +1,64 @@
+"""Print one rendered training example: labelled spans marked, the image block summarised.
+
+    python -m fire_jax.data.inspect --config configs/tiny.py --index 3 --role teacher
+
+Labelled spans (the loss targets) appear as [[i|...]] for turn i (coloured
+with --color); the image placeholder as "<image x N: base ... + grid RxC
+unpadded HxW + H newlines>".
+"""
+
+import argparse
+import sys
+
+import numpy as np
+
+from fire_jax.data.chat import Encoded
+from fire_jax.data.config import geometry_from_model_config, load_config, open_source
+from fire_jax.data.pipeline import Preprocessor
+from fire_jax.data.records import BadRecords
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="config file, e.g. configs/tiny.py[:arg]")
+    parser.add_argument("--index", type=int, default=0, help="record index within the source")
+    parser.add_argument("--role", choices=("student", "teacher"), help="default: config.data.role")
+    parser.add_argument("--source", help="name in config.data.sources (default: the first)")
+    parser.add_argument("--color", action="store_true", help="colour labelled spans (ANSI) instead of [[...]]")
+    args = parser.parse_args(argv)
+
+    config = load_config(args.config)
+    data = config.data
+    name = args.source or sorted(data.sources)[0]
+    bad = BadRecords()
+    records = open_source(data.sources[name], on_bad_record=data.on_bad_record, bad=bad)
+    record, image_source = records[args.index]
+    preprocessor = Preprocessor(
+        tokenizer_path=data.tokenizer, geometry=geometry_from_model_config(config.model),
+        role=args.role or data.role, first_turn_labelled=data.student_first_turn,
+        teacher_history=data.teacher_history, max_len=data.max_len, image_token=data.image_token,
+        pad_token=data.pad_token)
+    example = preprocessor((record, image_source))
+    print(f"source {name!r}, record {args.index} of {len(records)}: id {record.id!r}, "
+          f"source {record.source!r}, role {preprocessor.role}")
+    if "dropped" in example:
+        print(f"dropped by the pipeline: {example['dropped']}")
+        return
+    size = tuple(int(v) for v in example["image_size"])
+    turns = example["turn_ids"]
+    labelled = {int(t): int((turns == t).sum()) for t in np.unique(turns[turns > 0])}
+    print(f"image {size[0]}x{size[1]} -> {len(example['pixel_values'])} tiles; {len(turns)} tokens, "
+          f"labelled per turn {labelled}")
+    print("-" * 80)
+    chat = preprocessor.chat
+    image_positions = np.flatnonzero(example["input_ids"] == chat.image_token_id)
+    encoded = Encoded(input_ids=example["input_ids"], loss_mask=example["loss_mask"], turn_ids=turns,
+                      image_start=int(image_positions[0]) if len(image_positions) else -1,
+                      image_tokens=len(image_positions))
+    print(chat.show(encoded, size, color=args.color))
+    if bad:
+        print(bad.report("bad records skipped in this source"), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,248 @@
+"""The host input pipeline: records -> fixed-shape numpy batches for the trainer.
+
+Per example (:class:`Preprocessor`): decode the image, any-resolution tiles,
+chat rendering for the model's role, tokenisation with the image placeholder
+expanded, loss mask and turn ids, cut to ``max_len``. Per batch
+(:func:`collate`): pad sequences to the smallest length bucket that fits,
+tiles to ``geometry.max_tiles``, and lay out the image features with
+:func:`fire_jax.geometry.place_images`.
+
+:class:`InputPipeline` runs this with grain over the configured sources:
+shuffled by seed (differently each epoch), sharded by process, mixed by
+weight, optionally in worker threads / processes, with a checkpointable
+position (:meth:`InputPipeline.get_state` / :meth:`InputPipeline.set_state`).
+
+Batch (per process, ``B = batch_size // process_count``, ``S`` a bucket length)::
+
+    input_ids       int32   [B, S]   pad_id after the sequence
+    attention_mask  int32   [B, S]   1 on real tokens
+    loss_mask       float32 [B, S]   1 on labelled tokens (token t is predicted from position t-1)
+    turn_ids        int32   [B, S]   i on tokens of r_i / f_i, -1 elsewhere
+    pixel_values    float32 [B, max_tiles, 3, tile, tile]   zeros for padding tiles / no image
+    image_index     int32   [B, S]   place_images(...): feature-bank index per image token, -1 for text
+    image_sizes     int32   [B, 2]   (height, width), (0, 0) without image
+    example_id      str     [B]      "" for rows that pad the last batch of a finite run
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import io
+import zlib
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+from PIL import Image
+
+from fire_jax.geometry import ImageGeometry, place_images
+from fire_jax.data import chat as chat_lib
+from fire_jax.data.config import open_source, resolve_path
+from fire_jax.data.images import load_image, preprocess
+from fire_jax.data.records import BadRecordError, BadRecords, Record
+
+#: Reasons the pipeline drops an example that parsed fine.
+DROP_REASONS = ("image_cut", "no_labelled_token", "unreadable_image")
+
+
+@dataclasses.dataclass
+class Preprocessor:
+    """One record -> one example (dict of per-example arrays), or a ``{"dropped": reason}`` marker."""
+
+    tokenizer_path: str
+    geometry: ImageGeometry
+    role: str = "student"
+    first_turn_labelled: bool = False
+    teacher_history: str = "full"
+    max_len: int = 3072
+    image_token: str = "<image>"
+    pad_token: str = "<pad>"
+    on_bad_record: str = "skip"
+
+    def __post_init__(self):
+        if self.role not in chat_lib.ROLES:
+            raise ValueError(f"data.role must be one of {chat_lib.ROLES}, got {self.role!r}")
+        self.chat = chat_lib.ChatTokenizer.from_file(resolve_path(self.tokenizer_path), self.geometry,
+                                                     image_token=self.image_token, pad_token=self.pad_token)
+
+    def __getstate__(self):  # worker processes rebuild the tokenizer from its file
+        return {k: v for k, v in self.__dict__.items() if k != "chat"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.__post_init__()
+
+    def messages(self, record: Record) -> list[chat_lib.Message]:
+        return chat_lib.training_messages(record, self.role, first_turn_labelled=self.first_turn_labelled,
+                                          teacher_history=self.teacher_history)
+
+    def __call__(self, item: tuple[Record, str | bytes | None]) -> dict[str, Any]:
+        record, image_source = item
+        if image_source is None:
+            return self._example(record, None)
+        try:
+            image = Image.open(image_source if isinstance(image_source, str) else io.BytesIO(image_source))
+        except Exception as e:  # PIL raises many types for broken files
+            return self._drop(BadRecordError("unreadable_image", record.id, "image", str(e)))
+        with image:
+            return self._example(record, image)
+
+    def _example(self, record: Record, image: Image.Image | None) -> dict[str, Any]:
+        # Token counts need only the image size (header), so length checks come before decoding.
+        size = None if image is None else (image.height, image.width)
+        encoded = self.chat.encode(self.messages(record), size)
+        if len(encoded) > self.max_len:
+            if encoded.image_start >= 0 and encoded.image_start + encoded.image_tokens > self.max_len:
+                return {"dropped": "image_cut", "example_id": record.id}
+            encoded = dataclasses.replace(encoded, **{k: getattr(encoded, k)[:self.max_len]
+                                                      for k in ("input_ids", "loss_mask", "turn_ids")})
+        if not encoded.loss_mask.any():
+            return {"dropped": "no_labelled_token", "example_id": record.id}
+        t = self.geometry.tile_size
+        pixel_values, image_size = np.zeros((0, 3, t, t), np.float32), (0, 0)
+        if image is not None:
+            try:
+                pixel_values, image_size = preprocess(load_image(image), self.geometry)
+            except Exception as e:  # truncated or corrupt image data
+                return self._drop(BadRecordError("unreadable_image", record.id, "image", str(e)))
+        return {"input_ids": encoded.input_ids, "loss_mask": encoded.loss_mask, "turn_ids": encoded.turn_ids,
+                "pixel_values": pixel_values, "image_size": np.asarray(image_size, np.int32),
+                "example_id": record.id}
+
+    def _drop(self, error: BadRecordError) -> dict[str, Any]:
+        if self.on_bad_record == "error":
+            raise error
+        return {"dropped": error.reason, "example_id": error.where}
+
+
+def bucket_length(length: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket that holds ``length`` tokens."""
+    for bucket in sorted(buckets):
+        if length <= bucket:
+            return bucket
+    raise ValueError(f"sequence of {length} tokens is longer than the largest bucket {max(buckets)}")
+
+
+def collate(examples: Sequence[Mapping[str, Any]], *, batch_size: int, buckets: Sequence[int], pad_id: int,
+            image_token_id: int, geometry: ImageGeometry) -> dict[str, np.ndarray]:
+    """Fixed-shape batch of ``batch_size`` rows (missing rows are padding) from per-example dicts."""
+    length = bucket_length(max(len(e["input_ids"]) for e in examples), buckets)
+    max_tiles, t = geometry.max_tiles, geometry.tile_size
+    batch = {
+        "input_ids": np.full((batch_size, length), pad_id, np.int32),
+        "attention_mask": np.zeros((batch_size, length), np.int32),
+        "loss_mask": np.zeros((batch_size, length), np.float32),
+        "turn_ids": np.full((batch_size, length), -1, np.int32),
+        "pixel_values": np.zeros((batch_size, max_tiles, 3, t, t), np.float32),
+        "image_sizes": np.zeros((batch_size, 2), np.int32),
+    }
+    ids = np.full(batch_size, "", dtype=object)
+    for row, example in enumerate(examples):
+        n = len(example["input_ids"])
+        batch["input_ids"][row, :n] = example["input_ids"]
+        batch["attention_mask"][row, :n] = 1
+        batch["loss_mask"][row, :n] = example["loss_mask"]
+        batch["turn_ids"][row, :n] = example["turn_ids"]
+        batch["pixel_values"][row, :len(example["pixel_values"])] = example["pixel_values"]
+        batch["image_sizes"][row] = example["image_size"]
+        ids[row] = example["example_id"]
+    sizes = [[tuple(s)] if s[0] > 0 else [] for s in batch["image_sizes"]]
+    batch["image_index"] = place_images(batch["input_ids"], image_token_id, sizes, geometry, max_tiles)
+    batch["example_id"] = ids.astype(str)
+    return batch
+
+
+class InputPipeline:
+    """Training batches from ``config.data`` (see ``configs/tiny.py``).
+
+    Args:
+      config: the ``config.data`` ConfigDict (or a dict).
+      geometry: the model's :class:`ImageGeometry` (``LlavaNextConfig.geometry``).
+      image_token_id: the model's image token id; checked against the tokenizer's.
+      process_index, process_count: this host's shard (``jax.process_index()``, ``jax.process_count()``).
+      sources: key of ``config`` holding the sources ("sources"; e.g. "eval_sources").
+      overrides: values replacing fields of ``config`` (batch_size, seed, num_epochs, role, ...).
+    """
+
+    def __init__(self, config: Mapping[str, Any], geometry: ImageGeometry, *, image_token_id: int | None = None,
+                 process_index: int = 0, process_count: int = 1, sources: str = "sources", **overrides):
+        import grain
+
+        cfg = dict(config.to_dict() if hasattr(config, "to_dict") else config)
+        unknown = set(overrides) - set(cfg)
+        if unknown:
+            raise ValueError(f"unknown data config override(s) {sorted(unknown)}")
+        cfg.update(overrides)
+        self.config, self.geometry = cfg, geometry
+        if cfg["batch_size"] % process_count:
+            raise ValueError(f"data.batch_size={cfg['batch_size']} is not divisible by process_count={process_count}")
+        self.batch_size = cfg["batch_size"] // process_count
+        self.buckets = tuple(sorted(set(cfg.get("buckets") or ()) | {cfg["max_len"]}))
+        self.buckets = tuple(b for b in self.buckets if b <= cfg["max_len"])
+        self.preprocessor = Preprocessor(
+            tokenizer_path=cfg["tokenizer"], geometry=geometry, role=cfg["role"],
+            first_turn_labelled=cfg["student_first_turn"], teacher_history=cfg["teacher_history"],
+            max_len=cfg["max_len"], image_token=cfg["image_token"], pad_token=cfg["pad_token"],
+            on_bad_record=cfg["on_bad_record"])
+        chat = self.preprocessor.chat
+        if image_token_id is not None and image_token_id != chat.image_token_id:
+            raise ValueError(f"tokenizer {cfg['tokenizer']} gives {cfg['image_token']!r} id {chat.image_token_id}, "
+                             f"the model's image_token_id is {image_token_id}")
+        self.pad_id, self.image_token_id = chat.pad_id, chat.image_token_id
+        self.bad_records = BadRecords()  # skipped while parsing JSON sources
+        self.dropped: collections.Counter = collections.Counter()  # dropped by the pipeline
+
+        datasets, weights = [], []
+        for name, source in sorted(cfg[sources].items()):
+            ds = grain.MapDataset.source(open_source(source, on_bad_record=cfg["on_bad_record"],
+                                                     bad=self.bad_records))
+            if cfg["shuffle"]:
+                ds = ds.shuffle(seed=(cfg["seed"] + zlib.crc32(name.encode())) % 2**32)
+            ds = ds.repeat(cfg["num_epochs"] or None)
+            datasets.append(ds[process_index::process_count])
+            weights.append(float(source.get("weight", 1.0)))
+        ds = datasets[0] if len(datasets) == 1 else grain.MapDataset.mix(datasets, weights)
+        ds = ds.map(self.preprocessor).to_iter_dataset(grain.ReadOptions(
+            num_threads=cfg["num_threads"], prefetch_buffer_size=2 * self.batch_size if cfg["num_threads"] else 0))
+        if cfg["num_workers"]:
+            ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg["num_workers"],
+                                                             per_worker_buffer_size=2))
+        ds = ds.filter(self._keep).batch(self.batch_size, drop_remainder=False, batch_fn=self._collate)
+        self._dataset = ds
+        self._iterator = iter(ds)
+
+    def _keep(self, example: Mapping[str, Any]) -> bool:
+        if "dropped" in example:
+            self.dropped[example["dropped"]] += 1
+            return False
+        return True
+
+    def _collate(self, examples):
+        return collate(examples, batch_size=self.batch_size, buckets=self.buckets, pad_id=self.pad_id,
+                       image_token_id=self.image_token_id, geometry=self.geometry)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        return next(self._iterator)
+
+    def get_state(self) -> dict[str, Any]:
+        """The position after the last batch returned (JSON-serialisable)."""
+        return {"iterator": self._iterator.get_state(), "dropped": dict(self.dropped)}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Continue from a position saved by :meth:`get_state`."""
+        self._iterator.set_state(state["iterator"])
+        self.dropped = collections.Counter(state.get("dropped", {}))
+
+    def close(self) -> None:
+        """Stop worker processes, if any."""
+        close = getattr(self._iterator, "close", None)
+        if close is not None:
+            close()
+
+    def report(self) -> str:
+        """Bad records skipped while parsing and examples dropped so far, by reason."""
+        dropped = BadRecords(self.dropped)
+        return "\n".join([self.bad_records.report("bad records skipped"), dropped.report("examples dropped")])
