@@ -1,8 +1,11 @@
 # A tiny LLaVA-NeXT (CLIP 32 px tiles, 2-layer Llama) for CPU tests and the demo.
 #   python -m fire_jax.run --config configs/tiny.py
+#   python -m fire_jax.train --config configs/tiny.py --workdir /tmp/fire_tiny
 """Tiny model: same architecture as LLaVA-NeXT-8B, sizes small enough for seconds on CPU."""
 
 import ml_collections
+
+from fire_jax.train.defaults import loss_config, mesh_config, train_config
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
@@ -45,4 +48,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         num_threads=0,  # grain read threads (0: in the calling thread)
         num_workers=0,  # grain worker processes (0: none)
     ))
+    config.train = train_config(lr=3e-3, batch_size=8, total_steps=60, warmup_frac=0.1, loss_chunk=128,
+                                checkpoint_every=20)
+    config.loss = loss_config(max_turns=4)
+    config.mesh = mesh_config((-1, 1, 1))
     return config

@@ -1,0 +1,183 @@
+"""The training loop: resume, step, log, checkpoint, export (SPEC section 4).
+
+``python -m fire_jax.train --config configs/<x>.py --workdir DIR`` runs it;
+the same code trains the tiny model on a laptop CPU and the 8B model on a
+GPU/TPU mesh, multi-host through ``jax.distributed``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from fire_jax.models import LlavaNext, LlavaNextConfig
+from fire_jax.train.checkpoint import Checkpointer
+from fire_jax.train.sharding import make_mesh, put_batch
+from fire_jax.train.step import Trainer, batch_example_ids
+
+
+def build_model(config) -> LlavaNext:
+    """Random weights (tiny configs), or a Hugging Face checkpoint when ``config.init.hf_checkpoint`` is set."""
+    init = config.get("init", {})
+    checkpoint = init.get("hf_checkpoint") if init else None
+    cfg = LlavaNextConfig.from_dict(config.model)
+    if checkpoint:
+        from fire_jax.convert.hf import load_hf_checkpoint
+
+        overrides = {k: v for k, v in config.model.items() if k in ("dtype", "param_dtype", "remat", "image_mode",
+                                                                     "pad_newline")}
+        return load_hf_checkpoint(checkpoint, cfg.lora, seed=config.seed, **overrides)
+    return LlavaNext(cfg, rngs=nnx.Rngs(config.seed))
+
+
+class _Preemption:
+    """Turns SIGTERM into a flag the loop checks after each step."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def restore(self):
+        signal.signal(signal.SIGTERM, self._previous)
+
+
+class MetricWriter:
+    """Metrics to ``metrics.jsonl`` and TensorBoard event files in the workdir (process 0 only)."""
+
+    def __init__(self, workdir: str):
+        self.enabled = jax.process_index() == 0
+        if not self.enabled:
+            return
+        from tensorboardX import SummaryWriter
+
+        self.jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
+        self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        flat = {}
+        for key, value in metrics.items():
+            value = np.asarray(value)
+            if value.ndim:  # per-turn arrays: turn_loss/1, turn_loss/2, ...
+                for i, v in enumerate(value):
+                    flat[f"{key}/{i}"] = float(v)
+            else:
+                flat[key] = float(value)
+        for key, value in flat.items():
+            if math.isfinite(value):
+                self.tb.add_scalar(key, value, step)
+        self.jsonl.write(json.dumps({"step": step, **flat}) + "\n")
+        self.jsonl.flush()
+
+    def close(self):
+        if self.enabled:
+            self.jsonl.close()
+            self.tb.close()
+
+
+def total_steps(config, num_examples: int | None) -> int:
+    if config.train.get("total_steps"):
+        return int(config.train.total_steps)
+    if not num_examples:
+        raise ValueError("train.total_steps is 0 and the data size is unknown: set train.total_steps")
+    return max(1, int(config.train.epochs * num_examples) // config.train.batch_size)
+
+
+def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, Any]:
+    """Train (resuming from ``workdir`` if it holds a checkpoint); returns a summary dict.
+
+    ``max_steps`` stops early (as a preemption would), for tests and smoke runs.
+    """
+    from fire_jax.data.pipeline import InputPipeline
+
+    os.makedirs(workdir, exist_ok=True)
+    mesh = make_mesh(tuple(config.mesh.shape))
+    rules = tuple((name, tuple(axes)) for name, axes in config.mesh.rules)
+    if config.data.batch_size != config.train.batch_size:
+        raise ValueError(f"data.batch_size={config.data.batch_size} != train.batch_size={config.train.batch_size}")
+    model = build_model(config)
+    pipeline = InputPipeline(config.data, model.cfg.geometry, image_token_id=model.cfg.image_token_id,
+                             process_index=jax.process_index(), process_count=jax.process_count())
+    steps = total_steps(config, getattr(pipeline, "num_examples", None))
+    trainer = Trainer(model, config.train, config.loss, steps, mesh, rules)
+    del model
+    checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.train.keep_checkpoints)
+    state = trainer.initial_state
+    restored = checkpointer.restore(state)
+    if restored is not None:
+        state, data_state, step = restored
+        pipeline.set_state(data_state)
+        print(f"resumed from {workdir}/checkpoints at step {step}")
+    config_json = json.loads(config.to_json())
+    if jax.process_index() == 0:
+        with open(os.path.join(workdir, "config.json"), "w") as f:
+            json.dump(config_json, f, indent=2)
+    writer = MetricWriter(workdir)
+    preemption = _Preemption()
+    rng = jax.random.key(config.seed)
+    start = int(jax.device_get(state.step))
+    end = steps if max_steps is None else min(steps, start + max_steps)
+    metrics: dict[str, Any] = {}
+    progress = _progress(start, steps)
+    tokens_done, t0 = 0, time.perf_counter()
+    try:
+        for step in range(start, end):
+            batch = next(pipeline)
+            state, metrics = trainer.step(state, put_batch(batch, mesh, rules), rng)
+            metrics = jax.device_get(metrics)
+            if not np.isfinite(metrics["loss"]):
+                raise FloatingPointError(
+                    f"non-finite loss {metrics['loss']} at step {step + 1}; batch examples: {batch_example_ids(batch)}")
+            tokens_done += int(np.asarray(batch["attention_mask"]).sum()) * jax.process_count()
+            metrics["tokens_per_s"] = tokens_done / (time.perf_counter() - t0)
+            writer.write(step + 1, metrics)
+            progress.update(1)
+            progress.set_postfix(loss=f"{float(metrics['loss']):.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
+            last = step + 1 == end
+            if (step + 1) % config.train.checkpoint_every == 0 or last or preemption.requested:
+                checkpointer.save(step + 1, state, pipeline.get_state(), config_json,
+                                  metrics={"loss": float(metrics["loss"])}, force=True)
+            if preemption.requested:
+                print(f"SIGTERM: checkpoint written at step {step + 1}, exiting")
+                break
+        checkpointer.wait()
+    finally:
+        progress.close()
+        pipeline.close()
+        print(pipeline.report())
+        writer.close()
+        preemption.restore()
+        checkpointer.close()
+    final_step = int(jax.device_get(state.step))
+    if final_step == steps and config.train.get("export", True) and jax.process_index() == 0:
+        export(trainer.model(state), workdir, config)
+    return {"step": final_step, "total_steps": steps, "state": state, "trainer": trainer,
+            "metrics": {k: np.asarray(v).tolist() for k, v in metrics.items()}}
+
+
+def export(model: LlavaNext, workdir: str, config) -> None:
+    """Final LoRA as a PEFT adapter, and (``train.export_merged``) merged HF weights."""
+    from fire_jax.convert.hf import save_hf_checkpoint, save_peft_adapter
+    from fire_jax.models import merge_lora
+
+    save_peft_adapter(model, os.path.join(workdir, "export", "peft_adapter"))
+    if config.train.get("export_merged", False):
+        save_hf_checkpoint(merge_lora(model), os.path.join(workdir, "export", "hf_merged"))
+
+
+def _progress(start: int, total: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=start, desc="train", disable=jax.process_index() != 0, dynamic_ncols=True)

@@ -1,0 +1,98 @@
+"""Mesh and shardings: logical axis names on weights, mapped to (data, fsdp, tensor) by config rules.
+
+Every weight carries ``axes`` metadata (see ``models/layers.py``). The config
+lists rules ``(logical name, mesh axes)``; a weight dimension is sharded over
+the first rule's mesh axes that divide it and are not yet used by another
+dimension of the same weight, else replicated. So the tiny model runs on a
+2x2x2 CPU mesh with the same rules as the 8B model on 8 GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+#: Default rules: batch over data x fsdp, weights' model dimension over fsdp,
+#: heads / mlp / vocab over tensor (Megatron-style), vision tower the same way.
+DEFAULT_RULES = (
+    ("batch", ("data", "fsdp")),
+    ("embed", ("fsdp",)),
+    ("heads", ("tensor",)),
+    ("kv_heads", ("tensor",)),
+    ("mlp", ("tensor",)),
+    ("vocab", ("tensor",)),
+    ("vision_embed", ("fsdp",)),
+    ("vision_heads", ("tensor",)),
+    ("vision_mlp", ("tensor",)),
+)
+
+
+def make_mesh(shape: Sequence[int], devices=None) -> Mesh:
+    """A (data, fsdp, tensor) mesh; one entry may be -1 for "all remaining devices"."""
+    devices = list(jax.devices() if devices is None else devices)
+    shape = list(shape)
+    if len(shape) != 3:
+        raise ValueError(f"mesh shape {shape}: need 3 sizes for {MESH_AXES}")
+    if shape.count(-1) > 1:
+        raise ValueError(f"mesh shape {shape}: at most one -1")
+    known = math.prod(s for s in shape if s != -1)
+    if -1 in shape:
+        if len(devices) % known:
+            raise ValueError(f"mesh shape {shape} does not divide {len(devices)} devices")
+        shape[shape.index(-1)] = len(devices) // known
+    if math.prod(shape) != len(devices):
+        raise ValueError(f"mesh shape {shape} needs {math.prod(shape)} devices, have {len(devices)}")
+    return jax.make_mesh(tuple(shape), MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+
+
+def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], rules, mesh: Mesh) -> P:
+    """PartitionSpec for one array from its logical axis names."""
+    rules = dict((name, tuple(mesh_axes)) for name, mesh_axes in rules)
+    used: set[str] = set()
+    spec = []
+    for name, dim in zip(axes, shape):
+        chosen = []
+        for mesh_axis in rules.get(name, ()) if name else ():
+            size = mesh.shape[mesh_axis]
+            if mesh_axis in used or size == 1:
+                continue
+            if dim % (math.prod(mesh.shape[a] for a in chosen) * size) == 0:
+                chosen.append(mesh_axis)
+        used.update(chosen)
+        spec.append(tuple(chosen) if len(chosen) > 1 else (chosen[0] if chosen else None))
+    return P(*spec)
+
+
+def state_shardings(state: nnx.State, mesh: Mesh, rules=DEFAULT_RULES) -> Any:
+    """NamedShardings with the structure of ``state`` (an nnx State of Variables)."""
+
+    def one(variable):
+        axes = variable.get_metadata().get("axes") or (None,) * len(variable.shape)
+        return NamedSharding(mesh, logical_to_spec(axes, variable.shape, rules, mesh))
+
+    return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def batch_sharding(mesh: Mesh, ndim: int, rules=DEFAULT_RULES) -> NamedSharding:
+    """Leading (batch) dimension over the rules' ``batch`` mesh axes, the rest replicated."""
+    batch_axes = tuple(dict(rules)["batch"])
+    return NamedSharding(mesh, P(batch_axes, *([None] * (ndim - 1))))
+
+
+def put_batch(batch: dict[str, np.ndarray], mesh: Mesh, rules=DEFAULT_RULES) -> dict[str, jax.Array]:
+    """Assemble global arrays from this process's slice of the batch (multi-host safe)."""
+    out = {}
+    for key, value in batch.items():
+        value = np.asarray(value)
+        if value.dtype.kind in "OUS":  # example ids stay on the host
+            continue
+        sharding = batch_sharding(mesh, value.ndim, rules)
+        out[key] = jax.make_array_from_process_local_data(sharding, value)
+    return out

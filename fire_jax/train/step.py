@@ -1,0 +1,155 @@
+"""The sharded train step: one ``jax.jit`` with explicit shardings and donated state.
+
+Trainable parameters (LoRA, optionally the connector) and their AdamW state
+are float32; frozen weights keep their storage dtype (bf16 at 8B), are never
+differentiated and never enter the optimizer. Gradient accumulation scans
+over micro-batches inside the step; the loss weights are computed over the
+whole global batch first, so accumulation is exact (SPEC section 4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from fire_jax.models import LlavaNext, LoRAParam
+from fire_jax.train import loss as losses
+from fire_jax.train.sharding import DEFAULT_RULES, batch_sharding, state_shardings
+
+BATCH_KEYS = ("input_ids", "attention_mask", "loss_mask", "turn_ids", "pixel_values", "image_index")
+
+
+def trainable_filter(train_connector: bool):
+    """What the optimizer sees: LoRA factors, plus the connector when asked."""
+    if train_connector:
+        return nnx.Any(LoRAParam, nnx.All(nnx.Param, nnx.PathContains("multi_modal_projector")))
+    return LoRAParam
+
+
+def make_optimizer(cfg, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """AdamW + linear warm-up (``warmup_frac`` of the steps) + cosine to 0, global-norm clip."""
+    warmup = int(round(cfg.warmup_frac * total_steps))
+    schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, warmup, max(total_steps, warmup + 1), 0.0)
+    tx = optax.chain(
+        optax.clip_by_global_norm(cfg.clip_norm),
+        optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay))
+    return tx, schedule
+
+
+@dataclasses.dataclass
+class TrainState:
+    step: jax.Array
+    params: nnx.State  # trainable, float32
+    opt_state: Any
+
+
+jax.tree_util.register_dataclass(TrainState, data_fields=["step", "params", "opt_state"], meta_fields=[])
+
+
+class Trainer:
+    """Builds and runs the jitted step for one model, optimizer and mesh."""
+
+    def __init__(self, model: LlavaNext, train_cfg, loss_cfg, total_steps: int, mesh: Mesh, rules=DEFAULT_RULES):
+        self.mesh, self.rules = mesh, rules
+        self.train_cfg, self.loss_cfg = train_cfg, loss_cfg
+        self.graphdef, params, self.frozen = nnx.split(model, trainable_filter(train_cfg.train_connector), ...)
+        params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
+        self.tx, self.schedule = make_optimizer(train_cfg, total_steps)
+        self.param_sharding = state_shardings(params, mesh, rules)
+        self.frozen_sharding = state_shardings(self.frozen, mesh, rules)
+        self.frozen = jax.device_put(self.frozen, self.frozen_sharding)
+        params = jax.device_put(params, self.param_sharding)
+        opt_state = jax.jit(self.tx.init)(params)
+        replicated = NamedSharding(mesh, P())
+        # Moments follow their parameters' shardings (XLA propagates them through init); counters replicate.
+        opt_sharding = jax.tree.map(
+            lambda x: x.sharding if isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh else replicated,
+            opt_state)
+        opt_state = jax.device_put(opt_state, opt_sharding)
+        self.state_sharding = TrainState(replicated, self.param_sharding, opt_sharding)
+        self.initial_state = TrainState(jax.device_put(jnp.zeros((), jnp.int32), replicated), params, opt_state)
+        self._steps: dict[tuple, Any] = {}
+
+    # ------------------------------------------------------------------ the step
+    def _loss(self, params, frozen, batch, weights, rng):
+        """sum(weights * nll) over a micro-batch, plus per-token nll / correctness."""
+        model = nnx.merge(self.graphdef, params, frozen)
+        hidden, _ = model.hidden_states(batch["input_ids"], batch.get("pixel_values"), batch.get("image_index"),
+                                        batch["attention_mask"], dropout_rng=rng)
+        targets = batch["input_ids"][:, 1:]
+        nll, correct = losses.chunked_cross_entropy(hidden[:, :-1], model.logits, targets, self.train_cfg.loss_chunk)
+        return jnp.sum(weights * nll), (nll, correct)
+
+    def _step(self, state: TrainState, frozen, batch, rng):
+        accum = self.train_cfg.accum_steps
+        mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
+        turns = batch["turn_ids"][:, 1:]
+        max_turns = self.loss_cfg.max_turns
+        weights = losses.token_weights(mask, turns, self.loss_cfg.normalize, max_turns)
+        step_rng = jax.random.fold_in(rng, state.step)
+
+        def micro(x):  # [batch, ...] -> [accum, batch/accum, ...], strided so every shard holds every micro-batch
+            return x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1)
+
+        micro_batches = jax.tree.map(micro, {**batch, "_weights": weights})
+        grad_fn = jax.value_and_grad(self._loss, has_aux=True)
+
+        def body(grads, xs):
+            i, mb = xs
+            w = mb.pop("_weights")
+            rng_i = jax.random.fold_in(step_rng, i)  # LoRA dropout (a no-op at rate 0)
+            (_, (nll, correct)), g = grad_fn(state.params, frozen, mb, w, rng_i)
+            return jax.tree.map(jnp.add, grads, g), (nll, correct)
+
+        zeros = jax.tree.map(jnp.zeros_like, state.params)
+        grads, (nll, correct) = jax.lax.scan(body, zeros, (jnp.arange(accum), micro_batches))
+        unmicro = lambda x: x.swapaxes(0, 1).reshape(-1, *x.shape[2:])
+        nll, correct = unmicro(nll), unmicro(correct)
+        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        tokens = mask.sum()
+        turn_tokens = losses.turn_counts(mask, turns, max_turns)
+        metrics = {
+            "loss": jnp.sum(weights * nll),
+            "token_loss": jnp.sum(mask * nll) / jnp.maximum(tokens, 1.0),
+            "turn_loss": losses.turn_counts(mask * nll, turns, max_turns) / jnp.maximum(turn_tokens, 1.0),
+            "turn_tokens": turn_tokens,
+            "labelled_tokens": tokens,
+            "accuracy": jnp.sum(mask * correct) / jnp.maximum(tokens, 1.0),
+            "grad_norm": optax.global_norm(grads),
+            "lr": self.schedule(state.step),
+        }
+        return TrainState(state.step + 1, params, opt_state), metrics
+
+    def compiled_step(self, batch: dict[str, jax.Array]):
+        """The jitted step for this batch's keys and shapes (compiled once per shape)."""
+        key = tuple(sorted((k, v.shape) for k, v in batch.items()))
+        if key not in self._steps:
+            batch_sh = {k: batch_sharding(self.mesh, v.ndim, self.rules) for k, v in batch.items()}
+            replicated = NamedSharding(self.mesh, P())
+            self._steps[key] = jax.jit(
+                self._step,
+                in_shardings=(self.state_sharding, self.frozen_sharding, batch_sh, replicated),
+                out_shardings=(self.state_sharding, replicated),
+                donate_argnums=(0,))
+        return self._steps[key]
+
+    def step(self, state: TrainState, batch: dict[str, jax.Array], rng: jax.Array):
+        batch = {k: v for k, v in batch.items() if k in BATCH_KEYS}
+        return self.compiled_step(batch)(state, self.frozen, batch, rng)
+
+    def model(self, state: TrainState) -> LlavaNext:
+        """The model with the state's trainable parameters (for evaluation and export)."""
+        return nnx.merge(self.graphdef, state.params, self.frozen)
+
+
+def batch_example_ids(batch: dict[str, np.ndarray]) -> list[str]:
+    ids = batch.get("example_id")
+    return [] if ids is None else [str(x) for x in np.asarray(ids).reshape(-1)]
