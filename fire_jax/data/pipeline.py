@@ -193,9 +193,11 @@ class InputPipeline:
         self.dropped: collections.Counter = collections.Counter()  # dropped by the pipeline
 
         datasets, weights = [], []
+        self.num_examples = 0  # one epoch of every source, all processes together
         for name, source in sorted(cfg[sources].items()):
-            ds = grain.MapDataset.source(open_source(source, on_bad_record=cfg["on_bad_record"],
-                                                     bad=self.bad_records))
+            records = open_source(source, on_bad_record=cfg["on_bad_record"], bad=self.bad_records)
+            self.num_examples += len(records)
+            ds = grain.MapDataset.source(records)
             if cfg["shuffle"]:
                 ds = ds.shuffle(seed=(cfg["seed"] + zlib.crc32(name.encode())) % 2**32)
             ds = ds.repeat(cfg["num_epochs"] or None)

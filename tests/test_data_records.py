@@ -1,0 +1,164 @@
+"""Records: score parsing, the real FIRE demo records, bad records counted by reason or raising."""
+
+import json
+import os
+
+import pytest
+from PIL import Image
+
+from fire_jax.data import records as records_lib
+from fire_jax.data.records import BadRecordError, Conversation, Instruction, load_records, parse_score
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "fire")
+FIXTURE_FILES = [os.path.join(FIXTURES, f) for f in ("fire_100k_demo.json", "fire_1m_demo.json")]
+IMAGES = os.path.join(FIXTURES, "images")
+
+
+@pytest.mark.parametrize("feedback, score", [
+    ("Score: 8/10.\nFeedback: good", 8),
+    ("Score: 7.5\nFeedback: ok", 7.5),
+    ("Score: 4.\nFeedback: no", 4),
+    ("Score: 10.", 10),
+    ("Score: 0. Feedback: wrong", 0),
+    ("Overall Score: 9 out of 10", 9),
+    ("Thanks.\nScore: 6.\nFeedback: x", 6),  # first line that contains "Score:"
+    ("Score: none\nScore: 5", None),  # that line has no number
+    ("Score: 11.\nFeedback: x", None),  # outside 0..10
+    ("Score: -1", None),
+    ("score: 5", None),  # "Score:" is case-sensitive
+    ("Feedback: no score here", None),
+    ("", None),
+])
+def test_parse_score(feedback, score):
+    parsed = parse_score(feedback)
+    assert parsed == score and type(parsed) is type(score)
+
+
+def test_feedback_text():
+    assert records_lib.feedback_text("Score: 3.\nFeedback: Look again.\n") == "Look again."
+    assert records_lib.feedback_text("Score: 3.\nLook again.") == "Look again."
+
+
+@pytest.fixture(scope="module")
+def fixture_records():
+    return load_records(FIXTURE_FILES, IMAGES)
+
+
+def test_real_records_parse(fixture_records):
+    records, bad = fixture_records
+    assert len(records) == 188 and dict(bad) == {"missing_image": 1}
+    assert "fire_1m_demo.json: record 19" in bad.first["missing_image"]
+    assert all(isinstance(r, Conversation) for r in records)
+    first = records[0]
+    assert first.id == "fire_100k_demo:0" and first.source == "gqa" and first.split == "fire_100k"
+    assert first.question == "Is the container made of wicker?"
+    assert first.groundtruth == "Yes, the container is made of wicker."
+    assert [t.score for t in first.turns] == [3, 10]
+    assert first.turns[1].response == ("Thought: The container does have a woven texture, which is a "
+                                       "characteristic of wicker. \nAnswer: Yes, the container is made of wicker.")
+    raw = json.load(open(FIXTURE_FILES[0])) + json.load(open(FIXTURE_FILES[1]))
+    raw_scores = {f"{os.path.basename(f)[:-5]}:{i}": r["score"]
+                  for f in FIXTURE_FILES for i, r in enumerate(json.load(open(f)))}
+    mismatched = {r.id: [t.score for t in r.turns] for r in records if [t.score for t in r.turns] != raw_scores[r.id]}
+    # The release's own "score" list agrees with the feedback texts except in one record ("Score: 8/10."
+    # then "Score: 10/10." stored as [0, 1]); the SPEC parses the text.
+    assert mismatched == {"fire_1m_demo:89": [8, 10]}
+    assert len(raw) == 189
+
+
+def _write_image(path, data=None):
+    if data is None:
+        Image.new("RGB", (40, 30), (10, 200, 30)).save(path)
+    else:
+        with open(path, "wb") as f:
+            f.write(data)
+
+
+def _fire(image="ok.png", **changes):
+    record = {"image": image, "question": {"role": "user", "value": "How many?"},
+              "groundtruth": {"role": "user", "value": "Two."},
+              "conversations": [{"role": "student", "type": "response", "value": "Thought: x\nAnswer: 1\n\n"},
+                                {"role": "teacher", "type": "feedback", "value": "Score: 3.\nFeedback: More.\n"}],
+              "source": "toy"}
+    record.update(changes)
+    return record
+
+
+def _turns(*pairs):
+    return [{"role": role, "value": value} for role, value in pairs]
+
+
+BAD = {
+    "invalid_json": "{not json",
+    "missing_field": json.dumps(_fire(groundtruth=None)),
+    "missing_image": json.dumps(_fire(image="absent.png")),
+    "unreadable_image": json.dumps(_fire(image="broken.jpg")),
+    "bad_turn_order": json.dumps(_fire(conversations=_turns(("teacher", "Score: 3."), ("student", "x")))),
+    "empty_text": json.dumps(_fire(conversations=_turns(("student", "  \n"), ("teacher", "Score: 3.\nFeedback: y")))),
+    "no_score": json.dumps(_fire(conversations=_turns(("student", "x"), ("teacher", "Feedback: try again")))),
+}
+FIELDS = {"invalid_json": "<line>", "missing_field": "groundtruth", "missing_image": "image",
+          "unreadable_image": "image", "bad_turn_order": "conversations[0].role",
+          "empty_text": "conversations[0].value", "no_score": "conversations[1].value"}
+
+
+@pytest.fixture(scope="module")
+def bad_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad")
+    _write_image(root / "ok.png")
+    _write_image(root / "broken.jpg", b"\xff\xd8 this is not a jpeg")
+    good = [_fire(), _fire(conversations=_turns(("Student", "a"), ("Teacher", "Score: 7.5\nFeedback: b"),
+                                                ("STUDENT", "c"), ("TEACHER", "Score: 9/10. Feedback: d")))]
+    lines = [json.dumps(good[0]), *BAD.values(), "", json.dumps(good[1])]
+    (root / "mixed.jsonl").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def test_bad_records_counted_by_reason(bad_dir):
+    records, bad = load_records(str(bad_dir / "mixed.jsonl"), str(bad_dir))
+    assert dict(bad) == {reason: 1 for reason in BAD}
+    assert [r.id for r in records] == ["mixed:0", "mixed:8"]  # JSONL indices skip blank lines
+    assert [t.score for t in records[1].turns] == [7.5, 9]
+    assert all(reason in bad.report() for reason in BAD)
+
+
+@pytest.mark.parametrize("reason", sorted(BAD))
+def test_bad_record_raises_under_error(bad_dir, reason):
+    path = bad_dir / f"{reason}.jsonl"
+    path.write_text(json.dumps(_fire()) + "\n" + BAD[reason] + "\n")
+    with pytest.raises(BadRecordError) as error:
+        load_records(str(path), str(bad_dir), on_bad_record="error")
+    message = str(error.value)
+    assert error.value.reason == reason and error.value.field == FIELDS[reason]
+    assert str(path) in message and "record 1" in message and FIELDS[reason] in message
+
+
+def test_error_names_record_id(bad_dir):
+    path = bad_dir / "with_id.json"
+    path.write_text(json.dumps([_fire(id="abc-7", image="absent.png")]))
+    with pytest.raises(BadRecordError, match=r"with_id.json: record 0 \(id 'abc-7'\): field 'image': missing_image"):
+        load_records(str(path), str(bad_dir), on_bad_record="error")
+
+
+def test_instruction_records(bad_dir):
+    path = bad_dir / "llava.json"
+    path.write_text(json.dumps([
+        {"id": "000001", "image": "ok.png", "conversations": [
+            {"from": "human", "value": "What is this?\n<image>"}, {"from": "gpt", "value": "A square."},
+            {"from": "human", "value": "Colour?"}, {"from": "gpt", "value": "Green."}]},
+        {"id": "text-only", "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]},
+        {"id": "bad", "conversations": [{"from": "gpt", "value": "x"}, {"from": "human", "value": "y"}]},
+    ]))
+    records, bad = load_records(str(path), str(bad_dir))
+    assert dict(bad) == {"bad_turn_order": 1}
+    assert all(isinstance(r, Instruction) for r in records)
+    assert records[0].messages == (("user", "What is this?"), ("assistant", "A square."),
+                                   ("user", "Colour?"), ("assistant", "Green."))
+    assert records[1].image is None
+
+
+def test_invalid_json_array_file_raises(tmp_path):
+    path = tmp_path / "broken.json"
+    path.write_text('[{"a": 1},')
+    with pytest.raises(ValueError, match="broken.json: not a valid JSON array"):
+        load_records(str(path), str(tmp_path))
