@@ -1,0 +1,233 @@
+"""Decoding (SPEC section 5) against transformers' generate and against our own full forward."""
+
+import importlib.util
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from jax.sharding import Mesh
+
+from fire_jax.convert import hf as convert
+from fire_jax.infer.decode import TRACE_COUNTS, DecodeConfig, bucket_length, generate, left_pad, sample_token
+from fire_jax.infer.forward import image_inputs, normalise_sizes
+from hf_reference import hf_logits, make_batch, rel_err, tiny_hf_model
+
+# Mixed batch: three aspect ratios (different tile counts and token counts) and two text-only prompts.
+SIZES = [(40, 70), (30, 90), None, (64, 64), None]
+TEXT = [(3, 5), (9, 2), (7, 0), (1, 1), (20, 0)]
+NEW = 12
+GREEDY = DecodeConfig(max_new_tokens=NEW, stop_ids=())
+
+
+def _load_tool(name):
+    path = os.path.join(os.path.dirname(__file__), "..", "tools", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """(HF model, our model from its checkpoint, checkpoint dir)."""
+    directory = str(tmp_path_factory.mktemp("hf_decode"))
+    hf = tiny_hf_model(directory)
+    # Larger embeddings make greedy outputs vary; unscaled, the random model repeats one token.
+    with torch.no_grad():
+        hf.model.language_model.embed_tokens.weight.mul_(8.0)
+    hf.save_pretrained(directory)
+    return hf, convert.load_hf_checkpoint(directory), directory
+
+
+@pytest.fixture(scope="module")
+def batch(pair):
+    """(prompts as unpadded token lists, pixel_values [B, max_tiles, 3, H, W])."""
+    ids, _, pixel_values, _, lengths = make_batch(pair[1].cfg.geometry, SIZES, TEXT)
+    return [ids[b, :n].tolist() for b, n in enumerate(lengths)], pixel_values
+
+
+@pytest.fixture(scope="module")
+def free_run(pair, batch):
+    """Greedy, no stop ids: every row runs NEW tokens."""
+    prompts, pixel_values = batch
+    return generate(pair[1], prompts, pixel_values=pixel_values, image_sizes=SIZES, config=GREEDY)
+
+
+@pytest.fixture(scope="module")
+def stop(free_run):
+    """A stop id greedy emits mid-sequence in some row (first occurrence at step >= 3), and the expected cut tokens."""
+    tokens = free_run.tokens
+    stop_id = next(int(row[k]) for row in tokens for k in range(3, NEW - 3) if row[k] not in row[:k])
+    expected = np.full_like(tokens, -1)
+    for b, row in enumerate(tokens):
+        hits = np.flatnonzero(row == stop_id)
+        end = hits[0] + 1 if len(hits) else NEW
+        expected[b, :end] = row[:end]
+    assert (expected == -1).any()
+    return stop_id, expected
+
+
+def _hf_generate(hf, prompts, pixel_values, sizes, stop_id):
+    """HF greedy generate on a left-padded batch; new tokens with -1 after the first stop, NEW columns."""
+    length = max(map(len, prompts))
+    ids, mask, _ = left_pad(prompts, length, 0)
+    kwargs = dict(input_ids=torch.as_tensor(ids, dtype=torch.long),
+                  attention_mask=torch.as_tensor(mask, dtype=torch.long))
+    if sizes is not None:
+        kwargs.update(pixel_values=torch.as_tensor(pixel_values), image_sizes=torch.as_tensor(sizes))
+    with torch.no_grad():
+        out = hf.generate(**kwargs, max_new_tokens=NEW, do_sample=False, pad_token_id=0, eos_token_id=stop_id)
+    new = out[:, length:].numpy()
+    result = np.full((len(prompts), NEW), -1, np.int64)
+    for b, row in enumerate(new):
+        hits = np.flatnonzero(row == stop_id)
+        end = hits[0] + 1 if len(hits) else len(row)
+        result[b, :end] = row[:end]
+    return result
+
+
+def test_greedy_matches_hf_generate(pair, batch, stop):
+    hf, model, _ = pair
+    prompts, pixel_values = batch
+    stop_id, _ = stop
+    ours = generate(model, prompts, pixel_values=pixel_values, image_sizes=SIZES,
+                    config=DecodeConfig(max_new_tokens=NEW, stop_ids=(stop_id,)))
+    # HF cannot mix text-only and image examples in one batch: one batched call for each kind.
+    with_image = [b for b, s in enumerate(SIZES) if s is not None]
+    text_only = [b for b, s in enumerate(SIZES) if s is None]
+    ref = np.zeros_like(ours.tokens)
+    ref[with_image] = _hf_generate(hf, [prompts[b] for b in with_image], pixel_values[with_image],
+                                   [SIZES[b] for b in with_image], stop_id)
+    ref[text_only] = _hf_generate(hf, [prompts[b] for b in text_only], None, None, stop_id)
+    print("ours:\n", ours.tokens, "\nHF:\n", ref)
+    np.testing.assert_array_equal(ours.tokens, ref)
+    assert len({len(p) for p in prompts}) == len(prompts)  # all prompt lengths differ: left padding is exercised
+
+
+def test_stop_pads_with_minus_one_and_does_not_extend(pair, batch, stop, free_run):
+    prompts, pixel_values = batch
+    stop_id, expected = stop
+    out = generate(pair[1], prompts, pixel_values=pixel_values, image_sizes=SIZES,
+                   config=DecodeConfig(max_new_tokens=NEW, stop_ids=(stop_id,)))
+    np.testing.assert_array_equal(out.tokens, expected)
+    cut = out.tokens == -1
+    assert cut.any() and (out.logprobs[cut] == 0).all()
+    np.testing.assert_allclose(out.logprobs[~cut], free_run.logprobs[~cut], rtol=1e-6)
+    np.testing.assert_array_equal(out.lengths, (expected >= 0).sum(axis=1))
+
+
+def test_cached_decode_equals_full_forward_every_step(pair, batch, free_run):
+    """The log-prob of every generated token equals a cache-free forward over prompt + generated tokens."""
+    model = pair[1]
+    prompts, pixel_values = batch
+    tokens = free_run.tokens
+    full = [p + row.tolist() for p, row in zip(prompts, tokens)]
+    length = max(map(len, full))
+    ids, mask, positions = left_pad(full, length, 0)
+    # Images are laid out from the prompt alone: a generated id may equal the image token (it is text there).
+    prompt_only = np.where(np.arange(length) < length - NEW, ids, 0)
+    pixels, image_index = image_inputs(model, prompt_only, pixel_values, normalise_sizes(SIZES, len(SIZES)))
+    logits = np.asarray(model(*map(jnp.asarray, (ids, pixels, image_index, mask, positions))))
+    # Left padding: every row ends at the last slot; generated token k is predicted at length - NEW - 1 + k.
+    predicting = logits[:, length - NEW - 1:length - 1].astype(np.float64)
+    top = predicting.max(-1, keepdims=True)
+    logprobs = predicting - top - np.log(np.exp(predicting - top).sum(-1, keepdims=True))
+    picked = np.take_along_axis(logprobs, tokens[..., None], axis=-1)[..., 0]
+    np.testing.assert_array_equal(predicting.argmax(-1), tokens)
+    assert np.abs(picked - free_run.logprobs).max() < 1e-4
+    assert len({tuple(r) for r in tokens}) == len(tokens) and all(len(set(r)) > 3 for r in tokens)
+
+
+def test_sampling_reproducible_and_greedy_limits(pair, batch, free_run):
+    model = pair[1]
+    prompts, pixel_values = batch
+    kw = dict(pixel_values=pixel_values, image_sizes=SIZES)
+    sampling = DecodeConfig(max_new_tokens=NEW, stop_ids=(), temperature=1.5, top_k=100, top_p=0.95)
+    first = generate(model, prompts, config=sampling, rng=jax.random.key(1), **kw).tokens
+    again = generate(model, prompts, config=sampling, rng=jax.random.key(1), **kw).tokens
+    other = generate(model, prompts, config=sampling, rng=jax.random.key(2), **kw).tokens
+    np.testing.assert_array_equal(first, again)
+    assert (first != other).mean() > 0.3
+    assert (first != free_run.tokens).mean() > 0.3
+    top_p_zero = DecodeConfig(max_new_tokens=NEW, stop_ids=(), temperature=1.0, top_p=0.0)
+    np.testing.assert_array_equal(generate(model, prompts, config=top_p_zero, rng=jax.random.key(3), **kw).tokens,
+                                  free_run.tokens)
+    with pytest.raises(ValueError, match="rng"):
+        generate(model, prompts, config=sampling, **kw)
+
+
+def test_sample_token_filters():
+    """Top-k and top-p keep exactly the tokens they should, in HF's proportions."""
+    probs = np.array([0.5, 0.3, 0.15, 0.05])
+    logits = jnp.asarray(np.tile(np.log(probs), (4000, 1)), jnp.float32)
+    key = jax.random.key(0)
+
+    def freq(**kw):
+        drawn = np.asarray(sample_token(logits, key, DecodeConfig(temperature=1.0, **kw)))
+        return np.bincount(drawn, minlength=4) / len(drawn)
+
+    top_p = freq(top_p=0.7)  # 0.5 + 0.3 reaches 0.7: tokens 0 and 1
+    assert top_p[2:].sum() == 0 and abs(top_p[0] - 0.5 / 0.8) < 0.03
+    top_k = freq(top_k=3)
+    assert top_k[3] == 0 and abs(top_k[2] - 0.15 / 0.95) < 0.03
+    assert abs(freq()[3] - 0.05) < 0.015
+    np.testing.assert_array_equal(np.asarray(sample_token(logits[:2], key, DecodeConfig(temperature=0.7, top_k=1))),
+                                  [0, 0])
+
+
+def test_compilations_bounded_by_buckets(pair):
+    model = pair[1]
+    config = DecodeConfig(max_new_tokens=3, stop_ids=())  # a config no other test compiles
+    assert [bucket_length(n) for n in (1, 64, 65, 1000, 1025, 3000)] == [64, 64, 128, 1024, 2048, 3072]
+
+    def traces_for(lengths):
+        before = dict(TRACE_COUNTS)
+        generate(model, [list(range(1, n + 1)) for n in lengths], config=config)
+        return {k: TRACE_COUNTS[k] - before.get(k, 0) for k in ("prefill", "decode")}
+
+    assert traces_for([5, 9]) == {"prefill": 1, "decode": 1}
+    assert traces_for([17, 40]) == {"prefill": 0, "decode": 0}
+    assert traces_for([64, 2]) == {"prefill": 0, "decode": 0}
+    assert traces_for([3, 70]) == {"prefill": 1, "decode": 1}  # next bucket
+
+
+@pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (host) devices")
+def test_mesh_data_tensor_matches_single_device(pair, batch, free_run):
+    prompts, pixel_values = batch
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "tensor"))
+    out = generate(pair[1], prompts, pixel_values=pixel_values, image_sizes=SIZES, config=GREEDY, mesh=mesh)
+    np.testing.assert_array_equal(out.tokens, free_run.tokens)
+    np.testing.assert_allclose(out.logprobs, free_run.logprobs, atol=1e-5)
+
+
+def test_hf_logits_tool(pair, tmp_path):
+    hf, model, directory = pair
+    sizes = [(40, 70), None, (30, 90)]
+    ids, mask, pixel_values, _, lengths = make_batch(model.cfg.geometry, sizes, [(3, 5), (30, 0), (2, 2)])
+    image_sizes = np.array([s or (0, 0) for s in sizes])
+    np.savez(tmp_path / "in.npz", input_ids=ids, attention_mask=mask, pixel_values=pixel_values,
+             image_sizes=image_sizes)
+    _load_tool("hf_logits").main(["--model", directory, "--inputs", str(tmp_path / "in.npz"),
+                                  "--out", str(tmp_path / "out.npz")])
+    logits = np.load(tmp_path / "out.npz")["logits"]
+    assert logits.shape == (*ids.shape, model.cfg.llm.vocab_size) and logits.dtype == np.float32
+    for b, size in enumerate(sizes):
+        tiles = 0 if size is None else model.cfg.geometry.num_tiles(size)
+        ref = hf_logits(hf, ids[b, :lengths[b]], pixel_values[b, :tiles], size)
+        assert rel_err(logits[b, :lengths[b]], ref) < 1e-4
+
+
+def test_hf_generate_tool(pair, batch, stop, tmp_path):
+    _, _, directory = pair
+    prompts, pixel_values = batch
+    stop_id, expected = stop
+    ids, mask, _ = left_pad(prompts, max(map(len, prompts)) + 3, 0)  # HF-style left padding, extra pad columns
+    image_sizes = np.array([s or (0, 0) for s in SIZES])
+    np.savez(tmp_path / "in.npz", input_ids=ids, attention_mask=mask, pixel_values=pixel_values,
+             image_sizes=image_sizes)
+    _load_tool("hf_generate").main(["--model", directory, "--inputs", str(tmp_path / "in.npz"), "--max-new-tokens",
+                                    str(NEW), "--stop-ids", str(stop_id), "--out", str(tmp_path / "out.npz")])
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npz")["generated_ids"], expected)

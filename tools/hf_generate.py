@@ -1,0 +1,53 @@
+"""Greedy generation from a Hugging Face LLaVA-NeXT checkpoint with fire_jax (to set beside HF ``generate``).
+
+    python tools/hf_generate.py --model DIR --inputs IN.npz --max-new-tokens N --out OUT.npz
+
+IN.npz as for ``tools/hf_logits.py`` (``input_ids`` padded on either side, with
+``attention_mask``). Stops on ``--stop-ids`` (default: the checkpoint's
+generation_config.json ``eos_token_id``, else Llama-3's 128009, 128001).
+OUT.npz gets ``generated_ids [B, N]`` int32: the stop token kept, -1 after it,
+and ``logprobs [B, N]`` of the generated tokens.
+"""
+
+import argparse
+import json
+import os
+
+import numpy as np
+
+from fire_jax.convert.hf import load_hf_checkpoint
+from fire_jax.infer.decode import LLAMA3_STOP_IDS, DecodeConfig, generate, unpad
+from fire_jax.infer.forward import hf_image_sizes, read_hf_inputs
+
+
+def default_stop_ids(model_dir: str) -> tuple[int, ...]:
+    path = os.path.join(model_dir, "generation_config.json")
+    eos = json.load(open(path)).get("eos_token_id") if os.path.exists(path) else None
+    if eos is None:
+        return LLAMA3_STOP_IDS
+    return tuple(eos) if isinstance(eos, list) else (eos,)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="HF checkpoint directory (config.json + safetensors)")
+    parser.add_argument("--inputs", required=True, help="input .npz")
+    parser.add_argument("--max-new-tokens", type=int, required=True)
+    parser.add_argument("--out", required=True, help="output .npz")
+    parser.add_argument("--stop-ids", type=lambda s: tuple(int(i) for i in s.split(",") if i), default=None,
+                        help="comma-separated stop token ids ('' for none)")
+    parser.add_argument("--dtype", default="float32", help="weights and compute dtype (float32, bfloat16)")
+    args = parser.parse_args(argv)
+    model = load_hf_checkpoint(args.model, lora=None, dtype=args.dtype, param_dtype=args.dtype)
+    inputs = read_hf_inputs(args.inputs)
+    ids = inputs["input_ids"]
+    stop_ids = default_stop_ids(args.model) if args.stop_ids is None else args.stop_ids
+    config = DecodeConfig(max_new_tokens=args.max_new_tokens, stop_ids=stop_ids)
+    out = generate(model, unpad(ids, inputs.get("attention_mask")), pixel_values=inputs.get("pixel_values"),
+                   image_sizes=hf_image_sizes(ids, inputs.get("image_sizes"), model.cfg.image_token_id), config=config)
+    np.savez(args.out, generated_ids=out.tokens, logprobs=out.logprobs)
+    print(f"{args.out}: generated_ids {out.tokens.shape}, stop ids {stop_ids}, tokens per row {out.lengths.tolist()}")
+
+
+if __name__ == "__main__":
+    main()
