@@ -152,6 +152,14 @@ def collate(examples: Sequence[Mapping[str, Any]], *, batch_size: int, buckets: 
     return batch
 
 
+def _absl_flags_parsed() -> None:
+    """grain's worker processes read absl flags; outside an absl app nothing has parsed them."""
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+
+
 class InputPipeline:
     """Training batches from ``config.data`` (see ``configs/tiny.py``).
 
@@ -192,26 +200,42 @@ class InputPipeline:
         self.bad_records = BadRecords()  # skipped while parsing JSON sources
         self.dropped: collections.Counter = collections.Counter()  # dropped by the pipeline
 
-        datasets, weights = [], []
-        self.num_examples = 0  # one epoch of every source, all processes together
-        for name, source in sorted(cfg[sources].items()):
-            records = open_source(source, on_bad_record=cfg["on_bad_record"], bad=self.bad_records)
-            self.num_examples += len(records)
-            ds = grain.MapDataset.source(records)
-            if cfg["shuffle"]:
-                ds = ds.shuffle(seed=(cfg["seed"] + zlib.crc32(name.encode())) % 2**32)
-            ds = ds.repeat(cfg["num_epochs"] or None)
-            datasets.append(ds[process_index::process_count])
-            weights.append(float(source.get("weight", 1.0)))
-        ds = datasets[0] if len(datasets) == 1 else grain.MapDataset.mix(datasets, weights)
+        opened = {name: (open_source(source, on_bad_record=cfg["on_bad_record"], bad=self.bad_records),
+                         float(source.get("weight", 1.0))) for name, source in sorted(cfg[sources].items())}
+        self.num_examples = sum(len(records) for records, _ in opened.values())  # one epoch, all processes
+        ds = self._order(opened, cfg, process_index, process_count)
         ds = ds.map(self.preprocessor).to_iter_dataset(grain.ReadOptions(
             num_threads=cfg["num_threads"], prefetch_buffer_size=2 * self.batch_size if cfg["num_threads"] else 0))
         if cfg["num_workers"]:
+            _absl_flags_parsed()
             ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg["num_workers"],
                                                              per_worker_buffer_size=2))
         ds = ds.filter(self._keep).batch(self.batch_size, drop_remainder=False, batch_fn=self._collate)
         self._dataset = ds
         self._iterator = iter(ds)
+
+    @staticmethod
+    def _order(opened, cfg, process_index, process_count):
+        """Which record comes next on this process: shuffled, repeated, sharded, mixed.
+
+        Forever (``num_epochs=0``): every source shuffled (differently each
+        epoch) and repeated on its own, then mixed by ``weight``. A finite
+        number of epochs: the sources concatenated, so each epoch sees every
+        record of every source exactly once (weights are not used).
+        """
+        import grain
+
+        def order(ds, name, epochs):
+            if cfg["shuffle"]:
+                ds = ds.shuffle(seed=(cfg["seed"] + zlib.crc32(name.encode())) % 2**32)
+            return ds.repeat(epochs)[process_index::process_count]
+
+        datasets = {name: grain.MapDataset.source(records) for name, (records, _) in opened.items()}
+        if cfg["num_epochs"]:
+            return order(grain.MapDataset.concatenate(list(datasets.values())), "+".join(datasets), cfg["num_epochs"])
+        parts = [order(ds, name, None) for name, ds in datasets.items()]
+        weights = [weight for _, weight in opened.values()]
+        return parts[0] if len(parts) == 1 else grain.MapDataset.mix(parts, weights)
 
     def _keep(self, example: Mapping[str, Any]) -> bool:
         if "dropped" in example:

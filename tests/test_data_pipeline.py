@@ -1,0 +1,226 @@
+"""Input pipeline: batch contract, exact resume, sharding, mixing, length policy, TFDS round trip."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from fire_jax.geometry import ImageGeometry, unpadded_size
+from fire_jax.data import tfds_fire
+from fire_jax.data.config import ASSETS_DIR, geometry_from_model_config, load_config
+from fire_jax.data.pipeline import InputPipeline
+from fire_jax.data.records import Conversation, load_records
+from fire_jax.data.synthetic import generate
+
+ROOT = os.path.dirname(os.path.dirname(__file__))
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "fire")
+FIXTURE_FILES = [os.path.join(FIXTURES, f) for f in ("fire_100k_demo.json", "fire_1m_demo.json")]
+TINY = ImageGeometry(tile_size=32, patch_size=8, pinpoints=((32, 64), (64, 32), (64, 64), (96, 32), (32, 96)))
+SYNTHETIC = dict(json="assets:synthetic_fire/train.json", image_root="assets:synthetic_fire/images", weight=1.0)
+KEYS = {"input_ids": np.int32, "attention_mask": np.int32, "loss_mask": np.float32, "turn_ids": np.int32,
+        "pixel_values": np.float32, "image_index": np.int32, "image_sizes": np.int32}
+
+
+def data_config(**changes):
+    config = dict(tokenizer="assets:tiny_tokenizer.json", image_token="<image>", pad_token="<pad>", role="student",
+                  student_first_turn=False, teacher_history="full", sources=dict(synthetic=SYNTHETIC),
+                  on_bad_record="skip", max_len=768, buckets=(256, 384, 512, 640, 768), batch_size=8, shuffle=True,
+                  seed=0, num_epochs=0, num_threads=0, num_workers=0)
+    config.update(changes)
+    return config
+
+
+def take(pipeline, n):
+    return [next(pipeline) for _ in range(n)]
+
+
+def assert_batches_equal(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key], err_msg=key)
+
+
+def test_batch_contract():
+    pipeline = InputPipeline(data_config(role="teacher"), TINY, image_token_id=511)
+    for batch in take(pipeline, 3):
+        assert set(batch) == set(KEYS) | {"example_id"}
+        for key, dtype in KEYS.items():
+            assert batch[key].dtype == dtype, key
+        b, s = batch["input_ids"].shape
+        assert b == 8 and s in (256, 384, 512, 640, 768)
+        assert batch["pixel_values"].shape == (8, 5, 3, 32, 32) and batch["image_sizes"].shape == (8, 2)
+        assert batch["example_id"].shape == (8,) and batch["example_id"].dtype.kind == "U"
+        mask = batch["attention_mask"].astype(bool)
+        assert (batch["input_ids"][~mask] == pipeline.pad_id).all() and pipeline.pad_id == 5
+        assert (batch["loss_mask"] == (batch["turn_ids"] > 0)).all() and (batch["loss_mask"][~mask] == 0).all()
+        assert s - mask.sum(1).max() < 128  # the smallest bucket that fits
+        for row in range(b):
+            size = tuple(batch["image_sizes"][row])
+            index = batch["image_index"][row]
+            image_tokens = batch["input_ids"][row] == 511
+            assert ((index >= 0) == image_tokens).all() and image_tokens.sum() == TINY.num_tokens(size)
+            newline = 5 * 16  # the slot after max_tiles * tokens_per_tile features
+            assert (index == newline).sum() == unpadded_size(size, *TINY.grid_shape(size), TINY.grid)[0]
+            tiles = TINY.num_tiles(size)
+            assert index[image_tokens & (index != newline)].max() < tiles * 16
+            assert (batch["pixel_values"][row, tiles:] == 0).all() and (batch["pixel_values"][row, :tiles] != 0).any()
+    assert pipeline.num_examples == 360
+
+
+def test_resume_gives_the_same_batches():
+    config = data_config(batch_size=4)
+    first = InputPipeline(config, TINY)
+    take(first, 2)
+    state = json.loads(json.dumps(first.get_state()))  # what a checkpoint stores
+    expected = take(first, 3)
+    resumed = InputPipeline(config, TINY)
+    resumed.set_state(state)
+    assert_batches_equal(take(resumed, 3), expected)
+
+
+def test_threads_give_the_same_batches():
+    assert_batches_equal(take(InputPipeline(data_config(num_threads=2), TINY), 3),
+                         take(InputPipeline(data_config(), TINY), 3))
+
+
+def test_worker_processes_give_the_same_batches():
+    pipeline = InputPipeline(data_config(num_workers=2, batch_size=4), TINY)
+    try:
+        batches = take(pipeline, 3)
+    finally:
+        pipeline.close()
+    assert_batches_equal(batches, take(InputPipeline(data_config(batch_size=4), TINY), 3))
+
+
+def epoch_ids(config, **kwargs):
+    pipeline = InputPipeline(config, TINY, **kwargs)
+    return [i for batch in pipeline for i in batch["example_id"]]
+
+
+def test_two_processes_cover_every_example_once():
+    config = data_config(num_epochs=1, batch_size=16)
+    ids = [epoch_ids(config, process_index=p, process_count=2) for p in range(2)]
+    real = [[i for i in shard if i] for shard in ids]
+    assert len(ids[0]) == len(ids[1])  # both processes see the same number of (padded) batches
+    assert sorted(real[0] + real[1]) == [f"synthetic_train_{i:05d}" for i in range(360)]
+
+
+def test_shuffle_is_deterministic_by_seed_and_differs_per_epoch():
+    one = epoch_ids(data_config(num_epochs=2, batch_size=40))
+    assert one == epoch_ids(data_config(num_epochs=2, batch_size=40))
+    assert one[:360] != epoch_ids(data_config(num_epochs=1, batch_size=40, seed=1))
+    assert sorted(one[:360]) == sorted(one[360:]) and one[:360] != one[360:]
+
+
+def test_mixing_ratio():
+    test_source = dict(SYNTHETIC, json="assets:synthetic_fire/test.json", weight=1.0)
+    config = data_config(sources=dict(train=dict(SYNTHETIC, weight=3.0), test=test_source), batch_size=40)
+    ids = [i for batch in take(InputPipeline(config, TINY), 4) for i in batch["example_id"]]
+    assert sum(i.startswith("synthetic_test") for i in ids) == 40
+
+
+def test_length_policy(tmp_path):
+    one_turn, images = generate(3, seed=1, split="x")
+    for record in one_turn:
+        record["conversations"] = record["conversations"][:2]
+    for name, image in images.items():
+        image.save(tmp_path / name)
+    path = tmp_path / "one_turn.json"
+    path.write_text(json.dumps(one_turn))
+    sources = dict(synthetic=SYNTHETIC, one_turn=dict(json=str(path), image_root=str(tmp_path)))
+    # Student examples with one turn have no label (r_1 is not a target) and are dropped.
+    pipeline = InputPipeline(data_config(sources=sources, num_epochs=1, shuffle=False, batch_size=363), TINY)
+    batch = next(pipeline)
+    assert dict(pipeline.dropped) == {"no_labelled_token": 3} and (batch["example_id"] != "").sum() == 360
+    # Labelling r_1 keeps them.
+    pipeline = InputPipeline(data_config(sources=sources, num_epochs=1, shuffle=False, batch_size=363,
+                                         student_first_turn=True), TINY)
+    assert (next(pipeline)["example_id"] != "").sum() == 363 and not pipeline.dropped
+    # Teacher sequences (520-640 tokens) cut to 560: kept while a label is left, the image block is never cut.
+    pipeline = InputPipeline(data_config(role="teacher", max_len=560, buckets=(), num_epochs=1, batch_size=360), TINY)
+    batch = next(pipeline)
+    assert batch["input_ids"].shape == (360, 560) and not pipeline.dropped
+    assert (batch["attention_mask"].sum(1) == 560).any() and (batch["loss_mask"].sum(1) > 0).all()
+    pipeline = InputPipeline(data_config(max_len=40, buckets=(), num_epochs=1, batch_size=8), TINY)
+    with pytest.raises(StopIteration):
+        next(pipeline)
+    assert dict(pipeline.dropped) == {"image_cut": 360}
+    assert "image_cut" in pipeline.report()
+
+
+def test_tiny_config_builds():
+    config = load_config(os.path.join(ROOT, "configs", "tiny.py"))
+    geometry = geometry_from_model_config(config.model)
+    pipeline = InputPipeline(config.data, geometry, image_token_id=config.model.image_token_id)
+    batch = next(pipeline)
+    assert batch["input_ids"].shape[0] == config.data.batch_size and batch["input_ids"].max() < 512
+    with pytest.raises(ValueError, match="image_token_id"):
+        InputPipeline(config.data, geometry, image_token_id=128256)
+
+
+@pytest.fixture(scope="module")
+def tfds_dir(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("tfds"))
+    builder = tfds_fire.build(FIXTURE_FILES, os.path.join(FIXTURES, "images"), "fire_bench", out)
+    assert dict(builder.bad) == {"missing_image": 1}
+    return out
+
+
+def test_tfds_round_trip(tfds_dir):
+    records, _ = load_records(FIXTURE_FILES, os.path.join(FIXTURES, "images"))
+    by_id = {r.id: r for r in records}
+    source = tfds_fire.data_source(tfds_dir, "fire_bench")
+    assert len(source) == 188
+    for i in range(len(source)):
+        record, image = tfds_fire.to_record(source[i])
+        assert isinstance(record, Conversation) and record == by_id[record.id]
+        with open(os.path.join(FIXTURES, "images", record.image), "rb") as f:
+            assert image == f.read()
+    saved = tfds_fire.metadata(tfds_dir, "fire_bench")
+    assert saved["bad_records"] == {"missing_image": 1} and sum(saved["source_counts"].values()) == 188
+    assert saved["source_counts"]["gqa"] == sum(r.source == "gqa" for r in records)
+
+
+def test_pipeline_reads_tfds_like_json(tfds_dir):
+    def examples(source):
+        config = data_config(sources=dict(fire=source), num_epochs=1, shuffle=False, batch_size=188, role="teacher",
+                             max_len=2048, buckets=())
+        batch = next(InputPipeline(config, TINY))
+        return {i: (batch["input_ids"][r], batch["pixel_values"][r]) for r, i in enumerate(batch["example_id"])}
+
+    from_json = examples(dict(json=FIXTURE_FILES, image_root=os.path.join(FIXTURES, "images")))
+    from_tfds = examples(dict(tfds=tfds_dir, split="fire_bench"))
+    assert from_json.keys() == from_tfds.keys() and len(from_json) == 188
+    for key in from_json:
+        np.testing.assert_array_equal(from_json[key][0], from_tfds[key][0])
+        np.testing.assert_array_equal(from_json[key][1], from_tfds[key][1])
+
+
+def test_build_tool(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "build_dataset.py"), "--json", FIXTURE_FILES[1],
+         "--image-root", os.path.join(FIXTURES, "images"), "--split", "fire_1m", "--out", str(tmp_path)],
+        capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert "split fire_1m: 94 examples" in out and "missing_image             1" in out
+    assert "gqa                      19" in out
+
+
+def test_synthetic_data():
+    records, images = generate(12, seed=3, split="train")
+    again, images_again = generate(12, seed=3, split="train")
+    assert records == again and all(images[k].tobytes() == images_again[k].tobytes() for k in images)
+    assert records != generate(12, seed=4, split="train")[0]
+    shipped, bad = load_records(os.path.join(ASSETS_DIR, "synthetic_fire", "train.json"),
+                                os.path.join(ASSETS_DIR, "synthetic_fire", "images"), on_bad_record="error")
+    assert len(shipped) == 360 and not bad
+    for record in shipped:
+        answer = record.groundtruth
+        assert [t.response.split("Answer: ")[1] == answer for t in record.turns] == \
+            [False] * (len(record.turns) - 1) + [True]
+        assert [t.score for t in record.turns][-1] == 10 and all(t.score < 10 for t in record.turns[:-1])
