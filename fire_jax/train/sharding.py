@@ -35,7 +35,10 @@ DEFAULT_RULES = (
 
 
 def make_mesh(shape: Sequence[int], devices=None) -> Mesh:
-    """A (data, fsdp, tensor) mesh; one entry may be -1 for "all remaining devices"."""
+    """A (data, fsdp, tensor) mesh; one entry may be -1 for "all remaining devices".
+
+    A shape without -1 may use fewer devices than there are (the first ones).
+    """
     devices = list(jax.devices() if devices is None else devices)
     shape = list(shape)
     if len(shape) != 3:
@@ -47,6 +50,8 @@ def make_mesh(shape: Sequence[int], devices=None) -> Mesh:
         if len(devices) % known:
             raise ValueError(f"mesh shape {shape} does not divide {len(devices)} devices")
         shape[shape.index(-1)] = len(devices) // known
+    else:
+        devices = devices[:math.prod(shape)]
     if math.prod(shape) != len(devices):
         raise ValueError(f"mesh shape {shape} needs {math.prod(shape)} devices, have {len(devices)}")
     return jax.make_mesh(tuple(shape), MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)

@@ -123,7 +123,7 @@ class Trainer:
             "turn_tokens": turn_tokens,
             "labelled_tokens": tokens,
             "accuracy": jnp.sum(mask * correct) / jnp.maximum(tokens, 1.0),
-            "grad_norm": optax.global_norm(grads),
+            "grad_norm": optax.tree.norm(grads),
             "lr": self.schedule(state.step),
         }
         return TrainState(state.step + 1, params, opt_state), metrics
