@@ -87,12 +87,14 @@ class MetricWriter:
             self.tb.close()
 
 
-def total_steps(config, num_examples: int | None) -> int:
+def total_steps(config) -> int:
+    """``train.total_steps``, or epochs x the sources' ``num_examples`` / global batch."""
     if config.train.get("total_steps"):
         return int(config.train.total_steps)
-    if not num_examples:
-        raise ValueError("train.total_steps is 0 and the data size is unknown: set train.total_steps")
-    return max(1, int(config.train.epochs * num_examples) // config.train.batch_size)
+    sizes = [source.get("num_examples") for source in config.data.sources.values()]
+    if not all(sizes):
+        raise ValueError("train.total_steps is 0 and not every data source states num_examples: set one of them")
+    return max(1, int(config.train.epochs * sum(sizes)) // config.train.batch_size)
 
 
 def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, Any]:
@@ -110,7 +112,7 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
     model = build_model(config)
     pipeline = InputPipeline(config.data, model.cfg.geometry, image_token_id=model.cfg.image_token_id,
                              process_index=jax.process_index(), process_count=jax.process_count())
-    steps = total_steps(config, getattr(pipeline, "num_examples", None))
+    steps = total_steps(config)
     trainer = Trainer(model, config.train, config.loss, steps, mesh, rules)
     del model
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.train.keep_checkpoints)
