@@ -150,3 +150,37 @@ def test_sigterm_checkpoints_and_nan_names_examples(tmp_path, monkeypatch):
     monkeypatch.setattr(InputPipeline, "__next__", next_with_nan)
     with pytest.raises(FloatingPointError, match=r"step 1.*synthetic_train_"):
         loop.train(config, str(tmp_path / "nan"))
+
+
+def test_two_processes_write_a_checkpoint_one_process_restores(tmp_path):
+    import portpicker
+    from safetensors.numpy import load_file
+
+    from fire_jax.train.checkpoint import Checkpointer
+
+    workdir = str(tmp_path / "multi")
+    port = portpicker.pick_unused_port()
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    overrides = ["--config.train.total_steps=3", "--config.data.batch_size=4", "--config.train.batch_size=4",
+                 "--config.data.buckets=(256,)", "--config.data.max_len=256"]
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "fire_jax.train", "--config", os.path.join(ROOT, "configs", "tiny.py"),
+         "--workdir", workdir, "--coordinator", f"localhost:{port}", "--num_processes", "2", "--process_id", str(i),
+         *overrides], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for i in range(2)]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs[0][-3000:] + outputs[1][-3000:]
+    assert "done: step 3/3" in outputs[0]
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["3"]
+    # One process (here: a 1-device mesh) restores what the 4-device, 2-process run wrote.
+    config = tiny_config()
+    cfg = LlavaNextConfig.from_dict(config.model)
+    trainer = Trainer(LlavaNext(cfg, rngs=nnx.Rngs(0)), config.train, config.loss, 3,
+                      make_mesh((1, 1, 1), jax.devices()[:1]))
+    state, data_state, step = Checkpointer(os.path.join(workdir, "checkpoints")).restore(trainer.initial_state)
+    assert step == 3 and int(state.step) == 3 and "iterator" in data_state
+    adapter = load_file(os.path.join(workdir, "export", "peft_adapter", "adapter_model.safetensors"))
+    q_b = np.asarray(trainer.model(state).language_model.model.layers[0].self_attn.q_proj.lora_b[...])
+    np.testing.assert_array_equal(
+        adapter["base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_B.weight"], q_b.T)
+    assert np.abs(q_b).max() > 0
