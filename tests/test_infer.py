@@ -9,8 +9,14 @@ import numpy as np
 import pytest
 import torch
 from jax.sharding import Mesh
+from PIL import Image
 
 from fire_jax.convert import hf as convert
+from fire_jax.data.chat import ChatTokenizer
+from fire_jax.data.config import ASSETS_DIR
+from fire_jax.data.images import preprocess
+from fire_jax.data.records import Turn, parse_score
+from fire_jax.infer.agents import Student, Teacher
 from fire_jax.infer.decode import TRACE_COUNTS, DecodeConfig, bucket_length, generate, left_pad, sample_token
 from fire_jax.infer.forward import image_inputs, normalise_sizes
 from hf_reference import hf_logits, make_batch, rel_err, tiny_hf_model
@@ -231,3 +237,93 @@ def test_hf_generate_tool(pair, batch, stop, tmp_path):
     _load_tool("hf_generate").main(["--model", directory, "--inputs", str(tmp_path / "in.npz"), "--max-new-tokens",
                                     str(NEW), "--stop-ids", str(stop_id), "--out", str(tmp_path / "out.npz")])
     np.testing.assert_array_equal(np.load(tmp_path / "out.npz")["generated_ids"], expected)
+
+
+# ---------------------------------------------------------------------------------------------- agents
+
+SYSTEM = ("You are a helpful language and vision assistant. You are able to understand the visual content that the "
+          "user provides, and assist the user with a variety of tasks using natural language.")
+INSTRUCTION = """Please compare my answer with the groundtruth answer and provide helpful, detailed, and polite feedback to help me improve my answer.
+Formulate the feedback as:
+'''
+Score: <compare my answer with the groundtruth answer in terms of accuracy, relevance, helpfulness, and level of detail, and provide an overall score on a scale of 1 to 10, where a higher score indicates better overall performance.>
+Feedback: <provide feedback on my answer. Do NOT directly tell the groundtruth answer. The feedback should identify which parts of my answer are incorrect, what is missing in my answer, and how to improve my answer.>
+'''"""
+HEAD = f"<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n{SYSTEM}<|eot_id|>"
+IMAGES = [(40, 70), (64, 64)]
+HISTORY = [Turn("Thought: two red shapes.\nAnswer: 2", "Score: 3.\nFeedback: Count the squares too.", 3),
+           Turn("Thought: and one square.\nAnswer: 3", "Score: 6\nFeedback: Look at the right edge.", 6)]
+
+
+def _user(text):
+    return f"<|start_header_id|>user<|end_header_id|>\n\n{text}<|eot_id|>"
+
+
+def _assistant(text):
+    return f"<|start_header_id|>assistant<|end_header_id|>\n\n{text}<|eot_id|>"
+
+
+GEN = "<|start_header_id|>assistant<|end_header_id|>\n\n"
+
+
+@pytest.fixture(scope="module")
+def chat(pair):
+    return ChatTokenizer.from_file(os.path.join(ASSETS_DIR, "tiny_tokenizer.json"), pair[1].cfg.geometry)
+
+
+@pytest.fixture(scope="module")
+def images():
+    rng = np.random.default_rng(0)
+    return [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in IMAGES]
+
+
+def _shown(chat, encoded, size):
+    """Decoded prompt with its block of image tokens collapsed back to one "<image>"."""
+    ids = encoded.input_ids.tolist()
+    assert ids.count(chat.image_token_id) == chat.geometry.num_tokens(size)
+    start = ids.index(chat.image_token_id)
+    return chat.decode(ids[:start + 1] + [i for i in ids[start:] if i != chat.image_token_id])
+
+
+def test_agents_render_spec_prompts(pair, chat):
+    student = Student(pair[1], chat)
+    first, third = student.prompts(IMAGES, ["How many shapes?", "How many shapes?"], [[], HISTORY])
+    assert _shown(chat, first, IMAGES[0]) == HEAD + _user("<image>\nHow many shapes?") + GEN
+    assert _shown(chat, third, IMAGES[1]) == (
+        HEAD + _user("<image>\nHow many shapes?") + _assistant("Thought: two red shapes.\nAnswer: 2")
+        + _user("Count the squares too.") + _assistant("Thought: and one square.\nAnswer: 3")
+        + _user("Look at the right edge.") + GEN)
+    question = _user("<image>\nQuestion: How many shapes?\nGroundtruth: 4") + _user(INSTRUCTION)
+    latest = Teacher(pair[1], chat).prompts(IMAGES[1:], ["How many shapes?"], ["4"], ["Answer: 4"], [HISTORY])[0]
+    assert _shown(chat, latest, IMAGES[1]) == HEAD + question + _user("Answer: 4") + GEN
+    full = Teacher(pair[1], chat, history="full").prompts(IMAGES[1:], ["How many shapes?"], ["4"], ["Answer: 4"],
+                                                          [HISTORY])[0]
+    assert _shown(chat, full, IMAGES[1]) == (
+        HEAD + question + _user(HISTORY[0].response) + _assistant(HISTORY[0].feedback)
+        + _user(HISTORY[1].response) + _assistant(HISTORY[1].feedback) + _user("Answer: 4") + GEN)
+    with pytest.raises(ValueError, match="history"):
+        Teacher(pair[1], chat, history="all")
+
+
+def test_agents_generate_as_hf_on_their_prompts(pair, chat, images):
+    """Student.respond = HF greedy generate on the same prompt ids and processed pixels, decoded to text."""
+    hf, model, _ = pair
+    config = DecodeConfig(max_new_tokens=NEW)
+    questions = ["How many shapes?", "What colour is the square?"]
+    histories = [[], HISTORY[:1]]
+    student = Student(model, chat, config)
+    responses = student.respond(images, questions, histories)
+    prompts = student.prompts(IMAGES, questions, histories)
+    for image, prompt, response in zip(images, prompts, responses):
+        tiles, size = preprocess(image, model.cfg.geometry)
+        with torch.no_grad():
+            out = hf.generate(input_ids=torch.as_tensor(prompt.input_ids, dtype=torch.long)[None],
+                              pixel_values=torch.as_tensor(tiles)[None], image_sizes=torch.as_tensor([size]),
+                              max_new_tokens=NEW, do_sample=False, pad_token_id=chat.pad_id,
+                              eos_token_id=[chat.eot_id, chat.eos_id])
+        new = out[0, len(prompt.input_ids):].tolist()
+        new = [i for i in new if i not in (chat.eot_id, chat.eos_id, chat.pad_id)]
+        assert response == chat.tokenizer.decode(new, skip_special_tokens=True).strip()
+    assert any(responses)
+    feedback = Teacher(model, chat, config).feedback(images, questions, ["3", "red"], responses, histories)
+    assert [f.score for f in feedback] == [parse_score(f.text) for f in feedback] and len(feedback) == 2

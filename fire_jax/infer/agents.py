@@ -1,0 +1,110 @@
+"""The student and the teacher as batched generators (SPEC sections 1 and 3).
+
+Prompts are the training sequences cut before the turn to generate, rendered
+by :mod:`fire_jax.data.chat` (the same code that renders training data), so
+an agent sees exactly what its model was trained on:
+
+- student, for r_k: user "<image>\\n{q}", assistant r_1, user f_1 (feedback text
+  only), ..., user f_{k-1}, then the assistant header;
+- teacher, for f_k: user "<image>\\nQuestion: {q}\\nGroundtruth: {gt}", user
+  TEACHER_INSTRUCTION, [user r_j, assistant f_j for earlier turns when
+  ``history="full"``], user r_k, then the assistant header. In free dialogues
+  the teacher sees only the latest answer (``"latest"``, the default; Fig. A14).
+
+Both stop on the tokenizer's ``<|eot_id|>`` and ``<|end_of_text|>``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from fire_jax.data.chat import TEACHER_HISTORIES, ChatTokenizer, Encoded, student_messages, teacher_messages
+from fire_jax.data.images import load_image, preprocess
+from fire_jax.data.records import Conversation, Turn, parse_score
+from fire_jax.infer.decode import DecodeConfig, generate
+
+
+@dataclasses.dataclass(frozen=True)
+class Feedback:
+    text: str  # the whole feedback f_k, score line included
+    score: float | None  # a_k parsed from it (SPEC "Score parsing"), None if it has none
+
+
+def _conversation(question: str, groundtruth: str, turns: Sequence[Turn]) -> Conversation:
+    return Conversation(id="", image=None, question=question, groundtruth=groundtruth, turns=tuple(turns),
+                        source="", split="")
+
+
+class _Agent:
+    """A model, its chat tokenizer and decode settings; generates from rendered prompts."""
+
+    def __init__(self, model, chat: ChatTokenizer, config: DecodeConfig = DecodeConfig(), *, mesh=None):
+        if chat.image_token_id != model.cfg.image_token_id:
+            raise ValueError(f"tokenizer image id {chat.image_token_id} != model image_token_id "
+                             f"{model.cfg.image_token_id}")
+        self.model, self.chat, self.mesh = model, chat, mesh
+        self.config = dataclasses.replace(config, stop_ids=(chat.eot_id, chat.eos_id), pad_id=chat.pad_id)
+
+    def _generate(self, images, prompts: Sequence[Encoded], rng) -> list[str]:
+        tiles = [preprocess(image, self.model.cfg.geometry)[0] for image in images]
+        pixel_values = np.zeros((len(tiles), max(map(len, tiles)), *tiles[0].shape[1:]), np.float32)
+        for b, t in enumerate(tiles):
+            pixel_values[b, :len(t)] = t
+        sizes = [(image.height, image.width) for image in images]
+        out = generate(self.model, [p.input_ids for p in prompts], pixel_values=pixel_values, image_sizes=sizes,
+                       config=self.config, rng=rng, tokenizer=self.chat.tokenizer, mesh=self.mesh)
+        return [text.strip() for text in out.texts]
+
+
+class Student(_Agent):
+    """Answers a question about an image, refining earlier answers from feedback."""
+
+    def prompts(self, image_sizes, questions: Sequence[str], histories: Sequence[Sequence[Turn]]) -> list[Encoded]:
+        """The prompt for r_k, k = len(history) + 1, per example."""
+        return [self.chat.encode(student_messages(_conversation(q, "", h), until_turn=len(h) + 1), size,
+                                 add_generation_prompt=True)
+                for size, q, h in zip(image_sizes, questions, histories)]
+
+    def respond(self, images, questions: Sequence[str], histories: Sequence[Sequence[Turn]] | None = None, *,
+                rng=None) -> list[str]:
+        """Responses ("Thought: ...\\nAnswer: ...") r_k, one per example.
+
+        images: PIL images, paths or encoded bytes; histories: per example the
+        earlier turns (r_j, f_j) as :class:`Turn` (default: none, so k = 1).
+        """
+        images = [load_image(image) for image in images]
+        histories = [()] * len(images) if histories is None else histories
+        prompts = self.prompts([(i.height, i.width) for i in images], questions, histories)
+        return self._generate(images, prompts, rng)
+
+
+class Teacher(_Agent):
+    """Scores a student answer against the groundtruth and writes feedback."""
+
+    def __init__(self, model, chat: ChatTokenizer, config: DecodeConfig = DecodeConfig(), *, history: str = "latest",
+                 mesh=None):
+        if history not in TEACHER_HISTORIES:
+            raise ValueError(f"teacher history must be one of {TEACHER_HISTORIES}, got {history!r}")
+        super().__init__(model, chat, config, mesh=mesh)
+        self.history = history
+
+    def prompts(self, image_sizes, questions: Sequence[str], groundtruths: Sequence[str], answers: Sequence[str],
+                histories: Sequence[Sequence[Turn]]) -> list[Encoded]:
+        """The prompt for f_k on answer r_k, k = len(history) + 1, per example."""
+        out = []
+        for size, q, gt, answer, h in zip(image_sizes, questions, groundtruths, answers, histories):
+            conv = _conversation(q, gt, [*h, Turn(answer, "", None)])
+            messages = teacher_messages(conv, history=self.history, until_turn=len(h) + 1)
+            out.append(self.chat.encode(messages, size, add_generation_prompt=True))
+        return out
+
+    def feedback(self, images, questions: Sequence[str], groundtruths: Sequence[str], answers: Sequence[str],
+                 histories: Sequence[Sequence[Turn]] | None = None, *, rng=None) -> list[Feedback]:
+        """Feedback f_k with its parsed score on each answer r_k."""
+        images = [load_image(image) for image in images]
+        histories = [()] * len(images) if histories is None else histories
+        prompts = self.prompts([(i.height, i.width) for i in images], questions, groundtruths, answers, histories)
+        return [Feedback(text, parse_score(text)) for text in self._generate(images, prompts, rng)]
