@@ -48,12 +48,12 @@ def load_image(source: str | bytes | Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-def normalise(tiles: np.ndarray) -> np.ndarray:
-    """uint8 [tiles, H, W, 3] -> float32 [tiles, 3, H, W] with CLIP normalisation."""
-    tiles = np.moveaxis(tiles, -1, 1)  # [tiles, 3, H, W]
-    out = np.empty(tiles.shape, np.float32)
+def normalise(tiles: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """uint8 [tiles, H, W, 3] -> float32 [tiles, 3, H, W] with CLIP normalisation (into ``out`` if given)."""
+    if out is None:
+        out = np.empty((len(tiles), 3, *tiles.shape[1:3]), np.float32)
     for c in range(3):
-        out[:, c] = _TABLE[c][tiles[:, c]]
+        out[:, c] = _TABLE[c][tiles[..., c]]
     return out
 
 
@@ -72,21 +72,21 @@ def _resize(image: Image.Image, size) -> np.ndarray:
     return np.asarray(image.resize((size[1], size[0]), resample=Image.Resampling.BICUBIC))
 
 
-def preprocess(image: Image.Image, geometry: ImageGeometry) -> tuple[np.ndarray, tuple[int, int]]:
-    """Tiles of one image.
+def tiles(image: Image.Image, geometry: ImageGeometry) -> tuple[np.ndarray, tuple[int, int]]:
+    """uint8 tiles of one image, before normalisation.
 
     Args:
       image: an RGB PIL image (see :func:`load_image`).
       geometry: the model's tiling rule.
 
     Returns:
-      pixel_values float32 ``[geometry.num_tiles(size), 3, tile, tile]`` (tile 0
-      is the whole image) and the original ``(height, width)``.
+      uint8 ``[geometry.num_tiles(size), tile, tile, 3]`` (tile 0 is the whole
+      image) and the original ``(height, width)``.
     """
     size = (image.height, image.width)
     t = geometry.tile_size
     if geometry.mode == "pad":
-        return normalise(_resize(expand_to_square(image), (t, t))[None]), size
+        return _resize(expand_to_square(image), (t, t))[None], size
     target = select_best_resolution(size, geometry.pinpoints)
     new_h, new_w = resized_size(size, target)
     resized = _resize(image, (new_h, new_w))
@@ -95,9 +95,15 @@ def preprocess(image: Image.Image, geometry: ImageGeometry) -> tuple[np.ndarray,
     canvas[top:top + new_h, left:left + new_w] = resized
     rows, cols = target[0] // t, target[1] // t
     grid = canvas.reshape(rows, t, cols, t, 3).transpose(0, 2, 1, 3, 4).reshape(rows * cols, t, t, 3)
-    tiles = np.concatenate([_resize(image, (t, t))[None], grid])  # [1 + rows*cols, t, t, 3]
-    assert len(tiles) == geometry.num_tiles(size)
-    return normalise(tiles), size
+    result = np.concatenate([_resize(image, (t, t))[None], grid])  # [1 + rows*cols, t, t, 3]
+    assert len(result) == geometry.num_tiles(size)
+    return result, size
+
+
+def preprocess(image: Image.Image, geometry: ImageGeometry) -> tuple[np.ndarray, tuple[int, int]]:
+    """pixel_values float32 ``[num_tiles, 3, tile, tile]`` (HF layout) and ``(height, width)`` of one image."""
+    uint8_tiles, size = tiles(image, geometry)
+    return normalise(uint8_tiles), size
 
 
 def expand_to_square(image: Image.Image) -> Image.Image:

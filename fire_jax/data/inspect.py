@@ -47,7 +47,7 @@ def main(argv=None):
     size = tuple(int(v) for v in example["image_size"])
     turns = example["turn_ids"]
     labelled = {int(t): int((turns == t).sum()) for t in np.unique(turns[turns > 0])}
-    print(f"image {size[0]}x{size[1]} -> {len(example['pixel_values'])} tiles; {len(turns)} tokens, "
+    print(f"image {size[0]}x{size[1]} -> {len(example['tiles'])} tiles; {len(turns)} tokens, "
           f"labelled per turn {labelled}")
     print("-" * 80)
     chat = preprocessor.chat
