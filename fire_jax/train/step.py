@@ -56,25 +56,36 @@ jax.tree_util.register_dataclass(TrainState, data_fields=["step", "params", "opt
 class Trainer:
     """Builds and runs the jitted step for one model, optimizer and mesh."""
 
-    def __init__(self, model: LlavaNext, train_cfg, loss_cfg, total_steps: int, mesh: Mesh, rules=DEFAULT_RULES):
+    def __init__(self, model: LlavaNext, train_cfg, loss_cfg, total_steps: int, mesh: Mesh, rules=DEFAULT_RULES,
+                 *, abstract: bool = False):
+        """``abstract=True`` takes a model from ``nnx.eval_shape`` and allocates nothing: the state and
+        frozen weights are ShapeDtypeStructs with shardings, for lowering and memory analysis at 8B."""
         self.mesh, self.rules = mesh, rules
         self.train_cfg, self.loss_cfg = train_cfg, loss_cfg
-        self.graphdef, params, self.frozen = nnx.split(model, trainable_filter(train_cfg.train_connector), ...)
-        params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
+        self.graphdef, params, frozen = nnx.split(model, trainable_filter(train_cfg.train_connector), ...)
+        to_f32 = lambda tree: jax.tree.map(lambda x: x.astype(jnp.float32), tree)
+        params = jax.eval_shape(to_f32, params) if abstract else to_f32(params)
         self.tx, self.schedule = make_optimizer(train_cfg, total_steps)
-        self.param_sharding = state_shardings(params, mesh, rules)
-        self.frozen_sharding = state_shardings(self.frozen, mesh, rules)
-        self.frozen = jax.device_put(self.frozen, self.frozen_sharding)
-        params = jax.device_put(params, self.param_sharding)
-        opt_state = jax.jit(self.tx.init)(params)
         replicated = NamedSharding(mesh, P())
-        # Moments follow their parameters' shardings (XLA propagates them through init); counters replicate.
-        opt_sharding = jax.tree.map(
-            lambda x: x.sharding if isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh else replicated,
-            opt_state)
-        opt_state = jax.device_put(opt_state, opt_sharding)
+        self.param_sharding = state_shardings(params, mesh, rules)
+        self.frozen_sharding = state_shardings(frozen, mesh, rules)
+        # AdamW moments take their parameters' shardings; counters are replicated.
+        opt_sharding = optax.tree_map_params(
+            self.tx, lambda _, sharding: sharding, jax.eval_shape(self.tx.init, params), self.param_sharding,
+            transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, nnx.Variable))
         self.state_sharding = TrainState(replicated, self.param_sharding, opt_sharding)
-        self.initial_state = TrainState(jax.device_put(jnp.zeros((), jnp.int32), replicated), params, opt_state)
+        if abstract:
+            self.frozen = _with_shardings(frozen, self.frozen_sharding)
+            step = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
+            self.initial_state = TrainState(step, _with_shardings(params, self.param_sharding),
+                                            _with_shardings(jax.eval_shape(self.tx.init, params), opt_sharding))
+        else:
+            self.frozen = jax.device_put(frozen, self.frozen_sharding)
+            params = jax.device_put(params, self.param_sharding)
+            opt_state = jax.jit(self.tx.init, out_shardings=opt_sharding)(params)
+            step = jax.device_put(jnp.zeros((), jnp.int32), replicated)
+            # Note: the step donates its input state; copy this one to reuse it.
+            self.initial_state = TrainState(step, params, opt_state)
         self._steps: dict[tuple, Any] = {}
 
     # ------------------------------------------------------------------ the step
@@ -148,6 +159,11 @@ class Trainer:
     def model(self, state: TrainState) -> LlavaNext:
         """The model with the state's trainable parameters (for evaluation and export)."""
         return nnx.merge(self.graphdef, state.params, self.frozen)
+
+
+def _with_shardings(tree, shardings):
+    """ShapeDtypeStructs carrying shardings, for lowering without allocating."""
+    return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), tree, shardings)
 
 
 def batch_example_ids(batch: dict[str, np.ndarray]) -> list[str]:
