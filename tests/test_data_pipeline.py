@@ -8,7 +8,8 @@ import pytest
 
 from fire_jax.geometry import ImageGeometry, unpadded_size
 from fire_jax.data import tfds_fire
-from fire_jax.data.config import ASSETS_DIR, geometry_from_model_config, load_config
+from fire_jax.data.config import ASSETS_DIR, DATA_DEFAULTS, geometry_from_model_config, load_config
+from fire_jax.data.config import data_config as make_data_config
 from fire_jax.data.pipeline import InputPipeline
 from fire_jax.data.records import Conversation, load_records
 from fire_jax.data.synthetic import generate
@@ -159,6 +160,16 @@ def test_tiny_config_builds():
     assert batch["input_ids"].shape[0] == config.data.batch_size and batch["input_ids"].max() < 512
     with pytest.raises(ValueError, match="image_token_id"):
         InputPipeline(config.data, geometry, image_token_id=128256)
+
+
+def test_data_config_defaults_and_unknown_fields():
+    config = make_data_config("assets:tiny_tokenizer.json", dict(synthetic=SYNTHETIC), max_len=768, batch_size=4)
+    assert set(config) == set(DATA_DEFAULTS) | {"tokenizer", "sources"}
+    assert next(InputPipeline(config, TINY))["input_ids"].shape[0] == 4
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['max_length'\]"):
+        InputPipeline(dict(config.to_dict(), max_length=10), TINY)
+    with pytest.raises(ValueError, match="unknown data config field"):
+        make_data_config("x", {}, batchsize=3)
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,36 @@ from typing import Any, Mapping
 from fire_jax.geometry import ImageGeometry
 from fire_jax.data.records import BadRecords, Record, iter_records
 
+#: Fields of ``config.data`` besides the required ``tokenizer`` and ``sources``, with their defaults.
+DATA_DEFAULTS = dict(
+    image_token="<image>",  # placeholder token; its id must equal model.image_token_id
+    pad_token="<pad>",  # falls back to <|end_of_text|> if the tokenizer has none
+    role="student",  # "student" (FIRE-LLaVA, Eq. 5) or "teacher" (FD-LLaVA, Eq. 6)
+    student_first_turn=False,  # also label r_1 (the release did)
+    teacher_history="full",  # "full" (training) or "latest" (the teacher of free dialogues)
+    eval_sources={},
+    on_bad_record="skip",  # or "error"
+    max_len=3072,  # tokens, image features included
+    buckets=(),  # sequence lengths batches are padded to (max_len is always one)
+    batch_size=64,  # global; each process gets batch_size // process_count
+    shuffle=True,
+    seed=0,
+    num_epochs=0,  # 0: repeat forever, sources mixed by weight; n: n passes over all sources
+    num_threads=0,  # grain read threads (0: in the calling thread)
+    num_workers=0,  # grain worker processes (0: none)
+)
+
+
+def data_config(tokenizer: str, sources: Mapping[str, Mapping[str, Any]], **fields):
+    """A ``config.data`` ConfigDict: the defaults above, the tokenizer.json path, the sources, overrides."""
+    import ml_collections
+
+    unknown = set(fields) - set(DATA_DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown data config field(s) {sorted(unknown)}; known: {sorted(DATA_DEFAULTS)}")
+    return ml_collections.ConfigDict({**DATA_DEFAULTS, "tokenizer": tokenizer, "sources": dict(sources), **fields})
+
+
 ASSETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
 
 

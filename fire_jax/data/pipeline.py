@@ -37,7 +37,7 @@ from PIL import Image
 
 from fire_jax.geometry import ImageGeometry, place_images
 from fire_jax.data import chat as chat_lib
-from fire_jax.data.config import open_source, resolve_path
+from fire_jax.data.config import DATA_DEFAULTS, open_source, resolve_path
 from fire_jax.data.images import load_image, normalise, tiles
 from fire_jax.data.records import BadRecordError, BadRecords, Record
 
@@ -180,11 +180,13 @@ class InputPipeline:
                  process_index: int = 0, process_count: int = 1, sources: str = "sources", **overrides):
         import grain
 
-        cfg = dict(config.to_dict() if hasattr(config, "to_dict") else config)
-        unknown = set(overrides) - set(cfg)
-        if unknown:
-            raise ValueError(f"unknown data config override(s) {sorted(unknown)}")
-        cfg.update(overrides)
+        given = dict(config.to_dict() if hasattr(config, "to_dict") else config)
+        unknown = (set(given) | set(overrides)) - set(DATA_DEFAULTS) - {"tokenizer", "sources"}
+        missing = {"tokenizer", "sources"} - set(given) - set(overrides)
+        if unknown or missing:
+            raise ValueError(f"data config: unknown field(s) {sorted(unknown)}, missing {sorted(missing)}; "
+                             f"see fire_jax.data.config.DATA_DEFAULTS")
+        cfg = {**DATA_DEFAULTS, **given, **overrides}
         self.config, self.geometry = cfg, geometry
         if cfg["batch_size"] % process_count:
             raise ValueError(f"data.batch_size={cfg['batch_size']} is not divisible by process_count={process_count}")
