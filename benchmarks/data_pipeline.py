@@ -118,7 +118,7 @@ def main():
               f"{os.cpu_count()} CPU cores on this machine")
         print("\nper example, one thread (ms):")
         for stage, ms in stage_times(data, geometry, records_path, image_root).items():
-            print(f"  {stage:<34} {ms:7.1f}")
+            print(f"  {stage:<38} {ms:7.1f}")
 
         rows = []
         for label, threads, workers in (("in-thread (no prefetch)", 0, 0), ("1 thread", 1, 0), ("2 threads", 2, 0),

@@ -71,8 +71,9 @@ def test_batch_contract():
     assert pipeline.num_examples == 360
 
 
-def test_resume_gives_the_same_batches():
-    config = data_config(batch_size=4)
+@pytest.mark.parametrize("threads", [0, 2])
+def test_resume_gives_the_same_batches(threads):
+    config = data_config(batch_size=4, num_threads=threads)
     first = InputPipeline(config, TINY)
     take(first, 2)
     state = json.loads(json.dumps(first.get_state()))  # what a checkpoint stores
@@ -150,6 +151,21 @@ def test_length_policy(tmp_path):
         next(pipeline)
     assert dict(pipeline.dropped) == {"image_cut": 360}
     assert "image_cut" in pipeline.report()
+
+
+def test_instruction_source_with_text_only_records(tmp_path):
+    generate(1, seed=0, split="i")[1]["i_00000.png"].save(tmp_path / "a.png")
+    (tmp_path / "llava.json").write_text(json.dumps([
+        {"id": "img", "image": "a.png", "conversations": [{"from": "human", "value": "<image>\nWhat?"},
+                                                          {"from": "gpt", "value": "Shapes."}]},
+        {"id": "txt", "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]}]))
+    config = data_config(sources=dict(llava=dict(json=str(tmp_path / "llava.json"), image_root=str(tmp_path))),
+                         num_epochs=1, shuffle=False, batch_size=2)
+    batch = next(InputPipeline(config, TINY))
+    assert batch["example_id"].tolist() == ["img", "txt"]
+    assert (batch["image_index"][1] == -1).all() and (batch["pixel_values"][1] == 0).all()
+    assert batch["image_sizes"][1].tolist() == [0, 0] and batch["image_sizes"][0].tolist() != [0, 0]
+    assert (batch["turn_ids"] == 1).sum(1).min() > 0 and (batch["turn_ids"] > 1).sum() == 0
 
 
 def test_tiny_config_builds():
