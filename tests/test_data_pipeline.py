@@ -108,6 +108,11 @@ def test_two_processes_cover_every_example_once():
     real = [[i for i in shard if i] for shard in ids]
     assert len(ids[0]) == len(ids[1])  # both processes see the same number of (padded) batches
     assert sorted(real[0] + real[1]) == [f"synthetic_train_{i:05d}" for i in range(360)]
+    last = list(InputPipeline(config, TINY, process_index=1, process_count=2))[-1]
+    padding = last["example_id"] == ""
+    assert padding.sum() == 4  # 180 examples in batches of 8
+    assert (last["attention_mask"][padding].sum(1) == 1).all() and (last["input_ids"][padding, 0] == 0).all()
+    assert (last["loss_mask"][padding] == 0).all()
 
 
 def test_shuffle_is_deterministic_by_seed_and_differs_per_epoch():

@@ -22,6 +22,7 @@ Batch (per process, ``B = batch_size // process_count``, ``S`` a bucket length):
     image_index     int32   [B, S]   place_images(...): feature-bank index per image token, -1 for text
     image_sizes     int32   [B, 2]   (height, width), (0, 0) without image
     example_id      str     [B]      "" for rows that pad the last batch of a finite run
+                                     (such a row: one attended BOS, no label)
 """
 
 from __future__ import annotations
@@ -150,6 +151,10 @@ def collate(examples: Sequence[Mapping[str, Any]], *, batch_size: int, buckets: 
         normalise(example["tiles"], out=batch["pixel_values"][row, :len(example["tiles"])])
         batch["image_sizes"][row] = example["image_size"]
         ids[row] = example["example_id"]
+    # Rows padding a short last batch hold one attended BOS (and no label), so no attention row is empty.
+    bos = examples[0]["input_ids"][0]
+    batch["input_ids"][len(examples):, 0] = bos
+    batch["attention_mask"][len(examples):, 0] = 1
     sizes = [[tuple(s)] if s[0] > 0 else [] for s in batch["image_sizes"]]
     batch["image_index"] = place_images(batch["input_ids"], image_token_id, sizes, geometry, max_tiles)
     batch["example_id"] = ids.astype(str)

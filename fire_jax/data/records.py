@@ -195,7 +195,7 @@ def _parse_fire(raw, messages, record_id, image, source, split, where) -> Conver
     values = []
     for i, message in enumerate(messages):
         role, kind = expected[i % 2]
-        if _role(message) != role or message.get("type", kind) != kind:
+        if _role(message) != role or str(message.get("type", kind)).lower() != kind:
             raise BadRecordError("bad_turn_order", where, f"conversations[{i}].role",
                                  f"expected {role}/{kind}, got {_role(message) or None}/{message.get('type')}")
         value = _text(message)
