@@ -29,7 +29,6 @@ from PIL import Image
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from fire_jax.data import chat as chat_lib  # noqa: E402
 from fire_jax.data.config import geometry_from_model_config, load_config  # noqa: E402
 from fire_jax.data.images import load_image, tiles  # noqa: E402
 from fire_jax.data.pipeline import InputPipeline, Preprocessor, collate  # noqa: E402

@@ -279,7 +279,8 @@ def iter_raw(path: str) -> Iterator[tuple[int, Any]]:
         try:
             yield index, json.loads(line)
         except json.JSONDecodeError as e:
-            yield index, BadRecordError("invalid_json", f"{path}: record {index} (line {line_number})", "<line>", str(e))
+            where = f"{path}: record {index} (line {line_number})"
+            yield index, BadRecordError("invalid_json", where, "<line>", str(e))
         index += 1
 
 
