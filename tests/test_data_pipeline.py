@@ -173,6 +173,19 @@ def test_instruction_source_with_text_only_records(tmp_path):
     assert (batch["turn_ids"] == 1).sum(1).min() > 0 and (batch["turn_ids"] > 1).sum() == 0
 
 
+def test_max_examples_takes_nested_subsets():
+    def ids(n):
+        config = data_config(sources=dict(synthetic=dict(SYNTHETIC, max_examples=n)), num_epochs=1, batch_size=8)
+        pipeline = InputPipeline(config, TINY)
+        assert pipeline.num_examples == n
+        return {i for batch in pipeline for i in batch["example_id"] if i}
+
+    small, large = ids(40), ids(120)
+    assert len(small) == 40 and len(large) == 120 and small < large
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['max_example'\]"):
+        InputPipeline(data_config(sources=dict(synthetic=dict(SYNTHETIC, max_example=3))), TINY)
+
+
 def test_tiny_config_builds():
     config = load_config(os.path.join(ROOT, "configs", "tiny.py"))
     geometry = geometry_from_model_config(config.model)

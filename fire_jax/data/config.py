@@ -8,6 +8,8 @@ or a split built by ``tools/build_dataset.py``::
 
     dict(tfds="/data/tfds", split="fire_100k", weight=1.0)
 
+plus, optionally, ``max_examples`` (a fixed random subset of that many
+records) and ``num_examples`` (the size the trainer plans with; not read here).
 Paths starting with ``assets:`` are inside ``fire_jax/assets`` (the shipped
 tiny tokenizer and synthetic demo data).
 """
@@ -94,19 +96,51 @@ class _TfdsRecords(SequenceABC):
         return to_record(self._source[index])
 
 
+#: Fields of one source: where the data is, its mixing weight, an optional subset size, and the size the
+#: trainer may plan with before the data is opened.
+SOURCE_FIELDS = ("json", "image_root", "tfds", "split", "weight", "max_examples", "num_examples")
+
+
+class _Subset(SequenceABC):
+    """``max_examples`` records of a source, a fixed random subset (smaller subsets nest in larger ones)."""
+
+    def __init__(self, records, size: int):
+        import numpy as np
+
+        self._records = records
+        order = np.random.default_rng(0).permutation(len(records))
+        self._indices = np.sort(order[:size])
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def __getitem__(self, index):
+        return self._records[int(self._indices[index])]
+
+
 def open_source(source: Mapping[str, Any], *, on_bad_record: str = "skip",
                 bad: BadRecords | None = None) -> SequenceABC[tuple[Record, str | bytes | None]]:
     """A random-access sequence of (record, image path / encoded bytes / None) for one source config.
 
     JSON sources are parsed (and their images checked) here; bad records are
-    added to ``bad`` (or raise under ``on_bad_record="error"``).
+    added to ``bad`` (or raise under ``on_bad_record="error"``). With
+    ``max_examples``, a fixed random subset of that size (the FIRE-1M
+    data-size ablation: the 200K subset is part of the 400K one, ...).
     """
+    unknown = set(source) - set(SOURCE_FIELDS)
+    if unknown:
+        raise ValueError(f"data source: unknown field(s) {sorted(unknown)}; known: {SOURCE_FIELDS}")
     if "tfds" in source:
         from fire_jax.data.tfds_fire import data_source
-        return _TfdsRecords(data_source(resolve_path(source["tfds"]), source.get("split")))
-    if "json" not in source:
+        records = _TfdsRecords(data_source(resolve_path(source["tfds"]), source.get("split")))
+    elif "json" in source:
+        paths = source["json"]
+        paths = [resolve_path(p) for p in ([paths] if isinstance(paths, str) else paths)]
+        records = list(iter_records(paths, resolve_path(source.get("image_root", "")), on_bad_record=on_bad_record,
+                                    split=source.get("split", ""), bad=bad))
+    else:
         raise ValueError(f"a data source needs 'json' (+ 'image_root') or 'tfds' (+ 'split'), got {dict(source)}")
-    paths = source["json"]
-    paths = [resolve_path(p) for p in ([paths] if isinstance(paths, str) else paths)]
-    return list(iter_records(paths, resolve_path(source.get("image_root", "")), on_bad_record=on_bad_record,
-                             split=source.get("split", ""), bad=bad))
+    size = source.get("max_examples")
+    if size and size < len(records):
+        records = _Subset(records, size)
+    return records
