@@ -91,8 +91,21 @@ def batch_sharding(mesh: Mesh, ndim: int, rules=DEFAULT_RULES) -> NamedSharding:
     return NamedSharding(mesh, P(batch_axes, *([None] * (ndim - 1))))
 
 
+#: Padding value per batch key when hosts pad to a common sequence length (-1: image_index "text").
+_PAD_VALUES = {"image_index": -1, "turn_ids": -1}
+
+
 def put_batch(batch: dict[str, np.ndarray], mesh: Mesh, rules=DEFAULT_RULES) -> dict[str, jax.Array]:
-    """Assemble global arrays from this process's slice of the batch (multi-host safe)."""
+    """Assemble global arrays from this process's slice of the batch (multi-host safe).
+
+    Each host buckets its own sequence length; with several processes the hosts
+    first agree on the longest and pad to it (padding is unattended and unlabelled).
+    """
+    if jax.process_count() > 1 and "input_ids" in batch:
+        from jax.experimental import multihost_utils
+
+        length = int(np.max(multihost_utils.process_allgather(np.int32(batch["input_ids"].shape[1]))))
+        batch = {k: _pad_seq(k, v, length) for k, v in batch.items()}
     out = {}
     for key, value in batch.items():
         value = np.asarray(value)
@@ -101,3 +114,10 @@ def put_batch(batch: dict[str, np.ndarray], mesh: Mesh, rules=DEFAULT_RULES) -> 
         sharding = batch_sharding(mesh, value.ndim, rules)
         out[key] = jax.make_array_from_process_local_data(sharding, value)
     return out
+
+
+def _pad_seq(key: str, value, length: int):
+    value = np.asarray(value)
+    if value.ndim != 2 or value.dtype.kind in "OUS" or key == "image_sizes" or value.shape[1] >= length:
+        return value
+    return np.pad(value, ((0, 0), (0, length - value.shape[1])), constant_values=_PAD_VALUES.get(key, 0))
