@@ -184,3 +184,18 @@ def test_two_processes_write_a_checkpoint_one_process_restores(tmp_path):
     np.testing.assert_array_equal(
         adapter["base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_B.weight"], q_b.T)
     assert np.abs(q_b).max() > 0
+
+
+def test_abstract_trainer_lowers_without_allocating():
+    from fire_jax.convert.hf import abstract_model
+
+    config = tiny_config()
+    cfg = LlavaNextConfig.from_dict(config.model)
+    trainer = Trainer(abstract_model(cfg), config.train, config.loss, 8, make_mesh((1, 8, 1)), abstract=True)
+    assert isinstance(jax.tree.leaves(trainer.frozen)[0], jax.ShapeDtypeStruct)
+    batch = {k: jax.ShapeDtypeStruct((8, 64), jnp.int32) for k in ("input_ids", "attention_mask", "turn_ids",
+                                                                     "image_index")}
+    batch["loss_mask"] = jax.ShapeDtypeStruct((8, 64), jnp.float32)
+    rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+    memory = trainer.compiled_step(batch).lower(trainer.initial_state, trainer.frozen, batch, rng).compile()
+    assert memory.memory_analysis().argument_size_in_bytes > 0

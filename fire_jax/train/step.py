@@ -162,8 +162,15 @@ class Trainer:
 
 
 def _with_shardings(tree, shardings):
-    """ShapeDtypeStructs carrying shardings, for lowering without allocating."""
-    return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), tree, shardings)
+    """ShapeDtypeStructs carrying shardings (inside their Variables), for lowering without allocating."""
+
+    def one(sharding, x):
+        if isinstance(x, nnx.Variable):
+            value = x.get_value()
+            return x.replace(jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding))
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+    return jax.tree.map(one, shardings, tree, is_leaf=lambda x: isinstance(x, NamedSharding))
 
 
 def batch_example_ids(batch: dict[str, np.ndarray]) -> list[str]:
