@@ -70,6 +70,15 @@ def test_mesh_2x2x2_equals_one_device(setup):
     assert "multi_modal_projector" in str(jax.tree_util.tree_structure(one.params))
 
 
+def test_remat_step_equals_plain_step(setup):
+    config, cfg, batch = setup
+    _, plain, m_plain, _ = _one_step(config, cfg, batch, (1, 1, 1))
+    remat_cfg = LlavaNextConfig.from_dict({**config.model.to_dict(), "remat": "full"})
+    _, remat, m_remat, _ = _one_step(config, remat_cfg, batch, (1, 1, 1))
+    np.testing.assert_allclose(m_remat["loss"], m_plain["loss"], rtol=1e-6)
+    np.testing.assert_allclose(m_remat["grad_norm"], m_plain["grad_norm"], rtol=1e-5)
+
+
 def test_only_labelled_tokens_reach_the_loss(setup):
     config, cfg, batch = setup
     mesh = make_mesh((1, 1, 1), jax.devices()[:1])

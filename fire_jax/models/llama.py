@@ -172,12 +172,19 @@ class LlamaModel(nnx.Module):
         mask = (k_idx[None, None, :] <= q_idx[None, :, None]) & key_valid[:, None, :]  # [batch, seq, kv_len]
         mask = mask[:, None]  # broadcast over heads
 
-        def run_layer(layer, x, kv, rng):
-            return layer(x, positions, mask, kv, index, rng)
-
         policy = REMAT_POLICIES[self.remat]
-        if self.remat != "none":
-            run_layer = nnx.remat(run_layer, policy=policy)
+
+        def run_layer(layer, x, kv, rng):
+            if self.remat == "none":
+                return layer(x, positions, mask, kv, index, rng)
+            # jax.checkpoint over a pure function of the layer's state: safe under jit, grad and scan.
+            graphdef, state = nnx.split(layer)
+
+            def pure(state, x, kv, rng):
+                return nnx.merge(graphdef, state)(x, positions, mask, kv, index, rng)
+
+            return jax.checkpoint(pure, policy=policy)(state, x, kv, rng)
+
         x = embeds.astype(self.dtype)
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
