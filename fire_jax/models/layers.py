@@ -109,7 +109,20 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None) 
     """Scaled dot-product attention, grouped-query aware.
 
     q ``[batch, q_len, heads, head_dim]``, k/v ``[batch, kv_len, kv_heads, head_dim]``,
-    mask bool broadcastable to ``[batch, heads, q_len, kv_len]``. Goes through
-    ``jax.nn.dot_product_attention`` so GPUs can pick the cuDNN flash kernel.
+    mask bool broadcastable to ``[batch, heads, q_len, kv_len]``. Sequences go
+    through ``jax.nn.dot_product_attention`` (GPUs can pick the cuDNN flash
+    kernel); a single query (a decode step) takes an einsum path that reads the
+    KV cache in place instead of transposing it every step.
     """
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=q.shape[-1] ** -0.5)
+    scale = q.shape[-1] ** -0.5
+    if q.shape[1] != 1:
+        return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale)
+    b, _, heads, d = q.shape
+    kv_heads = k.shape[2]
+    q = q.reshape(b, kv_heads, heads // kv_heads, d)  # [batch, kv_heads, group, head_dim]
+    scores = jnp.einsum("bkgd,bskd->bkgs", q, k, preferred_element_type=jnp.float32) * scale
+    if mask is not None:
+        mask = jnp.broadcast_to(mask, (b, heads, 1, k.shape[1])).reshape(b, kv_heads, heads // kv_heads, -1)
+        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgs,bskd->bkgd", probs, v).reshape(b, 1, heads, d)
