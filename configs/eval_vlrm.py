@@ -1,0 +1,62 @@
+# VLRMBench with a fire_jax model (SPEC section 7). Dry run, tiny random model (CPU, seconds):
+#   python -m fire_jax.evaluate_vlrm --config configs/eval_vlrm.py --data-dir DIR --workdir /tmp/vlrm_tiny
+# LLaVA-NeXT-8B, or a FIRE model (a trained PEFT adapter on it), judged by the base model:
+#   python -m fire_jax.evaluate_vlrm --config configs/eval_vlrm.py:8b --data-dir /data/vlrmbench \
+#     --image-root /data/vlrmbench/images --workdir DIR \
+#     --config.init.adapter=RUN/export/peft_adapter --config.judge.hf_checkpoint=/data/llama3-llava-next-8b-hf
+"""Evaluation config: the model (tiny by default; arg "8b" for LLaVA-NeXT-8B), VLRMBench settings, decoding, judge.
+
+arg: "" / "tiny" (configs/tiny.py's model and tokenizer, random weights) or "8b" (configs/llava_next_8b.py,
+weights from init.hf_checkpoint). Override any field with --config.<field>=value.
+"""
+
+import os
+
+import ml_collections
+
+from fire_jax.data.config import load_config
+
+CONFIGS = os.path.dirname(os.path.abspath(__file__))
+LLAVA_NEXT_8B = "/data/llama3-llava-next-8b-hf"  # the llava-hf checkpoint: config.json, safetensors, tokenizer.json
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+    size = arg or "tiny"
+    if size not in ("tiny", "8b"):
+        raise ValueError(f"configs/eval_vlrm.py: arg must be 'tiny' or '8b', got {arg!r}")
+    base = load_config(os.path.join(CONFIGS, "tiny.py" if size == "tiny" else "llava_next_8b.py"))
+    config = ml_collections.ConfigDict()
+    config.name = ""  # our row in the table; "" = the adapter / checkpoint folder name, or "random init"
+    config.seed = 0
+    config.model = base.model
+    if size == "tiny":
+        config.data = base.data  # only tokenizer, image_token and pad_token are read
+        config.init = dict(hf_checkpoint="", adapter="")  # random weights
+    else:
+        config.model.remat = "none"  # inference: nothing to rematerialise
+        config.data = dict(tokenizer=f"{LLAVA_NEXT_8B}/tokenizer.json", image_token="<image>", pad_token="<pad>")
+        config.init = dict(hf_checkpoint=LLAVA_NEXT_8B, adapter="")
+    # adapter: a PEFT adapter folder (the trainer's WORKDIR/export/peft_adapter); its r/alpha/targets set model.lora.
+    config.vlrm = dict(
+        tasks="all",  # or "SC,IC,..." (short or file names); --tasks overrides
+        parser="robust",  # or "official": the release's reading, for comparable numbers
+        render="plain",  # or "official": step_list as str(list) in MJ / FF, as the release
+        on_bad_record="skip",  # or "error"
+    )
+    config.generate = dict(
+        batch_size=4 if size == "tiny" else 8,
+        max_new_tokens=16 if size == "tiny" else 1024,  # the model's answer / ERA-EC critique
+        # Tile axis of every batch (a sample's images' tiles concatenated); a sample needing more stops the run.
+        # 0: the batch's largest sample, rounded up to a multiple of one image's most tiles (IC has 1-3 images).
+        max_tiles=0,
+        bucket_min=64,  # prompt length buckets (powers of two from bucket_min to bucket_step, then multiples)
+        bucket_step=1024,
+    )
+    config.judge = dict(
+        name="",  # shown in the table; "" = derived from the judge's model
+        config="",  # a config file (e.g. "configs/eval_vlrm.py:8b") for another judge model; "" = the evaluated one's
+        hf_checkpoint="",  # judge weights; "" everywhere: the evaluated model judges (its candidates vs the reference)
+        adapter="",
+        max_new_tokens=16 if size == "tiny" else 256,  # the judge's two scores
+    )
+    return ml_collections.ConfigDict(config)

@@ -1,0 +1,589 @@
+"""VLRMBench with a fire_jax model: generate, judge, resume, score (SPEC section 7).
+
+The model-dependent half of the benchmark; prompts, parsers and metrics are
+:mod:`fire_jax.eval.vlrmbench`. ``python -m fire_jax.evaluate_vlrm`` calls
+:func:`evaluate`.
+
+**Several images per sample.** A VLRMBench record holds a list of images. The
+user turn is ``"<image>\\n" * k + prompt`` (one placeholder per image, in
+order, each followed by a newline, as LLaVA-NeXT's processor writes several
+images), rendered with the Llama-3 template of :mod:`fire_jax.data.chat`;
+placeholder i expands to ``geometry.num_tokens(size_i)`` image token ids.
+Each image is tiled by :func:`fire_jax.data.images.preprocess` and the
+sample's tiles are concatenated in image order, so one example needs
+``sum_i num_tiles(size_i)`` tiles; ``generate`` lays the features out with
+:func:`fire_jax.geometry.place_images` (image i reads the tiles after images
+< i). The tile axis of a batch is ``generate.max_tiles`` when set (one
+compiled shape; a sample needing more tiles stops the run before any
+generation, naming it), else the largest sample of the batch rounded up to
+a multiple of one image's most tiles (few compiled shapes).
+
+**Generation.** Greedy, batched through :func:`fire_jax.infer.decode.generate`;
+a short last batch is filled with one-token dummy rows so every call has
+``batch_size`` rows (no recompiles). MJ is generated in both orders. ERA and
+EC: the model writes a critique (the candidate), then the judge (the same
+model unless ``config.judge`` names another) scores (reference, candidate)
+in both orders with the release's judge prompts. A sample whose candidate
+failed is not judged; its judge outputs count as failures.
+
+**Failures.** A generation that raises, or yields empty text, is recorded
+with its reason (``exception``, ``empty``, ``input`` for an unreadable image,
+``no_candidate``) and scored as the parser's padding (score_task's rule for
+a missing output): nothing is dropped, and every count is in results.json
+and the table.
+
+**Resuming.** Each sample's raw outputs are appended, as one JSON line, to
+``workdir/outputs/<task>.jsonl`` once all its generations are done (a batch
+of samples at a time); a rerun skips the ids found there (the last line of
+an id wins; a partial last line left by a kill is cut off). The settings that
+change a task's outputs (model, render, decode length; the judge for ERA/EC)
+are kept per task in ``workdir/settings.json``; a rerun with other settings
+stops instead of mixing outputs. Scores are always recomputed from the JSONL, so another
+``parser`` needs no new generation.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import dataclasses
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from fire_jax.data.chat import ChatTokenizer, Message, segments
+from fire_jax.data.config import load_config, resolve_path
+from fire_jax.data.images import load_image, preprocess
+from fire_jax.data.records import IMAGE_PLACEHOLDER
+from fire_jax.eval.vlrmbench import (TASKS, Sample, TaskData, TaskResult, build_judge_prompt, build_prompt,
+                                     load_task, num_orders, results_table, score_task, task_info,
+                                     theme_average)
+from fire_jax.infer.decode import DecodeConfig, generate
+
+# ----------------------------------------------------------------------------
+# Prompts with several images
+# ----------------------------------------------------------------------------
+
+
+def user_text(prompt: str, num_images: int) -> str:
+    """The user turn: one "<image>\\n" per image, in order, then the prompt."""
+    return f"{IMAGE_PLACEHOLDER}\n" * num_images + prompt
+
+
+def encode_prompt(chat: ChatTokenizer, prompt: str, image_sizes: Sequence[Sequence[int]]) -> list[int]:
+    """Token ids of the rendered chat prompt (system, user turn, assistant header), images expanded.
+
+    Placeholder i becomes ``geometry.num_tokens(image_sizes[i])`` image token ids.
+    """
+    pieces = segments([Message("user", user_text(prompt, len(image_sizes)))], add_generation_prompt=True)
+    ids = [i for text, _ in pieces for i in chat.tokenizer.encode(text, add_special_tokens=False).ids]
+    found = ids.count(chat.image_token_id)
+    if found != len(image_sizes):
+        raise ValueError(f"prompt has {found} image placeholders for {len(image_sizes)} images "
+                         f"(does the text contain {chat.image_token!r}?)")
+    sizes = iter(image_sizes)
+    out: list[int] = []
+    for i in ids:
+        out += [i] * chat.geometry.num_tokens(next(sizes)) if i == chat.image_token_id else [i]
+    return out
+
+
+def image_size(path: str) -> tuple[int, int]:
+    """(height, width) from the file header, without decoding the pixels."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return image.height, image.width
+
+
+def tiles_needed(sample: Sample, geometry) -> int:
+    """Tiles of all the sample's images together (their tiles are concatenated)."""
+    return sum(geometry.num_tiles(image_size(path)) for path in sample.images)
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One generation: a task or judge prompt (without placeholders) and the sample's images."""
+
+    prompt: str
+    images: tuple[str, ...]
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A request tokenised, its tiles concatenated."""
+
+    ids: list[int]
+    tiles: np.ndarray  # float32 [sum of the images' tiles, 3, tile, tile]
+    sizes: list[tuple[int, int]]  # (h, w) per image, in order
+
+
+def build_batch(rows: Sequence[Prepared], max_tiles: int = 0, multiple: int = 1):
+    """(prompts, pixel_values ``[batch, tiles, 3, T, T]``, image_sizes) for ``generate``.
+
+    The tile axis is ``max_tiles`` if > 0 (a row needing more raises), else
+    the largest row's tile count rounded up to a multiple of ``multiple`` (one
+    image's most tiles, so a run compiles few shapes); rows are zero-padded
+    behind their tiles.
+    """
+    needed = max(len(row.tiles) for row in rows)
+    axis = max_tiles or -(-needed // multiple) * multiple
+    if needed > axis:
+        raise ValueError(f"a sample's images need {needed} tiles, more than generate.max_tiles={max_tiles}")
+    pixel_values = np.zeros((len(rows), axis, *rows[0].tiles.shape[1:]), np.float32)
+    for b, row in enumerate(rows):
+        pixel_values[b, :len(row.tiles)] = row.tiles
+    return [row.ids for row in rows], pixel_values, [row.sizes for row in rows]
+
+
+# ----------------------------------------------------------------------------
+# Models
+# ----------------------------------------------------------------------------
+
+_PEFT_KEY = re.compile(r".*language_model\..*layers\.(\d+)\.(self_attn|mlp)\.(\w+_proj)\.lora_([AB])\.weight")
+_PEFT_TARGETS = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate",
+                 "up_proj": "up", "down_proj": "down"}
+
+
+def adapter_lora(directory: str) -> dict:
+    """``config.model.lora`` of a PEFT adapter directory (adapter_config.json: r, lora_alpha, target_modules)."""
+    with open(os.path.join(directory, "adapter_config.json")) as f:
+        peft = json.load(f)
+    modules = peft["target_modules"]
+    names = set(re.findall(r"\w+_proj", modules)) if isinstance(modules, str) else set(modules)
+    targets = tuple(t for name, t in _PEFT_TARGETS.items() if name in names)
+    if not targets:
+        raise ValueError(f"{directory}: no Llama projection among target_modules {modules!r}")
+    return dict(rank=int(peft["r"]), alpha=float(peft["lora_alpha"]), dropout=float(peft.get("lora_dropout", 0.0)),
+                targets=targets)
+
+
+def load_peft_adapter(model, directory: str):
+    """Set the model's LoRA factors from a PEFT adapter (what ``convert.hf.save_peft_adapter`` writes).
+
+    Keys are matched by layer, module and A/B (either transformers layout);
+    every adapter tensor must land on a LoRA factor of the same shape.
+    """
+    from safetensors.numpy import load_file
+
+    tensors = load_file(os.path.join(directory, "adapter_model.safetensors"))
+    layers = model.language_model.model.layers
+    used = set()
+    for key, value in tensors.items():
+        m = _PEFT_KEY.fullmatch(key)
+        if m is None or "vision" in key:
+            raise KeyError(f"{directory}: adapter tensor {key!r} is not a LoRA factor of the language model")
+        layer, sub, proj, which = int(m[1]), m[2], m[3], m[4]
+        linear = getattr(getattr(layers[layer], sub), proj, None) if layer < len(layers) else None
+        variable = None if linear is None else (linear.lora_a if which == "A" else linear.lora_b)
+        if variable is None:
+            raise KeyError(f"{directory}: {key!r} has no LoRA factor in the model (lora targets "
+                           f"{model.cfg.lora.targets if model.cfg.lora else None})")
+        value = np.ascontiguousarray(value.T)  # PEFT [out, in] -> ours [in, out]
+        if value.shape != variable[...].shape:
+            raise ValueError(f"{directory}: {key} has shape {value.T.shape}, the model expects "
+                             f"{variable[...].shape[::-1]}")
+        variable[...] = value.astype(variable[...].dtype)
+        used.add((layer, sub, proj))
+    expected = len(layers) * len(model.cfg.lora.targets)
+    if len(used) != expected:
+        raise KeyError(f"{directory}: adapter covers {len(used)} of the model's {expected} LoRA modules")
+    return model
+
+
+def build_model(config):
+    """The model of a config: ``config.init.hf_checkpoint`` (else random weights), then ``config.init.adapter``."""
+    from fire_jax.train.loop import build_model as build_weights
+
+    adapter = config.get("init", {}).get("adapter", "")
+    if adapter:
+        config = copy.deepcopy(config)
+        config.model.lora = adapter_lora(resolve_path(adapter))
+    model = build_weights(config)
+    return load_peft_adapter(model, resolve_path(adapter)) if adapter else model
+
+
+def model_name(config) -> str:
+    """``config.name``, else the adapter or checkpoint folder, else "random init"."""
+    init = config.get("init", {})
+    if config.get("name"):
+        return config.name
+    for key in ("adapter", "hf_checkpoint"):
+        if init.get(key):
+            return os.path.basename(os.path.normpath(init[key]))
+    return "fire_jax (random init)"
+
+
+class Generator:
+    """A model, its chat tokenizer and decode settings; ``generator(requests)`` -> [(text, failure)]."""
+
+    def __init__(self, model, chat: ChatTokenizer, *, name: str, batch_size: int, max_new_tokens: int,
+                 max_tiles: int = 0, bucket_min: int = 64, bucket_step: int = 1024):
+        if chat.image_token_id != model.cfg.image_token_id:
+            raise ValueError(f"tokenizer <image> id {chat.image_token_id} != model image_token_id "
+                             f"{model.cfg.image_token_id}")
+        self.model, self.chat, self.name = model, chat, name
+        self.batch_size, self.max_tiles = batch_size, max_tiles
+        self.decode = DecodeConfig(max_new_tokens=max_new_tokens, stop_ids=(chat.eot_id, chat.eos_id),
+                                   pad_id=chat.pad_id, bucket_min=bucket_min, bucket_step=bucket_step)
+
+    @classmethod
+    def from_config(cls, config, generate_config, *, name: str, max_new_tokens: int) -> "Generator":
+        model = build_model(config)
+        chat = ChatTokenizer.from_file(resolve_path(config.data.tokenizer), model.cfg.geometry,
+                                       image_token=config.data.image_token, pad_token=config.data.pad_token)
+        return cls(model, chat, name=name, batch_size=generate_config.batch_size, max_new_tokens=max_new_tokens,
+                   max_tiles=generate_config.max_tiles, bucket_min=generate_config.bucket_min,
+                   bucket_step=generate_config.bucket_step)
+
+    @property
+    def geometry(self):
+        return self.model.cfg.geometry
+
+    def prepare(self, request: Request, images: dict) -> Prepared:
+        """Tokenise one request and concatenate its images' tiles (``images``: a per-call cache by path)."""
+        for path in request.images:
+            if path not in images:
+                images[path] = preprocess(load_image(path), self.geometry)
+        tiles = [images[path] for path in request.images]
+        sizes = [size for _, size in tiles]
+        return Prepared(encode_prompt(self.chat, request.prompt, sizes), np.concatenate([t for t, _ in tiles]), sizes)
+
+    def __call__(self, requests: Sequence[Request]) -> list[tuple[str | None, str | None]]:
+        """(text, failure) per request: failure None, or "input: ...", "exception: ...", "empty"."""
+        results: list[tuple[str | None, str | None]] = [(None, None)] * len(requests)
+        ready, images = [], {}
+        for i, request in enumerate(requests):
+            try:
+                ready.append((i, self.prepare(request, images)))
+            except Exception as e:  # an unreadable image fails its request, not the run
+                results[i] = (None, f"input: {type(e).__name__}: {e}")
+        for start in range(0, len(ready), self.batch_size):
+            chunk = ready[start:start + self.batch_size]
+            try:
+                texts = self._generate([row for _, row in chunk])
+            except Exception as e:
+                _warn(f"{self.name}: generation failed for {len(chunk)} prompts: {type(e).__name__}: {e}")
+                texts = [None] * len(chunk)
+                failure = f"exception: {type(e).__name__}: {e}"
+            for (i, _), text in zip(chunk, texts):
+                if text is None:
+                    results[i] = (None, failure)
+                else:
+                    text = text.strip()
+                    results[i] = (text, None if text else "empty")
+        return results
+
+    def _generate(self, rows: Sequence[Prepared]) -> list[str]:
+        prompts, pixel_values, sizes = build_batch(rows, self.max_tiles, self.geometry.max_tiles)
+        dummies = self.batch_size - len(rows)  # fixed batch shape: no recompile for a short last batch
+        prompts = list(prompts) + [[self.chat.pad_id]] * dummies
+        sizes = list(sizes) + [[] for _ in range(dummies)]
+        out = generate(self.model, prompts, pixel_values=pixel_values, image_sizes=sizes, config=self.decode,
+                       tokenizer=self.chat.tokenizer)
+        return out.texts[:len(rows)]
+
+
+def _warn(message: str) -> None:
+    from tqdm.auto import tqdm
+
+    tqdm.write(f"WARNING: {message}")
+
+
+# ----------------------------------------------------------------------------
+# One task: generate what is missing, append records
+# ----------------------------------------------------------------------------
+
+
+def repair_jsonl(path: Path) -> bool:
+    """Cut a partial last line (a kill while writing); True if something was cut."""
+    if not path.exists():
+        return False
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return False
+    path.write_bytes(data[:data.rfind(b"\n") + 1])
+    return True
+
+
+def read_records(path: Path) -> tuple[dict[str, dict], int]:
+    """{sample id: its last record} of an outputs JSONL, and how many lines could not be read."""
+    records, unreadable = {}, 0
+    if not path.exists():
+        return records, unreadable
+    with open(path, encoding="utf-8") as f:
+        for text in f:
+            if not text.strip():
+                continue
+            try:
+                record = json.loads(text)
+                records[str(record["id"])] = record
+            except (json.JSONDecodeError, KeyError, TypeError):
+                unreadable += 1
+    return records, unreadable
+
+
+def record_failures(record: dict) -> list[str]:
+    """The failure reasons of one record (empty when every generation succeeded)."""
+    return [f for f in record["failures"] if f]
+
+
+def _reason(failure: str) -> str:
+    return failure.split(":", 1)[0]
+
+
+def run_task(data: TaskData, generator: Generator, judge: Generator | None, path: Path, *, render: str,
+             retry_failed: bool = False) -> int:
+    """Generate every sample of ``data`` not yet in ``path``; returns the number of samples generated now.
+
+    A record: ``{"id", "outputs": [text | null, ...], "failures": [null | reason, ...]}``
+    (outputs as score_task reads them: one text, MJ's two orders, or the judge's
+    two orders), plus ERA/EC's ``"candidate"`` and ``"candidate_failure"``.
+    """
+    from tqdm.auto import tqdm
+
+    info = task_info(data.task)
+    if repair_jsonl(path):
+        _warn(f"{path}: cut a partial last line (an interrupted write); that sample is generated again")
+    done, _ = read_records(path)
+    if retry_failed:
+        done = {i: r for i, r in done.items() if not record_failures(r)}
+    pending = [s for s in data if s.id not in done]
+    batch = generator.batch_size
+    with open(path, "a", encoding="utf-8") as f, \
+            tqdm(total=len(data), initial=len(data) - len(pending), desc=f"{info.short:>3}", dynamic_ncols=True) as bar:
+        for start in range(0, len(pending), batch):
+            group = pending[start:start + batch]
+            for record in _generate_group(group, data.task, generator, judge, render):
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            f.flush()
+            bar.update(len(group))
+    return len(pending)
+
+
+def _generate_group(samples: Sequence[Sample], task: str, generator: Generator, judge: Generator | None,
+                    render: str) -> list[dict]:
+    info = task_info(task)
+    orders = num_orders(task)
+    requests = [Request(build_prompt(s, task, render, order), s.images) for s in samples for order in range(orders)]
+    outs = generator(requests)
+    if info.theme != "criticism":
+        return [{"id": s.id, "outputs": [t for t, _ in outs[k * orders:(k + 1) * orders]],
+                 "failures": [e for _, e in outs[k * orders:(k + 1) * orders]]} for k, s in enumerate(samples)]
+    judged = [k for k, (_, failure) in enumerate(outs) if failure is None]
+    verdicts = judge([Request(build_judge_prompt(samples[k], task, outs[k][0], render, order), samples[k].images)
+                      for k in judged for order in (0, 1)])
+    by_sample = {k: verdicts[2 * j:2 * j + 2] for j, k in enumerate(judged)}
+    records = []
+    for k, s in enumerate(samples):
+        pair = by_sample.get(k, [(None, "no_candidate")] * 2)
+        records.append({"id": s.id, "candidate": outs[k][0], "candidate_failure": outs[k][1],
+                        "outputs": [t for t, _ in pair], "failures": [e for _, e in pair]})
+    return records
+
+
+def task_outputs(samples: Sequence[Sample], records: dict[str, dict]) -> dict[str, Any]:
+    """What score_task reads: per id one text (step tasks, FF) or a pair; a failed generation as None."""
+    outputs = {}
+    for sample in samples:
+        record = records.get(sample.id)
+        if record is None:
+            continue
+        texts = [t if e is None else None for t, e in zip(record["outputs"], record["failures"])]
+        outputs[sample.id] = texts[0] if len(texts) == 1 else tuple(texts)
+    return outputs
+
+
+def failure_counts(samples: Sequence[Sample], records: dict[str, dict]) -> collections.Counter:
+    """Failed generations of a task by reason (ERA/EC candidates included); ``missing`` = samples never run."""
+    counts: collections.Counter = collections.Counter()
+    for sample in samples:
+        record = records.get(sample.id)
+        if record is None:
+            counts["missing"] += 1
+            continue
+        for failure in record_failures(record) + ([record["candidate_failure"]] if record.get("candidate_failure")
+                                                  else []):
+            counts[_reason(failure)] += 1
+    return counts
+
+
+# ----------------------------------------------------------------------------
+# The whole benchmark
+# ----------------------------------------------------------------------------
+
+
+def select_tasks(tasks: str | Sequence[str]) -> list[str]:
+    """Task file names, in Table 3's order, from "all", "SC,IC", or a list of short or file names."""
+    if isinstance(tasks, str):
+        tasks = [t.strip() for t in tasks.split(",") if t.strip()]
+    if list(tasks) in ([], ["all"]):
+        return [t.file for t in TASKS]
+    chosen = {task_info(t).file for t in tasks}
+    return [t.file for t in TASKS if t.file in chosen]
+
+
+def judge_config(config):
+    """The judge's config: None for the evaluated model itself, else a config with model, data and init.
+
+    ``config.judge.config`` names a config file (default: the evaluated model's
+    config); ``hf_checkpoint`` / ``adapter`` override its init.
+    """
+    judge = config.judge
+    if not (judge.config or judge.hf_checkpoint or judge.adapter):
+        return None
+    out = load_config(judge.config) if judge.config else copy.deepcopy(config)
+    out.init = dict(hf_checkpoint=judge.hf_checkpoint or out.get("init", {}).get("hf_checkpoint", ""),
+                    adapter=judge.adapter)
+    out.name = judge.name
+    return out
+
+
+def judge_name(config) -> str:
+    other = judge_config(config)
+    return config.judge.name or (model_name(config) + " (self)" if other is None else model_name(other))
+
+
+def _build_judge(config, generator: Generator) -> Generator:
+    other = judge_config(config)
+    if other is None:
+        return Generator(generator.model, generator.chat, name=judge_name(config), batch_size=generator.batch_size,
+                         max_new_tokens=config.judge.max_new_tokens, max_tiles=generator.max_tiles,
+                         bucket_min=generator.decode.bucket_min, bucket_step=generator.decode.bucket_step)
+    return Generator.from_config(other, config.generate, name=judge_name(config),
+                                 max_new_tokens=config.judge.max_new_tokens)
+
+
+def task_settings(config, task: str) -> dict:
+    """What a task's outputs depend on: model, render, decode length (+ the judge for ERA/EC)."""
+    init = config.get("init", {})
+    settings = dict(model=model_name(config), hf_checkpoint=init.get("hf_checkpoint", ""),
+                    adapter=init.get("adapter", ""), seed=config.seed, render=config.vlrm.render,
+                    max_new_tokens=config.generate.max_new_tokens)
+    if task_info(task).theme == "criticism":
+        judge = config.judge
+        settings.update(judge=judge_name(config), judge_config=judge.config, judge_hf_checkpoint=judge.hf_checkpoint,
+                        judge_adapter=judge.adapter, judge_max_new_tokens=judge.max_new_tokens)
+    return settings
+
+
+def _check_settings(workdir: Path, config, tasks: Sequence[str]) -> None:
+    """Refuse to add outputs made with other settings to a task's JSONL; record this run's settings."""
+    path = workdir / "settings.json"
+    recorded = json.loads(path.read_text()) if path.exists() else {}
+    for task in tasks:
+        now, before = task_settings(config, task), recorded.get(task)
+        changed = [k for k in now if before is not None and before.get(k) != now[k]]
+        if changed:
+            raise ValueError(f"{workdir}: the outputs of {task} were generated with other settings ("
+                             + "; ".join(f"{k}: {before.get(k)!r} -> {now[k]!r}" for k in changed)
+                             + "); use another --workdir")
+        recorded[task] = now
+    path.write_text(json.dumps(recorded, indent=2))
+
+
+def evaluate(config, data_dir: str, workdir: str, *, image_root: str | None = None,
+             tasks: str | Sequence[str] | None = None, retry_failed: bool = False) -> dict:
+    """Run, resume and score the chosen VLRMBench tasks; write results.json and results.md in ``workdir``.
+
+    Args:
+      config: an ``configs/eval_vlrm.py`` ConfigDict.
+      data_dir: folder holding ``<task file>.jsonl`` for every chosen task.
+      image_root: the records' image paths are relative to it (default ``data_dir``).
+      tasks: overrides ``config.vlrm.tasks``.
+      retry_failed: generate again the samples whose records hold a failure.
+
+    Returns the results.json dict, with the Markdown table under ``"table"``.
+    """
+    from tqdm.auto import tqdm
+
+    files = select_tasks(config.vlrm.tasks if tasks is None else tasks)
+    missing = [f"{f}.jsonl" for f in files if not (Path(data_dir) / f"{f}.jsonl").is_file()]
+    if missing:
+        raise FileNotFoundError(f"{data_dir}: no {', '.join(missing)}; choose tasks with --tasks")
+    workdir_path = Path(workdir)
+    (workdir_path / "outputs").mkdir(parents=True, exist_ok=True)
+
+    datasets = {f: load_task(data_dir, f, image_root or data_dir, on_bad_record=config.vlrm.on_bad_record)
+                for f in files}
+    for data in datasets.values():
+        print(data.describe())
+    generator = Generator.from_config(config, config.generate, name=model_name(config),
+                                      max_new_tokens=config.generate.max_new_tokens)
+    _check_tiles(datasets, generator)
+    _check_settings(workdir_path, config, files)
+    judge = _build_judge(config, generator) if any(task_info(f).theme == "criticism" for f in files) else None
+    print(f"model: {generator.name}; ERA/EC judge: {judge_name(config)}; render={config.vlrm.render}, "
+          f"parser={config.vlrm.parser}; outputs in {workdir_path / 'outputs'}")
+
+    generated = {}
+    for f, data in datasets.items():
+        generated[f] = run_task(data, generator, judge, workdir_path / "outputs" / f"{f}.jsonl",
+                                render=config.vlrm.render, retry_failed=retry_failed)
+    tqdm.write(f"generated {sum(generated.values())} samples now, "
+               f"{sum(len(d) for d in datasets.values()) - sum(generated.values())} reused from earlier runs")
+    return score(datasets, workdir_path, model=generator.name, judge=judge_name(config), parser=config.vlrm.parser,
+                 render=config.vlrm.render)
+
+
+def _check_tiles(datasets: dict[str, TaskData], generator: Generator) -> None:
+    """Stop before generating when a sample needs more tiles than ``generate.max_tiles``."""
+    if not generator.max_tiles:
+        return
+    for data in datasets.values():
+        for sample in data:
+            try:
+                needed = tiles_needed(sample, generator.geometry)
+            except OSError:
+                continue  # unreadable: recorded as a failed input when generated
+            if needed > generator.max_tiles:
+                raise ValueError(f"{data.path}:{sample.line} (id {sample.id}): its {len(sample.images)} image(s) "
+                                 f"need {needed} tiles, more than generate.max_tiles={generator.max_tiles}; "
+                                 f"raise it, or set 0 to size each batch to its largest sample")
+
+
+def score(datasets: dict[str, TaskData], workdir: Path, *, model: str, judge: str, parser: str, render: str) -> dict:
+    """Score the tasks from their outputs JSONL; write and print results.json / results.md."""
+    results: dict[str, TaskResult] = {}
+    tasks = {}
+    for f, data in datasets.items():
+        records, unreadable = read_records(workdir / "outputs" / f"{f}.jsonl")
+        failures = failure_counts(data.samples, records)
+        entry = dict(bad_records=dict(data.skipped), generation_failures=dict(failures),
+                     unreadable_output_lines=unreadable)
+        if data.samples:
+            results[f] = score_task(f, data.samples, task_outputs(data.samples, records), parser)
+            entry.update(results[f].to_json())
+        else:
+            entry.update(task=f, num_samples=0, error="no usable samples")
+        tasks[task_info(f).short] = entry
+    table = results_table({model: results}, judge=judge, render=render) + _counts_table(datasets, tasks)
+    summary = dict(model=model, judge=judge, parser=parser, render=render, tasks=tasks)
+    for theme in ("step", "outcome"):
+        summary[f"{theme}_w_avg"] = theme_average(results, theme)
+    with open(workdir / "results.json", "w") as f:
+        json.dump(summary, f, indent=2)
+    with open(workdir / "results.md", "w") as f:
+        f.write(table)
+    print(table)
+    print(f"wrote {workdir / 'results.json'} and {workdir / 'results.md'}")
+    return {**summary, "table": table}
+
+
+def _counts_table(datasets: dict[str, TaskData], tasks: dict[str, dict]) -> str:
+    """Per task: samples scored, bad records skipped by reason, failed generations by reason."""
+    def reasons(counts: dict) -> str:
+        return ", ".join(f"{r} {n}" for r, n in sorted(counts.items())) or "0"
+
+    lines = ["", "Samples, bad records skipped and failed generations (exception, empty output, unreadable "
+             "input, ERA/EC judge skipped for lack of a candidate), by reason:", "",
+             "| Task | samples | bad records | failed generations |", "| --- | ---: | --- | --- |"]
+    for f in datasets:
+        entry = tasks[task_info(f).short]
+        lines.append(f"| {task_info(f).short} | {entry['num_samples']} | {reasons(entry['bad_records'])} | "
+                     f"{reasons(entry['generation_failures'])} |")
+    return "\n".join(lines) + "\n"

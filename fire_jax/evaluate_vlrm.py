@@ -1,0 +1,33 @@
+"""Evaluate a fire_jax model on VLRMBench (SPEC section 7).
+
+    python -m fire_jax.evaluate_vlrm --config configs/eval_vlrm.py --data-dir DIR [--image-root DIR] \\
+        [--tasks SC,IC,...] [--workdir OUT] [--retry-failed] [--config.generate.batch_size=8 ...]
+
+Runs the chosen tasks (default: all 12, or config.vlrm.tasks), appending each
+sample's raw outputs to OUT/outputs/<task>.jsonl (a rerun resumes), then
+writes OUT/results.json and OUT/results.md (Table 3 of the VLRMBench paper,
+the paper's rows beside ours) and prints the table. See
+fire_jax/eval/vlrm_runner.py for how prompts, images and the judge work.
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/eval_vlrm.py", "config file (get_config(arg)); path:arg")
+_DATA_DIR = flags.DEFINE_string("data-dir", None, "folder with the task files <task>.jsonl", required=True)
+_IMAGE_ROOT = flags.DEFINE_string("image-root", None, "the records' image paths are relative to it (default: data-dir)")
+_TASKS = flags.DEFINE_string("tasks", None, "comma-separated tasks, short or file names (default: config.vlrm.tasks)")
+_WORKDIR = flags.DEFINE_string("workdir", "vlrm_eval", "outputs, results.json and results.md go here")
+_RETRY_FAILED = flags.DEFINE_bool("retry-failed", False, "generate again the samples whose earlier generation failed")
+
+
+def main(argv):
+    del argv
+    from fire_jax.eval.vlrm_runner import evaluate
+
+    evaluate(_CONFIG.value, _DATA_DIR.value, _WORKDIR.value, image_root=_IMAGE_ROOT.value, tasks=_TASKS.value,
+             retry_failed=_RETRY_FAILED.value)
+
+
+if __name__ == "__main__":
+    app.run(main)

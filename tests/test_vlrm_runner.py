@@ -1,0 +1,273 @@
+"""VLRMBench with a model: multi-image prompts, the 12 tasks end to end on the tiny model, resume, failures."""
+
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+from PIL import Image
+
+from fire_jax.convert.hf import save_peft_adapter
+from fire_jax.data.chat import Message, render
+from fire_jax.data.config import load_config
+from fire_jax.eval import vlrm_runner as runner
+from fire_jax.eval.vlrmbench_prompts import TASKS
+from fire_jax.geometry import TEXT
+from fire_jax.infer.forward import image_inputs
+
+CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "eval_vlrm.py")
+SIZES = [(40, 70), (30, 90)]  # tiny geometry: 5 and 4 tiles
+
+
+def tiny_config(**generate):
+    config = load_config(CONFIG)
+    # One prompt bucket and one decode length for model and judge: few compiles.
+    config.generate.update(dict(batch_size=4, max_new_tokens=8, bucket_min=1024, **generate))
+    config.judge.max_new_tokens = 8
+    return config
+
+
+def write_benchmark(root):
+    """All 12 task files, 3 usable records each (the second with 2 images), plus one bad SC record."""
+    colours = iter(np.random.default_rng(0).integers(0, 255, (200, 3)))
+    for task in TASKS:
+        lines = []
+        for k in range(3):
+            images = [f"{task.short}/{k}_{i}.png" for i in range(2 if k == 1 else 1)]
+            for i, path in enumerate(images):
+                (root / path).parent.mkdir(parents=True, exist_ok=True)
+                h, w = SIZES[i]
+                Image.new("RGB", (w, h), tuple(int(c) for c in next(colours))).save(root / path)
+            record = dict(id=f"{task.short}-{k}", image=images, question=f"How many shapes? ({k})",
+                          step_list=["STEP1: Count the shapes.\n\n", "STEP2: There are 3."],
+                          reasoning_error="STEP1: Count the shapes.\nSTEP2: There are 4.", category="count")
+            record["task_gt"] = {"step": [0, 1], "outcome": k % 2 == 0,
+                                 "criticism": "STEP2 miscounts: there are 3 shapes."}[task.theme]
+            lines.append(json.dumps(record))
+        if task.short == "SC":
+            lines.append(json.dumps({**record, "id": "SC-bad", "task_gt": [0, 1, 0]}))  # 3 labels for 2 steps
+        (root / f"{task.file}.jsonl").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def prompts_of(task, record):
+    """Generations one finished sample took: its task prompts, plus two judge prompts per good candidate."""
+    task = runner.task_info(task)
+    if task.theme == "criticism":
+        return 1 + (2 if record["candidate_failure"] is None else 0)
+    return runner.num_orders(task.file)
+
+
+def all_records(workdir):
+    return {t.file: runner.read_records(workdir / "outputs" / f"{t.file}.jsonl")[0] for t in TASKS}
+
+
+class CountingGenerate:
+    """Wraps decode.generate: counts real prompts (not the dummy rows of a short batch), can interrupt or fail."""
+
+    def __init__(self, interrupt_at=None, fail=None, blank=None):
+        self.real = runner.generate
+        self.calls, self.prompts = 0, 0
+        self.interrupt_at, self.fail, self.blank = interrupt_at, fail, blank
+
+    def __call__(self, model, prompts, **kwargs):
+        self.calls += 1
+        if self.calls == self.interrupt_at:
+            raise KeyboardInterrupt
+        real = sum(1 for p in prompts if len(p) > 1)
+        if self.fail and self.fail(prompts):
+            raise RuntimeError("device fell over")
+        self.prompts += real
+        out = self.real(model, prompts, **kwargs)
+        if self.blank and self.blank(prompts):
+            out.texts = [""] * len(out.texts)
+        return out
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    return write_benchmark(tmp_path_factory.mktemp("vlrmbench"))
+
+
+@pytest.fixture(scope="module")
+def full_run(bench, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("vlrm_full")
+    return workdir, runner.evaluate(tiny_config(), str(bench), str(workdir))
+
+
+# ---------------------------------------------------------------- several images per sample
+
+def test_two_images_two_placeholder_blocks_and_their_tiles(bench):
+    generator = runner.Generator.from_config(tiny_config(), tiny_config().generate, name="tiny", max_new_tokens=8)
+    chat, geometry, n = generator.chat, generator.geometry, generator.geometry.tokens_per_tile
+    assert runner.user_text("Q", 2) == "<image>\n<image>\nQ"
+
+    paths = (str(bench / "SC/1_0.png"), str(bench / "SC/1_1.png"))
+    row = generator.prepare(runner.Request("Q", paths), {})
+    tiles = [geometry.num_tiles(s) for s in SIZES]
+    assert row.sizes == SIZES and len(row.tiles) == sum(tiles) == 9
+
+    ids = np.asarray(row.ids)
+    is_image = ids == chat.image_token_id
+    starts = np.flatnonzero(is_image & ~np.roll(is_image, 1))
+    ends = np.flatnonzero(is_image & ~np.roll(is_image, -1)) + 1
+    assert (ends - starts).tolist() == [geometry.num_tokens(s) for s in SIZES]  # one block per image, in order
+    collapsed = np.concatenate([ids[:starts[0] + 1], ids[ends[0]:starts[1] + 1], ids[ends[1]:]])
+    assert chat.decode(collapsed) == render([Message("user", "<image>\n<image>\nQ")], add_generation_prompt=True)
+
+    prompts, pixel_values, sizes = runner.build_batch([row, row], multiple=geometry.max_tiles)
+    assert pixel_values.shape[:2] == (2, 10)  # 9 tiles rounded up to two images' worth
+    np.testing.assert_array_equal(pixel_values[0, :9], row.tiles)
+    assert not pixel_values[:, 9:].any()
+    padded, image_index = image_inputs(generator.model, np.asarray(prompts), pixel_values, sizes)
+    index = image_index[0]
+    newline = padded.shape[1] * n
+    first, second = index[starts[0]:ends[0]], index[starts[1]:ends[1]]
+    np.testing.assert_array_equal(first[:n], np.arange(n))  # base tile of image 1
+    np.testing.assert_array_equal(second[:n], tiles[0] * n + np.arange(n))  # base tile of image 2 after its tiles
+    assert first[first != newline].max() < tiles[0] * n <= second[second != newline].min()
+    used = np.unique(index[(index != TEXT) & (index != newline)] // n)
+    assert used.tolist() == list(range(9))  # every tile of both images is read
+    assert (index[~is_image] == TEXT).all()
+
+    with pytest.raises(ValueError, match="need 9 tiles, more than generate.max_tiles=5"):
+        runner.build_batch([row], max_tiles=5)
+
+
+def test_tile_cap_stops_before_generating(bench, tmp_path, monkeypatch):
+    counting = CountingGenerate()
+    monkeypatch.setattr(runner, "generate", counting)
+    with pytest.raises(ValueError, match=r"image_ref_error.jsonl:2 \(id IC-1\): its 2 image\(s\) need 9 tiles"):
+        runner.evaluate(tiny_config(max_tiles=5), str(bench), str(tmp_path), tasks="IC")
+    assert counting.calls == 0
+
+
+# ---------------------------------------------------------------- the 12 tasks end to end
+
+def test_all_tasks_end_to_end(full_run):
+    workdir, results = full_run
+    assert json.loads((workdir / "results.json").read_text()) == {k: v for k, v in results.items() if k != "table"}
+    assert (workdir / "results.md").read_text() == results["table"]
+    assert results["judge"] == "fire_jax (random init) (self)"
+    tasks = results["tasks"]
+    assert list(tasks) == [t.short for t in TASKS]
+    for task in TASKS:
+        entry = tasks[task.short]
+        assert entry["num_samples"] == 3 and entry["num_outputs"] == (1 if task.short in "SC RD CM EH AH DE SR IC FF"
+                                                                      .split() else 2) * 3
+        keys = {"step": {"f1", "f1_pos", "f1_neg"}, "outcome": {"accuracy"}, "criticism": {"win", "tie", "lose"}}
+        assert set(entry["scores"]) == keys[task.theme]
+        assert all(0 <= v <= 1 for v in entry["scores"].values())
+        assert 0 <= entry["failures"] <= entry["num_outputs"]
+        assert "missing" not in entry["generation_failures"]
+    assert tasks["SC"]["bad_records"] == {"task_gt_length": 1}
+    assert results["step_w_avg"] is not None and results["outcome_w_avg"] is not None
+
+    ours = next(line for line in results["table"].splitlines() if line.startswith("| fire_jax (random init) |"))
+    assert len(ours.split("|")) == 2 + 1 + 18 and " - " not in ours  # model + 18 columns, every one filled
+    assert "ERA/EC judge: fire_jax (random init) (self)" in results["table"]
+    assert "| GPT-4o (paper) |" in results["table"]
+    assert "| SC | 3 | task_gt_length 1 |" in results["table"]
+
+    records = all_records(workdir)
+    for task in TASKS:
+        assert sorted(records[task.file]) == [f"{task.short}-{k}" for k in range(3)]
+    era = records["error_reason_analysis"]["ERA-1"]
+    assert set(era) == {"id", "candidate", "candidate_failure", "outputs", "failures"} and len(era["outputs"]) == 2
+
+
+def test_rerun_resumes_without_redoing_or_losing_samples(bench, full_run, tmp_path, monkeypatch):
+    workdir = tmp_path / "run"
+    interrupted = CountingGenerate(interrupt_at=6)
+    monkeypatch.setattr(runner, "generate", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runner.evaluate(tiny_config(), str(bench), str(workdir))
+    before = all_records(workdir)
+    lines_before = {f: (workdir / "outputs" / f"{f}.jsonl").read_text() for f in before if before[f]}
+    assert 0 < sum(map(len, before.values())) < 36
+
+    resumed = CountingGenerate()
+    monkeypatch.setattr(runner, "generate", resumed)
+    results = runner.evaluate(tiny_config(), str(bench), str(workdir))
+    after = all_records(workdir)
+    expected = sum(prompts_of(task, record) for task, records in after.items() for i, record in records.items()
+                   if i not in before[task])
+    assert resumed.prompts == expected > 0
+    for task, text in lines_before.items():  # finished samples kept as they were, none written twice
+        path = workdir / "outputs" / f"{task}.jsonl"
+        assert path.read_text().startswith(text)
+        assert len(path.read_text().splitlines()) == 3
+    assert all(len(records) == 3 for records in after.values())
+    assert [results["tasks"][t.short]["num_samples"] for t in TASKS] == [3] * 12
+
+    # A kill while writing leaves a partial line: that sample alone is generated again.
+    path = workdir / "outputs" / "multi_solution.jsonl"
+    text = path.read_text()
+    path.write_text(text[:len(text) - 20])
+    again = CountingGenerate()
+    monkeypatch.setattr(runner, "generate", again)
+    runner.evaluate(tiny_config(), str(bench), str(workdir), tasks="SC,MJ")
+    assert again.prompts == 2  # MJ-2 in both orders
+    assert sorted(runner.read_records(path)[0]) == ["MJ-0", "MJ-1", "MJ-2"]
+    assert len(path.read_text().splitlines()) == 3
+
+    # Nothing left to do: no generation, and other settings for the same outputs are refused.
+    nothing = CountingGenerate()
+    monkeypatch.setattr(runner, "generate", nothing)
+    runner.evaluate(tiny_config(), str(bench), str(workdir))
+    assert nothing.calls == 0
+    config = tiny_config()
+    config.vlrm.render = "official"
+    with pytest.raises(ValueError, match=r"outputs of step_correctness were generated with other settings.*render"):
+        runner.evaluate(config, str(bench), str(workdir), tasks="SC")
+
+
+def test_failed_generations_are_recorded_counted_and_retried(bench, full_run, tmp_path, monkeypatch):
+    workdir = tmp_path / "run"
+    # SC's one batch raises; ERA's candidates come back empty, so nothing is judged.
+    shutil.copytree(full_run[0] / "outputs", workdir / "outputs")
+    for task in ("step_correctness", "error_reason_analysis"):
+        (workdir / "outputs" / f"{task}.jsonl").unlink()
+    shutil.copy(full_run[0] / "settings.json", workdir / "settings.json")
+    failing = CountingGenerate(fail=lambda prompts: failing.calls == 1, blank=lambda prompts: failing.calls == 2)
+    monkeypatch.setattr(runner, "generate", failing)
+    results = runner.evaluate(tiny_config(), str(bench), str(workdir), tasks="SC,ERA")
+    sc, era = results["tasks"]["SC"], results["tasks"]["ERA"]
+    assert sc["generation_failures"] == {"exception": 3} and sc["failures"] == 3
+    assert sc["scores"]["f1"] == pytest.approx(1 / 3)  # read as all-0 labels: F1_pos 0, F1_neg 2/3, weights 1/2
+    assert era["generation_failures"] == {"empty": 3, "no_candidate": 6} and era["failures"] == 6
+    assert era["scores"] == {"win": 0.0, "tie": 1.0, "lose": 0.0}
+    assert "| SC | 3 | task_gt_length 1 | exception 3 |" in results["table"]
+    assert "| ERA | 3 | 0 | empty 3, no_candidate 6 |" in results["table"]
+    record = runner.read_records(workdir / "outputs" / "step_correctness.jsonl")[0]["SC-0"]
+    assert record["outputs"] == [None] and record["failures"][0].startswith("exception: RuntimeError: device fell")
+
+    retry = CountingGenerate()
+    monkeypatch.setattr(runner, "generate", retry)
+    results = runner.evaluate(tiny_config(), str(bench), str(workdir), tasks="SC,ERA", retry_failed=True)
+    assert retry.prompts == 3 + 3 + 2 * (3 - results["tasks"]["ERA"]["generation_failures"].get("empty", 0))
+    assert "exception" not in results["tasks"]["SC"]["generation_failures"]
+
+
+# ---------------------------------------------------------------- models
+
+def test_peft_adapter_round_trip(tmp_path):
+    config = tiny_config()
+    model = runner.build_model(config)
+    for layer in model.language_model.model.layers:
+        for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
+            proj.lora_b[...] = jax.random.normal(jax.random.key(1), proj.lora_b[...].shape)
+    save_peft_adapter(model, str(tmp_path / "adapter"))
+    config.init.adapter = str(tmp_path / "adapter")
+    assert runner.adapter_lora(config.init.adapter) == dict(rank=8, alpha=32.0, dropout=0.05, targets=("q", "k"))
+    loaded = runner.build_model(config)
+    assert runner.model_name(config) == "adapter"
+    for ours, theirs in zip(loaded.language_model.model.layers, model.language_model.model.layers):
+        for name in ("q_proj", "k_proj"):
+            for factor in ("lora_a", "lora_b"):
+                np.testing.assert_array_equal(getattr(getattr(ours.self_attn, name), factor)[...],
+                                              getattr(getattr(theirs.self_attn, name), factor)[...])
+    config.model.lora.targets = ("q", "k", "v")  # the adapter's own targets win over the config's
+    assert runner.build_model(config).cfg.lora.targets == ("q", "k")
