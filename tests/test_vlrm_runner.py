@@ -225,16 +225,21 @@ def test_rerun_resumes_without_redoing_or_losing_samples(bench, full_run, tmp_pa
 
 
 def test_failed_generations_are_recorded_counted_and_retried(bench, full_run, tmp_path, monkeypatch):
-    workdir = tmp_path / "run"
-    # SC's one batch raises; ERA's candidates come back empty, so nothing is judged.
+    workdir, data = tmp_path / "run", tmp_path / "data"
+    # SC's one batch raises; an FF image is unreadable; ERA's candidates come back empty, so nothing is judged.
+    shutil.copytree(bench, data)
+    (data / "FF" / "0_0.png").write_bytes(b"not a png")
     shutil.copytree(full_run[0] / "outputs", workdir / "outputs")
-    for task in ("step_correctness", "error_reason_analysis"):
+    for task in ("step_correctness", "foresight", "error_reason_analysis"):
         (workdir / "outputs" / f"{task}.jsonl").unlink()
     shutil.copy(full_run[0] / "settings.json", workdir / "settings.json")
-    failing = CountingGenerate(fail=lambda prompts: failing.calls == 1, blank=lambda prompts: failing.calls == 2)
+    failing = CountingGenerate(fail=lambda prompts: failing.calls == 1, blank=lambda prompts: failing.calls == 3)
     monkeypatch.setattr(runner, "generate", failing)
-    results = runner.evaluate(tiny_config(), str(bench), str(workdir), tasks="SC,ERA")
-    sc, era = results["tasks"]["SC"], results["tasks"]["ERA"]
+    results = runner.evaluate(tiny_config(), str(data), str(workdir), tasks="SC,FF,ERA")
+    sc, ff, era = results["tasks"]["SC"], results["tasks"]["FF"], results["tasks"]["ERA"]
+    assert ff["generation_failures"] == {"input": 1} and failing.prompts == 2 + 3  # FF-1, FF-2; ERA candidates
+    ff_0 = runner.read_records(workdir / "outputs" / "foresight.jsonl")[0]["FF-0"]
+    assert ff_0["outputs"] == [None] and ff_0["failures"][0].startswith("input: UnidentifiedImageError")
     assert sc["generation_failures"] == {"exception": 3} and sc["failures"] == 3
     assert sc["scores"]["f1"] == pytest.approx(1 / 3)  # read as all-0 labels: F1_pos 0, F1_neg 2/3, weights 1/2
     assert era["generation_failures"] == {"empty": 3, "no_candidate": 6} and era["failures"] == 6
@@ -246,7 +251,7 @@ def test_failed_generations_are_recorded_counted_and_retried(bench, full_run, tm
 
     retry = CountingGenerate()
     monkeypatch.setattr(runner, "generate", retry)
-    results = runner.evaluate(tiny_config(), str(bench), str(workdir), tasks="SC,ERA", retry_failed=True)
+    results = runner.evaluate(tiny_config(), str(data), str(workdir), tasks="SC,ERA", retry_failed=True)
     assert retry.prompts == 3 + 3 + 2 * (3 - results["tasks"]["ERA"]["generation_failures"].get("empty", 0))
     assert "exception" not in results["tasks"]["SC"]["generation_failures"]
 

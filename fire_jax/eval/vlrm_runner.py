@@ -170,12 +170,14 @@ def load_peft_adapter(model, directory: str):
     """
     from safetensors.numpy import load_file
 
+    if model.cfg.lora is None:
+        raise ValueError(f"{directory}: the model has no LoRA (model.lora is None)")
     tensors = load_file(os.path.join(directory, "adapter_model.safetensors"))
     layers = model.language_model.model.layers
     used = set()
     for key, value in tensors.items():
         m = _PEFT_KEY.fullmatch(key)
-        if m is None or "vision" in key:
+        if m is None:
             raise KeyError(f"{directory}: adapter tensor {key!r} is not a LoRA factor of the language model")
         layer, sub, proj, which = int(m[1]), m[2], m[3], m[4]
         linear = getattr(getattr(layers[layer], sub), proj, None) if layer < len(layers) else None
@@ -188,10 +190,10 @@ def load_peft_adapter(model, directory: str):
             raise ValueError(f"{directory}: {key} has shape {value.T.shape}, the model expects "
                              f"{variable[...].shape[::-1]}")
         variable[...] = value.astype(variable[...].dtype)
-        used.add((layer, sub, proj))
-    expected = len(layers) * len(model.cfg.lora.targets)
+        used.add((layer, sub, proj, which))
+    expected = 2 * len(layers) * len(model.cfg.lora.targets)
     if len(used) != expected:
-        raise KeyError(f"{directory}: adapter covers {len(used)} of the model's {expected} LoRA modules")
+        raise KeyError(f"{directory}: adapter holds {len(used)} of the model's {expected} LoRA factors")
     return model
 
 
@@ -265,17 +267,14 @@ class Generator:
         for start in range(0, len(ready), self.batch_size):
             chunk = ready[start:start + self.batch_size]
             try:
-                texts = self._generate([row for _, row in chunk])
-            except Exception as e:
+                texts = [text.strip() for text in self._generate([row for _, row in chunk])]
+            except Exception as e:  # recorded per prompt and counted; the run goes on
                 _warn(f"{self.name}: generation failed for {len(chunk)} prompts: {type(e).__name__}: {e}")
-                texts = [None] * len(chunk)
-                failure = f"exception: {type(e).__name__}: {e}"
+                for i, _ in chunk:
+                    results[i] = (None, f"exception: {type(e).__name__}: {e}")
+                continue
             for (i, _), text in zip(chunk, texts):
-                if text is None:
-                    results[i] = (None, failure)
-                else:
-                    text = text.strip()
-                    results[i] = (text, None if text else "empty")
+                results[i] = (text, None if text else "empty")
         return results
 
     def _generate(self, rows: Sequence[Prepared]) -> list[str]:
@@ -477,7 +476,8 @@ def _check_settings(workdir: Path, config, tasks: Sequence[str]) -> None:
     recorded = json.loads(path.read_text()) if path.exists() else {}
     for task in tasks:
         now, before = task_settings(config, task), recorded.get(task)
-        changed = [k for k in now if before is not None and before.get(k) != now[k]]
+        has_outputs = read_records(workdir / "outputs" / f"{task}.jsonl")[0]
+        changed = [k for k in now if before is not None and has_outputs and before.get(k) != now[k]]
         if changed:
             raise ValueError(f"{workdir}: the outputs of {task} were generated with other settings ("
                              + "; ".join(f"{k}: {before.get(k)!r} -> {now[k]!r}" for k in changed)
@@ -512,10 +512,10 @@ def evaluate(config, data_dir: str, workdir: str, *, image_root: str | None = No
                 for f in files}
     for data in datasets.values():
         print(data.describe())
+    _check_settings(workdir_path, config, files)
     generator = Generator.from_config(config, config.generate, name=model_name(config),
                                       max_new_tokens=config.generate.max_new_tokens)
     _check_tiles(datasets, generator)
-    _check_settings(workdir_path, config, files)
     judge = _build_judge(config, generator) if any(task_info(f).theme == "criticism" for f in files) else None
     print(f"model: {generator.name}; ERA/EC judge: {judge_name(config)}; render={config.vlrm.render}, "
           f"parser={config.vlrm.parser}; outputs in {workdir_path / 'outputs'}")
