@@ -23,7 +23,12 @@ _RETRY_FAILED = flags.DEFINE_bool("retry-failed", False, "generate again the sam
 
 def main(argv):
     del argv
+    from absl import logging
+
     from fire_jax.eval.vlrm_runner import evaluate
+
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # no INFO lines between the progress bars
 
     evaluate(_CONFIG.value, _DATA_DIR.value, _WORKDIR.value, image_root=_IMAGE_ROOT.value, tasks=_TASKS.value,
              retry_failed=_RETRY_FAILED.value)

@@ -210,13 +210,15 @@ def build_model(config):
 
 
 def model_name(config) -> str:
-    """``config.name``, else the adapter or checkpoint folder, else "random init"."""
+    """``config.name``, else the adapter's training run (or folder), the checkpoint folder, or "random init"."""
     init = config.get("init", {})
     if config.get("name"):
         return config.name
-    for key in ("adapter", "hf_checkpoint"):
-        if init.get(key):
-            return os.path.basename(os.path.normpath(init[key]))
+    if init.get("adapter"):
+        parts = Path(init["adapter"]).parts
+        return parts[-3] if parts[-2:] == ("export", "peft_adapter") else parts[-1]  # the training run's workdir
+    if init.get("hf_checkpoint"):
+        return Path(init["hf_checkpoint"]).name
     return "fire_jax (random init)"
 
 
