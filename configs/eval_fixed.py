@@ -1,0 +1,62 @@
+# FIRE-Bench fixed dialogues (SPEC 6, Tables 2-3). Tiny random models on the shipped synthetic test set (CPU, seconds):
+#   python -m fire_jax.evaluate --config configs/eval_fixed.py --workdir /tmp/fire_fixed
+# LLaVA-NeXT-8B, the student FIRE-LLaVA and the teacher FD-LLaVA as trained adapters:
+#   python -m fire_jax.evaluate --config configs/eval_fixed.py:8b --workdir DIR \
+#     --config.student.adapter=FIRE_LLAVA_WORKDIR --config.teacher.adapter=FD_LLAVA_WORKDIR/export/peft_adapter
+"""Evaluation config shared by both FIRE-Bench settings; configs/eval_free.py starts from it.
+
+arg: "" / "tiny" (configs/tiny.py's model and tokenizer, random weights, assets:synthetic_fire/test.json) or "8b"
+(configs/llava_next_8b.py, weights from the llava-hf checkpoint, the released FIRE-test.json).
+"""
+
+import os
+
+import ml_collections
+
+from fire_jax.data.config import load_config
+
+CONFIGS = os.path.dirname(os.path.abspath(__file__))
+LLAVA_NEXT_8B = "/data/llama3-llava-next-8b-hf"  # the llava-hf checkpoint: config.json, safetensors, tokenizer.json
+FIRE_DATA = "/data/fire"  # FIRE-test.json and images/ of the release
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+    size = arg or "tiny"
+    if size not in ("tiny", "8b"):
+        raise ValueError(f"eval config: arg must be 'tiny' or '8b', got {arg!r}")
+    tiny = size == "tiny"
+    base = load_config(os.path.join(CONFIGS, "tiny.py" if tiny else "llava_next_8b.py"))
+    config = ml_collections.ConfigDict()
+    config.setting = "fixed"
+    config.seed = 0  # random weights (tiny) and sampling
+    config.model = base.model  # both agents' architecture; LoRA r/alpha/targets come from an adapter
+    config.model.remat = "none"  # inference: nothing to rematerialise
+    # --config.model.image_mode=pad: one 336 tile per image, as the official free-dialogue evaluation.
+    if tiny:
+        config.data = dict(tokenizer=base.data.tokenizer, image_token="<image>", pad_token="<pad>")
+        config.test = dict(json="assets:synthetic_fire/test.json", image_root="assets:synthetic_fire/images")
+    else:
+        config.data = dict(tokenizer=f"{LLAVA_NEXT_8B}/tokenizer.json", image_token="<image>", pad_token="<pad>")
+        config.test = dict(json=f"{FIRE_DATA}/FIRE-test.json", image_root=f"{FIRE_DATA}/images")
+    config.test.max_examples = 0  # > 0: a fixed random subset of that many conversations
+    config.on_bad_record = "skip"  # or "error"
+    # init: a llava-hf LLaVA-NeXT folder, "" = random weights of config.model. adapter: "" (none), a PEFT adapter
+    # folder, or a training workdir (its latest checkpoint). name: our row in the tables ("" = the folder name).
+    init = "" if tiny else LLAVA_NEXT_8B
+    config.student = dict(name="", init=init, adapter="")
+    config.teacher = dict(name="", init=init, adapter="")
+    config.decode = dict(
+        batch_size=4 if tiny else 16,
+        max_new_tokens=16 if tiny else 128,  # SPEC 5: 128 for fixed dialogues
+        temperature=0.0,  # 0: greedy
+        top_k=0,
+        top_p=1.0,
+        bucket_min=64,  # prompt length buckets: powers of two from bucket_min to bucket_step, then multiples
+        bucket_step=1024,
+    )
+    config.fixed = dict(
+        roles=("student", "teacher"),
+        student_first_turn=False,  # True: also generate r_1 (the turns the release's student loss labelled)
+        teacher_history="full",  # the teacher sees every earlier turn, as trained (Eq. 6)
+    )
+    return ml_collections.ConfigDict(config)

@@ -1,0 +1,33 @@
+# FIRE-Bench free dialogues (SPEC 6, Tables 4-6, Fig. 7). Tiny random models on the synthetic test set (CPU):
+#   python -m fire_jax.evaluate --config configs/eval_free.py --workdir /tmp/fire_free
+# The baseline first (LLaVA-NeXT-8B as student, FD-LLaVA as teacher), then FIRE-LLaVA with AT normalised by it:
+#   python -m fire_jax.evaluate --config configs/eval_free.py:8b --workdir BASE --config.teacher.adapter=FD_LLAVA
+#   python -m fire_jax.evaluate --config configs/eval_free.py:8b --workdir OUT --config.teacher.adapter=FD_LLAVA \
+#     --config.student.adapter=FIRE_LLAVA --config.free.baseline_results=BASE/results.json
+"""Free dialogues: configs/eval_fixed.py's models, data and decoding, with the free-dialogue protocol.
+
+arg: as configs/eval_fixed.py ("" / "tiny" or "8b").
+"""
+
+import os
+
+import ml_collections
+
+from fire_jax.data.config import load_config
+
+CONFIGS = os.path.dirname(os.path.abspath(__file__))
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+    config = load_config(os.path.join(CONFIGS, "eval_fixed.py") + (f":{arg}" if arg else ""))
+    config.setting = "free"
+    del config["fixed"]
+    config.decode.max_new_tokens = 16 if (arg or "tiny") == "tiny" else 160  # SPEC 5: 160 for free dialogues
+    config.free = ml_collections.ConfigDict(dict(
+        max_turns=5,  # n_max
+        threshold=8.0,  # a score >= 8 solves the item
+        penalty_turns=10.0,  # p: t_k of an unsolved dialogue
+        teacher_history="latest",  # the teacher sees only the latest answer (Fig. A14)
+        baseline_results="",  # results.json of the baseline's free run: AT = mean t_k / its mean t_k ("" = self)
+    ))
+    return config

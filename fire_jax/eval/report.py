@@ -1,0 +1,136 @@
+"""Markdown tables shaped like the FIRE paper's, our row beside the published ones (Tables 2-6, Fig. 7).
+
+The published numbers are the repo's copy of the paper's tables,
+``fire_jax/eval/paper_results/fire.json``. Source datasets are matched to the
+paper's columns by name (lower case, without spaces, "-" and "_":
+``synthdog-en`` is Synthdog, ``mm-vet`` is MM-Vet); sources the paper does
+not report get our rows only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from typing import Mapping, Sequence
+
+PAPER_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paper_results", "fire.json")
+FIXED_COLUMNS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "CIDEr")
+FREE_COLUMNS = ("AT", "ADR", "ATR", "RR")
+
+# Normalised source name -> the paper's column in Table 5 (seen sources) or Table 6 (new sources).
+_PAPER_SOURCES = {
+    "vqav2": "VQAv2", "gqa": "GQA", "textvqa": "TextVQA", "chartqa": "ChartQA", "docvqa": "DocVQA", "dvqa": "DVQA",
+    "geoqa+": "GeoQA+", "geoqa": "GeoQA+", "synthdog": "Synthdog", "synthdogen": "Synthdog",
+    "mathvista": "MathVista", "mathverse": "MathVerse", "mmmu": "MMMU", "mme": "MME", "mmvet": "MM-Vet",
+    "seedbench": "SEED-Bench", "seed": "SEED-Bench", "scienceqa": "ScienceQA", "sqa": "ScienceQA",
+    "llavawild": "LLaVA-wild", "llavabench": "LLaVA-wild", "llavabenchinthewild": "LLaVA-wild",
+    "llavainthewild": "LLaVA-wild",
+}
+
+
+def paper_results(path: str = PAPER_RESULTS) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def paper_source(source: str) -> str | None:
+    """The paper's name of a source dataset of ours, or None if the paper has no column for it."""
+    return _PAPER_SOURCES.get(re.sub(r"[\s_\-]", "", source.lower()))
+
+
+def _format(value) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.2f}"
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
+    """A Markdown table; numbers with 2 decimals (as the paper), None/NaN as "–"."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(v if isinstance(v, str) else _format(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def _ours(name: str) -> str:
+    return f"**{name} (fire_jax)**"
+
+
+def fixed_report(results: Mapping, paper: Mapping | None = None) -> str:
+    """Tables 2 (student) and 3 (teacher) with the paper's rows, then ours per source dataset."""
+    paper = paper_results() if paper is None else paper
+    sections = []
+    for role, table, extra in (("student", "table2_student_fixed_dialogues", ()),
+                               ("teacher", "table3_teacher_fixed_dialogues", ("MAE",))):
+        if role not in results["metrics"]:
+            continue
+        metrics = results["metrics"][role]
+        columns = (*FIXED_COLUMNS, *extra)
+        name = results[role]["name"]
+        header = ("model", *columns, "turns")
+        rows = [(f"{model} (paper)", *values, "") for model, values in paper[table].items() if model != "columns"]
+        rows.append((_ours(name), *(metrics["overall"][c] for c in columns), metrics["overall"]["n"]))
+        title = f"Table {2 if role == 'student' else 3}: fixed dialogues, {role} ({name})"
+        sections.append(f"### {title}\n\n" + markdown_table(header, rows))
+        per_source = [(source, *(m[c] for c in columns), m["n"]) for source, m in metrics["per_source"].items()]
+        sections.append(f"#### {role} per source dataset (fire_jax)\n\n" +
+                        markdown_table(("source", *columns, "turns"), per_source))
+        if role == "teacher":
+            sections.append(f"Teacher replies without a score: {metrics['overall']['no_score']} of "
+                            f"{metrics['overall']['n']} (each costs 10 in the MAE).")
+    return "\n\n".join(sections) + "\n"
+
+
+def _free_row(label: str, m: Mapping) -> tuple:
+    return (label, *(m[c] for c in FREE_COLUMNS), m["K"], m["items"])
+
+
+def free_report(results: Mapping, paper: Mapping | None = None) -> str:
+    """Table 4 (overall), Tables 5-6 (the paper's seen and new sources), other sources, Fig. 7's accuracy."""
+    paper = paper_results() if paper is None else paper
+    metrics = results["metrics"]
+    name = results["student"]["name"]
+    header = ("model", *FREE_COLUMNS, "K", "items")
+    baseline = metrics.get("baseline")
+    sections = [
+        f"Student {name}, teacher {results['teacher']['name']}. K: dialogues with more than one turn "
+        f"(the metrics' items); AT normalised by " +
+        (f"the baseline run {baseline!r}." if baseline else "this run itself (no baseline_results: AT = 1)."),
+    ]
+    table4 = paper["table4_free_dialogues_overall"]
+    rows = [(f"{model} (paper)", *values, "", "") for model, values in table4.items() if model != "columns"]
+    rows.append(_free_row(_ours(name), metrics["overall"]))
+    sections.append("### Table 4: free dialogues, overall\n\n" + markdown_table(header, rows))
+
+    placed = set()
+    for key, title in (("table5_free_dialogues_seen_sources", "Table 5: free dialogues, seen sources"),
+                       ("table6_free_dialogues_new_sources", "Table 6: free dialogues, new sources")):
+        rows = []
+        for source, m in metrics["per_source"].items():
+            column = paper_source(source)
+            if column not in paper[key]:
+                continue
+            placed.add(source)
+            rows += [(f"{column}: {model} (paper)", *values, "", "") for model, values in paper[key][column].items()]
+            rows.append(_free_row(f"{column}: {_ours(name)} [{source}]", m))
+        if rows:
+            sections.append(f"### {title}\n\n" + markdown_table(header, rows))
+    others = [_free_row(source, m) for source, m in metrics["per_source"].items() if source not in placed]
+    if others:
+        sections.append("### Sources the paper does not report (fire_jax)\n\n" +
+                        markdown_table(("source", *FREE_COLUMNS, "K", "items"), others))
+
+    turns = len(metrics["overall"]["accuracy_by_turn"])
+    figure7 = paper["figure7_accuracy_by_turn"]
+    rows = [(f"{model} (paper)", *(values.get(f"turn{t}") for t in range(1, turns + 1)))
+            for model, values in figure7.items() if model != "note"]
+    rows.append((_ours(name), *(100 * a for a in metrics["overall"]["accuracy_by_turn"])))
+    sections.append("### Fig. 7: accuracy by turn (% of items with score >= 8)\n\n" +
+                    markdown_table(("model", *(f"turn {t}" for t in range(1, turns + 1))), rows))
+    stops = metrics["overall"]["stops"]
+    sections.append("Stops: " + ", ".join(f"{reason} {count}" for reason, count in stops.items()) + ".")
+    return "\n\n".join(sections) + "\n"
