@@ -1,0 +1,212 @@
+"""Batch generation: student responses or teacher feedback for a JSONL file of prompts.
+
+    python -m fire_jax.generate --input prompts.jsonl --output out.jsonl            # tiny default, student
+    python -m fire_jax.generate --config configs/fire_teacher.py --checkpoint WORKDIR --role teacher \\
+        --input prompts.jsonl --image-root /data/fire/images --output feedback.jsonl --batch-size 16
+
+Input, one JSON object a line: ``id``, ``image`` (path under --image-root),
+``question``, optional ``history`` ([{"response", "feedback"}, ...], the earlier
+turns); for the teacher also ``groundtruth`` and ``answer`` (the response r_k
+to judge). Output, one line per prompt: ``{"id", "output"}``, plus ``"score"``
+(parsed from the feedback, null if none) for the teacher. The student
+generates r_k and the teacher f_k, k = len(history) + 1, on the prompts of
+:mod:`fire_jax.infer.agents`.
+
+Resumable: ids already in --output are skipped, results are appended batch by
+batch. Bad input lines (invalid_json, missing_field, missing_image,
+unreadable_image, duplicate_id) are skipped and counted by reason, or raise
+naming file, line and field with --on-bad-record error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from typing import Sequence
+
+import jax
+
+from fire_jax.data.config import load_config, resolve_path
+from fire_jax.data.images import load_image
+from fire_jax.data.records import BadRecordError, BadRecords, Turn, parse_score
+from fire_jax.infer.decode import DecodeConfig
+from fire_jax.infer.loading import DEFAULT_CONFIG, check_checkpoint_arg, load
+
+ROLES = ("student", "teacher")
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    id: str
+    image: str  # resolved path
+    question: str
+    history: tuple[Turn, ...]
+    groundtruth: str = ""  # teacher only
+    answer: str = ""  # teacher only: the response r_k to judge
+    where: str = ""  # "FILE:LINE" for error messages
+
+
+def _text(raw: dict, field: str, where: str, *, location: str | None = None) -> str:
+    value = raw.get(field)
+    if not isinstance(value, str) or not value.strip():
+        raise BadRecordError("missing_field", where, location or field,
+                             "absent" if value is None else f"expected a non-empty string, got {value!r}")
+    return value.strip()
+
+
+def parse_prompt(line: str, where: str, role: str, image_root: str) -> Prompt:
+    """One input line as a :class:`Prompt`; raises :class:`BadRecordError` (image existence checked)."""
+    try:
+        raw = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise BadRecordError("invalid_json", where, "<line>", str(e)) from None
+    if not isinstance(raw, dict):
+        raise BadRecordError("missing_field", where, "<line>", f"expected a JSON object, got {type(raw).__name__}")
+    if not isinstance(raw.get("id"), (str, int)) or raw["id"] == "":
+        raise BadRecordError("missing_field", where, "id", f"expected a string or integer, got {raw.get('id')!r}")
+    where = f"{where} (id {raw['id']!r})"
+    image = os.path.join(image_root, _text(raw, "image", where))
+    question = _text(raw, "question", where)
+    history = raw.get("history") or []
+    if not isinstance(history, list):
+        raise BadRecordError("missing_field", where, "history", f"expected a list, got {history!r}")
+    turns = []
+    for i, turn in enumerate(history):
+        if not isinstance(turn, dict):
+            raise BadRecordError("missing_field", where, f"history[{i}]", "expected {\"response\", \"feedback\"}")
+        response = _text(turn, "response", where, location=f"history[{i}].response")
+        feedback = _text(turn, "feedback", where, location=f"history[{i}].feedback")
+        turns.append(Turn(response, feedback, parse_score(feedback)))
+    extra = {}
+    if role == "teacher":
+        extra = dict(groundtruth=_text(raw, "groundtruth", where), answer=_text(raw, "answer", where))
+    if not os.path.isfile(image):
+        raise BadRecordError("missing_image", where, "image", f"{image} does not exist")
+    return Prompt(str(raw["id"]), image, question, tuple(turns), where=where, **extra)
+
+
+def read_prompts(path: str, role: str, image_root: str, *, skip_ids=frozenset(), on_bad_record: str = "skip",
+                 bad: BadRecords | None = None) -> list[Prompt]:
+    """The valid prompts of a JSONL file whose ids are not in ``skip_ids``; bad lines counted in ``bad``."""
+    bad = BadRecords() if bad is None else bad
+    prompts, seen = [], set()
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                prompt = parse_prompt(line, f"{path}:{number}", role, image_root)
+                if prompt.id in seen:
+                    raise BadRecordError("duplicate_id", prompt.where, "id", "the id appeared on an earlier line")
+            except BadRecordError as e:
+                if on_bad_record == "error":
+                    raise
+                bad.add(e)
+                continue
+            seen.add(prompt.id)
+            if prompt.id not in skip_ids:
+                prompts.append(prompt)
+    return prompts
+
+
+def finished_ids(path: str) -> set[str]:
+    """Ids already written to an output file; a torn last line (an interrupted write) is cut off."""
+    if not os.path.exists(path):
+        return set()
+    with open(path, "rb") as f:
+        data = f.read()
+    if data and not data.endswith(b"\n"):
+        data = data[:data.rfind(b"\n") + 1]
+        with open(path, "r+b") as f:
+            f.truncate(len(data))
+    ids = set()
+    for number, line in enumerate(data.decode().splitlines(), 1):
+        try:
+            ids.add(str(json.loads(line)["id"]))
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise ValueError(f"{path}:{number}: not an output record of this tool ({line[:80]!r})") from None
+    return ids
+
+
+def generate_batch(agent, role: str, prompts: Sequence[Prompt], images, rng) -> list[dict]:
+    questions, histories = [p.question for p in prompts], [p.history for p in prompts]
+    if role == "student":
+        return [{"output": text} for text in agent.respond(images, questions, histories, rng=rng)]
+    feedback = agent.feedback(images, questions, [p.groundtruth for p in prompts], [p.answer for p in prompts],
+                              histories, rng=rng)
+    return [{"output": f.text, "score": f.score} for f in feedback]
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="config file[:arg] (default: configs/tiny.py)")
+    parser.add_argument("--checkpoint", help="HF checkpoint dir, PEFT adapter dir or train workdir")
+    parser.add_argument("--input", required=True, help="JSONL of prompts")
+    parser.add_argument("--output", required=True, help="JSONL of results (appended; existing ids are skipped)")
+    parser.add_argument("--image-root", default="", help="image paths in --input are relative to it")
+    parser.add_argument("--role", choices=ROLES, default="student")
+    parser.add_argument("--teacher-history", choices=("full", "latest"), default=None,
+                        help="what earlier turns the teacher sees (default: config.data.teacher_history)")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--on-bad-record", choices=("skip", "error"), default="skip")
+    args = parser.parse_args(argv)
+    check_checkpoint_arg(parser, args.checkpoint, "--checkpoint")
+    return args
+
+
+def main(argv=None, print_fn=print) -> dict:
+    """Run the job; returns {"written", "already_done", "bad": {reason: count}}."""
+    from tqdm.auto import tqdm
+
+    args = parse_args(argv)
+    config = load_config(args.config)
+    done = finished_ids(args.output)
+    bad = BadRecords()
+    prompts = read_prompts(args.input, args.role, resolve_path(args.image_root), skip_ids=done,
+                           on_bad_record=args.on_bad_record, bad=bad)
+    print_fn(f"{args.input}: {len(prompts)} prompts to generate, {len(done)} already in {args.output}")
+    written = 0
+    if prompts:
+        loaded = load(config, args.checkpoint)
+        history = args.teacher_history or config.data.get("teacher_history", "full")
+        agent = loaded.agent(args.role, DecodeConfig(max_new_tokens=args.max_new_tokens,
+                                                     temperature=args.temperature, top_p=args.top_p),
+                             teacher_history=history)
+        print_fn(f"{args.role}: {loaded.description}")
+        key = jax.random.key(args.seed)
+        with open(args.output, "a") as out, tqdm(total=len(prompts), desc=args.role, dynamic_ncols=True) as bar:
+            for start in range(0, len(prompts), args.batch_size):
+                chunk, batch, images = prompts[start:start + args.batch_size], [], []
+                for prompt in chunk:
+                    try:
+                        images.append(load_image(prompt.image))
+                    except Exception as e:  # an unreadable file fails its line, not the job
+                        error = BadRecordError("unreadable_image", prompt.where, "image", f"{type(e).__name__}: {e}")
+                        if args.on_bad_record == "error":
+                            raise error from e
+                        bad.add(error)
+                        continue
+                    batch.append(prompt)
+                if batch:
+                    # A short batch is padded with its last prompt: one compiled shape for the whole job.
+                    pad = args.batch_size - len(batch)
+                    results = generate_batch(agent, args.role, batch + [batch[-1]] * pad, images + [images[-1]] * pad,
+                                             jax.random.fold_in(key, start))[:len(batch)]
+                    for prompt, result in zip(batch, results):
+                        out.write(json.dumps({"id": prompt.id, **result}) + "\n")
+                    out.flush()
+                    written += len(batch)
+                bar.update(len(chunk))
+    print_fn(f"wrote {written} to {args.output}")
+    print_fn(bad.report("bad input lines"))
+    return {"written": written, "already_done": len(done), "bad": dict(bad)}
+
+
+if __name__ == "__main__":
+    main()

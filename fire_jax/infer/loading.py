@@ -1,0 +1,220 @@
+"""Models, tokenizers and agents for the command-line tools, from a config and an optional checkpoint.
+
+A checkpoint is one of (detected from the files in the directory):
+
+- ``hf``: a Hugging Face LLaVA-NeXT directory (config.json + safetensors); its
+  ``tokenizer.json`` is used when present, else ``config.data.tokenizer``; LoRA fresh.
+- ``peft``: a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors,
+  what :func:`fire_jax.convert.hf.save_peft_adapter` and the trainer's export write).
+  The base model is ``config.init.hf_checkpoint``, else the adapter's
+  ``base_model_name_or_path`` when that is a local HF directory, else the
+  config's random initialisation (the tiny models the tests train on).
+- ``workdir``: a ``fire_jax.train`` workdir (config.json + checkpoints/); the
+  model is rebuilt from the run's own config.json and its trainable parameters
+  (LoRA, and the connector if it was trained) come from the latest (or the
+  given) orbax checkpoint.
+
+No checkpoint: the config's model (random weights, or ``config.init.hf_checkpoint``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import glob
+import json
+import os
+import re
+
+import numpy as np
+from flax import nnx
+
+from fire_jax.data.chat import ChatTokenizer
+from fire_jax.data.config import resolve_path
+from fire_jax.infer.agents import Student, Teacher
+from fire_jax.infer.decode import DecodeConfig
+
+#: The built-in tiny config every CLI falls back to.
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                              "configs", "tiny.py")
+CHECKPOINT_KINDS = ("hf", "peft", "workdir")
+
+_PEFT_KEY = re.compile(r".*language_model\.(?:model\.)?layers\.(\d+)\.(self_attn|mlp)\.(\w+_proj)\.lora_([AB])\.weight")
+
+
+@dataclasses.dataclass
+class Loaded:
+    """A model ready to generate, the chat tokenizer that matches it, and where it came from."""
+
+    model: object  # fire_jax.models.LlavaNext
+    chat: ChatTokenizer
+    config: object  # the ConfigDict it was built from (a train workdir's own config.json)
+    description: str
+
+    def agent(self, role: str, decode: DecodeConfig = DecodeConfig(), *, teacher_history: str = "latest",
+              mesh=None) -> Student | Teacher:
+        """The model as a :class:`Student` or :class:`Teacher`."""
+        if role == "student":
+            return Student(self.model, self.chat, decode, mesh=mesh)
+        if role == "teacher":
+            return Teacher(self.model, self.chat, decode, history=teacher_history, mesh=mesh)
+        raise ValueError(f"role must be 'student' or 'teacher', got {role!r}")
+
+
+def checkpoint_kind(path: str) -> str:
+    """"hf", "peft" or "workdir" for a checkpoint directory; raises naming what each kind needs."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"checkpoint {path!r}: no such directory")
+    has = lambda *names: all(os.path.exists(os.path.join(path, n)) for n in names)
+    if has("adapter_config.json", "adapter_model.safetensors"):
+        return "peft"
+    if has("config.json") and os.path.isdir(os.path.join(path, "checkpoints")):
+        return "workdir"
+    if has("config.json") and glob.glob(os.path.join(path, "*.safetensors")):
+        return "hf"
+    raise ValueError(
+        f"checkpoint {path!r} is none of: a Hugging Face checkpoint (config.json + *.safetensors), a PEFT adapter "
+        f"(adapter_config.json + adapter_model.safetensors), a fire_jax train workdir (config.json + checkpoints/); "
+        f"it holds {sorted(os.listdir(path))[:10]}")
+
+
+def check_checkpoint_arg(parser, value: str | None, flag: str) -> None:
+    """Fail a command line early (``parser.error``, exit 2) when ``value`` is not a loadable checkpoint."""
+    if value is not None:
+        try:
+            checkpoint_kind(resolve_path(value))
+        except (FileNotFoundError, ValueError) as e:
+            parser.error(f"{flag}: {e}")
+
+
+def load(config, checkpoint: str | None = None, *, step: int | None = None) -> Loaded:
+    """The model of ``config``, or of a checkpoint directory of any kind in :data:`CHECKPOINT_KINDS`.
+
+    ``step`` picks a train workdir's checkpoint (default: the latest).
+    """
+    from fire_jax.train.loop import build_model
+
+    if checkpoint is None:
+        return _loaded(build_model(config), config, _base(config))
+    checkpoint = resolve_path(checkpoint)
+    kind = checkpoint_kind(checkpoint)
+    if kind == "hf":
+        config = copy.deepcopy(config)
+        config.init = dict(hf_checkpoint=checkpoint)
+        tokenizer = os.path.join(checkpoint, "tokenizer.json")
+        return _loaded(build_model(config), config, f"HF checkpoint {checkpoint}",
+                       tokenizer if os.path.exists(tokenizer) else None)
+    if kind == "peft":
+        config = copy.deepcopy(config)
+        config.model.lora = peft_lora_config(checkpoint)
+        if not (config.get("init") and config.init.get("hf_checkpoint")):
+            with open(os.path.join(checkpoint, "adapter_config.json")) as f:
+                named = json.load(f).get("base_model_name_or_path") or ""
+            if named and os.path.exists(os.path.join(named, "config.json")):
+                config.init = dict(hf_checkpoint=named)
+        model = load_peft_adapter(build_model(config), checkpoint)
+        return _loaded(model, config, f"PEFT adapter {checkpoint} on {_base(config)}")
+    config = workdir_config(checkpoint)
+    model = build_model(config)
+    restored = restore_workdir(model, checkpoint, config, step=step)
+    return _loaded(model, config, f"train workdir {checkpoint}, step {restored}")
+
+
+def _base(config) -> str:
+    """What :func:`fire_jax.train.loop.build_model` builds the weights from, in words."""
+    source = config.init.get("hf_checkpoint") if config.get("init") else None
+    return f"HF checkpoint {source}" if source else f"random init (seed {config.seed})"
+
+
+def _loaded(model, config, description: str, tokenizer: str | None = None) -> Loaded:
+    data = config.data
+    chat = ChatTokenizer.from_file(tokenizer or resolve_path(data.tokenizer), model.cfg.geometry,
+                                   image_token=data.get("image_token", "<image>"),
+                                   pad_token=data.get("pad_token", "<pad>"))
+    return Loaded(model, chat, config, description)
+
+
+def workdir_config(workdir: str):
+    """The resolved config a train run wrote to ``workdir/config.json``."""
+    import ml_collections
+
+    with open(os.path.join(workdir, "config.json")) as f:
+        return ml_collections.ConfigDict(json.load(f))
+
+
+def restore_workdir(model, workdir: str, config, *, step: int | None = None) -> int:
+    """Set ``model``'s trainable parameters from a train workdir's orbax checkpoint; returns its step.
+
+    The checkpoint holds the trainer's state (step, trainable params, AdamW
+    moments); its structure comes from an abstract :class:`Trainer` on a
+    one-device mesh, so nothing but the restored arrays is allocated.
+    """
+    import jax
+
+    from fire_jax.convert.hf import abstract_model
+    from fire_jax.train.checkpoint import Checkpointer
+    from fire_jax.train.sharding import make_mesh
+    from fire_jax.train.step import Trainer
+
+    trainer = Trainer(abstract_model(model.cfg), config.train, config.loss, 1, make_mesh((1, 1, 1), jax.devices()[:1]),
+                      abstract=True)
+    checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"))
+    try:
+        available = checkpointer.manager.all_steps()
+        if not available or (step is not None and step not in available):
+            raise FileNotFoundError(f"train workdir {workdir}: no checkpoint"
+                                    + (f" at step {step}; it has steps {sorted(available)}" if available else " yet"))
+        state, _, restored = checkpointer.restore(trainer.initial_state, step)
+    finally:
+        checkpointer.close()
+    nnx.update(model, state.params)
+    return restored
+
+
+def peft_lora_config(directory: str) -> dict:
+    """``config.model.lora`` of a PEFT adapter (adapter_config.json: r, lora_alpha, target_modules)."""
+    from fire_jax.convert.hf import _PEFT_MODULES
+
+    path = os.path.join(directory, "adapter_config.json")
+    with open(path) as f:
+        peft = json.load(f)
+    if peft.get("use_rslora") or peft.get("use_dora"):
+        raise ValueError(f"{path}: rsLoRA / DoRA adapters are not supported (plain LoRA only)")
+    modules = peft.get("target_modules") or []
+    names = set(re.findall(r"\w+_proj", modules)) if isinstance(modules, str) else set(modules)
+    targets = tuple(t for t, module in _PEFT_MODULES.items() if module.split(".")[1] in names)
+    if not targets:
+        raise ValueError(f"{path}: field 'target_modules' names no Llama projection: {modules!r}")
+    return dict(rank=int(peft["r"]), alpha=float(peft["lora_alpha"]), dropout=float(peft.get("lora_dropout", 0.0)),
+                targets=targets)
+
+
+def load_peft_adapter(model, directory: str):
+    """Set ``model``'s LoRA factors from a PEFT adapter; every factor of the model must be in it.
+
+    PEFT stores A as [rank, in] and B as [out, rank]; ours are A [in, rank], B [rank, out].
+    """
+    from safetensors.numpy import load_file
+
+    from fire_jax.convert.hf import _PEFT_MODULES
+
+    path = os.path.join(directory, "adapter_model.safetensors")
+    layers = model.language_model.model.layers
+    targets = model.cfg.lora.targets if model.cfg.lora else ()
+    missing = {(i, _PEFT_MODULES[t].split(".")[1], ab) for i in range(len(layers)) for t in targets for ab in "AB"}
+    for key, value in load_file(path).items():
+        m = _PEFT_KEY.fullmatch(key)
+        if m is None or "vision" in key or (int(m[1]), m[3], m[4]) not in missing:
+            raise KeyError(f"{path}: tensor {key!r} is no LoRA factor of the model's language model (or a repeat) "
+                           f"(LoRA targets {targets}, {len(layers)} layers)")
+        missing.remove((int(m[1]), m[3], m[4]))
+        linear = getattr(getattr(layers[int(m[1])], m[2]), m[3])
+        variable = linear.lora_a if m[4] == "A" else linear.lora_b
+        value = np.ascontiguousarray(value.T)
+        if value.shape != variable[...].shape:
+            raise ValueError(f"{path}: {key} has shape {value.T.shape}, the model expects {variable[...].shape[::-1]}")
+        variable[...] = value.astype(variable[...].dtype)
+    if missing:
+        raise KeyError(f"{path}: lacks {len(missing)} LoRA factor(s) of the model, e.g. (layer, module, A/B) "
+                       f"{sorted(missing)[:4]}")
+    return model
