@@ -3,11 +3,12 @@
 # LLaVA-NeXT-8B, or a FIRE model (a trained PEFT adapter on it), judged by the base model:
 #   python -m fire_jax.evaluate_vlrm --config configs/eval_vlrm.py:8b --data-dir /data/vlrmbench \
 #     --image-root /data/vlrmbench/images --workdir DIR \
-#     --config.init.adapter=RUN/export/peft_adapter --config.judge.hf_checkpoint=/data/llama3-llava-next-8b-hf
+#     --config.checkpoint=RUN/export/peft_adapter --config.judge.checkpoint=/data/llama3-llava-next-8b-hf
 """Evaluation config: the model (tiny by default; arg "8b" for LLaVA-NeXT-8B), VLRMBench settings, decoding, judge.
 
 arg: "" / "tiny" (configs/tiny.py's model and tokenizer, random weights) or "8b" (configs/llava_next_8b.py,
-weights from init.hf_checkpoint). Override any field with --config.<field>=value.
+weights from init.hf_checkpoint). Override any field with --config.<field>=value; ``checkpoint`` evaluates a
+trained model instead (a HF directory, a PEFT adapter on init.hf_checkpoint, or a fire_jax.train workdir).
 """
 
 import os
@@ -26,17 +27,17 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         raise ValueError(f"configs/eval_vlrm.py: arg must be 'tiny' or '8b', got {arg!r}")
     base = load_config(os.path.join(CONFIGS, "tiny.py" if size == "tiny" else "llava_next_8b.py"))
     config = ml_collections.ConfigDict()
-    config.name = ""  # our row in the table; "" = the adapter / checkpoint folder name, or "random init"
+    config.name = ""  # our row in the table; "" = the checkpoint's run / folder name, or "random init"
+    config.checkpoint = ""  # HF dir, PEFT adapter (e.g. RUN/export/peft_adapter) or train workdir; "" = init
     config.seed = 0
     config.model = base.model
     if size == "tiny":
         config.data = base.data  # only tokenizer, image_token and pad_token are read
-        config.init = dict(hf_checkpoint="", adapter="")  # random weights
+        config.init = dict(hf_checkpoint="")  # random weights
     else:
         config.model.remat = "none"  # inference: nothing to rematerialise
         config.data = dict(tokenizer=f"{LLAVA_NEXT_8B}/tokenizer.json", image_token="<image>", pad_token="<pad>")
-        config.init = dict(hf_checkpoint=LLAVA_NEXT_8B, adapter="")
-    # adapter: a PEFT adapter folder (the trainer's WORKDIR/export/peft_adapter); its r/alpha/targets set model.lora.
+        config.init = dict(hf_checkpoint=LLAVA_NEXT_8B)  # also the base of a PEFT adapter checkpoint
     config.vlrm = dict(
         tasks="all",  # or "SC,IC,..." (short or file names); --tasks overrides
         parser="robust",  # or "official": the release's reading, for comparable numbers
@@ -54,9 +55,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     )
     config.judge = dict(
         name="",  # shown in the table; "" = derived from the judge's model
-        config="",  # a config file (e.g. "configs/eval_vlrm.py:8b") for another judge model; "" = the evaluated one's
-        hf_checkpoint="",  # judge weights; "" everywhere: the evaluated model judges (its candidates vs the reference)
-        adapter="",
+        # Both "": the evaluated model judges its own critiques against the reference.
+        config="",  # a config file (e.g. "configs/eval_vlrm.py:8b") for the judge; "" = the evaluated model's
+        checkpoint="",  # the judge's weights (any kind `checkpoint` takes); "" = that config's
         max_new_tokens=16 if size == "tiny" else 256,  # the judge's two scores
     )
     return ml_collections.ConfigDict(config)

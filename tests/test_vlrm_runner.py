@@ -258,21 +258,20 @@ def test_failed_generations_are_recorded_counted_and_retried(bench, full_run, tm
 
 # ---------------------------------------------------------------- models
 
-def test_peft_adapter_round_trip(tmp_path):
+def test_trained_checkpoint_is_evaluated(tmp_path):
     config = tiny_config()
-    model = runner.build_model(config)
+    model = runner.Generator.from_config(config, config.generate, name="base", max_new_tokens=8).model
     for layer in model.language_model.model.layers:
         for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
             proj.lora_b[...] = jax.random.normal(jax.random.key(1), proj.lora_b[...].shape)
-    save_peft_adapter(model, str(tmp_path / "adapter"))
-    config.init.adapter = str(tmp_path / "adapter")
-    assert runner.adapter_lora(config.init.adapter) == dict(rank=8, alpha=32.0, dropout=0.05, targets=("q", "k"))
-    loaded = runner.build_model(config)
-    assert runner.model_name(config) == "adapter"
-    for ours, theirs in zip(loaded.language_model.model.layers, model.language_model.model.layers):
-        for name in ("q_proj", "k_proj"):
-            for factor in ("lora_a", "lora_b"):
-                np.testing.assert_array_equal(getattr(getattr(ours.self_attn, name), factor)[...],
-                                              getattr(getattr(theirs.self_attn, name), factor)[...])
-    config.model.lora.targets = ("q", "k", "v")  # the adapter's own targets win over the config's
-    assert runner.build_model(config).cfg.lora.targets == ("q", "k")
+    save_peft_adapter(model, str(tmp_path / "fd_run" / "export" / "peft_adapter"))
+    config.checkpoint = str(tmp_path / "fd_run" / "export" / "peft_adapter")
+    assert runner.model_name(config) == "fd_run"
+    loaded = runner.Generator.from_config(config, config.generate, name="fd_run", max_new_tokens=8).model
+    np.testing.assert_array_equal(loaded.language_model.model.layers[1].self_attn.k_proj.lora_b[...],
+                                  model.language_model.model.layers[1].self_attn.k_proj.lora_b[...])
+    config.judge.checkpoint = config.checkpoint
+    config.checkpoint = ""
+    assert runner.judge_name(config) == "fd_run" and runner.judge_config(config).checkpoint.endswith("peft_adapter")
+    config.judge.checkpoint = ""
+    assert runner.judge_config(config) is None and runner.judge_name(config) == "fire_jax (random init) (self)"

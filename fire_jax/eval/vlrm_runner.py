@@ -38,8 +38,8 @@ of samples at a time); a rerun skips the ids found there (the last line of
 an id wins; a partial last line left by a kill is cut off). The settings that
 change a task's outputs (model, render, decode length; the judge for ERA/EC)
 are kept per task in ``workdir/settings.json``; a rerun with other settings
-stops instead of mixing outputs. Scores are always recomputed from the JSONL, so another
-``parser`` needs no new generation.
+stops instead of mixing outputs. Scores are always recomputed from the
+JSONL, so another ``parser`` (or row name) needs no new generation.
 """
 
 from __future__ import annotations
@@ -48,21 +48,20 @@ import collections
 import copy
 import dataclasses
 import json
-import os
-import re
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from fire_jax.data.chat import ChatTokenizer, Message, segments
-from fire_jax.data.config import load_config, resolve_path
+from fire_jax.data.config import load_config
 from fire_jax.data.images import load_image, preprocess
 from fire_jax.data.records import IMAGE_PLACEHOLDER
 from fire_jax.eval.vlrmbench import (TASKS, Sample, TaskData, TaskResult, build_judge_prompt, build_prompt,
                                      load_task, num_orders, results_table, score_task, task_info,
                                      theme_average)
 from fire_jax.infer.decode import DecodeConfig, generate
+from fire_jax.infer.loading import load
 
 # ----------------------------------------------------------------------------
 # Prompts with several images
@@ -144,81 +143,15 @@ def build_batch(rows: Sequence[Prepared], max_tiles: int = 0, multiple: int = 1)
 # Models
 # ----------------------------------------------------------------------------
 
-_PEFT_KEY = re.compile(r".*language_model\..*layers\.(\d+)\.(self_attn|mlp)\.(\w+_proj)\.lora_([AB])\.weight")
-_PEFT_TARGETS = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate",
-                 "up_proj": "up", "down_proj": "down"}
-
-
-def adapter_lora(directory: str) -> dict:
-    """``config.model.lora`` of a PEFT adapter directory (adapter_config.json: r, lora_alpha, target_modules)."""
-    with open(os.path.join(directory, "adapter_config.json")) as f:
-        peft = json.load(f)
-    modules = peft["target_modules"]
-    names = set(re.findall(r"\w+_proj", modules)) if isinstance(modules, str) else set(modules)
-    targets = tuple(t for name, t in _PEFT_TARGETS.items() if name in names)
-    if not targets:
-        raise ValueError(f"{directory}: no Llama projection among target_modules {modules!r}")
-    return dict(rank=int(peft["r"]), alpha=float(peft["lora_alpha"]), dropout=float(peft.get("lora_dropout", 0.0)),
-                targets=targets)
-
-
-def load_peft_adapter(model, directory: str):
-    """Set the model's LoRA factors from a PEFT adapter (what ``convert.hf.save_peft_adapter`` writes).
-
-    Keys are matched by layer, module and A/B (either transformers layout);
-    every adapter tensor must land on a LoRA factor of the same shape.
-    """
-    from safetensors.numpy import load_file
-
-    if model.cfg.lora is None:
-        raise ValueError(f"{directory}: the model has no LoRA (model.lora is None)")
-    tensors = load_file(os.path.join(directory, "adapter_model.safetensors"))
-    layers = model.language_model.model.layers
-    used = set()
-    for key, value in tensors.items():
-        m = _PEFT_KEY.fullmatch(key)
-        if m is None:
-            raise KeyError(f"{directory}: adapter tensor {key!r} is not a LoRA factor of the language model")
-        layer, sub, proj, which = int(m[1]), m[2], m[3], m[4]
-        linear = getattr(getattr(layers[layer], sub), proj, None) if layer < len(layers) else None
-        variable = None if linear is None else (linear.lora_a if which == "A" else linear.lora_b)
-        if variable is None:
-            raise KeyError(f"{directory}: {key!r} has no LoRA factor in the model (lora targets "
-                           f"{model.cfg.lora.targets if model.cfg.lora else None})")
-        value = np.ascontiguousarray(value.T)  # PEFT [out, in] -> ours [in, out]
-        if value.shape != variable[...].shape:
-            raise ValueError(f"{directory}: {key} has shape {value.T.shape}, the model expects "
-                             f"{variable[...].shape[::-1]}")
-        variable[...] = value.astype(variable[...].dtype)
-        used.add((layer, sub, proj, which))
-    expected = 2 * len(layers) * len(model.cfg.lora.targets)
-    if len(used) != expected:
-        raise KeyError(f"{directory}: adapter holds {len(used)} of the model's {expected} LoRA factors")
-    return model
-
-
-def build_model(config):
-    """The model of a config: ``config.init.hf_checkpoint`` (else random weights), then ``config.init.adapter``."""
-    from fire_jax.train.loop import build_model as build_weights
-
-    adapter = config.get("init", {}).get("adapter", "")
-    if adapter:
-        config = copy.deepcopy(config)
-        config.model.lora = adapter_lora(resolve_path(adapter))
-    model = build_weights(config)
-    return load_peft_adapter(model, resolve_path(adapter)) if adapter else model
-
-
 def model_name(config) -> str:
-    """``config.name``, else the adapter's training run (or folder), the checkpoint folder, or "random init"."""
-    init = config.get("init", {})
+    """``config.name``, else the checkpoint's training run (or folder), the HF checkpoint, or "random init"."""
     if config.get("name"):
         return config.name
-    if init.get("adapter"):
-        parts = Path(init["adapter"]).parts
+    if config.get("checkpoint"):
+        parts = Path(config.checkpoint).parts
         return parts[-3] if parts[-2:] == ("export", "peft_adapter") else parts[-1]  # the training run's workdir
-    if init.get("hf_checkpoint"):
-        return Path(init["hf_checkpoint"]).name
+    if config.get("init", {}).get("hf_checkpoint"):
+        return Path(config.init.hf_checkpoint).name
     return "fire_jax (random init)"
 
 
@@ -237,12 +170,13 @@ class Generator:
 
     @classmethod
     def from_config(cls, config, generate_config, *, name: str, max_new_tokens: int) -> "Generator":
-        model = build_model(config)
-        chat = ChatTokenizer.from_file(resolve_path(config.data.tokenizer), model.cfg.geometry,
-                                       image_token=config.data.image_token, pad_token=config.data.pad_token)
-        return cls(model, chat, name=name, batch_size=generate_config.batch_size, max_new_tokens=max_new_tokens,
-                   max_tiles=generate_config.max_tiles, bucket_min=generate_config.bucket_min,
-                   bucket_step=generate_config.bucket_step)
+        """The model of ``config``: ``config.checkpoint`` (HF / PEFT adapter / train workdir, see
+        :func:`fire_jax.infer.loading.load`), else ``config.init.hf_checkpoint``, else random weights."""
+        loaded = load(config, config.get("checkpoint") or None)
+        print(f"{name}: {loaded.description}")
+        return cls(loaded.model, loaded.chat, name=name, batch_size=generate_config.batch_size,
+                   max_new_tokens=max_new_tokens, max_tiles=generate_config.max_tiles,
+                   bucket_min=generate_config.bucket_min, bucket_step=generate_config.bucket_step)
 
     @property
     def geometry(self):
@@ -429,17 +363,18 @@ def select_tasks(tasks: str | Sequence[str]) -> list[str]:
 
 
 def judge_config(config):
-    """The judge's config: None for the evaluated model itself, else a config with model, data and init.
+    """The judge's config: None when the evaluated model judges, else a config to load it from.
 
-    ``config.judge.config`` names a config file (default: the evaluated model's
-    config); ``hf_checkpoint`` / ``adapter`` override its init.
+    ``config.judge.config`` names a config file (default: the evaluated
+    model's config) and ``config.judge.checkpoint`` its weights (any kind
+    :func:`fire_jax.infer.loading.load` reads; default: that config's).
     """
     judge = config.judge
-    if not (judge.config or judge.hf_checkpoint or judge.adapter):
+    if not (judge.config or judge.checkpoint):
         return None
     out = load_config(judge.config) if judge.config else copy.deepcopy(config)
-    out.init = dict(hf_checkpoint=judge.hf_checkpoint or out.get("init", {}).get("hf_checkpoint", ""),
-                    adapter=judge.adapter)
+    if judge.checkpoint or not judge.config:
+        out.checkpoint = judge.checkpoint
     out.name = judge.name
     return out
 
@@ -461,14 +396,13 @@ def _build_judge(config, generator: Generator) -> Generator:
 
 def task_settings(config, task: str) -> dict:
     """What a task's outputs depend on: model, render, decode length (+ the judge for ERA/EC)."""
-    init = config.get("init", {})
-    settings = dict(model=model_name(config), hf_checkpoint=init.get("hf_checkpoint", ""),
-                    adapter=init.get("adapter", ""), seed=config.seed, render=config.vlrm.render,
-                    max_new_tokens=config.generate.max_new_tokens)
+    settings = dict(checkpoint=config.get("checkpoint", ""),
+                    hf_checkpoint=config.get("init", {}).get("hf_checkpoint", ""), seed=config.seed,
+                    render=config.vlrm.render, max_new_tokens=config.generate.max_new_tokens)
     if task_info(task).theme == "criticism":
         judge = config.judge
-        settings.update(judge=judge_name(config), judge_config=judge.config, judge_hf_checkpoint=judge.hf_checkpoint,
-                        judge_adapter=judge.adapter, judge_max_new_tokens=judge.max_new_tokens)
+        settings.update(judge_config=judge.config, judge_checkpoint=judge.checkpoint,
+                        judge_max_new_tokens=judge.max_new_tokens)
     return settings
 
 
