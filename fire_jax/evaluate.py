@@ -16,9 +16,6 @@ See fire_jax/eval/fire_bench.py.
 
 from __future__ import annotations
 
-import json
-import os
-
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -29,50 +26,18 @@ _DATA_STATS = flags.DEFINE_string("data-stats", None, "plot the statistics of th
 _IMAGE_ROOT = flags.DEFINE_string("image-root", None, "with --data-stats: check the records' images under it")
 
 
-def read_conversations(path: str, image_root: str | None = None):
-    """(FIRE conversations, bad record counts) of a records file; images are checked only with an image root."""
-    from fire_jax.data.records import BadRecordError, BadRecords, Conversation, iter_raw, load_records, parse_record
-
-    if image_root:
-        records, bad = load_records(path, image_root)
-    else:
-        records, bad = [], BadRecords()
-        stem = os.path.splitext(os.path.basename(path))[0]
-        for index, raw in iter_raw(path):
-            try:
-                if isinstance(raw, BadRecordError):
-                    raise raw
-                records.append(parse_record(raw, default_id=f"{stem}:{index}", where=f"{path}: record {index}"))
-            except BadRecordError as e:
-                bad.add(e)
-    return [r for r in records if isinstance(r, Conversation)], bad
-
-
-def data_stats(path: str, workdir: str, image_root: str | None = None) -> dict:
-    from fire_jax.eval.plots import plot_data_statistics
-
-    conversations, bad = read_conversations(path, image_root)
-    print(bad.report(f"{path}: bad records"))
-    os.makedirs(workdir, exist_ok=True)
-    out = os.path.join(workdir, "data_statistics.png")
-    stats = plot_data_statistics(conversations, out, title=f"{os.path.basename(path)}: {len(conversations)} dialogues")
-    print(json.dumps(stats))
-    print(f"wrote {out}")
-    return stats
-
-
 def main(argv):
     del argv
     from absl import logging
 
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # jax and matplotlib log at INFO
-    if _DATA_STATS.value:
-        data_stats(_DATA_STATS.value, _WORKDIR.value, _IMAGE_ROOT.value)
-        return
-    from fire_jax.eval.fire_bench import evaluate
+    from fire_jax.eval.fire_bench import evaluate, split_statistics
 
-    evaluate(_CONFIG.value, _WORKDIR.value)
+    if _DATA_STATS.value:
+        split_statistics(_DATA_STATS.value, _WORKDIR.value, _IMAGE_ROOT.value)
+    else:
+        evaluate(_CONFIG.value, _WORKDIR.value)
 
 
 if __name__ == "__main__":

@@ -292,3 +292,40 @@ def evaluate(config, workdir: str, *, agents=None) -> dict:
     print(title + markdown)
     print(f"wrote {workdir}/results.json, results.md, " + ", ".join(os.path.basename(p) for p in figures.values()))
     return results
+
+
+# ----------------------------------------------------------------------------
+# Statistics of a FIRE split (Fig. 5)
+# ----------------------------------------------------------------------------
+
+
+def read_conversations(path: str, image_root: str | None = None) -> tuple[list, BadRecords]:
+    """(FIRE conversations, bad record counts) of a records file; images are checked only with an image root."""
+    from fire_jax.data.records import BadRecordError, Conversation, iter_raw, load_records, parse_record
+
+    if image_root:
+        records, bad = load_records(path, image_root)
+    else:
+        records, bad = [], BadRecords()
+        stem = os.path.splitext(os.path.basename(path))[0]
+        for index, raw in iter_raw(path):
+            try:
+                if isinstance(raw, BadRecordError):
+                    raise raw
+                records.append(parse_record(raw, default_id=f"{stem}:{index}", where=f"{path}: record {index}"))
+            except BadRecordError as e:
+                bad.add(e)
+    return [r for r in records if isinstance(r, Conversation)], bad
+
+
+def split_statistics(path: str, workdir: str, image_root: str | None = None) -> dict:
+    """Fig. 5 of a FIRE records file to ``workdir/data_statistics.png``; prints and returns the numbers."""
+    conversations, bad = read_conversations(path, image_root)
+    print(bad.report(f"{path}: bad records"))
+    os.makedirs(workdir, exist_ok=True)
+    out = os.path.join(workdir, "data_statistics.png")
+    stats = plots.plot_data_statistics(conversations, out,
+                                       title=f"{os.path.basename(path)}: {len(conversations)} dialogues")
+    print(json.dumps(stats))
+    print(f"wrote {out}")
+    return stats

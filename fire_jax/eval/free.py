@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import json
 import math
 from typing import Callable, Iterable, Mapping, Sequence
@@ -119,12 +120,8 @@ def run_dialogues(items: Iterable[Item], student, teacher, rule: StopRule, *, ba
 
 
 def _take(iterator, n: int) -> list:
-    out = []
-    for item in iterator:
-        out.append(item)
-        if len(out) == n:
-            break
-    return out
+    """The next ``n`` (or fewer, at the end) entries of an iterator."""
+    return list(itertools.islice(iterator, max(n, 0)))
 
 
 def _step_keys(rng, step: int):
