@@ -10,7 +10,7 @@ import pytest
 from fire_jax.data.config import load_config, resolve_path
 from fire_jax.data.records import BadRecords, feedback_text, load_records, parse_score
 from fire_jax.eval import fixed, free, plots, report
-from fire_jax.eval.bench_io import Item, ResultStore, item_of, load_conversations, load_triplets
+from fire_jax.eval.bench_io import Item, ResultStore, load_conversations, load_triplets
 from fire_jax.eval.data_generation import generate_records
 from fire_jax.eval.fire_bench import agent_model, build_agents, evaluate, split_statistics
 from fire_jax.infer.agents import Feedback
@@ -64,6 +64,11 @@ class ScriptedTeacher:
             text = "Feedback: no score here." if score is None else f"Score: {score}.\nFeedback: look again ({k})."
             out.append(Feedback(text, parse_score(text)))
         return out
+
+
+def synthetic_records(n):
+    with open(TEST_JSON) as f:
+        return json.load(f)[:n]
 
 
 def items_of(script, source="synthetic"):
@@ -173,7 +178,7 @@ def test_fixed_run_resumes_and_scores_against_the_ground_truth(tmp_path):
     with pytest.raises(RuntimeError, match="killed"):
         fixed.run_fixed(turns, ScriptedStudent(), ScriptedTeacher(fail_after=1), path, batch_size=3)
     with ResultStore(path) as store:
-        first = set(store._records)
+        first = {record["key"] for record in store}
     student, teacher = ScriptedStudent(), ScriptedTeacher()
     records = fixed.run_fixed(turns, student, teacher, path, batch_size=3)
     assert [r["key"] for r in records] == [t.key for t in turns]
@@ -241,7 +246,7 @@ def test_free_evaluation_with_tiny_models_accounts_for_every_item(tmp_path, tiny
 
 
 def test_free_report_has_paper_rows_per_source_and_baseline(tmp_path):
-    raw = json.load(open(TEST_JSON))[:6]
+    raw = synthetic_records(6)
     for record, source in zip(raw, ["textvqa", "textvqa", "MathVista", "mm-vet", "synthetic", "synthdog-en"]):
         record["source"] = source
     test_json = tmp_path / "test.json"
@@ -274,7 +279,7 @@ def test_free_report_has_paper_rows_per_source_and_baseline(tmp_path):
 
 
 def test_generated_fire_1m_records_load_with_zero_bad_records(tmp_path):
-    raw = json.load(open(TEST_JSON))[:6]
+    raw = synthetic_records(6)
     triplets = [{"id": f"t{i}", "image": r["image"], "question": r["question"]["value"],
                  "groundtruth": r["groundtruth"], "source": r["source"]} for i, r in enumerate(raw)]
     triplets.append({"id": "broken", "image": "missing.png", "question": "q", "groundtruth": "g"})
@@ -335,4 +340,26 @@ def test_agent_model_loads_a_peft_adapter(tmp_path):
     loaded = agent_model(config, dict(adapter=str(tmp_path / "adapter")))
     assert loaded.cfg.lora.targets == ("q", "v") and loaded.cfg.lora.rank == 4
     for a, b in zip(jax.tree.leaves(nnx.state(loaded, LoRAParam)), jax.tree.leaves(nnx.state(trained, LoRAParam))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_agent_model_restores_a_training_workdir_as_its_exported_adapter(tmp_path):
+    import jax
+    from flax import nnx
+
+    from fire_jax.models import LoRAParam
+    from fire_jax.train import loop
+
+    train_config = load_config(os.path.join(ROOT, "configs", "tiny.py"))
+    train_config.data.update(batch_size=2, buckets=(256,), max_len=256)
+    train_config.train.update(batch_size=2, total_steps=2, warmup_frac=0.0, lr=1e-2)
+    train_config.mesh.shape = (1, 1, 1)
+    workdir = str(tmp_path / "train")
+    loop.train(train_config, workdir)
+    config = eval_config("fixed")
+    restored = agent_model(config, dict(adapter=workdir))  # the orbax checkpoint
+    exported = agent_model(config, dict(adapter=os.path.join(workdir, "export", "peft_adapter")))
+    lora_b = restored.language_model.model.layers[0].self_attn.q_proj.lora_b[...]
+    assert np.abs(np.asarray(lora_b)).max() > 0  # trained, not the B = 0 init
+    for a, b in zip(jax.tree.leaves(nnx.state(restored, LoRAParam)), jax.tree.leaves(nnx.state(exported, LoRAParam))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -13,13 +13,14 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
 from typing import Any, Iterator, Mapping, Sequence
 
 from fire_jax.data.config import open_source, resolve_path
-from fire_jax.data.records import (BadRecordError, BadRecords, Conversation, check_image, iter_raw, parse_record,
+from fire_jax.data.records import (BadRecordError, BadRecords, Conversation, check_image, iter_raw,
                                    strip_image_placeholder)
 
 
@@ -67,9 +68,9 @@ def load_conversations(source: Mapping[str, Any], *, on_bad_record: str = "skip"
             bad.add(BadRecordError("not_fire", record.id, "question", "an instruction record in a FIRE test set"))
             continue
         pairs.append((record, image))
-    ids = [record.id for record, _ in pairs]
-    if len(set(ids)) != len(ids):
-        duplicates = sorted({i for i in ids if ids.count(i) > 1})[:5]
+    counts = collections.Counter(record.id for record, _ in pairs)
+    duplicates = sorted(i for i, n in counts.items() if n > 1)[:5]
+    if duplicates:
         raise ValueError(f"test set has duplicate record ids, e.g. {duplicates}: results are keyed by id")
     return pairs
 
