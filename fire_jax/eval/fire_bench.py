@@ -137,9 +137,14 @@ def agent_model(config, agent: Mapping[str, Any]):
             raise FileNotFoundError(f"adapter {adapter!r} is neither a PEFT adapter folder (adapter_config.json) "
                                     "nor a training workdir (checkpoints/)")
         model_config.lora = peft_lora_config(adapter)
-    model = build_model(ml_collections.ConfigDict(dict(
-        seed=config.seed, model=model_config, init=dict(hf_checkpoint=resolve_path(agent.get("init") or "")))))
+    init = resolve_path(agent.get("init") or "")
+    model = build_model(ml_collections.ConfigDict(dict(seed=config.seed, model=model_config,
+                                                       init=dict(hf_checkpoint=init))))
     if train_config is not None:
+        frozen = lambda path, seed: os.path.normpath(path) if path else f"random weights (seed {seed})"
+        trained_on = frozen(train_config.get("init", {}).get("hf_checkpoint", ""), train_config.seed)
+        if trained_on != frozen(init, config.seed):
+            print(f"WARNING: {adapter} was trained on {trained_on}, evaluated on {frozen(init, config.seed)}")
         return restore_trained(model, adapter, train_config)
     return load_peft_adapter(model, adapter) if adapter else model
 
@@ -150,7 +155,10 @@ def agent_name(agent: Mapping[str, Any]) -> str:
         return agent["name"]
     for key in ("adapter", "init"):
         if agent.get(key):
-            return os.path.basename(os.path.normpath(agent[key]))
+            path = os.path.normpath(agent[key])
+            if path.endswith(os.path.join("export", "peft_adapter")):  # a training workdir's export: its name
+                path = os.path.dirname(os.path.dirname(path))
+            return os.path.basename(path)
     return "random init"
 
 
