@@ -12,7 +12,7 @@ from fire_jax.data.records import BadRecords, feedback_text, load_records, parse
 from fire_jax.eval import fixed, free, plots, report
 from fire_jax.eval.bench_io import Item, ResultStore, load_conversations, load_triplets
 from fire_jax.eval.data_generation import generate_records
-from fire_jax.eval.fire_bench import agent_model, build_agents, evaluate, split_statistics
+from fire_jax.eval.fire_bench import build_agents, evaluate, load_agent, split_statistics
 from fire_jax.infer.agents import Feedback
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
@@ -321,7 +321,7 @@ def test_data_statistics_and_plots(tmp_path):
     assert os.path.getsize(out) > 1000
 
 
-def test_agent_model_loads_a_peft_adapter(tmp_path):
+def test_load_agent_from_a_peft_adapter(tmp_path):
     import jax
 
     from fire_jax.convert.hf import save_peft_adapter
@@ -330,20 +330,20 @@ def test_agent_model_loads_a_peft_adapter(tmp_path):
 
     config = eval_config("fixed")
     config.model.lora = dict(rank=4, alpha=8.0, dropout=0.0, targets=("q", "v"))
-    trained = agent_model(config, {})
+    trained = load_agent(config, {}).model
     state = nnx.state(trained, LoRAParam)
     leaves = jax.tree.leaves(state)
     nnx.update(trained, jax.tree.unflatten(jax.tree.structure(state),
                                            [np.full(x.shape, i + 1.0, x.dtype) for i, x in enumerate(leaves)]))
     save_peft_adapter(trained, str(tmp_path / "adapter"))
     config.model.lora = dict(rank=8, alpha=32.0, dropout=0.05, targets=("q", "k"))  # the adapter's own wins
-    loaded = agent_model(config, dict(adapter=str(tmp_path / "adapter")))
+    loaded = load_agent(config, dict(adapter=str(tmp_path / "adapter"))).model
     assert loaded.cfg.lora.targets == ("q", "v") and loaded.cfg.lora.rank == 4
     for a, b in zip(jax.tree.leaves(nnx.state(loaded, LoRAParam)), jax.tree.leaves(nnx.state(trained, LoRAParam))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_agent_model_restores_a_training_workdir_as_its_exported_adapter(tmp_path):
+def test_load_agent_restores_a_training_workdir_as_its_exported_adapter(tmp_path):
     import jax
     from flax import nnx
 
@@ -357,8 +357,8 @@ def test_agent_model_restores_a_training_workdir_as_its_exported_adapter(tmp_pat
     workdir = str(tmp_path / "train")
     loop.train(train_config, workdir)
     config = eval_config("fixed")
-    restored = agent_model(config, dict(adapter=workdir))  # the orbax checkpoint
-    exported = agent_model(config, dict(adapter=os.path.join(workdir, "export", "peft_adapter")))
+    restored = load_agent(config, dict(adapter=workdir)).model  # the orbax checkpoint
+    exported = load_agent(config, dict(adapter=os.path.join(workdir, "export", "peft_adapter"))).model
     lora_b = restored.language_model.model.layers[0].self_attn.q_proj.lora_b[...]
     assert np.abs(np.asarray(lora_b)).max() > 0  # trained, not the B = 0 init
     for a, b in zip(jax.tree.leaves(nnx.state(restored, LoRAParam)), jax.tree.leaves(nnx.state(exported, LoRAParam))):

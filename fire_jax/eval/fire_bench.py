@@ -8,7 +8,7 @@
 2. builds the student and the teacher (``config.student`` / ``config.teacher``:
    ``init`` a Hugging Face checkpoint folder or "" for random weights,
    ``adapter`` a PEFT adapter folder, a training workdir, or ""; see
-   :func:`agent_model`);
+   :func:`load_agent`);
 3. runs fixed dialogues (:mod:`fire_jax.eval.fixed`) or free dialogues
    (:mod:`fire_jax.eval.free`), appending to ``OUT/<setting>_outputs.jsonl``
    (a rerun resumes; ``OUT/settings.json`` stops a rerun with other settings
@@ -23,10 +23,7 @@ import copy
 import json
 import math
 import os
-import re
 from typing import Any, Mapping
-
-import numpy as np
 
 from fire_jax.data.config import resolve_path
 from fire_jax.data.records import BadRecords
@@ -39,114 +36,28 @@ SETTINGS = ("fixed", "free")
 # The student and the teacher
 # ----------------------------------------------------------------------------
 
-_PEFT_KEY = re.compile(r".*language_model\.(?:model\.)?layers\.(\d+)\.(self_attn|mlp)\.(\w+_proj)\.lora_([AB])"
-                       r"(?:\.default)?\.weight")
-_PEFT_TARGETS = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate", "up_proj": "up",
-                 "down_proj": "down"}
 
-
-def peft_lora_config(directory: str) -> dict:
-    """``model.lora`` of a PEFT adapter folder (adapter_config.json: r, lora_alpha, target_modules)."""
-    with open(os.path.join(directory, "adapter_config.json")) as f:
-        peft = json.load(f)
-    modules = peft["target_modules"]
-    names = set(re.findall(r"\w+_proj", modules)) if isinstance(modules, str) else set(modules)
-    targets = tuple(t for name, t in _PEFT_TARGETS.items() if name in names)
-    if not targets:
-        raise ValueError(f"{directory}: no Llama projection among target_modules {modules!r}")
-    return dict(rank=int(peft["r"]), alpha=float(peft["lora_alpha"]), dropout=float(peft.get("lora_dropout", 0.0)),
-                targets=targets)
-
-
-def load_peft_adapter(model, directory: str):
-    """Set the model's LoRA factors from a PEFT adapter (``convert.hf.save_peft_adapter``'s layout, or
-    transformers' older ``language_model.model.layers`` one); every LoRA module must be covered."""
-    from safetensors.numpy import load_file
-
-    layers = model.language_model.model.layers
-    covered = set()
-    for key, value in load_file(os.path.join(directory, "adapter_model.safetensors")).items():
-        match = _PEFT_KEY.fullmatch(key)
-        if match is None or "vision" in key:
-            raise KeyError(f"{directory}: adapter tensor {key!r} is not a LoRA factor of the language model")
-        layer, sub, proj, which = int(match[1]), match[2], match[3], match[4]
-        linear = getattr(getattr(layers[layer], sub), proj, None) if layer < len(layers) else None
-        factor = None if linear is None else getattr(linear, "lora_a" if which == "A" else "lora_b", None)
-        if factor is None:
-            raise KeyError(f"{directory}: {key!r} has no LoRA factor in the model (lora "
-                           f"{model.cfg.lora.targets if model.cfg.lora else None})")
-        value = np.ascontiguousarray(value.T)  # PEFT [out, in] -> ours [in, out]
-        if value.shape != factor[...].shape:
-            raise ValueError(f"{directory}: {key} has shape {value.T.shape}, the model expects "
-                             f"{factor[...].shape[::-1]}")
-        factor[...] = value.astype(factor[...].dtype)
-        covered.add((layer, sub, proj, which))
-    expected = 2 * len(layers) * len(model.cfg.lora.targets)
-    if len(covered) != expected:
-        raise KeyError(f"{directory}: the adapter has {len(covered)} of the model's {expected} LoRA factors")
-    return model
-
-
-def restore_trained(model, workdir: str, train_config):
-    """The model with the trainable parameters (LoRA, and the connector if it trained) of the latest
-    orbax checkpoint in ``workdir/checkpoints`` (restored on one device)."""
-    import jax
-
-    from fire_jax.train.checkpoint import Checkpointer
-    from fire_jax.train.sharding import make_mesh
-    from fire_jax.train.step import Trainer
-
-    trainer = Trainer(model, train_config.train, train_config.loss, 1, make_mesh((1, 1, 1), jax.devices()[:1]))
-    checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"))
-    try:
-        restored = checkpointer.restore(trainer.initial_state)
-    finally:
-        checkpointer.close()
-    if restored is None:
-        raise FileNotFoundError(f"{workdir}/checkpoints holds no checkpoint")
-    state, _, step = restored
-    print(f"restored the trained parameters of {workdir} at step {step}")
-    return trainer.model(state)
-
-
-def agent_model(config, agent: Mapping[str, Any]):
-    """The model of one agent config ``dict(init=..., adapter=...)``.
+def load_agent(config, agent: Mapping[str, Any]):
+    """The model (and its chat tokenizer) of one agent config ``dict(init=..., adapter=...)``, through
+    :func:`fire_jax.infer.loading.load`.
 
     ``init``: a Hugging Face LLaVA-NeXT folder, or ""/None for random weights
     of ``config.model`` (seed ``config.seed``). ``adapter``: ""/None; a PEFT
-    adapter folder (its r, alpha and targets set the LoRA); or a training
-    workdir (``python -m fire_jax.train``), whose latest orbax checkpoint
-    gives the LoRA (and the connector, when the run trained it) under the
-    LoRA config in its config.json. The frozen weights always come from
-    ``init``: they must be those the adapter was trained on.
+    adapter folder (its r, alpha and targets set the LoRA; the base weights
+    are ``init``); or a training workdir (``python -m fire_jax.train``): the
+    model of the run's own config.json with the trainable parameters (LoRA,
+    and the connector if it trained) of its latest orbax checkpoint.
     """
     import ml_collections
 
-    from fire_jax.train.loop import build_model
+    from fire_jax.infer.loading import load
 
-    adapter = resolve_path(agent.get("adapter") or "")
-    model_config = copy.deepcopy(config.model)
-    train_config = None
-    if adapter and os.path.isdir(os.path.join(adapter, "checkpoints")):
-        with open(os.path.join(adapter, "config.json")) as f:
-            train_config = ml_collections.ConfigDict(json.load(f))
-        lora = train_config.model.lora.to_dict()
-        model_config.lora = dict(lora, targets=tuple(lora["targets"]))
-    elif adapter:
-        if not os.path.isfile(os.path.join(adapter, "adapter_config.json")):
-            raise FileNotFoundError(f"adapter {adapter!r} is neither a PEFT adapter folder (adapter_config.json) "
-                                    "nor a training workdir (checkpoints/)")
-        model_config.lora = peft_lora_config(adapter)
-    init = resolve_path(agent.get("init") or "")
-    model = build_model(ml_collections.ConfigDict(dict(seed=config.seed, model=model_config,
-                                                       init=dict(hf_checkpoint=init))))
-    if train_config is not None:
-        frozen = lambda path, seed: os.path.normpath(path) if path else f"random weights (seed {seed})"
-        trained_on = frozen(train_config.get("init", {}).get("hf_checkpoint", ""), train_config.seed)
-        if trained_on != frozen(init, config.seed):
-            print(f"WARNING: {adapter} was trained on {trained_on}, evaluated on {frozen(init, config.seed)}")
-        return restore_trained(model, adapter, train_config)
-    return load_peft_adapter(model, adapter) if adapter else model
+    model_config = ml_collections.ConfigDict(dict(
+        seed=config.seed, model=copy.deepcopy(config.model), data=copy.deepcopy(config.data),
+        init=dict(hf_checkpoint=resolve_path(agent.get("init") or ""))))
+    loaded = load(model_config, agent.get("adapter") or None)
+    print(f"{agent_name(agent)}: {loaded.description}")
+    return loaded
 
 
 def agent_name(agent: Mapping[str, Any]) -> str:
@@ -172,21 +83,15 @@ def decode_config(config):
 
 def build_agents(config, teacher_history: str):
     """(Student, Teacher) of ``config.student`` / ``config.teacher``; identical specs share one model."""
-    from fire_jax.data.chat import ChatTokenizer
-    from fire_jax.infer.agents import Student, Teacher
-
     specs = {role: (config[role].get("init") or "", config[role].get("adapter") or "")
              for role in ("student", "teacher")}
-    models = {}
+    loaded = {}
     for role in ("student", "teacher"):
-        if specs[role] not in models:
-            models[specs[role]] = agent_model(config, config[role])
-    student_model, teacher_model = models[specs["student"]], models[specs["teacher"]]
-    chat = ChatTokenizer.from_file(resolve_path(config.data.tokenizer), student_model.cfg.geometry,
-                                   image_token=config.data.image_token, pad_token=config.data.pad_token)
+        if specs[role] not in loaded:
+            loaded[specs[role]] = load_agent(config, config[role])
     decode = decode_config(config)
-    return (Student(student_model, chat, decode),
-            Teacher(teacher_model, chat, decode, history=teacher_history))
+    return (loaded[specs["student"]].agent("student", decode),
+            loaded[specs["teacher"]].agent("teacher", decode, teacher_history=teacher_history))
 
 
 # ----------------------------------------------------------------------------
