@@ -208,3 +208,19 @@ def test_8b_parameter_counts_abstract():
     assert connector == 1024 * 4096 + 4096 + 4096 * 4096 + 4096
     assert lora == 32 * 64 * ((4096 + 4096) + (4096 + 1024))
     assert 0.003 < lora / llm < 0.005
+
+
+def test_blocked_and_single_query_attention_equal_the_reference():
+    from fire_jax.models import layers
+
+    rng = np.random.default_rng(0)
+    b, t, heads, kv_heads, d = 2, 2 * layers.QUERY_CHUNK, 4, 2, 8
+    q = jnp.asarray(rng.standard_normal((b, t, heads, d)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((b, t, kv_heads, d)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((b, t, kv_heads, d)), jnp.float32)
+    valid = jnp.asarray(np.arange(t)[None, :] < np.array([[t], [t - 100]]))
+    mask = (jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :])[:, None]
+    ref = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=d ** -0.5)
+    np.testing.assert_allclose(layers.attention(q, k, v, mask), ref, rtol=1e-5, atol=1e-5)
+    last = layers.attention(q[:, -1:], k, v, mask[:, :, -1:])  # one decode step over the whole cache
+    np.testing.assert_allclose(last, ref[:, -1:], rtol=1e-5, atol=1e-5)

@@ -105,18 +105,45 @@ class Embed(nnx.Module):
         return jnp.take(self.embedding[...], ids, axis=0).astype(dtype)
 
 
+#: Query positions per block in the memory-bounded attention path (non-GPU backends).
+QUERY_CHUNK = 512
+
+
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None) -> jax.Array:
     """Scaled dot-product attention, grouped-query aware.
 
     q ``[batch, q_len, heads, head_dim]``, k/v ``[batch, kv_len, kv_heads, head_dim]``,
-    mask bool broadcastable to ``[batch, heads, q_len, kv_len]``. Sequences go
-    through ``jax.nn.dot_product_attention`` (GPUs can pick the cuDNN flash
-    kernel); a single query (a decode step) takes an einsum path that reads the
-    KV cache in place instead of transposing it every step.
+    mask bool broadcastable to ``[batch, heads, q_len, kv_len]``.
+
+    - a single query (a decode step): an einsum that reads the KV cache in place;
+    - on GPUs: ``jax.nn.dot_product_attention``, which picks the cuDNN flash kernel;
+    - elsewhere, sequences longer than :data:`QUERY_CHUNK`: blocks of queries, each
+      rematerialised, so scores never exist for the whole sequence at once
+      (XLA's generic path would hold ``[batch, heads, seq, seq]`` float32 per layer).
     """
     scale = q.shape[-1] ** -0.5
-    if q.shape[1] != 1:
+    b, t, heads, d = q.shape
+    if t == 1:
+        return _single_query(q, k, v, mask, scale)
+    if jax.default_backend() == "gpu" or t <= QUERY_CHUNK or t % QUERY_CHUNK:
         return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale)
+    n = t // QUERY_CHUNK
+    blocks = q.reshape(b, n, QUERY_CHUNK, heads, d).swapaxes(0, 1)  # [blocks, batch, chunk, heads, head_dim]
+    if mask is None:
+        mask = jnp.ones((1, 1, t, k.shape[1]), bool)
+    mask = jnp.broadcast_to(mask, (mask.shape[0], mask.shape[1], t, k.shape[1]))
+    mask_blocks = mask.reshape(mask.shape[0], mask.shape[1], n, QUERY_CHUNK, -1).transpose(2, 0, 1, 3, 4)
+
+    @jax.checkpoint
+    def block(args):
+        q_block, m_block = args
+        return jax.nn.dot_product_attention(q_block, k, v, mask=m_block, scale=scale)
+
+    out = jax.lax.map(block, (blocks, mask_blocks))
+    return out.swapaxes(0, 1).reshape(b, t, heads, d)
+
+
+def _single_query(q, k, v, mask, scale):
     b, _, heads, d = q.shape
     kv_heads = k.shape[2]
     q = q.reshape(b, kv_heads, heads // kv_heads, d)  # [batch, kv_heads, group, head_dim]

@@ -17,6 +17,7 @@ from flax import nnx
 
 from fire_jax.models.config import LlamaConfig, LoraConfig
 from fire_jax.models.layers import Embed, Linear, RMSNorm, attention
+from fire_jax.models.partitioning import constrain
 
 #: Per-layer rematerialisation policies, chosen by name in the config.
 REMAT_POLICIES = {
@@ -185,12 +186,13 @@ class LlamaModel(nnx.Module):
 
             return jax.checkpoint(pure, policy=policy)(state, x, kv, rng)
 
-        x = embeds.astype(self.dtype)
+        x = constrain(embeds.astype(self.dtype), ("batch", None, None))  # [batch, seq, dim]
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
             kv = None if cache is None else (cache.k[i], cache.v[i])
             rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, i)
             x, kv = run_layer(layer, x, kv, rng)
+            x = constrain(x, ("batch", None, None))
             if kv is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])

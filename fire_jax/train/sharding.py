@@ -17,6 +17,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from fire_jax.models.partitioning import activation_sharding, logical_to_spec  # noqa: F401 (re-exported)
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 #: Default rules: batch over data x fsdp, weights' model dimension over fsdp,
@@ -55,24 +57,6 @@ def make_mesh(shape: Sequence[int], devices=None) -> Mesh:
     if math.prod(shape) != len(devices):
         raise ValueError(f"mesh shape {shape} needs {math.prod(shape)} devices, have {len(devices)}")
     return jax.make_mesh(tuple(shape), MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
-
-
-def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], rules, mesh: Mesh) -> P:
-    """PartitionSpec for one array from its logical axis names."""
-    rules = dict((name, tuple(mesh_axes)) for name, mesh_axes in rules)
-    used: set[str] = set()
-    spec = []
-    for name, dim in zip(axes, shape):
-        chosen = []
-        for mesh_axis in rules.get(name, ()) if name else ():
-            size = mesh.shape[mesh_axis]
-            if mesh_axis in used or size == 1:
-                continue
-            if dim % (math.prod(mesh.shape[a] for a in chosen) * size) == 0:
-                chosen.append(mesh_axis)
-        used.update(chosen)
-        spec.append(tuple(chosen) if len(chosen) > 1 else (chosen[0] if chosen else None))
-    return P(*spec)
 
 
 def state_shardings(state: nnx.State, mesh: Mesh, rules=DEFAULT_RULES) -> Any:

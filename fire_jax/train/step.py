@@ -21,7 +21,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fire_jax.models import LlavaNext, LoRAParam
 from fire_jax.train import loss as losses
-from fire_jax.train.sharding import DEFAULT_RULES, batch_sharding, state_shardings
+from fire_jax.train.sharding import DEFAULT_RULES, activation_sharding, batch_sharding, state_shardings
 
 BATCH_KEYS = ("input_ids", "attention_mask", "loss_mask", "turn_ids", "pixel_values", "image_index")
 
@@ -99,6 +99,10 @@ class Trainer:
         return jnp.sum(weights * nll), (nll, correct)
 
     def _step(self, state: TrainState, frozen, batch, rng):
+        with activation_sharding(self.mesh, self.rules):
+            return self._step_body(state, frozen, batch, rng)
+
+    def _step_body(self, state: TrainState, frozen, batch, rng):
         accum = self.train_cfg.accum_steps
         mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
         turns = batch["turn_ids"][:, 1:]
