@@ -59,7 +59,7 @@ def get_config(arg: str = "fire_student"):
         eval_sources={"fire_bench": dict(tfds=o["data_dir"], split="fire_bench")},
         on_bad_record="skip", max_len=3072, buckets=(1024, 2048, 3072), batch_size=64, shuffle=True, seed=0,
         num_epochs=1, num_threads=16, num_workers=8)
-    config.train = train_config(train_connector=o["released"], accum_steps=4, checkpoint_every=200)
+    config.train = train_config(train_connector=o["released"], accum_steps=8, checkpoint_every=200)  # 1 example per device per micro-batch on 8 GPUs
     config.loss = loss_config()
     config.mesh = mesh_config((1, -1, 1))  # FSDP over all devices; set (data, fsdp, tensor) per cluster
     return config

@@ -14,6 +14,7 @@ def train_config(**overrides) -> ml_collections.ConfigDict:
         epochs=1.0,
         total_steps=0,  # 0: epochs * examples / batch_size
         train_connector=False,  # True reproduces the released checkpoints (connector trained too)
+        trainable=(),  # regexes over frozen-weight paths to train as well (the tiny demo: (".*",))
         loss_chunk=512,  # sequence positions per logits chunk in the loss
         checkpoint_every=500,
         keep_checkpoints=3,

@@ -10,6 +10,7 @@ whole global batch first, so accumulation is exact (SPEC section 4).
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import jax
@@ -26,11 +27,18 @@ from fire_jax.train.sharding import DEFAULT_RULES, activation_sharding, batch_sh
 BATCH_KEYS = ("input_ids", "attention_mask", "loss_mask", "turn_ids", "pixel_values", "image_index")
 
 
-def trainable_filter(train_connector: bool):
-    """What the optimizer sees: LoRA factors, plus the connector when asked."""
-    if train_connector:
-        return nnx.Any(LoRAParam, nnx.All(nnx.Param, nnx.PathContains("multi_modal_projector")))
-    return LoRAParam
+def trainable_filter(train_cfg):
+    """What the optimizer sees: LoRA factors, the connector with ``train_connector``, and any frozen
+    weight whose path ("language_model/model/layers/0/mlp/up_proj/kernel") fully matches one of the
+    ``trainable`` regexes (big_vision-style; the tiny from-scratch demo trains everything with ".*")."""
+    filters = [LoRAParam]
+    if train_cfg.train_connector:
+        filters.append(nnx.All(nnx.Param, nnx.PathContains("multi_modal_projector")))
+    patterns = tuple(train_cfg.get("trainable", ()))
+    if patterns:
+        regex = re.compile("|".join(f"(?:{p})" for p in patterns))
+        filters.append(nnx.All(nnx.Param, lambda path, _: regex.fullmatch("/".join(map(str, path))) is not None))
+    return nnx.Any(*filters)
 
 
 def make_optimizer(cfg, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -62,7 +70,7 @@ class Trainer:
         frozen weights are ShapeDtypeStructs with shardings, for lowering and memory analysis at 8B."""
         self.mesh, self.rules = mesh, rules
         self.train_cfg, self.loss_cfg = train_cfg, loss_cfg
-        self.graphdef, params, frozen = nnx.split(model, trainable_filter(train_cfg.train_connector), ...)
+        self.graphdef, params, frozen = nnx.split(model, trainable_filter(train_cfg), ...)
         to_f32 = lambda tree: jax.tree.map(lambda x: x.astype(jnp.float32), tree)
         params = jax.eval_shape(to_f32, params) if abstract else to_f32(params)
         self.tx, self.schedule = make_optimizer(train_cfg, total_steps)

@@ -1,0 +1,100 @@
+"""The main job end to end (FIRE, Sec. 5): train FD and FIRE, evaluate them against the baseline.
+
+1. train the teacher (FD) and 2. the student (FIRE) with ``fire_jax.train``;
+3. fixed dialogues (Tables 2-3): the baseline (untrained student and teacher), then FIRE student + FD teacher;
+4. free dialogues (Tables 4-6, Fig. 7): the baseline student with the FD teacher, then the FIRE student with
+   the FD teacher, AT normalised by the baseline's mean turns.
+Every stage resumes from its workdir, so an interrupted pipeline picks up where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import ml_collections
+
+#: Columns of the summary: (label, setting, role or None, metric key).
+SUMMARY = (("student BLEU-4", "fixed", "student", "BLEU-4"), ("student CIDEr", "fixed", "student", "CIDEr"),
+           ("teacher CIDEr", "fixed", "teacher", "CIDEr"), ("teacher MAE", "fixed", "teacher", "MAE"),
+           ("AT", "free", None, "AT"), ("ADR", "free", None, "ADR"), ("ATR", "free", None, "ATR"),
+           ("RR", "free", None, "RR"), ("K", "free", None, "K"))
+
+
+def train_stage(config, workdir: str, name: str) -> str:
+    from fire_jax.train.loop import train
+
+    print(f"\n== train the {name} -> {workdir}")
+    summary = train(config, workdir)
+    print(f"{name}: step {summary['step']}/{summary['total_steps']}, last loss "
+          f"{summary['metrics'].get('loss', float('nan')):.4f}")
+    return workdir
+
+
+def eval_stage(base, workdir: str, *, student: dict, teacher: dict, baseline_results: str = "") -> dict:
+    from fire_jax.eval.fire_bench import evaluate
+
+    config = ml_collections.ConfigDict(base.to_dict())
+    config.student, config.teacher = dict(student), dict(teacher)
+    if baseline_results:
+        config.free.baseline_results = baseline_results
+    print(f"\n== {config.setting} dialogues: student {student['name']}, teacher {teacher['name']} -> {workdir}")
+    return evaluate(config, workdir)
+
+
+def run(config, workdir: str) -> dict[str, Any]:
+    """Train both agents, run all four evaluations, print and write ``summary.json`` / ``summary.md``."""
+    start = time.perf_counter()
+    teacher_dir = train_stage(config.teacher_train, os.path.join(workdir, "teacher"), "teacher (FD)")
+    student_dir = train_stage(config.student_train, os.path.join(workdir, "student"), "student (FIRE)")
+    baseline = dict(config.baseline)
+    fd = dict(name="FD (ours)", init=baseline["init"], adapter=teacher_dir)
+    fire = dict(name="FIRE (ours)", init=baseline["init"], adapter=student_dir)
+    untrained_teacher = dict(baseline, name=f"{baseline['name']} teacher")
+    out = os.path.join(workdir, "eval")
+    results = {
+        ("baseline", "fixed"): eval_stage(config.eval_fixed, os.path.join(out, "baseline_fixed"),
+                                          student=baseline, teacher=untrained_teacher),
+        ("fire", "fixed"): eval_stage(config.eval_fixed, os.path.join(out, "fire_fixed"), student=fire, teacher=fd),
+        ("baseline", "free"): eval_stage(config.eval_free, os.path.join(out, "baseline_free"),
+                                         student=baseline, teacher=fd),
+    }
+    results[("fire", "free")] = eval_stage(config.eval_free, os.path.join(out, "fire_free"), student=fire,
+                                           teacher=fd,
+                                           baseline_results=os.path.join(out, "baseline_free", "results.json"))
+    summary = summarize(results)
+    summary["minutes"] = (time.perf_counter() - start) / 60
+    summary["figures"] = sorted(p for r in results.values() for p in r.get("figures", {}).values())
+    table = summary_table(summary)
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    with open(os.path.join(workdir, "summary.md"), "w") as f:
+        f.write(table)
+    print("\n== summary (overall, synthetic test set)\n" + table)
+    print("plots:\n  " + "\n  ".join(summary["figures"]))
+    print(f"done in {summary['minutes']:.1f} min; {workdir}/summary.json, summary.md, eval/*/results.md")
+    return summary
+
+
+def summarize(results: dict) -> dict:
+    rows = {}
+    for run_name in ("baseline", "fire"):
+        row = {}
+        for label, setting, role, key in SUMMARY:
+            metrics = results[(run_name, setting)]["metrics"]
+            overall = metrics[role]["overall"] if role else metrics["overall"]
+            row[label] = overall.get(key)
+        rows[run_name] = row
+    return {"rows": rows}
+
+
+def summary_table(summary: dict) -> str:
+    labels = [label for label, *_ in SUMMARY]
+    lines = ["| run | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
+    for name, row in summary["rows"].items():
+        cells = ["–" if row[k] is None else (f"{row[k]:.3f}" if isinstance(row[k], float) else str(row[k]))
+                 for k in labels]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
