@@ -4,9 +4,10 @@
 #   python -m fire_jax.run --config configs/pipeline.py:8b --workdir /runs/fire_8b
 """Pipeline config: one training config per role and the two evaluation settings.
 
-arg "tiny" (default): configs/tiny.py's model, trained from scratch on the shipped synthetic FIRE set. A tiny
-random model has no pretrained weights for LoRA to adapt, so here every weight trains (``train.trainable=(".*",)``)
-and the student also learns its first answer (``student_first_turn``); the baseline is the untrained model.
+arg "tiny" (default): configs/tiny.py's model on the shipped synthetic FIRE set. A base model is first trained
+from scratch on single-turn instruction data (question -> first answer: what a VLM knows before FIRE); FD and
+FIRE start from it, and it is the baseline. A tiny model is too small for LoRA alone, so every weight trains
+(``train.trainable=(".*",)``) and the student also keeps its first answer as a target (``student_first_turn``).
 arg "8b": FD-LLaVA and FIRE-LLaVA from configs/fire_teacher.py / fire_student.py (LoRA on the llava-hf checkpoint);
 the baseline is the llava-hf LLaVA-NeXT-8B itself.
 """
@@ -24,31 +25,37 @@ def _load(name: str):
     return load_config(os.path.join(CONFIGS, name))
 
 
+def _tiny_train(role: str):
+    train = _load("tiny.py")
+    train.data.role = role
+    train.data.student_first_turn = True
+    train.train.update(dict(trainable=(".*",), total_steps=300, lr=3e-3, warmup_frac=0.05, checkpoint_every=100))
+    return train
+
+
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
     size = arg or "tiny"
     if size not in ("tiny", "8b"):
         raise ValueError(f"configs/pipeline.py: arg must be 'tiny' or '8b', got {arg!r}")
     config = ml_collections.ConfigDict()
     if size == "tiny":
-        roles = {}
-        for role in ("teacher", "student"):
-            train = _load("tiny.py")
-            train.data.role = role
-            train.data.student_first_turn = True
-            train.train.update(dict(trainable=(".*",), total_steps=300, lr=3e-3, warmup_frac=0.05,
-                                    checkpoint_every=100))
-            roles[role] = train
-        config.teacher_train, config.student_train = roles["teacher"], roles["student"]
+        # The base model: single-turn instruction data (question -> first answer), like LLaVA-NeXT before FIRE.
+        config.base_train = _tiny_train("student")
+        config.base_train.data.sources = dict(instruct=dict(json="assets:synthetic_fire/instruct.json",
+                                                             image_root="assets:synthetic_fire/images"))
+        config.base_train.train.export_merged = True  # FD and FIRE start from base/export/hf_merged
+        config.teacher_train, config.student_train = _tiny_train("teacher"), _tiny_train("student")
         config.eval_fixed = _load("eval_fixed.py:tiny")
         config.eval_free = _load("eval_free.py:tiny")
         for setting in (config.eval_fixed, config.eval_free):
             setting.decode.max_new_tokens = 48  # the synthetic answers and feedback fit in 48 tiny-BPE tokens
             setting.decode.batch_size = 16
-        config.baseline = dict(name="untrained", init="", adapter="")
+        config.baseline = dict(name="base (no FIRE)", init="", adapter="")  # init: set to the base model
     else:
         config.teacher_train = _load("fire_teacher.py")
         config.student_train = _load("fire_student.py")
         config.eval_fixed = _load("eval_fixed.py:8b")
         config.eval_free = _load("eval_free.py:8b")
+        config.base_train = None  # the llava-hf checkpoint is the base
         config.baseline = dict(name="LLaVA-NeXT-8B", init=config.eval_free.student.init, adapter="")
     return config

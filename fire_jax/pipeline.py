@@ -1,7 +1,8 @@
 """The main job end to end (FIRE, Sec. 5): train FD and FIRE, evaluate them against the baseline.
 
+0. (tiny) train a base model on single-turn instruction data: the baseline, and where FD and FIRE start;
 1. train the teacher (FD) and 2. the student (FIRE) with ``fire_jax.train``;
-3. fixed dialogues (Tables 2-3): the baseline (untrained student and teacher), then FIRE student + FD teacher;
+3. fixed dialogues (Tables 2-3): the baseline as student and teacher, then FIRE student + FD teacher;
 4. free dialogues (Tables 4-6, Fig. 7): the baseline student with the FD teacher, then the FIRE student with
    the FD teacher, AT normalised by the baseline's mean turns.
 Every stage resumes from its workdir, so an interrupted pipeline picks up where it stopped.
@@ -47,9 +48,15 @@ def eval_stage(base, workdir: str, *, student: dict, teacher: dict, baseline_res
 def run(config, workdir: str) -> dict[str, Any]:
     """Train both agents, run all four evaluations, print and write ``summary.json`` / ``summary.md``."""
     start = time.perf_counter()
+    baseline = dict(config.baseline)
+    if config.get("base_train"):
+        base_dir = train_stage(config.base_train, os.path.join(workdir, "base"), "base model (instruction data)")
+        base = os.path.abspath(os.path.join(base_dir, "export", "hf_merged"))
+        for stage in (config.teacher_train, config.student_train):
+            stage.init.hf_checkpoint = base
+        baseline["init"] = base
     teacher_dir = train_stage(config.teacher_train, os.path.join(workdir, "teacher"), "teacher (FD)")
     student_dir = train_stage(config.student_train, os.path.join(workdir, "student"), "student (FIRE)")
-    baseline = dict(config.baseline)
     fd = dict(name="FD (ours)", init=baseline["init"], adapter=teacher_dir)
     fire = dict(name="FIRE (ours)", init=baseline["init"], adapter=student_dir)
     untrained_teacher = dict(baseline, name=f"{baseline['name']} teacher")

@@ -24,8 +24,9 @@ KEYS = {"input_ids": np.int32, "attention_mask": np.int32, "loss_mask": np.float
 
 
 def data_config(**changes):
+    # r_1 labelled: the shipped set's one-round dialogues (first answer right) keep a label.
     config = dict(tokenizer="assets:tiny_tokenizer.json", image_token="<image>", pad_token="<pad>", role="student",
-                  student_first_turn=False, teacher_history="full", sources=dict(synthetic=SYNTHETIC),
+                  student_first_turn=True, teacher_history="full", sources=dict(synthetic=SYNTHETIC),
                   on_bad_record="skip", max_len=768, buckets=(256, 384, 512, 640, 768), batch_size=8, shuffle=True,
                   seed=0, num_epochs=0, num_threads=0, num_workers=0)
     config.update(changes)
@@ -68,7 +69,7 @@ def test_batch_contract():
             tiles = TINY.num_tiles(size)
             assert index[image_tokens & (index != newline)].max() < tiles * 16
             assert (batch["pixel_values"][row, tiles:] == 0).all() and (batch["pixel_values"][row, :tiles] != 0).any()
-    assert pipeline.num_examples == 360
+    assert pipeline.num_examples == 720
 
 
 @pytest.mark.parametrize("threads", [0, 2])
@@ -103,14 +104,14 @@ def epoch_ids(config, **kwargs):
 
 
 def test_two_processes_cover_every_example_once():
-    config = data_config(num_epochs=1, batch_size=16)
+    config = data_config(num_epochs=1, batch_size=14)
     ids = [epoch_ids(config, process_index=p, process_count=2) for p in range(2)]
     real = [[i for i in shard if i] for shard in ids]
     assert len(ids[0]) == len(ids[1])  # both processes see the same number of (padded) batches
-    assert sorted(real[0] + real[1]) == [f"synthetic_train_{i:05d}" for i in range(360)]
+    assert sorted(real[0] + real[1]) == [f"synthetic_train_{i:05d}" for i in range(720)]
     last = list(InputPipeline(config, TINY, process_index=1, process_count=2))[-1]
     padding = last["example_id"] == ""
-    assert padding.sum() == 4  # 180 examples in batches of 8
+    assert padding.sum() == 4  # 360 examples in batches of 7
     assert (last["attention_mask"][padding].sum(1) == 1).all() and (last["input_ids"][padding, 0] == 0).all()
     assert (last["loss_mask"][padding] == 0).all()
 
@@ -118,8 +119,8 @@ def test_two_processes_cover_every_example_once():
 def test_shuffle_is_deterministic_by_seed_and_differs_per_epoch():
     one = epoch_ids(data_config(num_epochs=2, batch_size=40))
     assert one == epoch_ids(data_config(num_epochs=2, batch_size=40))
-    assert one[:360] != epoch_ids(data_config(num_epochs=1, batch_size=40, seed=1))
-    assert sorted(one[:360]) == sorted(one[360:]) and one[:360] != one[360:]
+    assert one[:720] != epoch_ids(data_config(num_epochs=1, batch_size=40, seed=1))
+    assert sorted(one[:720]) == sorted(one[720:]) and one[:720] != one[720:]
 
 
 def test_mixing_ratio():
@@ -138,23 +139,25 @@ def test_length_policy(tmp_path):
     path = tmp_path / "one_turn.json"
     path.write_text(json.dumps(one_turn))
     sources = dict(synthetic=SYNTHETIC, one_turn=dict(json=str(path), image_root=str(tmp_path)))
-    # Student examples with one turn have no label (r_1 is not a target) and are dropped.
-    pipeline = InputPipeline(data_config(sources=sources, num_epochs=1, shuffle=False, batch_size=363), TINY)
+    # Student examples with one turn have no label (r_1 is not a target) and are dropped: the 3 cut here and
+    # the 228 shipped dialogues whose first answer is already right.
+    pipeline = InputPipeline(data_config(sources=sources, num_epochs=1, shuffle=False, batch_size=723,
+                                         student_first_turn=False), TINY)
     batch = next(pipeline)
-    assert dict(pipeline.dropped) == {"no_labelled_token": 3} and (batch["example_id"] != "").sum() == 360
+    assert dict(pipeline.dropped) == {"no_labelled_token": 231} and (batch["example_id"] != "").sum() == 492
     # Labelling r_1 keeps them.
-    pipeline = InputPipeline(data_config(sources=sources, num_epochs=1, shuffle=False, batch_size=363,
+    pipeline = InputPipeline(data_config(sources=sources, num_epochs=1, shuffle=False, batch_size=723,
                                          student_first_turn=True), TINY)
-    assert (next(pipeline)["example_id"] != "").sum() == 363 and not pipeline.dropped
+    assert (next(pipeline)["example_id"] != "").sum() == 723 and not pipeline.dropped
     # Teacher sequences (520-640 tokens) cut to 560: kept while a label is left, the image block is never cut.
-    pipeline = InputPipeline(data_config(role="teacher", max_len=560, buckets=(), num_epochs=1, batch_size=360), TINY)
+    pipeline = InputPipeline(data_config(role="teacher", max_len=560, buckets=(), num_epochs=1, batch_size=720), TINY)
     batch = next(pipeline)
-    assert batch["input_ids"].shape == (360, 560) and not pipeline.dropped
+    assert batch["input_ids"].shape == (720, 560) and not pipeline.dropped
     assert (batch["attention_mask"].sum(1) == 560).any() and (batch["loss_mask"].sum(1) > 0).all()
     pipeline = InputPipeline(data_config(max_len=40, buckets=(), num_epochs=1, batch_size=8), TINY)
     with pytest.raises(StopIteration):
         next(pipeline)
-    assert dict(pipeline.dropped) == {"image_cut": 360}
+    assert dict(pipeline.dropped) == {"image_cut": 720}
     assert "image_cut" in pipeline.report()
 
 
@@ -263,7 +266,7 @@ def test_synthetic_data():
     assert records != generate(12, seed=4, split="train")[0]
     shipped, bad = load_records(os.path.join(ASSETS_DIR, "synthetic_fire", "train.json"),
                                 os.path.join(ASSETS_DIR, "synthetic_fire", "images"), on_bad_record="error")
-    assert len(shipped) == 360 and not bad
+    assert len(shipped) == 720 and not bad
     for record in shipped:
         answer = record.groundtruth
         assert [t.response.split("Answer: ")[1] == answer for t in record.turns] == \

@@ -3,7 +3,7 @@
     python tools/make_synthetic_fire.py --out fire_jax/assets/synthetic_fire \
         --tokenizer fire_jax/assets/tiny_tokenizer.json
 
-regenerates the copy shipped in the repo (seed 0, 360 train / 90 test records).
+regenerates the copy shipped in the repo (seed 0, 720 train / 90 test records).
 """
 
 import argparse
@@ -16,7 +16,7 @@ from fire_jax.data.tokenizer import train_tokenizer
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="directory for train.json, test.json and images/")
-    parser.add_argument("--num-train", type=int, default=360)
+    parser.add_argument("--num-train", type=int, default=720)
     parser.add_argument("--num-test", type=int, default=90)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tokenizer", help="also train a byte-level BPE on train.json and write it here")

@@ -87,7 +87,8 @@ def _count_task(rng: random.Random, size):
     turns.append((_response(f"The feedback says there are {more} than {wrong[-1]}. I count again.",
                             f"There are {count} {thing}."),
                   _feedback(10, f"Correct! You counted the {thing} right.")))
-    return image, question, f"There are {count} {thing}.", turns
+    first = _response(f"I count the {thing} in the image.", f"There are {count} {thing}.")
+    return image, question, f"There are {count} {thing}.", turns, first
 
 
 def _color_task(rng: random.Random, size):
@@ -113,7 +114,8 @@ def _color_task(rng: random.Random, size):
     turns.append((_response(f"The feedback says it is a {family} colour, so I look again.",
                             f"The {shape} is {color}."),
                   _feedback(10, f"Correct! The colour of the {shape} is right.")))
-    return image, question, f"The {shape} is {color}.", turns
+    first = _response(f"The {shape} looks {color} to me.", f"The {shape} is {color}.")
+    return image, question, f"The {shape} is {color}.", turns, first
 
 
 def _bar_task(rng: random.Random, size):
@@ -136,10 +138,14 @@ def _bar_task(rng: random.Random, size):
              (_response(f"The feedback says to look further to the {side}.",
                         f"The {POSITIONS[tallest]} bar is the tallest."),
               _feedback(10, "Correct! You found the tallest bar."))]
-    return image, question, f"The {POSITIONS[tallest]} bar is the tallest.", turns
+    first = _response("The bars have different heights.", f"The {POSITIONS[tallest]} bar is the tallest.")
+    return image, question, f"The {POSITIONS[tallest]} bar is the tallest.", turns, first
 
 
 TASKS = {"count": _count_task, "color": _color_task, "bars": _bar_task}
+#: Share of dialogues whose first answer is already right (one round, score 10): without them the
+#: turn position alone would predict the score, and a teacher could learn that instead of comparing.
+CORRECT_FIRST = 0.3
 
 
 def generate(num: int, seed: int, split: str) -> tuple[list[dict], dict[str, Image.Image]]:
@@ -148,7 +154,9 @@ def generate(num: int, seed: int, split: str) -> tuple[list[dict], dict[str, Ima
     records, images = [], {}
     for i in range(num):
         task = list(TASKS)[i % len(TASKS)]
-        image, question, answer, turns = TASKS[task](rng, rng.choice(IMAGE_SIZES))
+        image, question, answer, turns, first = TASKS[task](rng, rng.choice(IMAGE_SIZES))
+        if rng.random() < CORRECT_FIRST:
+            turns = [(first, turns[-1][1])]
         name = f"{split}_{i:05d}.png"
         images[name] = image
         conversations = []
@@ -164,8 +172,9 @@ def generate(num: int, seed: int, split: str) -> tuple[list[dict], dict[str, Ima
     return records, images
 
 
-def write_synthetic_fire(out_dir: str, *, num_train: int = 360, num_test: int = 90, seed: int = 0) -> dict[str, str]:
-    """Write ``train.json``, ``test.json`` and ``images/`` under ``out_dir``; returns the JSON paths."""
+def write_synthetic_fire(out_dir: str, *, num_train: int = 720, num_test: int = 90, seed: int = 0) -> dict[str, str]:
+    """Write ``train.json``, ``test.json``, ``instruct.json`` (the train questions as single-turn
+    instruction data, :func:`instruction_records`) and ``images/`` under ``out_dir``; returns the JSON paths."""
     os.makedirs(os.path.join(out_dir, "images"), exist_ok=True)
     paths = {}
     for split, num in (("train", num_train), ("test", num_test)):
@@ -173,10 +182,29 @@ def write_synthetic_fire(out_dir: str, *, num_train: int = 360, num_test: int = 
         for name, image in images.items():
             image.save(os.path.join(out_dir, "images", name), optimize=True)
         paths[split] = os.path.join(out_dir, f"{split}.json")
-        with open(paths[split], "w", encoding="utf-8") as f:
-            json.dump(records, f, indent=1)
-            f.write("\n")
+        _write_json(paths[split], records)
+        if split == "train":
+            paths["instruct"] = os.path.join(out_dir, "instruct.json")
+            _write_json(paths["instruct"], instruction_records(records))
     return paths
+
+
+def _write_json(path: str, records: list[dict]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(records, f, indent=1)
+        f.write("\n")
+
+
+def instruction_records(records: list[dict]) -> list[dict]:
+    """LLaVA-665K-style single-turn records (question -> first answer) from FIRE records.
+
+    What an instruction-tuned VLM is trained on before FIRE: answering, never
+    refining from feedback. The tiny pipeline's base model (its baseline) learns from these.
+    """
+    return [{"id": f"{r['id']}_instruct", "image": r["image"], "source": r["source"], "split": "instruct",
+             "conversations": [{"from": "human", "value": "<image>\n" + r["question"]["value"]},
+                               {"from": "gpt", "value": r["conversations"][0]["value"]}]}
+            for r in records]
 
 
 def corpus(records: list[dict]) -> list[str]:
