@@ -48,14 +48,7 @@ def eval_stage(base, workdir: str, *, student: dict, teacher: dict, baseline_res
 def run(config, workdir: str) -> dict[str, Any]:
     """Train both agents, run all four evaluations, print and write ``summary.json`` / ``summary.md``."""
     start = time.perf_counter()
-    baseline = dict(config.baseline)
-    if config.get("base_train"):
-        base_dir = train_stage(config.base_train, os.path.join(workdir, "base"), "base model (instruction data)")
-        base = os.path.abspath(os.path.join(base_dir, "export", "hf_merged"))
-        for stage in (config.teacher_train, config.student_train):
-            stage.init.hf_checkpoint = base
-        baseline["init"] = base
-    teacher_dir = train_stage(config.teacher_train, os.path.join(workdir, "teacher"), "teacher (FD)")
+    baseline, teacher_dir = base_and_teacher(config, workdir)
     student_dir = train_stage(config.student_train, os.path.join(workdir, "student"), "student (FIRE)")
     fd = dict(name="FD (ours)", init=baseline["init"], adapter=teacher_dir)
     fire = dict(name="FIRE (ours)", init=baseline["init"], adapter=student_dir)
@@ -105,3 +98,62 @@ def summary_table(summary: dict) -> str:
                  for k in labels]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------- paper experiments
+
+
+def base_and_teacher(config, workdir: str) -> tuple[dict, str]:
+    """The baseline agent spec (training the tiny base model when the config has one) and a trained FD teacher."""
+    baseline = dict(config.baseline)
+    if config.get("base_train"):
+        base_dir = train_stage(config.base_train, os.path.join(workdir, "base"), "base model (instruction data)")
+        baseline["init"] = os.path.abspath(os.path.join(base_dir, "export", "hf_merged"))
+        for stage in (config.teacher_train, config.student_train):
+            stage.init.hf_checkpoint = baseline["init"]
+    teacher_dir = train_stage(config.teacher_train, os.path.join(workdir, "teacher"), "teacher (FD)")
+    return baseline, teacher_dir
+
+
+def data_size_ablation(config, workdir: str, sizes: list[int]) -> list[dict]:
+    """Fig. 6: one student per training-set size (``max_examples`` of the student's last source), each in free
+    dialogues with the same FD teacher; AT normalised by the baseline. Writes ``fig6.json`` and ``fig6.png``."""
+    from fire_jax.eval.plots import plot_data_size_ablation
+
+    baseline, teacher_dir = base_and_teacher(config, workdir)
+    fd = dict(name="FD (ours)", init=baseline["init"], adapter=teacher_dir)
+    out = os.path.join(workdir, "eval")
+    eval_stage(config.eval_free, os.path.join(out, "baseline_free"), student=baseline, teacher=fd)
+    baseline_results = os.path.join(out, "baseline_free", "results.json")
+    points = []
+    for size in sizes:
+        student = ml_collections.ConfigDict(config.student_train.to_dict())
+        last = sorted(student.data.sources)[-1]
+        student.data.sources[last].max_examples = size
+        student.data.sources[last].num_examples = size
+        run_dir = train_stage(student, os.path.join(workdir, f"student_{size}"), f"student on {size} dialogues")
+        spec = dict(name=f"FIRE {size}", init=baseline["init"], adapter=run_dir)
+        result = eval_stage(config.eval_free, os.path.join(out, f"student_{size}_free"), student=spec, teacher=fd,
+                            baseline_results=baseline_results)
+        overall = result["metrics"]["overall"]
+        points.append({"size": size, **{k: overall.get(k) for k in ("AT", "ADR", "ATR", "RR", "K")}})
+    with open(os.path.join(workdir, "fig6.json"), "w") as f:
+        json.dump(points, f, indent=2)
+    plot_data_size_ablation(points, os.path.join(workdir, "fig6.png"), title="data-size ablation (Fig. 6)")
+    print(json.dumps(points, indent=2))
+    print(f"wrote {workdir}/fig6.json, fig6.png")
+    return points
+
+
+def accuracy_curves(results_files: dict[str, str], out_path: str) -> dict[str, list]:
+    """Fig. 7 for several students: each free-dialogue ``results.json`` is one curve on the same plot."""
+    from fire_jax.eval.plots import plot_accuracy_by_turn
+    from fire_jax.eval.report import paper_results
+
+    curves = {}
+    for name, path in results_files.items():
+        with open(path) as f:
+            curves[name] = json.load(f)["metrics"]["overall"]["accuracy_by_turn"]
+    plot_accuracy_by_turn(curves, out_path, paper=paper_results()["figure7_accuracy_by_turn"])
+    print(f"wrote {out_path}")
+    return curves

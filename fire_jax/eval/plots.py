@@ -101,3 +101,23 @@ def plot_accuracy_by_turn(curves: Mapping[str, Sequence[float]], out_path: str,
     fig.tight_layout()
     fig.savefig(out_path, dpi=120)
     plt.close(fig)
+
+
+def plot_data_size_ablation(points: Sequence[Mapping], out_path: str, title: str = "") -> None:
+    """Fig. 6: AT, ADR, ATR and RR (four panels) against the number of training dialogues.
+
+    ``points``: one mapping per trained student with ``size`` and the four metrics.
+    """
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 4, figsize=(13, 3.2))
+    sizes = [p["size"] for p in points]
+    for ax, metric in zip(axes, ("AT", "ADR", "ATR", "RR")):
+        values = [p.get(metric) for p in points]
+        ax.plot(sizes, [float("nan") if v is None else v for v in values], marker="o")
+        ax.set(xlabel="training dialogues", title=metric)
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,21 @@
+"""FD-LLaVA (Table 3): train the teacher on FIRE-100K, evaluate its feedback and scores in fixed dialogues.
+
+    python experiments/fd_llava.py                                     # tiny smoke run on CPU
+    python experiments/fd_llava.py --size 8b --workdir /runs/fd_llava
+"""
+
+import os
+
+from _launch import parse
+
+from fire_jax.pipeline import base_and_teacher, eval_stage
+
+if __name__ == "__main__":
+    args, config = parse(__doc__, "runs/fd_llava")
+    baseline, teacher_dir = base_and_teacher(config, args.workdir)
+    config.eval_fixed.fixed.roles = ("teacher",)
+    fd = dict(name="FD (ours)", init=baseline["init"], adapter=teacher_dir)
+    out = os.path.join(args.workdir, "eval")
+    eval_stage(config.eval_fixed, os.path.join(out, "baseline_fixed"), student=baseline,
+               teacher=dict(baseline, name=f"{baseline['name']} teacher"))
+    eval_stage(config.eval_fixed, os.path.join(out, "fd_fixed"), student=baseline, teacher=fd)

@@ -1,0 +1,19 @@
+"""FIRE100K-LLaVA (Tables 2, 4-6): the student on FIRE-100K only, evaluated with FD-LLaVA against the baseline.
+
+    python experiments/fire100k_llava.py                                # tiny smoke run on CPU
+    python experiments/fire100k_llava.py --size 8b --workdir /runs/fire100k_llava
+"""
+
+import os
+
+from _launch import parse
+
+from fire_jax.data.config import load_config
+from fire_jax.pipeline import run
+
+if __name__ == "__main__":
+    args, config = parse(__doc__, "runs/fire100k_llava")
+    if args.size == "8b":
+        configs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs")
+        config.student_train = load_config(os.path.join(configs, "fire100k_student.py"))
+    run(config, args.workdir)
