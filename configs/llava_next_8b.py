@@ -21,6 +21,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         image_mode="anyres",
         pad_newline=False,
         remat="full",
+        scan_layers=True,  # training runs the 32 layers as one lax.scan: XLA keeps one layer's memory live
         dtype="bfloat16",
         param_dtype="bfloat16",
     ))

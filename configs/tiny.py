@@ -23,6 +23,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         image_mode="anyres",
         pad_newline=False,
         remat="none",
+        scan_layers=False,
         dtype="float32",
         param_dtype="float32",
     )

@@ -70,13 +70,16 @@ def test_mesh_2x2x2_equals_one_device(setup):
     assert "multi_modal_projector" in str(jax.tree_util.tree_structure(one.params))
 
 
-def test_remat_step_equals_plain_step(setup):
+@pytest.mark.parametrize("remat,scan", [("full", False), ("full", True), ("none", True)])
+def test_remat_and_scanned_layers_equal_the_plain_step(setup, remat, scan):
     config, cfg, batch = setup
     _, plain, m_plain, _ = _one_step(config, cfg, batch, (1, 1, 1))
-    remat_cfg = LlavaNextConfig.from_dict({**config.model.to_dict(), "remat": "full"})
-    _, remat, m_remat, _ = _one_step(config, remat_cfg, batch, (1, 1, 1))
-    np.testing.assert_allclose(m_remat["loss"], m_plain["loss"], rtol=1e-6)
-    np.testing.assert_allclose(m_remat["grad_norm"], m_plain["grad_norm"], rtol=1e-5)
+    other = LlavaNextConfig.from_dict({**config.model.to_dict(), "remat": remat, "scan_layers": scan})
+    _, state, m_other, _ = _one_step(config, other, batch, (1, 1, 1))
+    np.testing.assert_allclose(m_other["loss"], m_plain["loss"], rtol=1e-6)
+    np.testing.assert_allclose(m_other["grad_norm"], m_plain["grad_norm"], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(plain.params), jax.tree.leaves(state.params)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-3 * config.train.lr)
 
 
 def test_only_labelled_tokens_reach_the_loss(setup):

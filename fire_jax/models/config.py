@@ -80,6 +80,7 @@ class LlavaNextConfig:
     pad_newline: bool = False
     projector_bias: bool = True
     remat: str = "none"  # per-layer rematerialisation policy name, see models.llama.REMAT_POLICIES
+    scan_layers: bool = False  # without a KV cache, run the LLM layers as one lax.scan (training memory)
     dtype: str = "float32"  # activation / compute dtype
     param_dtype: str = "float32"  # frozen weights' storage dtype
 

@@ -138,12 +138,13 @@ class LlamaModel(nnx.Module):
     """Embeddings + decoder layers + final norm (HF ``LlamaModel``)."""
 
     def __init__(self, cfg: LlamaConfig, lora: LoraConfig | None, *, dtype, param_dtype, remat: str,
-                 rngs: nnx.Rngs):
+                 rngs: nnx.Rngs, scan_layers: bool = False):
         if remat not in REMAT_POLICIES:
             raise ValueError(f"model.remat={remat!r}: choose from {sorted(REMAT_POLICIES)}")
         self.cfg = cfg
         self.dtype = dtype
         self.remat = remat
+        self.scan_layers = scan_layers
         self.embed_tokens = Embed(cfg.vocab_size, cfg.dim, axes=("vocab", "embed"), param_dtype=param_dtype,
                                   rngs=rngs)
         self.layers = nnx.List(
@@ -175,23 +176,20 @@ class LlamaModel(nnx.Module):
 
         policy = REMAT_POLICIES[self.remat]
 
-        def run_layer(layer, x, kv, rng):
-            if self.remat == "none":
-                return layer(x, positions, mask, kv, index, rng)
-            # jax.checkpoint over a pure function of the layer's state: safe under jit, grad and scan.
-            graphdef, state = nnx.split(layer)
+        def apply(graphdef, state, x, kv, rng):
+            return nnx.merge(graphdef, state)(x, positions, mask, kv, index, rng)
 
-            def pure(state, x, kv, rng):
-                return nnx.merge(graphdef, state)(x, positions, mask, kv, index, rng)
-
-            return jax.checkpoint(pure, policy=policy)(state, x, kv, rng)
+        if self.remat != "none":
+            apply = jax.checkpoint(apply, policy=policy, static_argnums=(0,))
 
         x = constrain(embeds.astype(self.dtype), ("batch", None, None))  # [batch, seq, dim]
+        if cache is None and self.scan_layers:
+            return self.norm(self._scan(apply, x, dropout_rng)), None
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
             kv = None if cache is None else (cache.k[i], cache.v[i])
             rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, i)
-            x, kv = run_layer(layer, x, kv, rng)
+            x, kv = apply(*nnx.split(layer), x, kv, rng)
             x = constrain(x, ("batch", None, None))
             if kv is not None:
                 new_k.append(kv[0])
@@ -199,3 +197,22 @@ class LlamaModel(nnx.Module):
         if cache is not None:
             cache = KVCache(tuple(new_k), tuple(new_v), key_valid, index + t)
         return self.norm(x), cache
+
+    def _scan(self, apply, x, dropout_rng):
+        """The layers as one ``lax.scan`` over their stacked states (no cache: training / scoring).
+
+        XLA schedules a scanned layer once instead of 32 unrolled copies, which keeps
+        rematerialised training at a few layers' worth of live memory (MaxText scans too).
+        """
+        graphdef = nnx.split(self.layers[0])[0]
+        states = [nnx.split(layer)[1] for layer in self.layers]
+        stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)  # [layers, ...] per weight
+
+        def body(x, xs):
+            i, state = xs
+            rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, i)
+            x, _ = apply(graphdef, state, x, None, rng)
+            return constrain(x, ("batch", None, None)), None
+
+        x, _ = jax.lax.scan(body, x, (jnp.arange(len(self.layers)), stacked))
+        return x

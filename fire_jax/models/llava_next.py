@@ -35,7 +35,8 @@ class LanguageModel(nnx.Module):
     """Llama decoder + untied lm_head (HF ``LlamaForCausalLM``)."""
 
     def __init__(self, cfg: LlavaNextConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
-        self.model = LlamaModel(cfg.llm, cfg.lora, dtype=dtype, param_dtype=param_dtype, remat=cfg.remat, rngs=rngs)
+        self.model = LlamaModel(cfg.llm, cfg.lora, dtype=dtype, param_dtype=param_dtype, remat=cfg.remat, rngs=rngs,
+                                scan_layers=cfg.scan_layers)
         self.lm_head = Linear(cfg.llm.dim, cfg.llm.vocab_size, axes=("embed", "vocab"), param_dtype=param_dtype,
                               rngs=rngs)
 

@@ -32,8 +32,8 @@ def build_model(config) -> LlavaNext:
     if checkpoint:
         from fire_jax.convert.hf import load_hf_checkpoint
 
-        overrides = {k: v for k, v in config.model.items() if k in ("dtype", "param_dtype", "remat", "image_mode",
-                                                                     "pad_newline")}
+        overrides = {k: v for k, v in config.model.items() if k in ("dtype", "param_dtype", "remat", "scan_layers",
+                                                                     "image_mode", "pad_newline")}
         return load_hf_checkpoint(checkpoint, cfg.lora, seed=config.seed, **overrides)
     return LlavaNext(cfg, rngs=nnx.Rngs(config.seed))
 
