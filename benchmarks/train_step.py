@@ -146,11 +146,6 @@ def memory_8b() -> None:
     print(f"  per device: arguments {mem.argument_size_in_bytes / gib:.2f} GiB, temporaries "
           f"{mem.temp_size_in_bytes / gib:.2f} GiB, outputs {mem.output_size_in_bytes / gib:.2f} GiB, "
           f"aliased {mem.alias_size_in_bytes / gib:.2f} GiB -> peak ~{total / gib:.2f} GiB (limit 80 GB = 74.5 GiB)")
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    if cost and "flops" in cost:
-        print(f"  XLA cost analysis: {cost['flops'] / 1e12:.1f} TFLOP per device per step "
-              f"= {cost['flops'] * 8 / (b * s) / 1e9:.1f} GFLOP per token")
 
 
 def main():
