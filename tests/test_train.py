@@ -211,3 +211,28 @@ def test_abstract_trainer_lowers_without_allocating():
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
     memory = trainer.compiled_step(batch).lower(trainer.initial_state, trainer.frozen, batch, rng).compile()
     assert memory.memory_analysis().argument_size_in_bytes > 0
+
+
+@pytest.mark.parametrize("chunk", [5, 16, 64])
+def test_fused_chunked_cross_entropy_values_and_gradients(chunk):
+    from fire_jax.train.loss import chunked_cross_entropy
+
+    rng = np.random.default_rng(0)
+    hidden = jnp.asarray(rng.standard_normal((2, 13, 8)), jnp.float32)
+    kernel = jnp.asarray(rng.standard_normal((8, 30)), jnp.float32)
+    targets = jnp.asarray(rng.integers(0, 30, (2, 13)))
+    weights = jnp.asarray(rng.random((2, 13)), jnp.float32)
+
+    def reference(h, k):
+        logits = h @ k
+        return jnp.sum(weights * (jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, targets[..., None],
+                                                                                        -1)[..., 0]))
+
+    def ours(h, k):
+        return jnp.sum(weights * chunked_cross_entropy(h, k, targets, chunk)[0])
+
+    np.testing.assert_allclose(ours(hidden, kernel), reference(hidden, kernel), rtol=1e-5)
+    for a, b in zip(jax.grad(ours, (0, 1))(hidden, kernel), jax.grad(reference, (0, 1))(hidden, kernel)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    correct = chunked_cross_entropy(hidden, kernel, targets, chunk)[1]
+    np.testing.assert_array_equal(correct, jnp.argmax(hidden @ kernel, -1) == targets)

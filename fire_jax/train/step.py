@@ -103,7 +103,8 @@ class Trainer:
         hidden, _ = model.hidden_states(batch["input_ids"], batch.get("pixel_values"), batch.get("image_index"),
                                         batch["attention_mask"], dropout_rng=rng)
         targets = batch["input_ids"][:, 1:]
-        nll, correct = losses.chunked_cross_entropy(hidden[:, :-1], model.logits, targets, self.train_cfg.loss_chunk)
+        kernel = model.language_model.lm_head.kernel[...]
+        nll, correct = losses.chunked_cross_entropy(hidden[:, :-1], kernel, targets, self.train_cfg.loss_chunk)
         return jnp.sum(weights * nll), (nll, correct)
 
     def _step(self, state: TrainState, frozen, batch, rng):
