@@ -125,6 +125,14 @@ def test_stop_pads_with_minus_one_and_does_not_extend(pair, batch, stop, free_ru
     np.testing.assert_array_equal(out.lengths, (expected >= 0).sum(axis=1))
 
 
+def test_inactive_padding_rows_change_nothing(pair, batch, stop):
+    prompts, pixel_values = batch
+    stop_id, expected = stop
+    out = generate(pair[1], prompts, pixel_values=pixel_values, image_sizes=SIZES,
+                   config=DecodeConfig(max_new_tokens=NEW, stop_ids=(stop_id,)), pad_rows=len(prompts) + 3)
+    np.testing.assert_array_equal(out.tokens, expected)  # only the real rows come back, unchanged
+
+
 def test_cached_decode_equals_full_forward_every_step(pair, batch, free_run):
     """The log-prob of every generated token equals a cache-free forward over prompt + generated tokens."""
     model = pair[1]

@@ -42,8 +42,7 @@ from fire_jax.data.config import DATA_DEFAULTS, open_source, resolve_path
 from fire_jax.data.images import load_image, normalise, tiles
 from fire_jax.data.records import BadRecordError, BadRecords, Record
 
-#: Reasons the pipeline drops an example that parsed fine.
-DROP_REASONS = ("image_cut", "no_labelled_token", "unreadable_image")
+# Reasons the pipeline drops an example that parsed fine: image_cut, no_labelled_token, unreadable_image.
 
 
 @dataclasses.dataclass

@@ -23,9 +23,8 @@ from typing import Any, Iterator, Sequence
 
 from PIL import Image
 
-#: Reasons a record is skipped at parse time (pipeline adds image_cut, no_labelled_token).
-REASONS = ("invalid_json", "missing_field", "missing_image", "unreadable_image", "bad_turn_order",
-           "empty_text", "no_score")
+# Reasons a record is skipped at parse time: invalid_json, missing_field, missing_image, unreadable_image,
+# bad_turn_order, empty_text, no_score (the pipeline adds image_cut, no_labelled_token).
 
 IMAGE_PLACEHOLDER = "<image>"
 _SCORE_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")

@@ -215,11 +215,10 @@ class Generator:
 
     def _generate(self, rows: Sequence[Prepared]) -> list[str]:
         prompts, pixel_values, sizes = build_batch(rows, self.max_tiles, self.geometry.max_tiles)
-        dummies = self.batch_size - len(rows)  # fixed batch shape: no recompile for a short last batch
-        prompts = list(prompts) + [[self.chat.pad_id]] * dummies
-        sizes = list(sizes) + [[] for _ in range(dummies)]
+        # Inactive padding rows keep one batch shape (no recompile for a short last batch) without
+        # keeping the decode loop running.
         out = generate(self.model, prompts, pixel_values=pixel_values, image_sizes=sizes, config=self.decode,
-                       tokenizer=self.chat.tokenizer)
+                       tokenizer=self.chat.tokenizer, pad_rows=self.batch_size)
         return out.texts[:len(rows)]
 
 

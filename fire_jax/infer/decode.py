@@ -236,7 +236,8 @@ def _state_on_mesh(state, mesh: Mesh | None):
 
 def generate(model, prompts: Sequence[Sequence[int]], *, pixel_values: np.ndarray | None = None,
              image_sizes: Sequence | None = None, config: DecodeConfig = DecodeConfig(),
-             rng: jax.Array | None = None, tokenizer=None, mesh: Mesh | None = None) -> Generation:
+             rng: jax.Array | None = None, tokenizer=None, mesh: Mesh | None = None,
+             pad_rows: int = 0) -> Generation:
     """Generate up to ``config.max_new_tokens`` for each prompt.
 
     Args:
@@ -250,6 +251,8 @@ def generate(model, prompts: Sequence[Sequence[int]], *, pixel_values: np.ndarra
       tokenizer: anything with ``decode(ids, skip_special_tokens=True)`` (HF ``tokenizers.Tokenizer``).
       mesh: shard the batch over its 'data' axis and the cache's KV heads over
         'tensor'; the batch is padded to a multiple of the 'data' size.
+      pad_rows: pad the batch with inactive rows (done from the start) to at least
+        this many, so a short last batch reuses the compiled shape.
     """
     if not config.greedy and rng is None:
         raise ValueError(f"sampling (temperature={config.temperature}) needs an explicit rng key")
@@ -259,8 +262,9 @@ def generate(model, prompts: Sequence[Sequence[int]], *, pixel_values: np.ndarra
         raise ValueError(f"pad_id {config.pad_id} is the image token id")
     batch = len(prompts)
     sizes = normalise_sizes(image_sizes, batch)
-    rows = batch if mesh is None else -(-batch // mesh.shape["data"]) * mesh.shape["data"]
-    prompts = list(prompts) + [[config.pad_id]] * (rows - batch)  # dead rows fill the mesh's data axis
+    rows = max(batch, pad_rows)
+    rows = rows if mesh is None else -(-rows // mesh.shape["data"]) * mesh.shape["data"]
+    prompts = list(prompts) + [[config.pad_id]] * (rows - batch)  # dead rows: fixed batch, the mesh's data axis
     sizes = sizes + [[] for _ in range(rows - batch)]
     bucket = bucket_length(max(map(len, prompts)), config.bucket_min, config.bucket_step)
     input_ids, attention_mask, positions = left_pad(prompts, bucket, config.pad_id)

@@ -19,10 +19,6 @@ class LoRAParam(nnx.Variable):
     """A LoRA factor: trainable, float32, never merged into frozen state implicitly."""
 
 
-def dtype_of(name: str):
-    return jnp.dtype(name)
-
-
 class Linear(nnx.Module):
     """y = x W (+ b) (+ alpha/r * dropout(x) A B).
 
