@@ -31,6 +31,7 @@ import jax
 from fire_jax.data.config import load_config, resolve_path
 from fire_jax.data.images import load_image
 from fire_jax.data.records import BadRecordError, BadRecords, Turn, parse_score
+from fire_jax.eval.bench_io import ResultStore
 from fire_jax.infer.decode import DecodeConfig
 from fire_jax.infer.loading import DEFAULT_CONFIG, check_checkpoint_arg, load
 
@@ -111,25 +112,6 @@ def read_prompts(path: str, role: str, image_root: str, *, skip_ids=frozenset(),
     return prompts
 
 
-def finished_ids(path: str) -> set[str]:
-    """Ids already written to an output file; a torn last line (an interrupted write) is cut off."""
-    if not os.path.exists(path):
-        return set()
-    with open(path, "rb") as f:
-        data = f.read()
-    if data and not data.endswith(b"\n"):
-        data = data[:data.rfind(b"\n") + 1]
-        with open(path, "r+b") as f:
-            f.truncate(len(data))
-    ids = set()
-    for number, line in enumerate(data.decode().splitlines(), 1):
-        try:
-            ids.add(str(json.loads(line)["id"]))
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise ValueError(f"{path}:{number}: not an output record of this tool ({line[:80]!r})") from None
-    return ids
-
-
 def generate_batch(agent, role: str, prompts: Sequence[Prompt], images, rng) -> list[dict]:
     questions, histories = [p.question for p in prompts], [p.history for p in prompts]
     if role == "student":
@@ -166,13 +148,16 @@ def main(argv=None, print_fn=print) -> dict:
 
     args = parse_args(argv)
     config = load_config(args.config)
-    done = finished_ids(args.output)
+    store = ResultStore(args.output, key_field="id")  # resume: ids already written are skipped
+    done = {str(record["id"]) for record in store}
     bad = BadRecords()
     prompts = read_prompts(args.input, args.role, resolve_path(args.image_root), skip_ids=done,
                            on_bad_record=args.on_bad_record, bad=bad)
     print_fn(f"{args.input}: {len(prompts)} prompts to generate, {len(done)} already in {args.output}")
     written = 0
-    if prompts:
+    if not prompts:
+        store.close()
+    else:
         loaded = load(config, args.checkpoint)
         history = args.teacher_history or config.data.get("teacher_history", "full")
         agent = loaded.agent(args.role, DecodeConfig(max_new_tokens=args.max_new_tokens,
@@ -180,7 +165,7 @@ def main(argv=None, print_fn=print) -> dict:
                              teacher_history=history)
         print_fn(f"{args.role}: {loaded.description}")
         key = jax.random.key(args.seed)
-        with open(args.output, "a") as out, tqdm(total=len(prompts), desc=args.role, dynamic_ncols=True) as bar:
+        with store, tqdm(total=len(prompts), desc=args.role, dynamic_ncols=True) as bar:
             for start in range(0, len(prompts), args.batch_size):
                 chunk, batch, images = prompts[start:start + args.batch_size], [], []
                 for prompt in chunk:
@@ -199,8 +184,7 @@ def main(argv=None, print_fn=print) -> dict:
                     results = generate_batch(agent, args.role, batch + [batch[-1]] * pad, images + [images[-1]] * pad,
                                              jax.random.fold_in(key, start))[:len(batch)]
                     for prompt, result in zip(batch, results):
-                        out.write(json.dumps({"id": prompt.id, **result}) + "\n")
-                    out.flush()
+                        store.add({"id": prompt.id, **result})
                     written += len(batch)
                 bar.update(len(chunk))
     print_fn(f"wrote {written} to {args.output}")
