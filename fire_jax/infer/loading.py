@@ -24,11 +24,10 @@ import dataclasses
 import glob
 import json
 import os
-import re
 
-import numpy as np
 from flax import nnx
 
+from fire_jax.convert.hf import load_peft_adapter, peft_lora_config
 from fire_jax.data.chat import ChatTokenizer
 from fire_jax.data.config import resolve_path
 from fire_jax.infer.agents import Student, Teacher
@@ -38,8 +37,6 @@ from fire_jax.infer.decode import DecodeConfig
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                               "configs", "tiny.py")
 CHECKPOINT_KINDS = ("hf", "peft", "workdir")
-
-_PEFT_KEY = re.compile(r".*language_model\.(?:model\.)?layers\.(\d+)\.(self_attn|mlp)\.(\w+_proj)\.lora_([AB])\.weight")
 
 
 @dataclasses.dataclass
@@ -169,52 +166,3 @@ def restore_workdir(model, workdir: str, config, *, step: int | None = None) -> 
         checkpointer.close()
     nnx.update(model, state.params)
     return restored
-
-
-def peft_lora_config(directory: str) -> dict:
-    """``config.model.lora`` of a PEFT adapter (adapter_config.json: r, lora_alpha, target_modules)."""
-    from fire_jax.convert.hf import _PEFT_MODULES
-
-    path = os.path.join(directory, "adapter_config.json")
-    with open(path) as f:
-        peft = json.load(f)
-    if peft.get("use_rslora") or peft.get("use_dora"):
-        raise ValueError(f"{path}: rsLoRA / DoRA adapters are not supported (plain LoRA only)")
-    modules = peft.get("target_modules") or []
-    names = set(re.findall(r"\w+_proj", modules)) if isinstance(modules, str) else set(modules)
-    targets = tuple(t for t, module in _PEFT_MODULES.items() if module.split(".")[1] in names)
-    if not targets:
-        raise ValueError(f"{path}: field 'target_modules' names no Llama projection: {modules!r}")
-    return dict(rank=int(peft["r"]), alpha=float(peft["lora_alpha"]), dropout=float(peft.get("lora_dropout", 0.0)),
-                targets=targets)
-
-
-def load_peft_adapter(model, directory: str):
-    """Set ``model``'s LoRA factors from a PEFT adapter; every factor of the model must be in it.
-
-    PEFT stores A as [rank, in] and B as [out, rank]; ours are A [in, rank], B [rank, out].
-    """
-    from safetensors.numpy import load_file
-
-    from fire_jax.convert.hf import _PEFT_MODULES
-
-    path = os.path.join(directory, "adapter_model.safetensors")
-    layers = model.language_model.model.layers
-    targets = model.cfg.lora.targets if model.cfg.lora else ()
-    missing = {(i, _PEFT_MODULES[t].split(".")[1], ab) for i in range(len(layers)) for t in targets for ab in "AB"}
-    for key, value in load_file(path).items():
-        m = _PEFT_KEY.fullmatch(key)
-        if m is None or "vision" in key or (int(m[1]), m[3], m[4]) not in missing:
-            raise KeyError(f"{path}: tensor {key!r} is no LoRA factor of the model's language model (or a repeat) "
-                           f"(LoRA targets {targets}, {len(layers)} layers)")
-        missing.remove((int(m[1]), m[3], m[4]))
-        linear = getattr(getattr(layers[int(m[1])], m[2]), m[3])
-        variable = linear.lora_a if m[4] == "A" else linear.lora_b
-        value = np.ascontiguousarray(value.T)
-        if value.shape != variable[...].shape:
-            raise ValueError(f"{path}: {key} has shape {value.T.shape}, the model expects {variable[...].shape[::-1]}")
-        variable[...] = value.astype(variable[...].dtype)
-    if missing:
-        raise KeyError(f"{path}: lacks {len(missing)} LoRA factor(s) of the model, e.g. (layer, module, A/B) "
-                       f"{sorted(missing)[:4]}")
-    return model
