@@ -80,15 +80,65 @@ def test_image_features_and_packed_sequence_match_hf(pair, batch):
     assert rel_err(ours[0], packed[:16]) < TOL
 
 
-def test_llama3_rope_scaling_matches_hf(tmp_path):
+def test_llama31_rope_scaling_matches_hf_under_jit(tmp_path):
+    """A Llama-3.1 config (rope_type llama3) through the jitted forward, greedy decode and one train step,
+    each against transformers; the config hashes (jit keys its cache on the graphdef)."""
+    from fire_jax.infer.decode import DecodeConfig, generate
+    from fire_jax.infer.forward import forward_logits
+    from fire_jax.train.defaults import loss_config, train_config
+    from fire_jax.train.sharding import make_mesh
+    from fire_jax.train.step import Trainer
+
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64}
     hf = tiny_hf_model(str(tmp_path), rope_scaling=scaling)
     model = convert.load_hf_checkpoint(str(tmp_path))
-    assert model.cfg.llm.rope_scaling["factor"] == 8.0
+    assert model.cfg.llm.rope_scaling["factor"] == 8.0 and dict(model.cfg.llm.rope_scaling) == scaling
+    assert hash(model.cfg) == hash(LlavaNextConfig.from_dict(json.loads(json.dumps(_as_model_dict(model.cfg)))))
     ids = np.random.default_rng(1).integers(0, 500, 300)  # past the original context: scaling matters
-    ours = np.asarray(model(jnp.asarray(ids)[None]))[0]
-    assert rel_err(ours, hf_logits(hf, ids)) < TOL
+    reference = hf_logits(hf, ids)
+    assert rel_err(forward_logits(model, ids[None])[0], reference) < TOL  # jitted forward
+    # Greedy decode (prefill + KV cache under jit) against HF's generate.
+    new = 6
+    ours = generate(model, [ids.tolist()], config=DecodeConfig(max_new_tokens=new, stop_ids=(-1,))).tokens[0]
+    with torch.no_grad():
+        theirs = hf.generate(input_ids=torch.as_tensor(ids)[None], max_new_tokens=new, do_sample=False,
+                             min_new_tokens=new, pad_token_id=0)[0, len(ids):].numpy()
+    np.testing.assert_array_equal(ours, theirs)
+    # One jitted train step: its loss is HF's mean cross-entropy over the labelled tokens (LoRA B = 0).
+    labelled = np.zeros(len(ids), np.float32)
+    labelled[250:] = 1.0
+    batch = {"input_ids": ids[None].astype(np.int32), "attention_mask": np.ones((1, len(ids)), np.int32),
+             "loss_mask": labelled[None], "turn_ids": np.where(labelled > 0, 2, -1)[None].astype(np.int32),
+             "pixel_values": np.zeros((1, model.cfg.geometry.max_tiles, 3, 32, 32), np.float32),
+             "image_index": np.full((1, len(ids)), -1, np.int32)}
+    trainer = Trainer(model, train_config(batch_size=1, loss_chunk=128), loss_config(), 4,
+                      make_mesh((1, 1, 1), jax.devices()[:1]))
+    _, metrics = trainer.step(trainer.initial_state, batch, jax.random.key(0))
+    logp = torch.log_softmax(torch.as_tensor(reference[:-1]), -1)
+    nll = -logp[torch.arange(len(ids) - 1), torch.as_tensor(ids[1:])].numpy()
+    expected = nll[249:].mean()  # token t is predicted at t - 1
+    assert abs(float(metrics["loss"]) - expected) < 1e-4 * expected, (float(metrics["loss"]), expected)
+
+
+def _as_model_dict(cfg):
+    import dataclasses
+
+    d = dataclasses.asdict(cfg)
+    d["llm"]["rope_scaling"] = dict(cfg.llm.rope_scaling)
+    return d
+
+
+def test_every_shipped_model_config_hashes():
+    from fire_jax.data.config import load_config
+
+    root = os.path.join(os.path.dirname(__file__), "..", "configs")
+    for name in ("tiny.py", "llava_next_8b.py"):
+        model = load_config(os.path.join(root, name)).model
+        model.llm.rope_scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+        cfg = LlavaNextConfig.from_dict(model)
+        assert hash(cfg) == hash(LlavaNextConfig.from_dict(model)) and cfg == LlavaNextConfig.from_dict(model)
 
 
 def test_geometry_matches_hf_functions():

@@ -7,11 +7,46 @@ Models receive these frozen dataclasses, never the ml_collections tree, so
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from fire_jax.geometry import DEFAULT_PINPOINTS, ImageGeometry
 
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+class FrozenMapping(Mapping):
+    """A read-only, hashable mapping: config dicts (Llama-3.1 ``rope_scaling``) inside the static graph.
+
+    ``jax.jit`` hashes the graphdef, and with it the model config; a plain dict there raises
+    ``TypeError: unhashable type: 'dict'``. Reads like a dict (``x["factor"]``, ``dict(x)``).
+    """
+
+    __slots__ = ("_items",)
+
+    def __init__(self, mapping: Mapping[str, Any]):
+        self._items = tuple(sorted(dict(mapping).items()))
+        hash(self._items)  # values must be hashable too (numbers, strings)
+
+    def __getitem__(self, key: str) -> Any:
+        for k, v in self._items:
+            if k == key:
+                return v
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k, _ in self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(self._items)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Mapping) and dict(self._items) == dict(other)
+
+    def __repr__(self) -> str:
+        return f"FrozenMapping({dict(self._items)!r})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +80,12 @@ class LlamaConfig:
     rope_theta: float = 500000.0
     # None, or the Llama-3.1 "llama3" scaling: factor, low_freq_factor,
     # high_freq_factor, original_max_position_embeddings.
-    rope_scaling: Mapping[str, float] | None = None
+    rope_scaling: FrozenMapping | None = None
     attention_bias: bool = False
+
+    def __post_init__(self):
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, FrozenMapping):
+            object.__setattr__(self, "rope_scaling", FrozenMapping(self.rope_scaling))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +123,9 @@ class LlavaNextConfig:
     dtype: str = "float32"  # activation / compute dtype
     param_dtype: str = "float32"  # frozen weights' storage dtype
 
+    def __post_init__(self):  # hashable all the way down: jit keys its cache on the graphdef, config included
+        object.__setattr__(self, "image_grid_pinpoints", tuple(tuple(p) for p in self.image_grid_pinpoints))
+
     @property
     def geometry(self) -> ImageGeometry:
         return ImageGeometry(
@@ -111,4 +153,4 @@ def _build(cls, values: Mapping[str, Any], where: str):
     unknown = sorted(set(values) - names)
     if unknown:
         raise ValueError(f"{where}: unknown field(s) {unknown}; known: {sorted(names)}")
-    return cls(**{k: (dict(v) if isinstance(v, Mapping) and k == "rope_scaling" else v) for k, v in values.items()})
+    return cls(**values)
