@@ -313,8 +313,21 @@ def test_agents_render_spec_prompts(pair, chat):
         Teacher(pair[1], chat, history="all")
 
 
+def _hf_greedy_text(hf, model, chat, image, prompt, max_new_tokens):
+    """transformers' greedy generate on one rendered prompt (same ids, same processed pixels), decoded."""
+    tiles, size = preprocess(image, model.cfg.geometry)
+    with torch.no_grad():
+        out = hf.generate(input_ids=torch.as_tensor(prompt.input_ids, dtype=torch.long)[None],
+                          pixel_values=torch.as_tensor(tiles)[None], image_sizes=torch.as_tensor([size]),
+                          max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=chat.pad_id,
+                          eos_token_id=[chat.eot_id, chat.eos_id])
+    new = out[0, len(prompt.input_ids):].tolist()
+    new = [i for i in new if i not in (chat.eot_id, chat.eos_id, chat.pad_id)]
+    return chat.tokenizer.decode(new, skip_special_tokens=True).strip()
+
+
 def test_agents_generate_as_hf_on_their_prompts(pair, chat, images):
-    """Student.respond = HF greedy generate on the same prompt ids and processed pixels, decoded to text."""
+    """Student.respond and Teacher.feedback = HF greedy generate on the same prompt ids and processed pixels."""
     hf, model, _ = pair
     config = DecodeConfig(max_new_tokens=NEW)
     questions = ["How many shapes?", "What colour is the square?"]
@@ -323,15 +336,14 @@ def test_agents_generate_as_hf_on_their_prompts(pair, chat, images):
     responses = student.respond(images, questions, histories)
     prompts = student.prompts(IMAGES, questions, histories)
     for image, prompt, response in zip(images, prompts, responses):
-        tiles, size = preprocess(image, model.cfg.geometry)
-        with torch.no_grad():
-            out = hf.generate(input_ids=torch.as_tensor(prompt.input_ids, dtype=torch.long)[None],
-                              pixel_values=torch.as_tensor(tiles)[None], image_sizes=torch.as_tensor([size]),
-                              max_new_tokens=NEW, do_sample=False, pad_token_id=chat.pad_id,
-                              eos_token_id=[chat.eot_id, chat.eos_id])
-        new = out[0, len(prompt.input_ids):].tolist()
-        new = [i for i in new if i not in (chat.eot_id, chat.eos_id, chat.pad_id)]
-        assert response == chat.tokenizer.decode(new, skip_special_tokens=True).strip()
+        assert response == _hf_greedy_text(hf, model, chat, image, prompt, NEW)
     assert any(responses)
-    feedback = Teacher(model, chat, config).feedback(images, questions, ["3", "red"], responses, histories)
-    assert [f.score for f in feedback] == [parse_score(f.text) for f in feedback] and len(feedback) == 2
+    groundtruths, answers = ["3", "red"], ["Thought: I see three.\nAnswer: 3", responses[1]]
+    for history in ("latest", "full"):  # the teacher's prompt for f_k with and without the earlier turns
+        teacher = Teacher(model, chat, config, history=history)
+        feedback = teacher.feedback(images, questions, groundtruths, answers, histories)
+        prompts = teacher.prompts(IMAGES, questions, groundtruths, answers, histories)
+        assert len(feedback) == 2 and any(f.text for f in feedback)
+        for image, prompt, f in zip(images, prompts, feedback):
+            assert f.text == _hf_greedy_text(hf, model, chat, image, prompt, NEW)
+            assert f.score == parse_score(f.text)
