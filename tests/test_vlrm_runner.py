@@ -47,7 +47,7 @@ def write_benchmark(root):
                                  "criticism": "STEP2 miscounts: there are 3 shapes."}[task.theme]
             lines.append(json.dumps(record))
         if task.short == "SC":
-            lines.append(json.dumps({**record, "id": "SC-bad", "task_gt": [0, 1, 0]}))  # 3 labels for 2 steps
+            lines.append(json.dumps({**record, "id": "SC-bad", "task_gt": [0, 2]}))  # a label other than 0/1
         (root / f"{task.file}.jsonl").write_text("\n".join(lines) + "\n")
     return root
 
@@ -162,14 +162,18 @@ def test_all_tasks_end_to_end(full_run):
         assert all(0 <= v <= 1 for v in entry["scores"].values())
         assert 0 <= entry["failures"] <= entry["num_outputs"]
         assert "missing" not in entry["generation_failures"]
-    assert tasks["SC"]["bad_records"] == {"task_gt_length": 1}
+    assert tasks["SC"]["bad_records"] == {"bad_field": 1} and tasks["SC"]["kept_records"] == {}
     assert results["step_w_avg"] is not None and results["outcome_w_avg"] is not None
 
-    ours = next(line for line in results["table"].splitlines() if line.startswith("| fire_jax (random init) |"))
+    ours = next(line for line in results["table"].splitlines()
+                if line.startswith("| fire_jax (random init) (ours: failures count wrong) |"))
     assert len(ours.split("|")) == 2 + 1 + 18 and " - " not in ours  # model + 18 columns, every one filled
+    assert "| fire_jax (random init) (official: failures left out) |" in results["table"]
+    assert results["accounting"] == "ours" and set(tasks["SC"]["by_accounting"]) == {"ours", "official"}
     assert "ERA/EC judge: fire_jax (random init) (self)" in results["table"]
     assert "| GPT-4o (paper) |" in results["table"]
-    assert "| SC | 3 | task_gt_length 1 |" in results["table"]
+    assert "| SC | 3 | bad_field 1 | 0 |" in results["table"]
+    assert "Label-leak audit" in results["table"] and "| IC | " in results["table"].split("Label-leak audit")[1]
 
     records = all_records(workdir)
     for task in TASKS:
@@ -241,11 +245,14 @@ def test_failed_generations_are_recorded_counted_and_retried(bench, full_run, tm
     ff_0 = runner.read_records(workdir / "outputs" / "foresight.jsonl")[0]["FF-0"]
     assert ff_0["outputs"] == [None] and ff_0["failures"][0].startswith("input: UnidentifiedImageError")
     assert sc["generation_failures"] == {"exception": 3} and sc["failures"] == 3
-    assert sc["scores"]["f1"] == pytest.approx(1 / 3)  # read as all-0 labels: F1_pos 0, F1_neg 2/3, weights 1/2
+    assert sc["scores"]["f1"] == 0.0  # ours: every label of a failed sample counts wrong
+    assert sc["failed_samples"] == {"generation_failed": 3}
+    assert sc["by_accounting"]["official"] == {"scores": {"f1": None, "f1_pos": None, "f1_neg": None},
+                                               "num_scored": 0}  # official: all three left out
     assert era["generation_failures"] == {"empty": 3, "no_candidate": 6} and era["failures"] == 6
-    assert era["scores"] == {"win": 0.0, "tie": 1.0, "lose": 0.0}
-    assert "| SC | 3 | task_gt_length 1 | exception 3 |" in results["table"]
-    assert "| ERA | 3 | 0 | empty 3, no_candidate 6 |" in results["table"]
+    assert era["scores"] == {"win": 0.0, "tie": 0.0, "lose": 1.0} and era["failed_samples"] == {"judge_failed": 3}
+    assert "| SC | 3 | bad_field 1 | 0 | exception 3 | generation_failed 3 |" in results["table"]
+    assert "| ERA | 3 | 0 | 0 | empty 3, no_candidate 6 | judge_failed 3 |" in results["table"]
     record = runner.read_records(workdir / "outputs" / "step_correctness.jsonl")[0]["SC-0"]
     assert record["outputs"] == [None] and record["failures"][0].startswith("exception: RuntimeError: device fell")
 

@@ -162,19 +162,22 @@ def test_loader_skips_and_counts_bad_records(tmp_path):
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
     data = vb.load_task(tmp_path, "IC", image_root=tmp_path / "img")
-    assert [s.id for s in data] == [records[0]["id"], records[5]["id"]]
-    assert data.skipped == {"malformed_json": 1, "task_gt_length": 1, "missing_field": 1, "bad_field": 1,
+    # A record whose labels count differently from its STEP markers is kept (as the release) and counted.
+    assert [s.id for s in data] == [records[0]["id"], records[1]["id"], records[5]["id"]]
+    assert data[1].task_gt == tuple(records[1]["task_gt"][:-1])
+    assert data.skipped == {"malformed_json": 1, "missing_field": 1, "bad_field": 1,
                             "missing_image": 1, "duplicate_id": 1}
-    assert "skipped 6 bad records" in data.describe()
+    assert data.kept == {"step_count_mismatch": 1}
+    assert "skipped 5 bad records" in data.describe() and "kept 1 odd records (step_count_mismatch: 1)" in data.describe()
     # Without an image root the image paths are not checked.
-    assert len(vb.load_task(path, "IC")) == 3
+    assert len(vb.load_task(path, "IC")) == 4
 
     with pytest.raises(vb.BadRecord) as error:
         vb.load_task(path, "IC", image_root=tmp_path / "img", on_bad_record="error")
     assert error.value.line == 2 and error.value.reason == "malformed_json"
     assert str(error.value).startswith(f"{path}:2: malformed_json")
-    path.write_text("\n".join([json.dumps(records[0]), json.dumps(bad_length)]) + "\n", encoding="utf-8")
-    with pytest.raises(vb.BadRecord, match=r"image_ref_error\.jsonl:2: field 'task_gt': task_gt_length"):
+    path.write_text("\n".join([json.dumps(records[0]), json.dumps(bad_label)]) + "\n", encoding="utf-8")
+    with pytest.raises(vb.BadRecord, match=r"image_ref_error\.jsonl:2: field 'task_gt': bad_field"):
         vb.load_task(path, "IC", on_bad_record="error")
     path.write_text(json.dumps(missing_image) + "\n", encoding="utf-8")
     with pytest.raises(vb.BadRecord, match=r":1: field 'image': missing_image: no file .*missing\.png"):
@@ -264,6 +267,62 @@ def test_official_step_parser_quirks_and_robust_reading():
     assert vb.parse_step_labels_ex("[1, 0, 0, 1]", 4) == ([1, 0, 0, 1], True)
 
 
+# Step-label outputs as models write them: the form the prompt asks for, the shipped records' "STEPk:"
+# style, and the ways chat models format lists. Each reads as [0, 1, 0] for a 3-step process.
+STEP_LABEL_FORMS = {
+    "bracketed list (the prompt's format)": "[0, 1, 0]",
+    "quoted items": "['0', '1', '0']",
+    "step pairs with full stops": "STEP 1: 0.\nSTEP 2: 1.\nSTEP 3: 0.",
+    "lower case step pairs": "step 1: 0\nstep 2: 1\nstep 3: 0",
+    "step pairs on one line": "STEP 1: 0, STEP 2: 1, STEP 3: 0",
+    "markdown bold step": "**Step 1:** 0\n**Step 2:** 1\n**Step 3:** 0",
+    "markdown bold label": "Step 1: **0**\nStep 2: **1**\nStep 3: **0**",
+    "bold step, verdict words": "**STEP 1**: Correct\n**STEP 2**: Incorrect\n**STEP 3**: Correct",
+    "JSON object of labels": '{"STEP1": 0, "STEP2": 1, "STEP3": 0}',
+    "JSON object of verdicts": '{"step_1": "correct", "step_2": "incorrect", "step_3": "correct"}',
+    "labels followed by explanations": "STEP 1: 0 (the setup is right)\nSTEP 2: 1 - it counts 4, the image has 3\n"
+                                       "STEP 3: 0",
+    "dash and verdict": "Step 1 - correct\nStep 2 - incorrect\nStep 3 - correct",
+    "reasoning before the labels": "Let me check each step. Step 2 claims 4 shapes, but the image shows 3.\n"
+                                   "So the answer is [0, 1, 0].",
+    "reasoning after the labels": "[0, 1, 0]\nExplanation: STEP 2: 1 shape is counted twice.",
+    "markdown table with step names": "| Step | Label |\n|---|---|\n| Step 1 | 0 |\n| Step 2 | 1 |\n| Step 3 | 0 |",
+    "markdown table of numbers": "| Step | Label |\n|---|---|\n| 1 | 0 |\n| 2 | 1 |\n| 3 | 0 |",
+    "numbered list": "1. 0\n2. 1\n3. 0",
+    "numbered verdicts with reasons": "1) Correct. The setup is fine.\n2) Wrong: it miscounts.\n3) Correct.",
+    "bare comma list": "0, 1, 0",
+    "bare labels after a lead": "Answer: 0 1 0",
+    "parenthesised tuple": "(0, 1, 0)",
+    "fenced JSON code": "```json\n[0, 1, 0]\n```",
+    "check marks": "STEP 1: ✓\nSTEP 2: ✗\nSTEP 3: ✓",
+    "arrows": "STEP 1 -> 0\nSTEP 2 -> 1\nSTEP 3 -> 0",
+    "equals signs": "STEP1=0, STEP2=1, STEP3=0",
+    "no error / error": "Step 1: No error\nStep 2: Error - miscounted\nStep 3: No error",
+    "restated format then the list": "[Indicator for STEP 1, Indicator for STEP 2, ..., Indicator for STEP N]\n"
+                                     "['0', '1', '0']",
+    "counted steps then the list": "The reasoning has 3 steps and step 2 is wrong.\n[0, 1, 0]",
+}
+
+
+@pytest.mark.parametrize("form", list(STEP_LABEL_FORMS))
+def test_robust_parser_reads_real_output_forms(form):
+    assert vb.parse_step_labels_ex(STEP_LABEL_FORMS[form], 3) == ([0, 1, 0], True)
+
+
+def test_robust_parser_form_count_and_the_full_stop_bug():
+    assert len(STEP_LABEL_FORMS) >= 15 and len(set(STEP_LABEL_FORMS.values())) == len(STEP_LABEL_FORMS)
+    # The misreading of issue 13: a label followed by a full stop was rejected and pooled as zeros.
+    assert vb.parse_step_labels_ex("STEP 1: 0.\nSTEP 2: 1.\nSTEP 3: 0.", 3) == ([0, 1, 0], True)
+    # The official parser is the release's: every integer is a label, whatever the form.
+    assert vb.parse_step_labels_ex("STEP 1: 0.\nSTEP 2: 1.\nSTEP 3: 0.", 3, parser="official") == ([1, 0, 1], True)
+    assert vb.parse_step_labels_ex("Step 1 - correct\nStep 2 - incorrect\nStep 3 - correct", 3,
+                                   parser="official") == ([1, 1, 1], True)
+    assert vb.parse_step_labels_ex("1) Correct.\n2) Wrong.", 3, parser="official") == ([1, 1, 0], False)
+    # Not labels: a decimal, a step 10 read as step 1, a numbered list of prose.
+    assert vb.parse_step_labels_ex("STEP 1: 0.5\nSTEP 2: 1.5", 2) == ([0, 0], False)
+    assert vb.parse_step_labels_ex("There are 3 steps.\n1. The first step counts.", 3) == ([0, 0, 0], False)
+
+
 def test_step_parser_failures():
     assert vb.parse_step_labels_ex(None, 3) == ([0, 0, 0], False)
     assert vb.parse_step_labels_ex(None, 3, parser="official") == ([0, 0, 0], False)
@@ -305,31 +364,55 @@ def test_foresight_parser_on_hedged_answers():
 def test_step_task_scoring_pools_steps_and_counts_failures():
     samples = [sample(id="a", task_gt=(0, 1, 0)), sample(id="b", task_gt=(1, 0)), sample(id="c", task_gt=(0, 0, 1))]
     outputs = {"a": "[0, 1, 0]", "b": "STEP 1: 0, STEP 2: 1"}  # "c" failed to generate
+    # ours: c counts wrong, every label flipped. Pooled labels [0,1,0 | 1,0 | 0,0,1], predictions
+    # [0,1,0 | 0,1 | 1,1,0]: TP 1, FN 2, FP 3, TN 2; F1_pos 2/7, F1_neg 4/9; (5 * 2/7 + 3 * 4/9) / 8.
     result = vb.score_task("SC", samples, outputs)
-    labels, predictions = [0, 1, 0, 1, 0, 0, 0, 1], [0, 1, 0, 0, 1, 0, 0, 0]
-    assert result.scores["f1"] == pytest.approx(vb.weighted_f1(labels, predictions))
-    assert (result.scores["f1_pos"], result.scores["f1_neg"]) == pytest.approx(vb.f1_per_class(labels, predictions))
-    assert (result.num_samples, result.num_outputs, result.failures) == (3, 3, 1)
-    official = vb.score_task("SC", samples, outputs, parser="official")
-    # b reads as [1, 0] (the step numbers), c is padding; both still pooled.
-    assert official.scores["f1"] == pytest.approx(vb.weighted_f1(labels, [0, 1, 0, 1, 0, 0, 0, 0]))
-    assert official.failures == 1
+    assert result.scores["f1"] == pytest.approx(58 / 168)
+    assert (result.scores["f1_pos"], result.scores["f1_neg"]) == pytest.approx((2 / 7, 4 / 9))
+    assert (result.num_samples, result.num_outputs, result.failures, result.num_scored) == (3, 3, 1, 3)
+    assert result.failed_samples == {"generation_failed": 1} and result.accounting == "ours"
+    # official: c left out. Labels [0,1,0,1,0], predictions [0,1,0,0,1]: F1_pos 1/2, F1_neg 2/3; (3/2 + 4/3) / 5.
+    official = vb.score_task("SC", samples, outputs, accounting="official")
+    assert official.scores["f1"] == pytest.approx(17 / 30) and official.num_scored == 2
+    assert official.failed_samples == {"generation_failed": 1} and official.failures == 1
+    # The official parser reads b as [1, 0] (the step numbers): labels [0,1,0,1,0], predictions [0,1,0,1,0].
+    both = vb.score_both("SC", samples, outputs, parser="official")
+    assert both["official"].scores["f1"] == 1.0 and both["official"].parser == "official"
+    assert both["ours"].scores["f1"] == pytest.approx(vb.weighted_f1([0, 1, 0, 1, 0, 0, 0, 1], [0, 1, 0, 1, 0, 1, 1, 0]))
+    # An unreadable output is "unparsable": wrong under ours, left out under official.
+    unreadable = {**outputs, "c": "[1]"}
+    assert vb.score_task("SC", samples, unreadable).failed_samples == {"unparsable": 1}
+    assert vb.score_task("SC", samples, unreadable).scores["f1"] == pytest.approx(58 / 168)
+    assert vb.score_task("SC", samples, unreadable, accounting="official").scores["f1"] == pytest.approx(17 / 30)
+    with pytest.raises(ValueError, match="accounting"):
+        vb.score_task("SC", samples, outputs, accounting="lenient")
+
+
+def test_official_accounting_with_nothing_left_to_score():
+    result = vb.score_task("IC", [sample(id="a")], {"a": "no labels here"}, accounting="official")
+    assert result.scores == {"f1": None, "f1_pos": None, "f1_neg": None} and result.num_scored == 0
+    assert vb.score_task("FF", [sample("FF", id="a", task_gt=True)], {}, accounting="official").scores == {
+        "accuracy": None}
 
 
 def test_mj_scoring_both_orders_and_ties():
-    samples = [sample("MJ", id=i, task_gt=None) for i in "abcdef"]
+    samples = [sample("MJ", id=i, task_gt=None) for i in "abcdefg"]
     outputs = {
         "a": ("[9, 4]", "[5, 8]"),  # good: 9 + 8 > 4 + 5: correct
         "b": ("[9, 4]", "[9, 4]"),  # prefers response 1 whatever it is: 13 = 13, a tie: wrong
         "c": ("[3, 7]", "[6, 2]"),  # prefers the bad one: wrong
         "d": ('["8", "6"] Response 1 is better.', "[6, 8]"),  # robust 16 > 12; official (6,1)+(6,8): 14 > 7
-        "e": ("[8, 6]", None),  # second order failed: (0, 0); 8 > 6: correct, one failure
-    }  # "f" missing entirely: 0 = 0, wrong, two failures
+        "e": ("[8, 6]", None),  # second order failed: a failed sample
+        "g": ("[7, 3]", "no idea"),  # second order unreadable
+    }  # "f" missing entirely
     result = vb.score_task("MJ", samples, outputs)
-    assert result.scores == {"accuracy": pytest.approx(3 / 6)}
-    assert (result.num_outputs, result.failures) == (12, 3)
-    official = vb.score_task("multi_solution", samples, outputs, parser="official")
-    assert official.scores == {"accuracy": pytest.approx(3 / 6)} and official.failures == 3
+    assert result.scores == {"accuracy": pytest.approx(2 / 7)}  # a, d of 7; e, f, g count wrong
+    assert (result.num_outputs, result.failures) == (14, 4)
+    assert result.failed_samples == {"generation_failed": 2, "unparsable": 1}
+    official = vb.score_task("multi_solution", samples, outputs, accounting="official")
+    assert official.scores == {"accuracy": pytest.approx(2 / 4)} and official.num_scored == 4
+    release = vb.score_task("multi_solution", samples, outputs, parser="official", accounting="official")
+    assert release.scores == {"accuracy": pytest.approx(2 / 4)} and release.failures == 4
     quirk = {"a": ('["8", "6"] Response 1 is better.', '["6", "8"] Response 2 is better.')}
     assert vb.score_task("MJ", samples[:1], quirk).scores["accuracy"] == 1.0
     assert vb.score_task("MJ", samples[:1], quirk, parser="official").scores["accuracy"] == 0.0  # (6,1),(8,2)
@@ -350,10 +433,12 @@ def test_criticism_win_tie_lose():
         "a": ("[6, 8]", "[9, 5]"),  # reference 6 + 5, candidate 8 + 9: win
         "b": ("[8, 6]", "[6, 8]"),  # reference 16, candidate 12: lose
         "c": ("[8, 8]", "[7, 7]"),  # tie
-    }  # "d" not judged: (0, 0) twice, a tie and two failures
+    }  # "d" not judged: a failed judge call
     result = vb.score_task("ERA", samples, judged)
-    assert result.scores == pytest.approx({"win": 0.25, "tie": 0.5, "lose": 0.25})
-    assert result.failures == 2 and result.num_outputs == 8
+    assert result.scores == pytest.approx({"win": 0.25, "tie": 0.25, "lose": 0.5})  # d counts as a loss
+    assert result.failures == 2 and result.num_outputs == 8 and result.failed_samples == {"judge_failed": 1}
+    official = vb.score_task("ERA", samples, judged, accounting="official")
+    assert official.scores == pytest.approx({"win": 1 / 3, "tie": 1 / 3, "lose": 1 / 3})
 
 
 # ---------------------------------------------------------------- table

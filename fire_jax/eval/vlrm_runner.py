@@ -28,9 +28,11 @@ failed is not judged; its judge outputs count as failures.
 
 **Failures.** A generation that raises, or yields empty text, is recorded
 with its reason (``exception``, ``empty``, ``input`` for an unreadable image,
-``no_candidate``) and scored as the parser's padding (score_task's rule for
-a missing output): nothing is dropped, and every count is in results.json
-and the table.
+``no_candidate``). Scoring then follows ``config.vlrm.accounting``
+(:func:`fire_jax.eval.vlrmbench.score_task`): "ours" counts a failed or
+unreadable sample wrong, "official" leaves it out as the release does. Both
+figures are in results.json (``by_accounting``) and in the table, with the
+failed samples by reason (generation_failed, judge_failed, unparsable).
 
 **Resuming.** Each sample's raw outputs are appended, as one JSON line, to
 ``workdir/outputs/<task>.jsonl`` once all its generations are done (a batch
@@ -57,8 +59,8 @@ from fire_jax.data.chat import ChatTokenizer, Message, segments
 from fire_jax.data.config import load_config
 from fire_jax.data.images import load_image, preprocess
 from fire_jax.data.records import IMAGE_PLACEHOLDER
-from fire_jax.eval.vlrmbench import (TASKS, Sample, TaskData, TaskResult, build_judge_prompt, build_prompt,
-                                     load_task, num_orders, results_table, score_task, task_info,
+from fire_jax.eval.vlrmbench import (ACCOUNTINGS, TASKS, Sample, TaskData, TaskResult, build_judge_prompt,
+                                     build_prompt, load_task, num_orders, results_table, score_both, task_info,
                                      theme_average)
 from fire_jax.infer.decode import DecodeConfig, generate
 from fire_jax.infer.loading import load
@@ -462,7 +464,7 @@ def evaluate(config, data_dir: str, workdir: str, *, image_root: str | None = No
     tqdm.write(f"generated {sum(generated.values())} samples now, "
                f"{sum(len(d) for d in datasets.values()) - sum(generated.values())} reused from earlier runs")
     return score(datasets, workdir_path, model=generator.name, judge=judge_name(config), parser=config.vlrm.parser,
-                 render=config.vlrm.render)
+                 render=config.vlrm.render, accounting=config.vlrm.accounting)
 
 
 def _check_tiles(datasets: dict[str, TaskData], generator: Generator) -> None:
@@ -481,25 +483,46 @@ def _check_tiles(datasets: dict[str, TaskData], generator: Generator) -> None:
                                  f"raise it, or set 0 to size each batch to its largest sample")
 
 
-def score(datasets: dict[str, TaskData], workdir: Path, *, model: str, judge: str, parser: str, render: str) -> dict:
-    """Score the tasks from their outputs JSONL; write and print results.json / results.md."""
-    results: dict[str, TaskResult] = {}
+ACCOUNTING_ROWS = {"ours": "failures count wrong", "official": "failures left out"}
+
+
+def score(datasets: dict[str, TaskData], workdir: Path, *, model: str, judge: str, parser: str, render: str,
+          accounting: str = "ours") -> dict:
+    """Score the tasks from their outputs JSONL; write and print results.json / results.md.
+
+    Every task is scored under both accountings; ``accounting`` picks the
+    one in ``scores`` and the W-Avgs, ``by_accounting`` holds both, and the
+    table has a row for each.
+    """
+    from fire_jax.eval.vlrm_audit import audit_table
+
+    if accounting not in ACCOUNTINGS:
+        raise ValueError(f"accounting must be one of {list(ACCOUNTINGS)}, got {accounting!r}")
+    results: dict[str, dict[str, TaskResult]] = {a: {} for a in ACCOUNTINGS}
     tasks = {}
     for f, data in datasets.items():
         records, unreadable = read_records(workdir / "outputs" / f"{f}.jsonl")
         failures = failure_counts(data.samples, records)
-        entry = dict(bad_records=dict(data.skipped), generation_failures=dict(failures),
-                     unreadable_output_lines=unreadable)
+        entry = dict(bad_records=dict(data.skipped), kept_records=dict(data.kept),
+                     generation_failures=dict(failures), unreadable_output_lines=unreadable)
         if data.samples:
-            results[f] = score_task(f, data.samples, task_outputs(data.samples, records), parser)
-            entry.update(results[f].to_json())
+            both = score_both(f, data.samples, task_outputs(data.samples, records), parser)
+            for a, result in both.items():
+                results[a][f] = result
+            entry.update(both[accounting].to_json())
+            entry["by_accounting"] = {a: dict(scores=r.scores, num_scored=r.num_scored) for a, r in both.items()}
         else:
             entry.update(task=f, num_samples=0, error="no usable samples")
         tasks[task_info(f).short] = entry
-    table = results_table({model: results}, judge=judge, render=render) + _counts_table(datasets, tasks)
-    summary = dict(model=model, judge=judge, parser=parser, render=render, tasks=tasks)
+    rows_accounting = (accounting,) + tuple(a for a in ACCOUNTINGS if a != accounting)
+    rows = {f"{model} ({a}: {ACCOUNTING_ROWS[a]})": results[a] for a in rows_accounting}
+    table = (results_table(rows, judge=judge, render=render) + _counts_table(datasets, tasks)
+             + audit_table(datasets, {name: {f: r.scores["f1"] for f, r in results[a].items() if "f1" in r.scores}
+                                      for name, a in zip(rows, rows_accounting)}))
+    summary = dict(model=model, judge=judge, parser=parser, render=render, accounting=accounting, tasks=tasks)
     for theme in ("step", "outcome"):
-        summary[f"{theme}_w_avg"] = theme_average(results, theme)
+        summary[f"{theme}_w_avg"] = theme_average(results[accounting], theme)
+        summary[f"{theme}_w_avg_by_accounting"] = {a: theme_average(results[a], theme) for a in ACCOUNTINGS}
     with open(workdir / "results.json", "w") as f:
         json.dump(summary, f, indent=2)
     with open(workdir / "results.md", "w") as f:
@@ -510,15 +533,18 @@ def score(datasets: dict[str, TaskData], workdir: Path, *, model: str, judge: st
 
 
 def _counts_table(datasets: dict[str, TaskData], tasks: dict[str, dict]) -> str:
-    """Per task: samples scored, bad records skipped by reason, failed generations by reason."""
+    """Per task: samples, records skipped and kept odd, failed generations, failed samples, by reason."""
     def reasons(counts: dict) -> str:
         return ", ".join(f"{r} {n}" for r, n in sorted(counts.items())) or "0"
 
-    lines = ["", "Samples, bad records skipped and failed generations (exception, empty output, unreadable "
-             "input, ERA/EC judge skipped for lack of a candidate), by reason:", "",
-             "| Task | samples | bad records | failed generations |", "| --- | ---: | --- | --- |"]
+    lines = ["", "Samples; bad records skipped and odd records kept; failed generations (exception, empty "
+             "output, unreadable input, ERA/EC judge skipped for lack of a candidate); failed samples (counted "
+             "wrong by ours, left out by official), by reason:", "",
+             "| Task | samples | bad records | kept records | failed generations | failed samples |",
+             "| --- | ---: | --- | --- | --- | --- |"]
     for f in datasets:
         entry = tasks[task_info(f).short]
         lines.append(f"| {task_info(f).short} | {entry['num_samples']} | {reasons(entry['bad_records'])} | "
-                     f"{reasons(entry['generation_failures'])} |")
+                     f"{reasons(entry['kept_records'])} | {reasons(entry['generation_failures'])} | "
+                     f"{reasons(entry.get('failed_samples', {}))} |")
     return "\n".join(lines) + "\n"

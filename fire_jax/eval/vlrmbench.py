@@ -33,6 +33,11 @@ from fire_jax.eval.vlrmbench_prompts import JUDGE_PROMPTS, TASK_PROMPTS, TASKS, 
 
 PARSERS = ("robust", "official")
 RENDERS = ("plain", "official")
+# What a failed sample (its generation or judge call failed, or its output could not be read) counts as:
+# "ours" counts it wrong (every step label flipped, MJ/FF wrong, ERA/EC a loss); "official" leaves it
+# out of the score, as the release's scripts do.
+ACCOUNTINGS = ("ours", "official")
+FAILURE_REASONS = ("generation_failed", "judge_failed", "unparsable")
 PAPER_RESULTS = Path(__file__).parent / "paper_results" / "vlrmbench.json"
 # Rows of the paper's Table 3 printed beside ours by default: the open models
 # nearest to LLaVA-NeXT-8B in size and lineage, plus the large references.
@@ -65,7 +70,8 @@ class Sample:
     """One benchmark record.
 
     `task_gt` by theme: step tasks, a tuple of 0/1 per step of
-    `reasoning_error` (1 = the step is erroneous); FF, a bool (the partial
+    `reasoning_error` (1 = the step is erroneous; its length is the number
+    of steps, even where the STEP markers of reasoning_error count otherwise); FF, a bool (the partial
     process leads to a correct answer); ERA/EC, the reference answer (str, or
     a tuple of steps); MJ, whatever the record holds (unused).
     """
@@ -92,12 +98,15 @@ class BadRecord(ValueError):
 
 @dataclasses.dataclass
 class TaskData:
-    """The usable samples of one task file and the bad records skipped, by reason."""
+    """The usable samples of one task file, the bad records skipped and the odd ones kept, by reason."""
 
     task: str
     path: Path
     samples: list[Sample]
     skipped: collections.Counter  # reason -> number of records
+    # reason -> records kept although odd: "step_count_mismatch" (task_gt's length differs from the
+    # STEP markers of reasoning_error; kept, as the release keeps them, with len(task_gt) steps).
+    kept: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -114,6 +123,9 @@ class TaskData:
         if self.skipped:
             reasons = ", ".join(f"{r}: {n}" for r, n in sorted(self.skipped.items()))
             line += f"; skipped {sum(self.skipped.values())} bad records ({reasons})"
+        if self.kept:
+            reasons = ", ".join(f"{r}: {n}" for r, n in sorted(self.kept.items()))
+            line += f"; kept {sum(self.kept.values())} odd records ({reasons})"
         return line
 
 
@@ -126,7 +138,8 @@ def _text_fields(info: TaskInfo) -> tuple[str, ...]:
     return ("reasoning_error",)
 
 
-def _parse_record(text: str, info: TaskInfo, path: Path, line: int, image_root: Path | None) -> Sample:
+def _parse_record(text: str, info: TaskInfo, path: Path, line: int, image_root: Path | None,
+                  kept: collections.Counter) -> Sample:
     def bad(reason: str, field: str | None, detail: str) -> BadRecord:
         return BadRecord(path, line, field, reason, detail)
 
@@ -164,10 +177,10 @@ def _parse_record(text: str, info: TaskInfo, path: Path, line: int, image_root: 
     if info.theme == "step":
         if not isinstance(task_gt, list) or not all(type(v) is int and v in (0, 1) for v in task_gt):
             raise bad("bad_field", "task_gt", f"expected a list of 0/1, got {task_gt!r}")
-        num_steps = count_steps(record["reasoning_error"])
-        if len(task_gt) != num_steps:
-            raise bad("task_gt_length", "task_gt",
-                      f"{len(task_gt)} labels for {num_steps} steps in reasoning_error")
+        if not task_gt:
+            raise bad("bad_field", "task_gt", "expected at least one label")
+        if len(task_gt) != count_steps(record["reasoning_error"]):
+            kept["step_count_mismatch"] += 1
         task_gt = tuple(task_gt)
     elif info.file == "foresight":
         if not isinstance(task_gt, bool):
@@ -202,9 +215,11 @@ def load_task(path_or_dir: str | Path, task: str, image_root: str | Path | None 
               on_bad_record: str = "skip") -> TaskData:
     """Reads one task's JSONL (`path_or_dir` is the file or the folder holding `<task>.jsonl`).
 
-    Bad records are malformed JSON lines, missing or mistyped fields, step-task
-    labels whose count differs from the steps of reasoning_error, a duplicate
-    id, and (when `image_root` is given) an image file that does not exist.
+    Bad records are malformed JSON lines, missing or mistyped fields, a
+    duplicate id, and (when `image_root` is given) an image file that does
+    not exist. A step record whose labels count differently from the STEP
+    markers of reasoning_error is kept (the release keeps it; the labels give
+    the number of steps) and counted in `TaskData.kept`.
     `on_bad_record="skip"` drops them and counts them in `TaskData.skipped` by
     reason; `"error"` raises BadRecord naming file, line and field.
     """
@@ -216,13 +231,15 @@ def load_task(path_or_dir: str | Path, task: str, image_root: str | Path | None 
     root = None if image_root is None else Path(image_root)
     samples: list[Sample] = []
     skipped: collections.Counter = collections.Counter()
+    kept: collections.Counter = collections.Counter()
     seen: set[str] = set()
     with open(path, encoding="utf-8") as f:
         for line, text in enumerate(f, start=1):
             if not text.strip():
                 continue
             try:
-                sample = _parse_record(text, info, path, line, root)
+                odd = collections.Counter()
+                sample = _parse_record(text, info, path, line, root, odd)
                 if sample.id in seen:
                     raise BadRecord(path, line, "id", "duplicate_id", f"id {sample.id!r} seen before")
             except BadRecord as e:
@@ -232,7 +249,8 @@ def load_task(path_or_dir: str | Path, task: str, image_root: str | Path | None 
                 continue
             seen.add(sample.id)
             samples.append(sample)
-    return TaskData(task=info.file, path=path, samples=samples, skipped=skipped)
+            kept.update(odd)
+    return TaskData(task=info.file, path=path, samples=samples, skipped=skipped, kept=kept)
 
 
 # ----------------------------------------------------------------------------
@@ -325,19 +343,33 @@ def build_judge_prompt(sample: Sample, task: str, candidate: str, render: str = 
 
 _INTEGER = re.compile(r"\d+")
 _BRACKETED = re.compile(r"\[([^\[\]]*)\]")
+_PARENTHESISED = re.compile(r"\(([^()]*)\)")
 _LABEL_ITEM = re.compile(r"[01]")
 _SCORE_ITEM = re.compile(r"(\d+(?:\.\d+)?)(?:\s*/\s*10)?")
-# "STEP 3: 1", "**Step 3**: 1", "STEP3 = 0"; (?!\d) keeps "STEP 10" from reading as step 1.
-_STEP_PAIR = re.compile(r"STEP\s*(\d+)(?!\d)\**\s*[:=\-]\s*\**\s*[\"']?([01])(?![\d.])", re.IGNORECASE)
+# A step's label: 0/1 (not "0.5" or "10"; a full stop after it is fine), a verdict word or a mark.
+# "incorrect" before "correct"; "no error" before "error". 1 = the step is erroneous.
+_LABEL = (r"(?P<label>[01](?!\d|\.\d)|incorrect\b|not\s+correct\b|wrong\b|erroneous\b|no\s+errors?\b|"
+          r"errors?\b|correct\b|right\b|[✓✔✅✗✘❌])")
+_ERRONEOUS = re.compile(r"incorrect|not\s+correct|wrong|erroneous|errors?|1|[✗✘❌]", re.IGNORECASE)
+_BOLD = r"(?:\*\*|__|\*)?"
+# "STEP 3: 1", "**Step 3**: 1.", "step_3 = 0", '{"STEP3": 1}', "| Step 3 | 1 |", "Step 3 - incorrect",
+# "Indicator for STEP 3: 0", "STEP 3 -> 1"; (?!\d) keeps "STEP 10" from reading as step 1.
+_STEP_PAIR = re.compile(rf"STEP[\s_]*(?P<step>\d+)(?!\d){_BOLD}[\"']?\s*(?:[:=\-–—|]|->|→)\s*{_BOLD}\s*[\"'(]?"
+                        + _LABEL, re.IGNORECASE)
+# A numbered list or table row of labels: "1. 0", "2) incorrect", "| 3 | 1 |", "**1.** Correct".
+_NUMBERED = re.compile(rf"^[ \t>*-]*\|?\s*{_BOLD}(?P<step>\d+)(?!\d)[.):]?{_BOLD}\s*(?:\||:|-|–)?\s*{_BOLD}[\"']?"
+                       + _LABEL + r"[\"']?\s*(?:\*\*)?\s*(?:$|[|.,;:!(]|\s[-–(:])", re.IGNORECASE | re.MULTILINE)
+# A line that is nothing but labels: "0, 1, 0", "0 1 0", "Answer: 0,1,0".
+_BARE_LINE = re.compile(r"^[^\n\d]{0,20}?((?:[01](?:\s*[,;]\s*|\s+))+[01])\s*\.?\s*$", re.MULTILINE)
 # "Response 1: 8", "Score for Response 2 = 7/10", "**Response 1**: 8".
 _RESPONSE_SCORE = re.compile(r"Response\s*([12])(?!\d)\**\s*[:=]\s*\**\s*(\d+(?:\.\d+)?)", re.IGNORECASE)
 _YES_NO = re.compile(r"\b(yes|no|true|false)\b", re.IGNORECASE)
 
 
-def _bracketed_lists(text: str, item: re.Pattern) -> list[list[str]]:
-    """Every [a, b, ...] in `text` whose items (unquoted) all fully match `item`."""
+def _bracketed_lists(text: str, item: re.Pattern, pattern: re.Pattern = _BRACKETED) -> list[list[str]]:
+    """Every [a, b, ...] in `text` whose items (unquoted, unbolded) all fully match `item`."""
     lists = []
-    for body in _BRACKETED.findall(text):
+    for body in pattern.findall(text):
         items = [i.strip().strip("\"'*").strip() for i in body.split(",")]
         if all(item.fullmatch(i) for i in items):
             lists.append(items)
@@ -348,6 +380,29 @@ def _pad(values: list, n: int) -> list:
     return (values + [0] * n)[:n]
 
 
+def _label_value(word: str) -> int:
+    return int(bool(_ERRONEOUS.fullmatch(word.strip())))
+
+
+def _numbered_labels(pattern: re.Pattern, text: str) -> dict[int, int]:
+    """{step: label} from "STEP k: x" pairs or numbered rows; the first label of each step wins."""
+    pairs: dict[int, int] = {}
+    for match in pattern.finditer(text):
+        pairs.setdefault(int(match.group("step")), _label_value(match.group("label")))
+    return pairs
+
+
+def _step_readings(text: str) -> Iterator[list[int] | dict[int, int]]:
+    """The ways a text can hold step labels, in order of trust (see parse_step_labels_ex)."""
+    for pattern in (_BRACKETED, _PARENTHESISED):
+        lists = _bracketed_lists(text, _LABEL_ITEM, pattern)
+        yield from ([int(i) for i in items] for items in reversed(lists))  # the last list first
+    yield _numbered_labels(_STEP_PAIR, text)
+    yield _numbered_labels(_NUMBERED, text)
+    for line in reversed(_BARE_LINE.findall(text)):
+        yield [int(i) for i in re.findall(r"[01]", line)]
+
+
 def parse_step_labels_ex(text: str | None, num_steps: int, parser: str = "robust") -> tuple[list[int], bool]:
     """Per-step labels (1 = erroneous) read from a step-task output, and whether reading succeeded.
 
@@ -355,11 +410,15 @@ def parse_step_labels_ex(text: str | None, num_steps: int, parser: str = "robust
     become 1, the first `num_steps` are kept, missing ones are 0; it "fails"
     when the text has fewer integers than steps. It reads "STEP 1: 0, STEP 2:
     1" as [1, 0, 1, 1] and counts a restated "[Indicator for STEP 1, ...]".
-    robust (default): the last bracketed list of 0/1 items with `num_steps`
-    items, else the last bracketed 0/1 list, else "STEP k: x" pairs (first
-    pair per step). It succeeds when exactly `num_steps` labels were read
-    (list) or every step 1..num_steps got one and no other step did (pairs);
-    a short or long reading is padded with 0 or cut and counts as a failure.
+    robust (default): the readings of :func:`_step_readings`, in order --
+    bracketed 0/1 lists (last first), then parenthesised ones, "STEP k: x"
+    pairs, numbered rows ("1. 0", "| 1 | 1 |"), lines of bare labels -- where
+    a label is 0/1 (a full stop after it is fine), a verdict word
+    ("incorrect", "wrong", "error" = 1; "correct", "right", "no error" = 0)
+    or a check mark. The first reading with exactly `num_steps` labels (a
+    list) or a label for every step 1..num_steps and no other (pairs, rows)
+    wins; else the first non-empty reading, padded with 0 or cut, and the
+    parse counts as a failure. Every form it reads is in tests/test_vlrmbench.py.
     """
     _check_choice(parser, PARSERS, "parser")
     if text is None:
@@ -367,18 +426,18 @@ def parse_step_labels_ex(text: str | None, num_steps: int, parser: str = "robust
     if parser == "official":
         labels = [min(int(i), 1) for i in _INTEGER.findall(text)]
         return _pad(labels, num_steps), len(labels) >= num_steps
-    lists = _bracketed_lists(text, _LABEL_ITEM)
-    if lists:
-        exact = [items for items in lists if len(items) == num_steps]
-        labels = [int(i) for i in (exact or lists)[-1]]
-        return _pad(labels, num_steps), len(labels) == num_steps
-    pairs: dict[int, int] = {}
-    for step, label in _STEP_PAIR.findall(text):
-        pairs.setdefault(int(step), int(label))
-    if not pairs:
-        return [0] * num_steps, False
-    labels = [pairs.get(k, 0) for k in range(1, num_steps + 1)]
-    return labels, set(pairs) == set(range(1, num_steps + 1))
+    fallback = None
+    for reading in _step_readings(text):
+        if isinstance(reading, dict):
+            complete = set(reading) == set(range(1, num_steps + 1))
+            labels = [reading.get(k, 0) for k in range(1, num_steps + 1)]
+        else:
+            complete, labels = len(reading) == num_steps, _pad(reading, num_steps)
+        if complete:
+            return labels, True
+        if reading and fallback is None:
+            fallback = labels
+    return (fallback or [0] * num_steps), False
 
 
 def parse_step_labels(text: str | None, num_steps: int, parser: str = "robust") -> list[int]:
@@ -499,15 +558,20 @@ class TaskResult:
     """One task's scores (fractions in [0, 1]) and how many outputs could not be read.
 
     scores: step tasks "f1" (weighted), "f1_pos", "f1_neg"; MJ and FF
-    "accuracy"; ERA and EC "win", "tie", "lose" (the candidate vs the reference).
+    "accuracy"; ERA and EC "win", "tie", "lose" (the candidate vs the
+    reference). None when `accounting="official"` left no sample to score.
     """
 
     task: str  # file name
     num_samples: int
     num_outputs: int  # 2 per sample for MJ, ERA, EC; else 1
     failures: int  # outputs missing or not read by the parser
-    scores: dict[str, float]
+    scores: dict[str, float | None]
     parser: str
+    accounting: str = "ours"
+    num_scored: int = -1  # samples in the score: all under "ours", the others left out under "official"
+    # Failed samples by reason (FAILURE_REASONS): counted wrong ("ours") or left out ("official").
+    failed_samples: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -518,15 +582,27 @@ def _pair(outputs: Mapping[str, Sequence[str | None]], sample_id: str) -> tuple[
     return first, second
 
 
-def score_task(task: str, samples: Sequence[Sample], outputs: Mapping[str, Any], parser: str = "robust") -> TaskResult:
+def _failure(texts: Sequence[str | None], read: Sequence[bool], missing: str) -> str | None:
+    """Why a sample failed: `missing` when an output is None, "unparsable" when one was not read."""
+    if any(text is None for text in texts):
+        return missing
+    return None if all(read) else "unparsable"
+
+
+def score_task(task: str, samples: Sequence[Sample], outputs: Mapping[str, Any], parser: str = "robust",
+               accounting: str = "ours") -> TaskResult:
     """Scores one task from the outputs keyed by sample id.
 
     outputs[id]: step tasks and FF, the model's text; MJ, (order 0 text,
     order 1 text) as in build_prompt; ERA/EC, the *judge's* (order 0 text,
-    order 1 text) as in build_judge_prompt. A missing id or None text counts
-    as a failure and is read as the parser's padding (labels 0, scores 0, no
-    answer): step labels still enter the pooled F1, MJ and FF count wrong,
-    ERA/EC count a tie.
+    order 1 text) as in build_judge_prompt. A missing id or None text is a
+    failed generation ("generation_failed"; ERA/EC "judge_failed": the judge
+    call failed or had no candidate to judge); an output the parser cannot
+    fully read is "unparsable" (an MJ/ERA/EC sample fails when either of its
+    two outputs does). `accounting` says what a failed sample counts as:
+    "ours" counts it wrong -- every step label the opposite of the truth, MJ
+    and FF wrong, ERA/EC a loss; "official" leaves it out, as the release.
+    The other samples are scored alike under both.
 
     Step tasks: weighted F1 over all steps of the task pooled. MJ: correct
     when the good solution's two scores (response 1 of order 0 + response 2
@@ -536,52 +612,92 @@ def score_task(task: str, samples: Sequence[Sample], outputs: Mapping[str, Any],
     """
     info = task_info(task)
     _check_choice(parser, PARSERS, "parser")
+    _check_choice(accounting, ACCOUNTINGS, "accounting")
     if not samples:
         raise ValueError(f"no samples to score for {info.short}")
     failures = 0
+    failed: collections.Counter = collections.Counter()
+    scored = 0
     if info.theme == "step":
         labels, predictions = [], []
         for sample in samples:
-            predicted, ok = parse_step_labels_ex(outputs.get(sample.id), len(sample.task_gt), parser)
+            text = outputs.get(sample.id)
+            predicted, ok = parse_step_labels_ex(text, len(sample.task_gt), parser)
             failures += not ok
+            reason = _failure([text], [ok], "generation_failed")
+            if reason:
+                failed[reason] += 1
+                if accounting == "official":
+                    continue
+                predicted = [1 - label for label in sample.task_gt]
+            scored += 1
             labels.extend(sample.task_gt)
             predictions.extend(predicted)
-        f1_pos, f1_neg = f1_per_class(labels, predictions)
-        scores = {"f1": weighted_f1(labels, predictions), "f1_pos": f1_pos, "f1_neg": f1_neg}
+        if labels:
+            f1_pos, f1_neg = f1_per_class(labels, predictions)
+            scores = {"f1": weighted_f1(labels, predictions), "f1_pos": f1_pos, "f1_neg": f1_neg}
+        else:
+            scores = {"f1": None, "f1_pos": None, "f1_neg": None}
         num_outputs = len(samples)
     elif info.file == "foresight":
         correct = 0
         for sample in samples:
-            answers = parse_foresight(outputs.get(sample.id), parser)
+            text = outputs.get(sample.id)
+            answers = parse_foresight(text, parser)
             failures += not answers
+            reason = _failure([text], [bool(answers)], "generation_failed")
+            if reason:
+                failed[reason] += 1
+                if accounting == "official":
+                    continue
+            scored += 1
             correct += sample.task_gt in answers
-        scores = {"accuracy": correct / len(samples)}
+        scores = {"accuracy": correct / scored if scored else None}
         num_outputs = len(samples)
     else:  # two orders: MJ (good solution first) and the ERA/EC judge (reference first)
         counts = collections.Counter()
         for sample in samples:
-            (first, first_ok), (second, second_ok) = (parse_scores_ex(text, parser)
-                                                      for text in _pair(outputs, sample.id))
+            texts = _pair(outputs, sample.id)
+            (first, first_ok), (second, second_ok) = (parse_scores_ex(text, parser) for text in texts)
             failures += (not first_ok) + (not second_ok)
+            reason = _failure(texts, [first_ok, second_ok],
+                              "generation_failed" if info.file == "multi_solution" else "judge_failed")
+            if reason:
+                failed[reason] += 1
+                if accounting == "official":
+                    continue
+            scored += 1
             first_response = first[0] + second[1]  # good solution (MJ) / reference (ERA, EC)
             second_response = first[1] + second[0]  # bad solution (MJ) / candidate (ERA, EC)
-            counts["second" if second_response > first_response else
+            counts["failed" if reason else "second" if second_response > first_response else
                    "first" if first_response > second_response else "tie"] += 1
-        if info.file == "multi_solution":
-            scores = {"accuracy": counts["first"] / len(samples)}
-        else:
-            scores = {"win": counts["second"] / len(samples), "tie": counts["tie"] / len(samples),
-                      "lose": counts["first"] / len(samples)}
+
+        def share(count: int) -> float | None:
+            return count / scored if scored else None
+
+        if info.file == "multi_solution":  # a failed sample is not correct
+            scores = {"accuracy": share(counts["first"])}
+        else:  # a failed sample is a loss
+            scores = {"win": share(counts["second"]), "tie": share(counts["tie"]),
+                      "lose": share(counts["first"] + counts["failed"])}
         num_outputs = 2 * len(samples)
-    return TaskResult(task=info.file, num_samples=len(samples), num_outputs=num_outputs,
-                      failures=failures, scores=scores, parser=parser)
+    return TaskResult(task=info.file, num_samples=len(samples), num_outputs=num_outputs, failures=failures,
+                      scores=scores, parser=parser, accounting=accounting, num_scored=scored,
+                      failed_samples=dict(sorted(failed.items())))
+
+
+def score_both(task: str, samples: Sequence[Sample], outputs: Mapping[str, Any],
+               parser: str = "robust") -> dict[str, TaskResult]:
+    """score_task under every accounting: {"ours": ..., "official": ...}."""
+    return {accounting: score_task(task, samples, outputs, parser, accounting) for accounting in ACCOUNTINGS}
 
 
 def theme_average(results: Mapping[str, TaskResult], theme: str) -> float | None:
     """W-Avg of the step tasks' F1 or the outcome tasks' accuracy, weighted by our sample counts.
 
     None unless every task of the theme was scored: an average over some of
-    the tasks is not the paper's column.
+    the tasks is not the paper's column. Under the official accounting a task
+    weighs by the samples left in its score.
     """
     if theme not in ("step", "outcome"):
         raise ValueError(f"W-Avg is defined for the step and outcome themes, got {theme!r}")
@@ -590,8 +706,12 @@ def theme_average(results: Mapping[str, TaskResult], theme: str) -> float | None
     if any(t.file not in by_file for t in tasks):
         return None
     key = "f1" if theme == "step" else "accuracy"
-    return weighted_average({t.file: by_file[t.file].scores[key] for t in tasks},
-                            {t.file: by_file[t.file].num_samples for t in tasks})
+    values = {t.file: by_file[t.file].scores[key] for t in tasks}
+    weights = {t.file: by_file[t.file].num_samples if by_file[t.file].num_scored < 0 else by_file[t.file].num_scored
+               for t in tasks}
+    if any(v is None for v in values.values()) or not sum(weights.values()):
+        return None
+    return weighted_average(values, weights)
 
 
 # ----------------------------------------------------------------------------
@@ -605,6 +725,10 @@ def load_paper_results(path: str | Path = PAPER_RESULTS) -> dict:
         return json.load(f)
 
 
+def _percent(value: float | None) -> float | None:
+    return None if value is None else 100 * value
+
+
 def _row_cells(results: Mapping[str, TaskResult]) -> dict[str, float | None]:
     """Our results as Table 3's columns, in percent; None where a task was not scored."""
     by_short = {task_info(name).short: result for name, result in results.items()}
@@ -613,9 +737,10 @@ def _row_cells(results: Mapping[str, TaskResult]) -> dict[str, float | None]:
         result = by_short.get(t.short)
         if t.theme == "criticism":
             for key, column in (("win", "W"), ("tie", "T"), ("lose", "L")):
-                cells[f"{t.short} {column}"] = None if result is None else 100 * result.scores[key]
+                cells[f"{t.short} {column}"] = _percent(None if result is None else result.scores[key])
         else:
-            cells[t.short] = None if result is None else 100 * result.scores["f1" if t.theme == "step" else "accuracy"]
+            key = "f1" if t.theme == "step" else "accuracy"
+            cells[t.short] = _percent(None if result is None else result.scores[key])
     for theme, column in (("step", "Step W-Avg"), ("outcome", "Outcome W-Avg")):
         average = theme_average(results, theme)
         cells[column] = None if average is None else 100 * average
@@ -632,6 +757,8 @@ def results_table(rows: Mapping[str, Mapping[str, TaskResult]], *, judge: str, r
     paper = load_paper_results() if paper is None else paper
     columns = paper["columns"]
     parsers = sorted({r.parser for results in rows.values() for r in results.values()})
+    accountings = [a for a in ACCOUNTINGS if any(r.accounting == a for results in rows.values()
+                                                 for r in results.values())]
 
     def line(cells: Sequence[str]) -> str:
         return "| " + " | ".join(cells) + " |"
@@ -643,7 +770,9 @@ def results_table(rows: Mapping[str, Mapping[str, TaskResult]], *, judge: str, r
         "VLRMBench (paper Table 3 layout): step tasks weighted F1, outcome tasks accuracy, "
         "criticism win/tie/lose against the GPT-4o reference answers; all in %.",
         f"ERA/EC judge: {judge} (paper rows: {PAPER_JUDGE}). "
-        f"Our rows: parser={'/'.join(parsers) or '-'}, render={render}.",
+        f"Our rows: parser={'/'.join(parsers) or '-'}, render={render}, "
+        f"accounting={'/'.join(accountings) or '-'} (ours: failed samples count wrong; "
+        "official: they are left out).",
         "",
         line(["Model"] + columns),
         line(["---"] + ["---:"] * len(columns)),
