@@ -40,6 +40,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.test = dict(json=f"{FIRE_DATA}/FIRE-test.json", image_root=f"{FIRE_DATA}/images")
     config.test.max_examples = 0  # > 0: a fixed random subset of that many conversations
     config.on_bad_record = "skip"  # or "error"
+    # The exact judge (answer after "Answer:" == groundtruth, fire_jax/eval/judge.py): "auto" = on for synthetic
+    # test sets (every source "synthetic_*"), whose groundtruth is the exact answer sentence; True / False force it.
+    config.exact_judge = "auto"
     # init: a llava-hf LLaVA-NeXT folder, "" = random weights of config.model. adapter: "" (none), a PEFT adapter
     # folder, or a training workdir (its latest checkpoint). name: our row in the tables ("" = the folder name).
     init = "" if tiny else LLAVA_NEXT_8B

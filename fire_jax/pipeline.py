@@ -22,6 +22,13 @@ SUMMARY = (("student BLEU-4", "fixed", "student", "BLEU-4"), ("student CIDEr", "
            ("teacher CIDEr", "fixed", "teacher", "CIDEr"), ("teacher MAE", "fixed", "teacher", "MAE"),
            ("AT", "free", None, "AT"), ("ADR", "free", None, "ADR"), ("ATR", "free", None, "ATR"),
            ("RR", "free", None, "RR"), ("K", "free", None, "K"))
+#: Exact-judge columns (synthetic test sets, fire_jax/eval/judge.py): (label, setting, path into metrics["judged"]).
+JUDGED = (("fixed student acc", "fixed", ("student", "accuracy")),
+          ("fixed teacher agreement", "fixed", ("teacher", "agreement")),
+          ("acc turn 1", "free", ("accuracy_turn1",)), ("acc final", "free", ("accuracy_final",)),
+          ("judged RR", "free", ("refinement_rate",)), ("teacher agreement", "free", ("agreement",)),
+          ("solved but wrong", "free", ("solved_but_wrong",)), ("solved", "free", ("solved",)),
+          ("stopped but right", "free", ("stopped_but_right",)))
 
 
 def train_stage(config, workdir: str, name: str) -> str:
@@ -65,21 +72,37 @@ def run(config, workdir: str) -> dict[str, Any]:
                                            teacher=fd,
                                            baseline_results=os.path.join(out, "baseline_free", "results.json"))
     summary = summarize(results)
-    summary["minutes"] = (time.perf_counter() - start) / 60
-    summary["figures"] = sorted(p for r in results.values() for p in r.get("figures", {}).values())
+    figures = [p for r in results.values() for p in r.get("figures", {}).values()]
+    if summary.get("judged"):
+        figures.append(os.path.join(workdir, "accuracy_by_turn.png"))
+        plot_judged_curves(results, figures[-1])
+    summary["figures"] = sorted(os.path.relpath(p, workdir) for p in figures)
     table = summary_table(summary)
+    # summary.json holds results only (no timings or absolute paths), so reruns can be compared byte for byte.
     with open(os.path.join(workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     with open(os.path.join(workdir, "summary.md"), "w") as f:
         f.write(table)
+    minutes = (time.perf_counter() - start) / 60
+    with open(os.path.join(workdir, "timing.json"), "w") as f:
+        json.dump({"minutes": minutes}, f)
     print("\n== summary (overall, synthetic test set)\n" + table)
-    print("plots:\n  " + "\n  ".join(summary["figures"]))
-    print(f"done in {summary['minutes']:.1f} min; {workdir}/summary.json, summary.md, eval/*/results.md")
+    print("plots:\n  " + "\n  ".join(os.path.join(workdir, p) for p in summary["figures"]))
+    print(f"done in {minutes:.1f} min; {workdir}/summary.json, summary.md, eval/*/results.md")
     return summary
 
 
+def _get(metrics: dict, path: tuple):
+    for key in path:
+        if not isinstance(metrics, dict) or key not in metrics:
+            return None
+        metrics = metrics[key]
+    return metrics
+
+
 def summarize(results: dict) -> dict:
-    rows = {}
+    """Paper metrics per run (``rows``) and, on synthetic test sets, the exact judge's (``judged``)."""
+    rows, judged = {}, {}
     for run_name in ("baseline", "fire"):
         row = {}
         for label, setting, role, key in SUMMARY:
@@ -87,17 +110,48 @@ def summarize(results: dict) -> dict:
             overall = metrics[role]["overall"] if role else metrics["overall"]
             row[label] = overall.get(key)
         rows[run_name] = row
-    return {"rows": rows}
+        if all("judged" in results[(run_name, s)]["metrics"] for s in ("fixed", "free")):
+            judged[run_name] = {label: _get(results[(run_name, setting)]["metrics"]["judged"]["overall"], path)
+                                for label, setting, path in JUDGED}
+            free_judged = results[(run_name, "free")]["metrics"]["judged"]["overall"]
+            judged[run_name]["acc by turn"] = free_judged["accuracy_by_turn"]
+            judged[run_name]["agreement by turn"] = free_judged["agreement_by_turn"]
+    return {"rows": rows, "judged": judged} if judged else {"rows": rows}
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _table(rows: dict, labels) -> list[str]:
+    lines = ["| run | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
+    lines += [f"| {name} | " + " | ".join(_cell(row[k]) for k in labels) + " |" for name, row in rows.items()]
+    return lines
 
 
 def summary_table(summary: dict) -> str:
-    labels = [label for label, *_ in SUMMARY]
-    lines = ["| run | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
-    for name, row in summary["rows"].items():
-        cells = ["–" if row[k] is None else (f"{row[k]:.3f}" if isinstance(row[k], float) else str(row[k]))
-                 for k in labels]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines = _table(summary["rows"], [label for label, *_ in SUMMARY])
+    if summary.get("judged"):
+        lines += ["", "Exact judge (answer = groundtruth) in the same runs: fixed-dialogue student accuracy and "
+                  "teacher agreement; free dialogues with the FD teacher: accuracy at turn 1 and at the end, judged "
+                  "refinement rate (right at the end of those wrong at turn 1), the teacher's agreement with the judge "
+                  "over all turns (score >= 8 iff right), solved-but-wrong of solved, stopped-but-right.", ""]
+        lines += _table(summary["judged"], [label for label, *_ in JUDGED])
     return "\n".join(lines) + "\n"
+
+
+def plot_judged_curves(results: dict, out_path: str) -> None:
+    """Fig. 7 for the main job: judged accuracy beside the teacher's (score >= 8) for the baseline and FIRE."""
+    from fire_jax.eval.plots import plot_accuracy_by_turn
+
+    curves = {}
+    for run_name in ("baseline", "fire"):
+        judged = results[(run_name, "free")]["metrics"]["judged"]["overall"]
+        curves[f"{run_name}: exact judge"] = judged["accuracy_by_turn"]
+        curves[f"{run_name}: teacher score >= 8"] = judged["teacher_accuracy_by_turn"]
+    plot_accuracy_by_turn(curves, out_path, title="free dialogues: judged vs teacher accuracy")
 
 
 # ---------------------------------------------------------------------------- paper experiments

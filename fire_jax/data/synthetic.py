@@ -1,30 +1,52 @@
-"""Synthetic FIRE conversations about drawn images, in the released schema.
+"""Synthetic FIRE conversations about drawn images, in the released schema, with no shortcuts.
 
 Each image (PIL, a few dozen pixels) shows coloured shapes or bars; the
-question has a checkable answer that depends on one visual property (a count,
-a colour, the tallest bar). The student's first answer is wrong, the
-teacher's feedback scores it and points at the error without giving the
-answer ("too low", "a cool colour", "compare it with the bar on its right"),
-and the next answer uses that hint. Some dialogues need a third round.
-Everything is determined by the seed.
+question has one exact answer on an ordered scale that depends on one visual
+property: a count (1..7), the position of the tallest of five bars (1..5) or
+the colour of one shape among others (six colours in rainbow order). The
+groundtruth is the exact sentence the student should write after "Answer:".
+
+The student's first answer is right or off by ``D`` steps on that scale. Every
+refinement moves one step the way the feedback points, so an answer off by
+``D`` needs ``D`` more turns. ``D`` is drawn so that, at every turn position,
+right and wrong answers are about equally common (P(D = 0) = 1/2, P(D = d) =
+2^-(d+1), the tail folded into ``MAX_OFFSET``): the turn index does not predict
+the score. First answers share one wording, refined answers another, whether
+right or wrong, and right and wrong sentences differ only in the value: the
+wording and the length do not predict the score either
+(:func:`shortcut_report` measures it).
+
+The teacher's feedback says which way to move ("too low", "further to the
+right", "later in the rainbow") without quoting the answer, and scores the
+distance: 10 when right, else ``WRONG_SCORES[D]`` (6, 4, 2, 1), so a refinement
+that moves the right way always raises the score. Everything is determined by
+the seed.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import random
+from typing import Mapping, Sequence
 
 from PIL import Image, ImageDraw
 
+#: Colours in rainbow order: the colour task's scale.
 COLORS = {"red": (220, 40, 40), "orange": (245, 140, 20), "yellow": (235, 210, 30),
           "green": (40, 170, 60), "blue": (40, 80, 220), "purple": (140, 50, 180)}
-WARM = ("red", "orange", "yellow")
+RAINBOW = tuple(COLORS)
 SHAPES = ("circle", "square", "triangle")
 #: (height, width) of the drawn images: several aspect ratios, so every anyres grid occurs.
 IMAGE_SIZES = ((64, 64), (48, 96), (96, 48), (40, 96), (96, 40), (56, 80))
-POSITIONS = ("left", "middle", "right")
 BACKGROUND = (238, 238, 238)
+MAX_COUNT = 7  # the count task's scale: 1..MAX_COUNT
+NUM_BARS = 5  # the bar task's scale: bar 1..NUM_BARS from the left
+MAX_OFFSET = 4  # the largest first-answer error: solvable within the free dialogues' 5 turns
+#: Score of a wrong answer by its distance from the groundtruth (a right answer scores 10).
+WRONG_SCORES = {1: 6, 2: 4, 3: 2, 4: 1}
+RIGHT_SCORE = 10
 
 
 def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, box, color) -> None:
@@ -51,101 +73,162 @@ def _place(rng: random.Random, size, count: int, side: int) -> list[tuple[int, i
     return boxes
 
 
-def _response(thought: str, answer: str) -> str:
+def response(thought: str, answer: str) -> str:
+    """A student turn r_k in the released format."""
     return f"Thought: {thought}\nAnswer: {answer}\n\n"
 
 
-def _feedback(score: int, text: str) -> str:
+def feedback(score: int, text: str) -> str:
+    """A teacher turn f_k in the released format."""
     return f"Score: {score}.\nFeedback: {text}\n"
 
 
-def _count_task(rng: random.Random, size):
-    color, shape = rng.choice(list(COLORS)), rng.choice(SHAPES)
-    side = max(8, min(size) // 5)
-    boxes = _place(rng, size, rng.randint(1, 5) + 2, side)
-    count = rng.randint(1, min(4, len(boxes)))
-    image = Image.new("RGB", (size[1], size[0]), BACKGROUND)
-    draw = ImageDraw.Draw(image)
-    others = [(c, s) for c in COLORS for s in SHAPES if (c, s) != (color, shape)]
-    for i, box in enumerate(boxes):
-        box_color, box_shape = (color, shape) if i < count else rng.choice(others)
-        _draw_shape(draw, box_shape, box, COLORS[box_color])
-    thing = f"{color} {shape}s"
-    question = f"How many {thing} are in the image?"
-    guesses = [g for g in range(0, 6) if g != count]
-    wrong = [rng.choice(guesses)]
-    if rng.random() < 0.3 and abs(wrong[0] - count) > 1:
-        wrong.append(wrong[0] + (1 if count > wrong[0] else -1))
-    turns = []
-    for guess in wrong:
-        direction = "low" if guess < count else "high"
-        more = "more" if guess < count else "fewer"
-        score = 2 if abs(guess - count) > 1 else 5
-        turns.append((_response(f"I count the {thing} in the image.", f"There are {guess} {thing}."),
-                      _feedback(score, f"Your count is too {direction}. There are {more} than {guess} {thing}; "
-                                       f"count them again.")))
-    turns.append((_response(f"The feedback says there are {more} than {wrong[-1]}. I count again.",
-                            f"There are {count} {thing}."),
-                  _feedback(10, f"Correct! You counted the {thing} right.")))
-    first = _response(f"I count the {thing} in the image.", f"There are {count} {thing}.")
-    return image, question, f"There are {count} {thing}.", turns, first
+class Task:
+    """One kind of question on an ordered scale of ``size`` values (0-based internally).
+
+    ``draw`` makes (image, question, truth); ``answer(v)`` is the sentence for
+    value ``v``; ``hint(up)`` the feedback that points up or down the scale;
+    ``first_thought`` / ``refined_thought(up)`` the student's thoughts.
+    """
+
+    name = ""
+    size = 0
+
+    def draw(self, rng: random.Random, image_size) -> tuple[Image.Image, str, int]:
+        raise NotImplementedError
+
+    def answer(self, value: int) -> str:
+        raise NotImplementedError
+
+    def hint(self, up: bool) -> str:
+        raise NotImplementedError
+
+    def first_thought(self) -> str:
+        raise NotImplementedError
+
+    def refined_thought(self, up: bool) -> str:
+        raise NotImplementedError
 
 
-def _color_task(rng: random.Random, size):
-    color, shape = rng.choice(list(COLORS)), rng.choice(SHAPES)
-    image = Image.new("RGB", (size[1], size[0]), BACKGROUND)
-    side = int(min(size) * 0.7)
-    top, left = (size[0] - side) // 2, (size[1] - side) // 2
-    _draw_shape(ImageDraw.Draw(image), shape, (left, top, left + side, top + side), COLORS[color])
-    question = f"What colour is the {shape}?"
-    family = "warm" if color in WARM else "cool"
-    wrong_family = [c for c in COLORS if (c in WARM) != (color in WARM)]
-    same_family = [c for c in COLORS if (c in WARM) == (color in WARM) and c != color]
-    wrong = [rng.choice(wrong_family)]
-    if rng.random() < 0.3:
-        wrong.append(rng.choice(same_family))
-    turns = []
-    for i, guess in enumerate(wrong):
-        hint = (f"It is a {family} colour." if i == 0 else f"It is a {family} colour, but not {guess}.")
-        thought = (f"The {shape} looks {guess} to me." if i == 0 else
-                   f"The feedback says it is a {family} colour; the {shape} looks {guess} to me.")
-        turns.append((_response(thought, f"The {shape} is {guess}."),
-                      _feedback(2 if i == 0 else 5, f"The {shape} is not {guess}. Look at its colour again. {hint}")))
-    turns.append((_response(f"The feedback says it is a {family} colour, so I look again.",
-                            f"The {shape} is {color}."),
-                  _feedback(10, f"Correct! The colour of the {shape} is right.")))
-    first = _response(f"The {shape} looks {color} to me.", f"The {shape} is {color}.")
-    return image, question, f"The {shape} is {color}.", turns, first
+class CountTask(Task):
+    name, size = "count", MAX_COUNT
+
+    def draw(self, rng, image_size):
+        self.color, self.shape = rng.choice(RAINBOW), rng.choice(SHAPES)
+        side = max(7, min(image_size) // 6)
+        count = rng.randint(1, MAX_COUNT)
+        boxes = _place(rng, image_size, count + rng.randint(0, 2), side)
+        count = min(count, len(boxes))
+        image = Image.new("RGB", (image_size[1], image_size[0]), BACKGROUND)
+        draw = ImageDraw.Draw(image)
+        others = [(c, s) for c in RAINBOW for s in SHAPES if (c, s) != (self.color, self.shape)]
+        for i, box in enumerate(boxes):
+            color, shape = (self.color, self.shape) if i < count else rng.choice(others)
+            _draw_shape(draw, shape, box, COLORS[color])
+        return image, f"How many {self.thing} are in the image?", count - 1
+
+    @property
+    def thing(self) -> str:
+        return f"{self.color} {self.shape}s"
+
+    def answer(self, value):
+        return f"The number of {self.thing} is {value + 1}."
+
+    def hint(self, up):
+        return f"Your count is too {'low' if up else 'high'}. Count the {self.thing} again."
+
+    def first_thought(self):
+        return f"I count the {self.thing} in the image."
+
+    def refined_thought(self, up):
+        return f"The feedback says my count is too {'low' if up else 'high'}, so I count again."
 
 
-def _bar_task(rng: random.Random, size):
-    height, width = size
-    heights = rng.sample(range(int(height * 0.25), int(height * 0.9)), 3)
-    tallest = max(range(3), key=lambda i: heights[i])
-    image = Image.new("RGB", (width, height), BACKGROUND)
-    draw = ImageDraw.Draw(image)
-    bar = max(4, width // 5)
-    color = COLORS[rng.choice(list(COLORS))]
-    for i, h in enumerate(heights):
-        x = (2 * i + 1) * width // 6 - bar // 2
-        draw.rectangle((x, height - h, x + bar - 1, height - 1), fill=color)
-    question = "Which bar is the tallest: the left, middle or right one?"
-    guess = rng.choice([i for i in range(3) if i != tallest])
-    side = "right" if tallest > guess else "left"
-    turns = [(_response("The bars have different heights.", f"The {POSITIONS[guess]} bar is the tallest."),
-              _feedback(3, f"The {POSITIONS[guess]} bar is not the tallest. Look further to the {side} "
-                           f"and compare the heights again.")),
-             (_response(f"The feedback says to look further to the {side}.",
-                        f"The {POSITIONS[tallest]} bar is the tallest."),
-              _feedback(10, "Correct! You found the tallest bar."))]
-    first = _response("The bars have different heights.", f"The {POSITIONS[tallest]} bar is the tallest.")
-    return image, question, f"The {POSITIONS[tallest]} bar is the tallest.", turns, first
+class BarTask(Task):
+    name, size = "bars", NUM_BARS
+
+    def draw(self, rng, image_size):
+        height, width = image_size
+        heights = rng.sample(range(int(height * 0.2), int(height * 0.95)), NUM_BARS)
+        tallest = max(range(NUM_BARS), key=lambda i: heights[i])
+        image = Image.new("RGB", (width, height), BACKGROUND)
+        draw = ImageDraw.Draw(image)
+        bar = max(3, width // (2 * NUM_BARS))
+        color = COLORS[rng.choice(RAINBOW)]
+        for i, h in enumerate(heights):
+            x = (2 * i + 1) * width // (2 * NUM_BARS) - bar // 2
+            draw.rectangle((x, height - h, x + bar - 1, height - 1), fill=color)
+        return image, f"Which bar is the tallest? The bars are numbered 1 to {NUM_BARS} from the left.", tallest
+
+    def answer(self, value):
+        return f"The tallest bar is bar {value + 1}."
+
+    def hint(self, up):
+        return f"The tallest bar is further to the {'right' if up else 'left'}. Compare the heights again."
+
+    def first_thought(self):
+        return "I compare the heights of the bars."
+
+    def refined_thought(self, up):
+        return f"The feedback says the tallest bar is further to the {'right' if up else 'left'}, so I compare again."
 
 
-TASKS = {"count": _count_task, "color": _color_task, "bars": _bar_task}
-#: Share of dialogues whose first answer is already right (one round, score 10): without them the
-#: turn position alone would predict the score, and a teacher could learn that instead of comparing.
-CORRECT_FIRST = 0.3
+class ColorTask(Task):
+    name, size = "color", len(RAINBOW)
+
+    def draw(self, rng, image_size):
+        self.shape = rng.choice(SHAPES)
+        color = rng.randrange(len(RAINBOW))
+        side = max(10, min(image_size) * 2 // 5)
+        boxes = _place(rng, image_size, 1 + rng.randint(1, 2), side)
+        image = Image.new("RGB", (image_size[1], image_size[0]), BACKGROUND)
+        draw = ImageDraw.Draw(image)
+        others = [s for s in SHAPES if s != self.shape]
+        for i, box in enumerate(boxes):
+            if i == 0:
+                _draw_shape(draw, self.shape, box, COLORS[RAINBOW[color]])
+            else:  # distractors: other shapes, any colour
+                _draw_shape(draw, rng.choice(others), box, COLORS[rng.choice(RAINBOW)])
+        return image, f"What colour is the {self.shape}?", color
+
+    def answer(self, value):
+        return f"The {self.shape} is {RAINBOW[value]}."
+
+    def hint(self, up):
+        return f"The colour comes {'later' if up else 'earlier'} in the rainbow. Look at the {self.shape} again."
+
+    def first_thought(self):
+        return f"I look at the colour of the {self.shape}."
+
+    def refined_thought(self, up):
+        return f"The feedback says the colour comes {'later' if up else 'earlier'} in the rainbow, so I look again."
+
+
+TASKS = {"count": CountTask, "bars": BarTask, "color": ColorTask}
+
+
+def first_offset(rng: random.Random) -> int:
+    """D, the first answer's distance from the truth: 0 with probability 1/2, d with 2^-(d+1), tail at MAX_OFFSET."""
+    offset = 0
+    while offset < MAX_OFFSET and rng.random() < 0.5:
+        offset += 1
+    return offset
+
+
+def dialogue(task: Task, truth: int, offset: int, rng: random.Random) -> list[tuple[str, str]]:
+    """(r_k, f_k) pairs: a first answer ``offset`` steps from ``truth``, then one step per turn towards it."""
+    sides = [s for s in (-1, 1) if 0 <= truth + s * offset < task.size] if offset else [1]
+    value = truth + rng.choice(sides) * offset
+    turns, thought = [], task.first_thought()
+    while True:
+        if value == truth:
+            turns.append((response(thought, task.answer(value)),
+                           feedback(RIGHT_SCORE, "Correct! Your answer is right.")))
+            return turns
+        up = truth > value
+        turns.append((response(thought, task.answer(value)),
+                      feedback(WRONG_SCORES[abs(truth - value)], task.hint(up))))
+        thought, value = task.refined_thought(up), value + (1 if up else -1)
 
 
 def generate(num: int, seed: int, split: str) -> tuple[list[dict], dict[str, Image.Image]]:
@@ -153,21 +236,23 @@ def generate(num: int, seed: int, split: str) -> tuple[list[dict], dict[str, Ima
     rng = random.Random(f"{seed}/{split}")
     records, images = [], {}
     for i in range(num):
-        task = list(TASKS)[i % len(TASKS)]
-        image, question, answer, turns, first = TASKS[task](rng, rng.choice(IMAGE_SIZES))
-        if rng.random() < CORRECT_FIRST:
-            turns = [(first, turns[-1][1])]
+        task = TASKS[list(TASKS)[i % len(TASKS)]]()
+        image, question, truth = task.draw(rng, rng.choice(IMAGE_SIZES))
+        offset = first_offset(rng)
+        while offset and not any(0 <= truth + s * offset < task.size for s in (-1, 1)):
+            offset = first_offset(rng)  # no value that far on this scale: draw again
+        turns = dialogue(task, truth, offset, rng)
         name = f"{split}_{i:05d}.png"
         images[name] = image
         conversations = []
-        for response, feedback in turns:
-            conversations += [{"role": "student", "type": "response", "value": response},
-                              {"role": "teacher", "type": "feedback", "value": feedback}]
+        for r, f in turns:
+            conversations += [{"role": "student", "type": "response", "value": r},
+                              {"role": "teacher", "type": "feedback", "value": f}]
         records.append({
             "id": f"synthetic_{split}_{i:05d}", "image": name,
             "question": {"role": "user", "value": question},
-            "groundtruth": {"role": "user", "value": answer},
-            "conversations": conversations, "source": f"synthetic_{task}", "round": len(turns),
+            "groundtruth": {"role": "user", "value": task.answer(truth)},
+            "conversations": conversations, "source": f"synthetic_{task.name}", "round": len(turns),
             "score": [int(f.split()[1].rstrip(".")) for _, f in turns], "split": f"synthetic_{split}"})
     return records, images
 
@@ -214,3 +299,57 @@ def corpus(records: list[dict]) -> list[str]:
         texts += [record["question"]["value"], record["groundtruth"]["value"]]
         texts += [message["value"] for message in record["conversations"]]
     return texts
+
+
+# ---------------------------------------------------------------------------- shortcut check
+
+#: Surface features a lazy teacher could score from instead of comparing the answer with the groundtruth.
+SURFACE_FEATURES = {
+    "turn index": lambda turn, r: turn,
+    "first 4 words of the response": lambda turn, r: " ".join(r.split()[:4]),
+    "the thought": lambda turn, r: r.split("\nAnswer:")[0],
+    "response length (characters)": lambda turn, r: len(r),
+    "response length (words)": lambda turn, r: len(r.split()),
+}
+
+
+def _answer(response_text: str) -> str:
+    return response_text.split("Answer:")[-1].strip()
+
+
+def labelled_turns(records: Sequence[Mapping]) -> list[tuple[int, str, bool]]:
+    """(turn index, response, right) for every student turn of raw records, judged against the groundtruth."""
+    out = []
+    for record in records:
+        truth = record["groundtruth"]["value"]
+        responses = [m["value"] for m in record["conversations"] if m["role"].lower() == "student"]
+        out += [(k, r, _answer(r) == truth) for k, r in enumerate(responses, 1)]
+    return out
+
+
+def shortcut_report(train: Sequence[Mapping], test: Sequence[Mapping]) -> dict:
+    """How well trivial predictors of "right" (score >= 8) do, fitted on ``train`` and scored on ``test``.
+
+    Each predictor sees one surface feature of a student turn (:data:`SURFACE_FEATURES`) and answers the
+    majority label of that feature value in the training turns (the overall majority for unseen values).
+    Returns {"chance": majority-class accuracy on test, "right_share_by_turn": {k: share right in train},
+    "predictors": {feature: test accuracy}}. On a task without shortcuts every predictor stays near chance.
+    """
+    train_turns, test_turns = labelled_turns(train), labelled_turns(test)
+    overall = sum(right for *_, right in train_turns) * 2 >= len(train_turns)
+    predictors = {}
+    for name, feature in SURFACE_FEATURES.items():
+        votes = collections.defaultdict(lambda: [0, 0])
+        for turn, r, right in train_turns:
+            votes[feature(turn, r)][right] += 1
+        rule = {value: v[1] > v[0] if v[0] != v[1] else overall for value, v in votes.items()}
+        hits = [rule.get(feature(turn, r), overall) == right for turn, r, right in test_turns]
+        predictors[name] = sum(hits) / len(hits)
+    by_turn = collections.defaultdict(list)
+    for turn, _, right in train_turns:
+        by_turn[turn].append(right)
+    majority = sum(right for *_, right in test_turns) / len(test_turns)
+    return {"chance": max(majority, 1 - majority), "turns": {"train": len(train_turns), "test": len(test_turns)},
+            "right_share_by_turn": {k: sum(v) / len(v) for k, v in sorted(by_turn.items())},
+            "turns_by_position": {k: len(v) for k, v in sorted(by_turn.items())},
+            "predictors": predictors}

@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 from fire_jax.data.config import resolve_path
 from fire_jax.data.records import BadRecords
-from fire_jax.eval import fixed, free, plots, report
+from fire_jax.eval import fixed, free, judge, plots, report
 from fire_jax.eval.bench_io import item_of, load_conversations
 
 SETTINGS = ("fixed", "free")
@@ -195,6 +195,19 @@ def evaluate(config, workdir: str, *, agents=None) -> dict:
         figures["dialogue_statistics"] = os.path.join(workdir, "dialogue_statistics.png")
         plots.plot_data_statistics(records, figures["dialogue_statistics"],
                                    title=f"free dialogues of {results['student']['name']}")
+    if use_exact_judge(config, [record for record, _ in pairs]):
+        threshold = protocol.get("threshold", 8.0)
+        results["metrics"]["judged"] = judged_metrics(setting, records, threshold=threshold,
+                                                      max_turns=protocol.get("max_turns", 5))
+        markdown += "\n" + report.judged_report(results)
+        if setting == "free":
+            judged = results["metrics"]["judged"]["overall"]
+            figures["judged_accuracy_by_turn"] = os.path.join(workdir, "judged_accuracy_by_turn.png")
+            plots.plot_accuracy_by_turn(
+                {"exact judge: answer = groundtruth": judged["accuracy_by_turn"],
+                 f"teacher: score >= {threshold:g}": judged["teacher_accuracy_by_turn"]},
+                figures["judged_accuracy_by_turn"],
+                title=f"accuracy by turn, judged two ways ({results['student']['name']})")
     results["figures"] = figures
     results = _finite(results)
     with open(os.path.join(workdir, "results.json"), "w") as f:
@@ -205,6 +218,31 @@ def evaluate(config, workdir: str, *, agents=None) -> dict:
     print(title + markdown)
     print(f"wrote {workdir}/results.json, results.md, " + ", ".join(os.path.basename(p) for p in figures.values()))
     return results
+
+
+def use_exact_judge(config, conversations) -> bool:
+    """``config.exact_judge``: True/False, or "auto" (the default): on when every test conversation comes from
+    a synthetic source (``source`` starting with "synthetic"), whose groundtruth is the exact answer sentence."""
+    choice = config.get("exact_judge", "auto")
+    if choice == "auto":
+        return bool(conversations) and all(c.source.startswith("synthetic") for c in conversations)
+    if not isinstance(choice, bool):
+        raise ValueError(f"config.exact_judge must be True, False or 'auto', got {choice!r}")
+    return choice
+
+
+def judged_metrics(setting: str, records, *, threshold: float = 8.0, max_turns: int = 5) -> dict:
+    """The exact judge's metrics (:mod:`fire_jax.eval.judge`) overall and per source dataset."""
+    def block(group):
+        if setting == "free":
+            return judge.judged_free(group, threshold=threshold, max_turns=max_turns)
+        return judge.judged_fixed(group, threshold=threshold)
+
+    by_source = {}
+    for record in records:
+        by_source.setdefault(record["source"], []).append(record)
+    return {"overall": block(records), "per_source": {s: block(g) for s, g in sorted(by_source.items())},
+            "threshold": threshold}
 
 
 # ----------------------------------------------------------------------------

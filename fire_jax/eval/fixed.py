@@ -71,7 +71,9 @@ def turn_record(turn: FixedTurn, prediction: str, predicted_score: float | None)
     truth = turn.record.turns[turn.turn - 1]
     teacher = turn.role == "teacher"
     return {"key": turn.key, "id": turn.record.id, "source": turn.record.source, "role": turn.role,
-            "turn": turn.turn, "prediction": prediction, "reference": truth.feedback if teacher else truth.response,
+            "turn": turn.turn, "groundtruth": turn.record.groundtruth,
+            "answer": truth.response if teacher else None,  # the r_k the teacher scored
+            "prediction": prediction, "reference": truth.feedback if teacher else truth.response,
             "predicted_score": predicted_score if teacher else None,
             "reference_score": truth.score if teacher else None}
 

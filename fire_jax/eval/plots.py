@@ -82,20 +82,21 @@ def plot_data_statistics(records: Sequence, out_path: str, title: str = "") -> d
 
 
 def plot_accuracy_by_turn(curves: Mapping[str, Sequence[float]], out_path: str,
-                          paper: Mapping[str, Mapping[str, float]] | None = None) -> None:
+                          paper: Mapping[str, Mapping[str, float]] | None = None, title: str = "") -> None:
     """Fig. 7: share of items (%) with score >= 8 by turn, one line per run in ``curves`` (fractions),
     plus the paper's quoted points (``figure7_accuracy_by_turn`` of fire.json: {"turn1": %, "turn5": %})."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for name, curve in curves.items():
-        ax.plot(range(1, len(curve) + 1), [100 * a for a in curve], marker="o", label=name)
+        ax.plot(range(1, len(curve) + 1), [float("nan") if a is None else 100 * a for a in curve], marker="o",
+                label=name)
     for name, points in (paper or {}).items():
         if not isinstance(points, Mapping):
             continue
         turns = sorted(int(key[len("turn"):]) for key in points)
         ax.plot(turns, [points[f"turn{t}"] for t in turns], linestyle=":", marker="s", label=f"{name} (paper)")
     longest = max([len(c) for c in curves.values()] + [5])
-    ax.set(xlabel="turn", ylabel="accuracy (%)", xticks=range(1, longest + 1), title="accuracy by turn")
+    ax.set(xlabel="turn", ylabel="accuracy (%)", xticks=range(1, longest + 1), title=title or "accuracy by turn")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

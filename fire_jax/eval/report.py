@@ -134,3 +134,58 @@ def free_report(results: Mapping, paper: Mapping | None = None) -> str:
     stops = metrics["overall"]["stops"]
     sections.append("Stops: " + ", ".join(f"{reason} {count}" for reason, count in stops.items()) + ".")
     return "\n\n".join(sections) + "\n"
+
+
+def _pct(value) -> str | None:
+    return None if value is None else f"{100 * value:.1f}%"
+
+
+def judged_report(results: Mapping) -> str:
+    """The exact judge's tables (synthetic test sets): accuracy by turn, refinement, the teacher's agreement."""
+    judged = results["metrics"]["judged"]
+    threshold = judged.get("threshold", 8)
+    overall = judged["overall"]
+    sections = [f"### Exact judge (answer after \"Answer:\" = groundtruth, case, spacing and final punctuation "
+                f"ignored); the teacher says \"right\" when its score is >= {threshold:g}"]
+    if results["setting"] == "free":
+        turns = len(overall["accuracy_by_turn"])
+        header = ("source", *(f"acc t{t}" for t in range(1, turns + 1)), "acc final", "refined / wrong first",
+                  "agreement", "solved but wrong", "stopped but right", "items")
+        rows = []
+        for source, m in [("overall", overall), *judged["per_source"].items()]:
+            rows.append((source, *(_pct(a) or "–" for a in m["accuracy_by_turn"]), _pct(m["accuracy_final"]) or "–",
+                         f"{m['refined']} / {m['wrong_first']} ({_pct(m['refinement_rate']) or '–'})",
+                         _pct(m["agreement"]) or "–", f"{m['solved_but_wrong']} / {m['solved']}",
+                         m["stopped_but_right"], m["items"]))
+        sections.append(markdown_table(header, rows))
+        sections.append("Accuracy at turn t: the answer at turn t, or the last one of a dialogue that ended earlier. "
+                        "Refined: wrong at turn 1, right at the end. Solved but wrong: stopped with score >= "
+                        f"{threshold:g} on a wrong answer (of all solved). Stopped but right: ended unsolved on a "
+                        "right answer.")
+        by_turn = overall["agreement_by_turn"]
+        sections.append(markdown_table(("teacher agreement", *(f"turn {t}" for t in range(1, len(by_turn) + 1)),
+                                        "all turns"),
+                                       [("share of turns", *(_pct(a) or "–" for a in by_turn),
+                                         _pct(overall["agreement"]) or "–")]))
+        confusion = overall["confusion"]
+    else:
+        confusion = None
+        if "student" in overall:
+            s = overall["student"]
+            sections.append(markdown_table(
+                ("student (generated r_k)", *(f"turn {k}" for k in s["accuracy_by_turn"]), "all", "turns"),
+                [("accuracy", *(_pct(a) or "–" for a in s["accuracy_by_turn"].values()), _pct(s["accuracy"]) or "–",
+                  s["n"])]))
+        if "teacher" in overall:
+            t = overall["teacher"]
+            sections.append(markdown_table(
+                ("teacher (on the true r_k)", *(f"turn {k}" for k in t["agreement_by_turn"]), "all", "turns"),
+                [("agreement", *(_pct(a) or "–" for a in t["agreement_by_turn"].values()),
+                  _pct(t["agreement"]) or "–", t["n"])]))
+            confusion = t["confusion"]
+    if confusion is not None:
+        sections.append("Teacher vs judge, all turns:\n\n" + markdown_table(
+            ("judge \\ teacher", f"score >= {threshold:g}", f"score < {threshold:g} or none"),
+            [("right", confusion["right_solved"], confusion["right_unsolved"]),
+             ("wrong", confusion["wrong_solved"], confusion["wrong_unsolved"])]))
+    return "\n\n".join(sections) + "\n"

@@ -1,0 +1,141 @@
+"""The exact judge: is the student's answer the groundtruth? (synthetic test sets, where the answer is known)
+
+The teacher's score is a model's opinion. On a test set whose groundtruth is the
+exact sentence the student should write after "Answer:" (the synthetic set of
+:mod:`fire_jax.data.synthetic`), right and wrong can be decided exactly, and the
+teacher can be checked against that decision. Everything here is a pure
+function of the dialogue records the runners write:
+
+- :func:`answer_of` / :func:`normalize` / :func:`is_right`: the judge itself;
+- :func:`judged_free` : accuracy by turn, judged refinement, the teacher's
+  agreement with the judge and its confusion table, "solved but wrong" and
+  "stopped but right" counts, for free dialogues;
+- :func:`judged_fixed`: the same judge on fixed-dialogue predictions (student
+  accuracy by turn; teacher agreement on the ground-truth answers it scored).
+
+"Agreement" is SPEC 6's solved rule read as a classifier: the teacher says
+"right" when its score is >= the threshold (8); a reply with no score says "wrong".
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+from typing import Iterable, Mapping, Sequence
+
+#: Trailing characters the judge ignores: final punctuation and quotes.
+_TRAILING = " \t\n.!?;:,'\"`"
+
+
+def answer_of(response: str) -> str:
+    """The text after the last "Answer:" of a response, up to the end of its line (the whole text if none)."""
+    index = response.rfind("Answer:")
+    text = response if index < 0 else response[index + len("Answer:"):]
+    lines = text.strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def normalize(text: str) -> str:
+    """Case folded, runs of whitespace made one space, final punctuation dropped."""
+    return re.sub(r"\s+", " ", text).strip().rstrip(_TRAILING).strip().casefold()
+
+
+def is_right(response: str, groundtruth: str) -> bool:
+    """True when the response's answer equals the groundtruth sentence, up to :func:`normalize`."""
+    return bool(groundtruth.strip()) and normalize(answer_of(response)) == normalize(groundtruth)
+
+
+def says_right(score: float | None, threshold: float = 8) -> bool:
+    """The teacher's verdict: its score solves the item (SPEC 6); no score is a "wrong"."""
+    return score is not None and score >= threshold
+
+
+def _share(hits: Sequence[bool]) -> float | None:
+    return sum(hits) / len(hits) if hits else None
+
+
+def _confusion(pairs: Iterable[tuple[bool, bool]]) -> dict:
+    """{"right_solved", "right_unsolved", "wrong_solved", "wrong_unsolved"} counts of (judge, teacher) pairs."""
+    counts = collections.Counter(pairs)
+    return {"right_solved": counts[(True, True)], "right_unsolved": counts[(True, False)],
+            "wrong_solved": counts[(False, True)], "wrong_unsolved": counts[(False, False)]}
+
+
+def _agreement(pairs: Sequence[tuple[bool, bool]]) -> float | None:
+    return _share([judge == teacher for judge, teacher in pairs])
+
+
+def judged_free(records: Sequence[Mapping], *, threshold: float = 8, max_turns: int = 5) -> dict:
+    """Exact-judge metrics of free dialogues (records with ``groundtruth``, ``stop`` and
+    ``turns[].response`` / ``turns[].score``, as :func:`fire_jax.eval.free.dialogue_record` writes them).
+
+    - ``accuracy_by_turn[t-1]``: share of items whose answer at turn t is right; a dialogue that ended
+      earlier keeps its last answer (the judged counterpart of SPEC 6's accuracy curve);
+      ``accuracy_turn1`` and ``accuracy_final`` (the last answer);
+    - ``teacher_accuracy_by_turn``: the same curve by the teacher's score (solved by turn t), for Fig. 7;
+    - ``refinement_rate``: of the items wrong at turn 1, the share right at the end (``refined`` of
+      ``wrong_first``); ``regressions``: right at turn 1, wrong at the end;
+    - ``agreement``: share of all turns where the teacher's verdict (score >= threshold) equals the judge's,
+      ``agreement_by_turn`` and ``confusion`` (judge x teacher counts over all turns);
+    - ``solved_but_wrong``: dialogues stopped as solved on a wrong answer (``solved_but_wrong_share`` of the
+      solved ones); ``stopped_but_right``: dialogues that ended unsolved on a right answer.
+    """
+    n = len(records)
+    right = [[is_right(turn["response"], record["groundtruth"]) for turn in record["turns"]] for record in records]
+    verdicts = [[says_right(turn["score"], threshold) for turn in record["turns"]] for record in records]
+    first = [r[0] for r in right if r]
+    final = [r[-1] for r in right if r]
+    pairs = [(j, t) for rs, vs in zip(right, verdicts) for j, t in zip(rs, vs)]
+    by_turn = [[(rs[k], vs[k]) for rs, vs in zip(right, verdicts) if len(rs) > k] for k in range(max_turns)]
+    wrong_first = sum(not r[0] for r in right if r)
+    refined = sum((not r[0]) and r[-1] for r in right if r)
+    solved = [record for record in records if record.get("stop") == "solved"]
+    solved_but_wrong = sum(not rs[-1] for record, rs in zip(records, right) if record.get("stop") == "solved" and rs)
+    stopped_but_right = sum(rs[-1] for record, rs in zip(records, right) if record.get("stop") != "solved" and rs)
+    return {
+        "items": n,
+        "accuracy_by_turn": [_share([rs[min(t, len(rs) - 1)] for rs in right if rs]) for t in range(max_turns)],
+        "teacher_accuracy_by_turn": [_share([any(vs[:t + 1]) for vs in verdicts if vs]) for t in range(max_turns)],
+        "accuracy_turn1": _share(first),
+        "accuracy_final": _share(final),
+        "wrong_first": wrong_first,
+        "refined": refined,
+        "refinement_rate": refined / wrong_first if wrong_first else None,
+        "regressions": sum(r[0] and not r[-1] for r in right if r),
+        "turns_judged": len(pairs),
+        "agreement": _agreement(pairs),
+        "agreement_by_turn": [_agreement(p) for p in by_turn],
+        "confusion": _confusion(pairs),
+        "solved": len(solved),
+        "solved_but_wrong": solved_but_wrong,
+        "solved_but_wrong_share": solved_but_wrong / len(solved) if solved else None,
+        "stopped_but_right": stopped_but_right,
+    }
+
+
+def judged_fixed(records: Sequence[Mapping], *, threshold: float = 8) -> dict:
+    """Exact-judge metrics of fixed-dialogue turn records (:func:`fire_jax.eval.fixed.turn_record`: each
+    carries its conversation's ``groundtruth``). Student: ``accuracy`` of its generated r_k and
+    ``accuracy_by_turn`` {k: share}. Teacher: its verdict on the ground-truth answer r_k (the record's
+    ``answer``) against the judge's: ``agreement``, ``agreement_by_turn``, ``confusion``.
+    """
+    out = {}
+    student = [r for r in records if r["role"] == "student"]
+    if student:
+        hits = collections.defaultdict(list)
+        for record in student:
+            hits[record["turn"]].append(is_right(record["prediction"], record["groundtruth"]))
+        out["student"] = {"accuracy": _share([h for v in hits.values() for h in v]),
+                          "accuracy_by_turn": {k: _share(v) for k, v in sorted(hits.items())},
+                          "n": len(student)}
+    teacher = [r for r in records if r["role"] == "teacher"]
+    if teacher:
+        pairs = collections.defaultdict(list)
+        for record in teacher:
+            pairs[record["turn"]].append((is_right(record["answer"], record["groundtruth"]),
+                                          says_right(record["predicted_score"], threshold)))
+        everything = [p for v in pairs.values() for p in v]
+        out["teacher"] = {"agreement": _agreement(everything),
+                          "agreement_by_turn": {k: _agreement(v) for k, v in sorted(pairs.items())},
+                          "confusion": _confusion(everything), "n": len(teacher)}
+    return out

@@ -1,0 +1,149 @@
+"""The exact judge, its free/fixed-dialogue metrics, and the synthetic task's shortcut check (no model needed)."""
+
+import json
+import os
+
+import pytest
+
+from fire_jax.data import synthetic
+from fire_jax.eval import judge
+from fire_jax.eval.free import StopRule, stop_reason
+
+ASSETS = os.path.join(os.path.dirname(__file__), "..", "fire_jax", "assets", "synthetic_fire")
+GT = "The number of red circles is 3."
+
+
+def reply(answer: str, thought: str = "I count the red circles in the image.") -> str:
+    return f"Thought: {thought}\nAnswer: {answer}\n\n"
+
+
+@pytest.mark.parametrize("answer, right", [
+    ("The number of red circles is 3.", True),
+    ("the NUMBER of red circles is 3", True),  # case, final punctuation
+    ("  The number of  red circles\tis 3 !", True),  # spacing, final punctuation after a space
+    ("The number of red circles is 3.\nI am sure.", True),  # only the answer's line counts
+    ("The number of red circles is 4.", False),  # a wrong number
+    ("The number of red circles is 33.", False),
+    ("The number of blue circles is 3.", False),  # a wrong colour
+    ("The number of red circles is 3 or 4.", False),
+    ("", False),
+])
+def test_judge_crafted_answers(answer, right):
+    assert judge.is_right(reply(answer), GT) is right
+
+
+def test_judge_reads_the_last_answer_and_bare_text():
+    assert judge.answer_of("Thought: Answer: no\nAnswer: The square is red.") == "The square is red."
+    assert judge.is_right("The square is red", "The square is red.")  # no "Answer:": the whole text
+    assert not judge.is_right("Answer: The square is red.", "")  # an empty groundtruth never matches
+    assert judge.normalize("The Square  is RED!.") == "the square is red"
+
+
+def dialogue(gt: str, answers: list[str], scores: list, stop: str | None = None) -> dict:
+    stop = stop or stop_reason(scores, StopRule())
+    return {"groundtruth": gt, "stop": stop, "source": "synthetic_count",
+            "turns": [{"response": reply(a), "feedback": "", "score": s} for a, s in zip(answers, scores)]}
+
+
+def n(k: int) -> str:
+    return f"The number of red circles is {k}."
+
+
+def test_judged_free_hand_computed():
+    records = [
+        dialogue(n(3), [n(3)], [10]),  # right at once, solved
+        dialogue(n(3), [n(1), n(2), n(3)], [4, 6, 10]),  # refined over 3 turns
+        dialogue(n(3), [n(2), n(3)], [6, 6]),  # right at turn 2 but the teacher did not see it: stopped but right
+        dialogue(n(3), [n(5), n(4)], [4, 10]),  # solved but wrong
+        dialogue(n(3), [n(3), n(2)], [6, 4]),  # right first, wrong at the end (regression)
+    ]
+    m = judge.judged_free(records)
+    assert m["items"] == 5
+    # turn 1: right in dialogues 0 and 4; turn 2: 0 (kept), 2, 4 -> no: 4 says n(2) at turn 2
+    assert m["accuracy_by_turn"] == [2 / 5, 2 / 5, 3 / 5, 3 / 5, 3 / 5]
+    assert m["accuracy_turn1"] == 2 / 5 and m["accuracy_final"] == 3 / 5
+    assert (m["wrong_first"], m["refined"], m["refinement_rate"], m["regressions"]) == (3, 2, 2 / 3, 1)
+    # all 11 turns: (judge, teacher) = (R,S) (W,U) (W,U) (R,S) (W,U) (R,U) (W,U) (W,S) (R,U) (W,U)
+    assert m["confusion"] == {"right_solved": 2, "right_unsolved": 2, "wrong_solved": 1, "wrong_unsolved": 5}
+    assert m["turns_judged"] == 10 and m["agreement"] == pytest.approx(7 / 10)
+    assert m["agreement_by_turn"][:3] == [pytest.approx(4 / 5), pytest.approx(2 / 4), 1.0]
+    assert m["agreement_by_turn"][3:] == [None, None]
+    assert (m["solved"], m["solved_but_wrong"], m["stopped_but_right"]) == (3, 1, 1)
+    assert m["solved_but_wrong_share"] == pytest.approx(1 / 3)
+    assert m["teacher_accuracy_by_turn"] == [1 / 5, 2 / 5, 3 / 5, 3 / 5, 3 / 5]
+
+
+def test_a_teacher_that_scores_the_turn_fails_the_judge():
+    """A teacher that says 10 at turn 2 whatever the answer: its agreement and solved-but-wrong give it away."""
+    with open(os.path.join(ASSETS, "test.json")) as f:
+        test = json.load(f)
+    records = []
+    for record in test:
+        gt = record["groundtruth"]["value"]
+        first = record["conversations"][0]["value"]
+        second = first.replace("Answer: ", "Answer: Still ")  # a wrong refinement
+        scores = [2, 10]
+        records.append({"groundtruth": gt, "stop": "solved", "source": record["source"],
+                        "turns": [{"response": first, "score": scores[0]}, {"response": second, "score": scores[1]}]})
+    m = judge.judged_free(records)
+    assert m["agreement"] < 0.6
+    assert m["solved_but_wrong_share"] == 1.0 and m["accuracy_final"] == 0.0
+    assert 0.3 < m["accuracy_turn1"] < 0.7  # the shipped test set: about half the first answers are right
+
+
+def test_judged_fixed():
+    records = [
+        {"role": "student", "id": "a", "turn": 2, "groundtruth": n(3), "prediction": reply(n(3))},
+        {"role": "student", "id": "b", "turn": 2, "groundtruth": n(3), "prediction": reply(n(4))},
+        {"role": "student", "id": "b", "turn": 3, "groundtruth": n(3), "prediction": reply(n(3))},
+        {"role": "teacher", "id": "a", "turn": 1, "groundtruth": n(3), "answer": reply(n(3)), "predicted_score": 9},
+        {"role": "teacher", "id": "b", "turn": 1, "groundtruth": n(3), "answer": reply(n(1)), "predicted_score": 8},
+        {"role": "teacher", "id": "b", "turn": 2, "groundtruth": n(3), "answer": reply(n(2)), "predicted_score": None},
+    ]
+    m = judge.judged_fixed(records)
+    assert m["student"] == {"accuracy": 2 / 3, "accuracy_by_turn": {2: 0.5, 3: 1.0}, "n": 3}
+    assert m["teacher"]["agreement"] == pytest.approx(2 / 3)
+    assert m["teacher"]["agreement_by_turn"] == {1: 0.5, 2: 1.0}
+    assert m["teacher"]["confusion"] == {"right_solved": 1, "right_unsolved": 0, "wrong_solved": 1,
+                                         "wrong_unsolved": 1}
+
+
+def test_synthetic_task_has_no_surface_shortcut():
+    """Turn position, the response's first words, its thought and its length predict "right" at about chance."""
+    with open(os.path.join(ASSETS, "train.json")) as f:
+        train = json.load(f)
+    with open(os.path.join(ASSETS, "test.json")) as f:
+        test = json.load(f)
+    report = synthetic.shortcut_report(train, test)
+    assert set(report["predictors"]) == set(synthetic.SURFACE_FEATURES)
+    for name, accuracy in report["predictors"].items():
+        assert accuracy <= report["chance"] + 0.06, (name, accuracy, report["chance"])
+    for turn in (1, 2, 3):  # right and wrong about equally common at every turn that has many examples
+        assert 0.4 <= report["right_share_by_turn"][turn] <= 0.65, report["right_share_by_turn"]
+
+
+def test_shortcut_check_catches_a_task_with_one():
+    """The check must be able to fail: the previous task (wrong first answers, right refinements) had one."""
+    records, _ = synthetic.generate(300, seed=1, split="train")
+    leaky = []
+    for record in records:
+        gt = record["groundtruth"]["value"]
+        wrong = "Thought: I look.\nAnswer: Something else.\n\n"
+        right = f"Thought: The feedback says so.\nAnswer: {gt}\n\n"
+        leaky.append(dict(record, conversations=[{"role": "student", "value": wrong}, {"role": "teacher", "value": ""},
+                                                 {"role": "student", "value": right}, {"role": "teacher", "value": ""}]))
+    report = synthetic.shortcut_report(leaky[:200], leaky[200:])
+    assert report["predictors"]["turn index"] == 1.0 and report["predictors"]["the thought"] == 1.0
+
+
+def test_synthetic_dialogues_step_towards_the_truth():
+    records, _ = synthetic.generate(60, seed=2, split="train")
+    for record in records:
+        scores = record["score"]
+        assert scores[-1] == 10 and all(a < b for a, b in zip(scores, scores[1:]))  # every refinement scores higher
+        responses = [m["value"] for m in record["conversations"] if m["role"] == "student"]
+        feedbacks = [m["value"] for m in record["conversations"] if m["role"] == "teacher"]
+        gt = record["groundtruth"]["value"]
+        assert [judge.is_right(r, gt) for r in responses] == [False] * (len(responses) - 1) + [True]
+        for text in feedbacks[:-1]:  # wrong answers' feedback points the way without quoting the answer
+            assert gt.rsplit(" ", 1)[-1].rstrip(".") not in text.split("Feedback:")[1]
