@@ -4,6 +4,10 @@
 #   python -m fire_jax.evaluate_vlrm --config configs/eval_vlrm.py:8b --data-dir /data/vlrmbench \
 #     --image-root /data/vlrmbench/images --workdir DIR \
 #     --config.checkpoint=RUN/export/peft_adapter --config.judge.checkpoint=/data/llama3-llava-next-8b-hf
+# The paper's analyses (Tables 4-7, Fig. 4) after the tasks they read:
+#   python -m fire_jax.evaluate_vlrm --config configs/eval_vlrm.py:8b --data-dir /data/vlrmbench --workdir DIR \
+#     --analyses=positional,voting,shots,length,correction --config.analyses.correction.data=/data/mathvista.jsonl \
+#     --config.analyses.correction.image_root=/data/mathvista/images
 """Evaluation config: the model (tiny by default; arg "8b" for LLaVA-NeXT-8B), VLRMBench settings, decoding, judge.
 
 arg: "" / "tiny" (configs/tiny.py's model and tokenizer, random weights) or "8b" (configs/llava_next_8b.py,
@@ -55,6 +59,21 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         max_tiles=0,
         bucket_min=64,  # prompt length buckets (powers of two from bucket_min to bucket_step, then multiples)
         bucket_step=1024,
+    )
+    synthetic = os.path.join(os.path.dirname(CONFIGS), "fire_jax", "assets", "synthetic_fire")
+    # The paper's analyses (--analyses=positional,voting,shots,length,correction; fire_jax/eval/vlrm_analyses.py).
+    config.analyses = dict(
+        shots=dict(k="0,1,2"),  # SC with k in-context examples (Table 6); 0-shot is the main run
+        voting=dict(tasks="SC", k="1,3,5", temperature=0.9),  # majority of the first k of max(k) samples (Fig. 4)
+        correction=dict(  # Table 7: a student answers, this model writes the ERA analysis, the student retries
+            # (I, q, gt) items: FIRE records or {"image", "question", "groundtruth", "source"} (JSON / JSONL)
+            data=os.path.join(synthetic, "test.json") if size == "tiny" else "",
+            image_root=os.path.join(synthetic, "images") if size == "tiny" else "",
+            max_examples=0,  # 0: all items; else a fixed random subset
+            student_config="",  # the student's config file; "" = this config (the evaluated model's)
+            student_checkpoint="",  # its weights; "" = that config's checkpoint
+            max_new_tokens=16 if size == "tiny" else 512,  # the student's answers and the ERA analyses
+        ),
     )
     config.judge = dict(
         name="",  # shown in the table; "" = derived from the judge's model

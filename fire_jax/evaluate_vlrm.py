@@ -1,12 +1,15 @@
 """Evaluate a fire_jax model on VLRMBench (SPEC section 7).
 
     python -m fire_jax.evaluate_vlrm --config configs/eval_vlrm.py --data-dir DIR [--image-root DIR] \\
-        [--tasks SC,IC,...] [--workdir OUT] [--retry-failed] [--config.generate.batch_size=8 ...]
+        [--tasks SC,IC,...] [--workdir OUT] [--retry-failed] [--config.generate.batch_size=8 ...] \\
+        [--analyses=positional,voting,shots,length,correction]
 
 Runs the chosen tasks (default: all 12, or config.vlrm.tasks), appending each
 sample's raw outputs to OUT/outputs/<task>.jsonl (a rerun resumes), then
 writes OUT/results.json and OUT/results.md (Table 3 of the VLRMBench paper,
-the paper's rows beside ours) and prints the table. See
+the paper's rows beside ours) and prints the table. --analyses then runs
+the paper's analyses (Tables 4-7, Fig. 4), each writing OUT/analyses/<name>.md
+and .json and resuming like the tasks (fire_jax/eval/vlrm_analyses.py). See
 fire_jax/eval/vlrm_runner.py for how prompts, images and the judge work.
 """
 
@@ -18,6 +21,8 @@ _DATA_DIR = flags.DEFINE_string("data-dir", None, "folder with the task files <t
 _IMAGE_ROOT = flags.DEFINE_string("image-root", None, "the records' image paths are relative to it (default: data-dir)")
 _TASKS = flags.DEFINE_string("tasks", None, "comma-separated tasks, short or file names (default: config.vlrm.tasks)")
 _WORKDIR = flags.DEFINE_string("workdir", "vlrm_eval", "outputs, results.json and results.md go here")
+_ANALYSES = flags.DEFINE_string("analyses", None, "comma-separated paper analyses to run after the tasks: "
+                                "positional, voting, shots, length, correction (or all)")
 _RETRY_FAILED = flags.DEFINE_bool("retry-failed", False, "generate again the samples whose earlier generation failed")
 
 
@@ -31,7 +36,7 @@ def main(argv):
         logging.set_verbosity(logging.WARNING)  # no INFO lines between the progress bars
 
     evaluate(_CONFIG.value, _DATA_DIR.value, _WORKDIR.value, image_root=_IMAGE_ROOT.value, tasks=_TASKS.value,
-             retry_failed=_RETRY_FAILED.value)
+             retry_failed=_RETRY_FAILED.value, analyses=_ANALYSES.value)
 
 
 if __name__ == "__main__":

@@ -484,3 +484,134 @@ def test_results_table_has_paper_rows_ours_and_the_judge():
     assert student.split(" | ")[8:10] == ["50.0", "-"]  # IC scored, no step W-Avg from one task
     assert "| fire-teacher | 3/998 | 3/997 |" in table
     assert "| fire-student (IC only) | - | - | - | - | - | - | - | 3/58 | - |" in table
+
+
+# ---------------------------------------------------------------- label-leak audit
+
+def test_audit_on_a_planted_surface_rule(tmp_path):
+    from fire_jax.eval.vlrm_audit import audit_file
+
+    # Erroneous steps, and only they, end with a space before the next marker: trailing_whitespace reads the
+    # labels exactly. 3 records, 10 steps, 3 erroneous.
+    records = [("a", [0, 1, 0]), ("b", [1, 0, 0, 0]), ("c", [0, 0, 1])]
+    lines = []
+    for rid, labels in records:
+        steps = [f"STEP{k}: step {k} of {rid}." + (" " if label else "") for k, label in enumerate(labels, 1)]
+        lines.append(json.dumps(dict(id=rid, image=["x.png"], question="Q?", category="c", task_gt=labels,
+                                     step_list=[f"STEP{k}: step {k} of {rid}." for k in range(1, len(labels) + 1)],
+                                     reasoning_error="\n".join(steps))))
+    path = tmp_path / "step_correctness.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    audit, data = audit_file(path)
+    # all_0: F1_neg = 2*7/(2*7+3) = 14/17, weighted by N_pos/N = 3/10. all_1: F1_pos = 6/13, weighted by 7/10.
+    assert audit["all_0"] == pytest.approx(0.3 * 14 / 17) and audit["all_1"] == pytest.approx(0.7 * 6 / 13)
+    assert audit["rules"]["trailing_whitespace"] == 1.0 and audit["rules"]["no_trailing_whitespace"] == 0.0
+    # step_list has the same text without the space: stripped, nothing differs; the first step rule
+    # hits b's step 1 only: TP 1, FP 2, FN 2 -> F1_pos 1/3; TN 5, FN_neg 2, FP_neg 2 -> F1_neg 5/7.
+    assert audit["rules"]["differs_from_step_list"] == pytest.approx(0.3 * 14 / 17)
+    assert audit["rules"]["first_step"] == pytest.approx(0.7 / 3 + 0.3 * 5 / 7)
+    assert (audit["steps"], audit["erroneous_steps"]) == (10, 3)
+
+    out = tmp_path / "audit.json"
+    import subprocess
+    import sys
+    tool = Path(__file__).parent.parent / "tools" / "audit_vlrmbench.py"
+    printed = subprocess.run([sys.executable, str(tool), str(path), str(IC_FILE), "--json", str(out)],
+                             capture_output=True, text=True, check=True).stdout
+    written = json.loads(out.read_text())
+    assert list(written) == ["step_correctness.jsonl", "image_ref_error.jsonl"]
+    assert set(written["step_correctness.jsonl"]) == {"all_0", "all_1", "rules"}
+    assert written["step_correctness.jsonl"]["rules"]["trailing_whitespace"] == 1.0
+    assert "| trailing_whitespace | 100.0 |" in printed
+    # The 58 real IC records: 806 steps, 165 erroneous; the rewritten steps give themselves away.
+    ic = written["image_ref_error.jsonl"]
+    assert ic["all_0"] == pytest.approx(165 / 806 * 1282 / 1447)
+    assert ic["all_1"] == pytest.approx(641 / 806 * 330 / 971)
+    assert ic["rules"]["not_prefix_of_step_list"] == 1.0
+
+
+def test_audit_best_threshold():
+    from fire_jax.eval.vlrm_audit import best_threshold, split_steps
+
+    assert best_threshold([1, 5, 2, 7], [0, 1, 0, 1]) == (1.0, 2.0)
+    assert best_threshold([1, 5, 2, 7], [1, 0, 1, 0], above=False) == (1.0, 5.0)
+    assert split_steps("STEP1: a \nSTEP2: b\n\nSTEP3: c", 4) == [" a ", " b\n", " c", ""]
+
+
+# ---------------------------------------------------------------- the paper's analyses (no model)
+
+def test_majority_voting_over_crafted_samples():
+    from fire_jax.eval import vlrm_analyses as va
+
+    assert va.majority_labels([[0, 1, 1], [1, 1, 0], [0, 1, 0]]) == [0, 1, 0]
+    assert va.majority_labels([[0, 1], [1, 1]]) == [0, 1]  # a tie is 0
+    s = sample(task_gt=(0, 1, 0))
+    assert va.vote("SC", s, [["[0, 1, 0]"], ["STEP 1: 1.\nSTEP 2: 1.\nSTEP 3: 0."], ["[1, 0, 1]"]]) == "[1, 1, 0]"
+    assert va.vote("SC", s, [["no"], ["[0, 0, 1]"], [None]]) == "[0, 0, 1]"  # unread votes do not count
+    assert va.vote("SC", s, [["no"], [None]]) is None
+    ff = sample("FF", task_gt=True)
+    assert va.vote("FF", ff, [["Yes"], ["No."], ["yes"]]) == "Yes"
+    assert va.vote("FF", ff, [["Yes"], ["No."], ["hmm"]]) == "No"  # 1 : 1 is not a majority for yes
+    mj = sample("MJ", task_gt=None)
+    votes = [("[9, 4]", "[5, 8]"), ("[9, 4]", "[9, 4]"), ("[3, 7]", "[6, 2]"), ("[8, 2]", "[1, 9]")]
+    assert va.vote("MJ", mj, votes) == ("[1, 0]", "[0, 1]")  # verdicts +1, 0, -1, +1: good wins
+    assert va.vote("MJ", mj, votes[1:3]) == ("[0, 0]", "[0, 0]")  # 0 and -1 tie: no winner
+    assert vb.score_task("MJ", [mj], {"s": va.vote("MJ", mj, votes)}).scores["accuracy"] == 1.0
+    assert va.sample_seed(0, "SC", "a") == va.sample_seed(0, "step_correctness", "a") != va.sample_seed(1, "SC", "a")
+
+
+def test_length_buckets_on_crafted_records():
+    from fire_jax.eval import vlrm_analyses as va
+
+    lengths = [3, 10, 11, 15, 16, 30]
+    samples = [sample(id=str(n), task_gt=(1,) + (0,) * (n - 1)) for n in lengths]
+    groups = va.length_buckets(samples)
+    assert {k: [s.id for s in v] for k, v in groups.items()} == {
+        "<=10 steps": ["3", "10"], "10-15": ["11", "15"], "> 15": ["16", "30"]}
+    # <=10: exact; 10-15: "11" all zeros, "15" missing (ours: every label flipped); > 15: nothing read.
+    outputs = {"3": "[1, 0, 0]", "10": str([1] + [0] * 9), "11": str([0] * 11)}
+    results = va.by_length(samples, outputs)
+    assert results["<=10 steps"] == {"samples": 2, "ours": 1.0, "official": 1.0, "failed_samples": {}}
+    # 10-15 ours: labels 26 (2 pos), "11" predicts all 0, "15" predicts [0, 1 x 14]: TP 0, FP 14, FN 2,
+    # F1_pos 0; TN 10, FN_neg 14 (wrongly predicted 1)... F1_neg = 2*10 / (2*10 + 14 + 2) = 20/36.
+    assert results["10-15"]["ours"] == pytest.approx(2 / 26 * 20 / 36)
+    assert results["10-15"]["official"] == pytest.approx(1 / 11 * 20 / 21)  # "11" alone: F1_neg 20/21
+    assert results["> 15"]["official"] is None and results["> 15"]["ours"] == 0.0
+    table = va.length_table(results, "ours-model", vb.load_paper_results())
+    assert "| GPT-4o (paper) | 77.8 | 75.2 | 68.6 |" in table and "| samples (paper) | 263 | 468 | 267 |" in table
+    assert "| ours-model (ours) | 100.0 | 4.3 | 0.0 |" in table and "| ours-model (official) | 100.0 | 8.7 | - |" in table
+
+
+def test_positional_bias_from_mj_outputs():
+    from fire_jax.eval import vlrm_analyses as va
+
+    samples = [sample("MJ", id=i, task_gt=None) for i in "abc"]
+    outputs = {"a": ("[9, 2]", "[2, 9]"), "b": ("[9, 4]", "[9, 4]"), "c": ("[8, 3]", "unsure")}
+    results = va.positional(samples, outputs)
+    assert results["better_first"] == {"mean_response_1": pytest.approx(26 / 3), "mean_response_2": 3.0,
+                                       "accuracy": {"ours": 1.0, "official": 1.0}, "samples": 3, "failed": 0}
+    assert results["better_second"]["accuracy"] == {"ours": pytest.approx(1 / 3), "official": 0.5}
+    assert results["better_second"]["failed"] == 1 and results["better_second"]["mean_response_1"] == 5.5
+    table = va.positional_table(results, "m", vb.load_paper_results())
+    assert "| better_first | GPT-4o (paper) | 9.8 | 7.8 | 52.2 |  |  |" in table
+    assert "| better_second | m | 5.5 | 6.5 | 33.3 | 50.0 | 1/3 |" in table
+
+
+def test_shot_prompt_and_answer_matching():
+    from fire_jax.eval import vlrm_analyses as va
+
+    pool = [sample(id=i, task_gt=(0, 1)) for i in "abc"]
+    assert [e.id for e in va.shot_examples(pool[0], pool, 2)] == ["b", "c"]
+    prompt = va.shot_prompt(pool[0], va.shot_examples(pool[0], pool, 1))
+    assert prompt.count("## Example") == 1 and "### Output\n[0, 1]\n\n## Question\nQ?" in prompt
+    assert prompt.endswith(vb.build_prompt(pool[0], "SC").split("## Question\n", 1)[1])
+    assert va.answer_correct("Thought: count.\nAnswer: The number of green squares is 2.",
+                             "The number of green squares is 2.")
+    assert not va.answer_correct("Answer: The number of green squares is 3.", "The number of green squares is 2.")
+    assert va.answer_correct("Answer: 12.0", "12") and not va.answer_correct("Answer: 12 or 13", "12")
+    assert va.answer_correct("So the answer is B.", "b") and not va.answer_correct("Answer: bb", "b")
+    records = [{"scores": [10.0]}, {"scores": [0.0, 10.0]}, {"scores": [0.0, 0.0]}, {"scores": [0.0, 10.0]}]
+    assert va.correction_rate(records) == {"items": 4, "first_wrong": 3, "corrected": 2, "rate": 2 / 3}
+    with pytest.raises(ValueError, match="unknown analyses"):
+        va.select("positional,ranking")
+    assert va.select("length,positional") == ["positional", "length"] and va.select("all") == list(va.ANALYSES)

@@ -51,8 +51,9 @@ import copy
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+import jax
 import numpy as np
 
 from fire_jax.data.chat import ChatTokenizer, Message, segments
@@ -161,14 +162,23 @@ class Generator:
     """A model, its chat tokenizer and decode settings; ``generator(requests)`` -> [(text, failure)]."""
 
     def __init__(self, model, chat: ChatTokenizer, *, name: str, batch_size: int, max_new_tokens: int,
-                 max_tiles: int = 0, bucket_min: int = 64, bucket_step: int = 1024):
+                 max_tiles: int = 0, bucket_min: int = 64, bucket_step: int = 1024, temperature: float = 0.0):
         if chat.image_token_id != model.cfg.image_token_id:
             raise ValueError(f"tokenizer <image> id {chat.image_token_id} != model image_token_id "
                              f"{model.cfg.image_token_id}")
         self.model, self.chat, self.name = model, chat, name
         self.batch_size, self.max_tiles = batch_size, max_tiles
         self.decode = DecodeConfig(max_new_tokens=max_new_tokens, stop_ids=(chat.eot_id, chat.eos_id),
-                                   pad_id=chat.pad_id, bucket_min=bucket_min, bucket_step=bucket_step)
+                                   pad_id=chat.pad_id, bucket_min=bucket_min, bucket_step=bucket_step,
+                                   temperature=temperature)
+
+    def variant(self, *, name: str | None = None, batch_size: int | None = None, max_new_tokens: int | None = None,
+                temperature: float | None = None) -> "Generator":
+        """The same model with other decode settings (the judge, the voting sampler)."""
+        return Generator(self.model, self.chat, name=name or self.name, batch_size=batch_size or self.batch_size,
+                         max_new_tokens=max_new_tokens or self.decode.max_new_tokens, max_tiles=self.max_tiles,
+                         bucket_min=self.decode.bucket_min, bucket_step=self.decode.bucket_step,
+                         temperature=self.decode.temperature if temperature is None else temperature)
 
     @classmethod
     def from_config(cls, config, generate_config, *, name: str, max_new_tokens: int) -> "Generator":
@@ -193,8 +203,11 @@ class Generator:
         sizes = [size for _, size in tiles]
         return Prepared(encode_prompt(self.chat, request.prompt, sizes), np.concatenate([t for t, _ in tiles]), sizes)
 
-    def __call__(self, requests: Sequence[Request]) -> list[tuple[str | None, str | None]]:
-        """(text, failure) per request: failure None, or "input: ...", "exception: ...", "empty"."""
+    def __call__(self, requests: Sequence[Request], rng=None) -> list[tuple[str | None, str | None]]:
+        """(text, failure) per request: failure None, or "input: ...", "exception: ...", "empty".
+
+        rng: a JAX key when sampling; batch i of the call samples with ``fold_in(rng, i)``.
+        """
         results: list[tuple[str | None, str | None]] = [(None, None)] * len(requests)
         ready, images = [], {}
         for i, request in enumerate(requests):
@@ -205,7 +218,8 @@ class Generator:
         for start in range(0, len(ready), self.batch_size):
             chunk = ready[start:start + self.batch_size]
             try:
-                texts = [text.strip() for text in self._generate([row for _, row in chunk])]
+                key = None if rng is None else jax.random.fold_in(rng, start // self.batch_size)
+                texts = [text.strip() for text in self._generate([row for _, row in chunk], key)]
             except Exception as e:  # recorded per prompt and counted; the run goes on
                 _warn(f"{self.name}: generation failed for {len(chunk)} prompts: {type(e).__name__}: {e}")
                 for i, _ in chunk:
@@ -215,12 +229,12 @@ class Generator:
                 results[i] = (text, None if text else "empty")
         return results
 
-    def _generate(self, rows: Sequence[Prepared]) -> list[str]:
+    def _generate(self, rows: Sequence[Prepared], rng=None) -> list[str]:
         prompts, pixel_values, sizes = build_batch(rows, self.max_tiles, self.geometry.max_tiles)
         # Inactive padding rows keep one batch shape (no recompile for a short last batch) without
         # keeping the decode loop running.
         out = generate(self.model, prompts, pixel_values=pixel_values, image_sizes=sizes, config=self.decode,
-                       tokenizer=self.chat.tokenizer, pad_rows=self.batch_size)
+                       rng=rng, tokenizer=self.chat.tokenizer, pad_rows=self.batch_size)
         return out.texts[:len(rows)]
 
 
@@ -273,12 +287,13 @@ def _reason(failure: str) -> str:
 
 
 def run_task(data: TaskData, generator: Generator, judge: Generator | None, path: Path, *, render: str,
-             retry_failed: bool = False) -> int:
+             retry_failed: bool = False, prompt: PromptFn | None = None) -> int:
     """Generate every sample of ``data`` not yet in ``path``; returns the number of samples generated now.
 
     A record: ``{"id", "outputs": [text | null, ...], "failures": [null | reason, ...]}``
     (outputs as score_task reads them: one text, MJ's two orders, or the judge's
     two orders), plus ERA/EC's ``"candidate"`` and ``"candidate_failure"``.
+    ``prompt(sample, order)`` replaces the release's prompt (the k-shot analysis).
     """
     from tqdm.auto import tqdm
 
@@ -294,18 +309,22 @@ def run_task(data: TaskData, generator: Generator, judge: Generator | None, path
             tqdm(total=len(data), initial=len(data) - len(pending), desc=f"{info.short:>3}", dynamic_ncols=True) as bar:
         for start in range(0, len(pending), batch):
             group = pending[start:start + batch]
-            for record in _generate_group(group, data.task, generator, judge, render):
+            for record in _generate_group(group, data.task, generator, judge, render, prompt):
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
             f.flush()
             bar.update(len(group))
     return len(pending)
 
 
+PromptFn = Callable[[Sample, int], str]
+
+
 def _generate_group(samples: Sequence[Sample], task: str, generator: Generator, judge: Generator | None,
-                    render: str) -> list[dict]:
+                    render: str, prompt: PromptFn | None = None) -> list[dict]:
     info = task_info(task)
     orders = num_orders(task)
-    requests = [Request(build_prompt(s, task, render, order), s.images) for s in samples for order in range(orders)]
+    prompt = prompt or (lambda sample, order: build_prompt(sample, task, render, order))
+    requests = [Request(prompt(s, order), s.images) for s in samples for order in range(orders)]
     outs = generator(requests)
     if info.theme != "criticism":
         return [{"id": s.id, "outputs": [t for t, _ in outs[k * orders:(k + 1) * orders]],
@@ -388,9 +407,7 @@ def judge_name(config) -> str:
 def _build_judge(config, generator: Generator) -> Generator:
     other = judge_config(config)
     if other is None:
-        return Generator(generator.model, generator.chat, name=judge_name(config), batch_size=generator.batch_size,
-                         max_new_tokens=config.judge.max_new_tokens, max_tiles=generator.max_tiles,
-                         bucket_min=generator.decode.bucket_min, bucket_step=generator.decode.bucket_step)
+        return generator.variant(name=judge_name(config), max_new_tokens=config.judge.max_new_tokens)
     return Generator.from_config(other, config.generate, name=judge_name(config),
                                  max_new_tokens=config.judge.max_new_tokens)
 
@@ -424,7 +441,8 @@ def _check_settings(workdir: Path, config, tasks: Sequence[str]) -> None:
 
 
 def evaluate(config, data_dir: str, workdir: str, *, image_root: str | None = None,
-             tasks: str | Sequence[str] | None = None, retry_failed: bool = False) -> dict:
+             tasks: str | Sequence[str] | None = None, retry_failed: bool = False,
+             analyses: str | Sequence[str] | None = None) -> dict:
     """Run, resume and score the chosen VLRMBench tasks; write results.json and results.md in ``workdir``.
 
     Args:
@@ -433,12 +451,19 @@ def evaluate(config, data_dir: str, workdir: str, *, image_root: str | None = No
       image_root: the records' image paths are relative to it (default ``data_dir``).
       tasks: overrides ``config.vlrm.tasks``.
       retry_failed: generate again the samples whose records hold a failure.
+      analyses: the paper's analyses to run after the tasks ("positional,voting,...";
+        :mod:`fire_jax.eval.vlrm_analyses`); the tasks they read are added to the run.
 
-    Returns the results.json dict, with the Markdown table under ``"table"``.
+    Returns the results.json dict, with the Markdown table under ``"table"`` and
+    each analysis's results under ``"analyses"``.
     """
     from tqdm.auto import tqdm
 
-    files = select_tasks(config.vlrm.tasks if tasks is None else tasks)
+    from fire_jax.eval import vlrm_analyses
+
+    names = vlrm_analyses.select(analyses)
+    files = select_tasks(list(dict.fromkeys(select_tasks(config.vlrm.tasks if tasks is None else tasks)
+                                            + vlrm_analyses.tasks_needed(names, config))))
     missing = [f"{f}.jsonl" for f in files if not (Path(data_dir) / f"{f}.jsonl").is_file()]
     if missing:
         raise FileNotFoundError(f"{data_dir}: no {', '.join(missing)}; choose tasks with --tasks")
@@ -463,8 +488,11 @@ def evaluate(config, data_dir: str, workdir: str, *, image_root: str | None = No
                                 render=config.vlrm.render, retry_failed=retry_failed)
     tqdm.write(f"generated {sum(generated.values())} samples now, "
                f"{sum(len(d) for d in datasets.values()) - sum(generated.values())} reused from earlier runs")
-    return score(datasets, workdir_path, model=generator.name, judge=judge_name(config), parser=config.vlrm.parser,
-                 render=config.vlrm.render, accounting=config.vlrm.accounting)
+    results = score(datasets, workdir_path, model=generator.name, judge=judge_name(config),
+                    parser=config.vlrm.parser, render=config.vlrm.render, accounting=config.vlrm.accounting)
+    if names:
+        results["analyses"] = vlrm_analyses.run(names, config, datasets, generator, workdir_path)
+    return results
 
 
 def _check_tiles(datasets: dict[str, TaskData], generator: Generator) -> None:
