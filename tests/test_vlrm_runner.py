@@ -282,3 +282,140 @@ def test_trained_checkpoint_is_evaluated(tmp_path):
     assert runner.judge_name(config) == "fd_run" and runner.judge_config(config).checkpoint.endswith("peft_adapter")
     config.judge.checkpoint = ""
     assert runner.judge_config(config) is None and runner.judge_name(config) == "fire_jax (random init) (self)"
+
+
+# ---------------------------------------------------------------- scripted agents: exact figures
+
+GOOD, BAD = "There are 3.", "There are 4."  # what tell the good solution (step_list) from reasoning_error apart
+
+
+class Scripted:
+    """A generator whose output is a fixed string chosen from each prompt (and, for votes, its position)."""
+
+    def __init__(self, name="scripted", temperature=0.0):
+        self.name, self.batch_size, self.max_tiles, self.temperature = name, 4, 0, temperature
+        self.prompts = []
+
+    def variant(self, *, name=None, temperature=None, **_):
+        other = Scripted(name or self.name, self.temperature if temperature is None else temperature)
+        other.prompts = self.prompts
+        return other
+
+    def __call__(self, requests, rng=None):
+        texts = [self.answer(r.prompt, i) for i, r in enumerate(requests)]
+        self.prompts += [r.prompt for r in requests]
+        return [(t, None if t else "empty") for t in texts]
+
+    @staticmethod
+    def answer(prompt, index):
+        k = int(prompt.split("How many shapes? (")[-1][0])  # the sample: write_benchmark's questions
+        if "miscounts" in prompt:  # an ERA/EC judge prompt: reference "STEP2 miscounts..." vs the candidate
+            if k == 1:
+                return "[7, 7]"
+            if k == 2:
+                return "I cannot judge."
+            reference_first = prompt.index("miscounts") < prompt.index("Critique")
+            return "[5, 9]" if reference_first else "[9, 5]"  # the candidate is better
+        if "identify the steps that contains errors" in prompt:  # SC, 0/1/2-shot
+            return {0: {0: "[0, 1]", 1: "STEP 1: 1.\nSTEP 2: 1.", 2: "no idea"}[k], 1: "[1, 1]",
+                    2: "[0, 1]"}[prompt.count("## Example")]
+        if "Return a List containing two scores" in prompt:  # MJ, either order
+            first = prompt.index(GOOD) < prompt.index(BAD)  # the good solution is response 1
+            return {0: "[9, 2]" if first else "[2, 9]", 1: "[9, 4]", 2: "[8, 3]" if first else "[5, 5]"}[k]
+        if "evaluate whether the given partial reasoning process" in prompt:  # FF
+            return {0: "Yes", 1: "Yes.", 2: "Maybe"}[k]
+        if "critically analyze the reasoning" in prompt:  # ERA: the candidate critique
+            return "Critique: STEP2 says 4."
+        return ""  # EC: no candidate at all
+
+
+def test_runner_with_scripted_agents_gives_exact_figures(bench, tmp_path, monkeypatch):
+    scripted = Scripted()
+    monkeypatch.setattr(runner.Generator, "from_config", classmethod(lambda cls, *a, **k: scripted))
+    config = tiny_config()
+    config.analyses.shots.k = "0,1,2"
+    results = runner.evaluate(config, str(bench), str(tmp_path), tasks="SC,MJ,FF,ERA,EC",
+                              analyses="positional,length,shots")
+    tasks = results["tasks"]
+    # SC: labels [0,1 | 0,1 | 0,1]; SC-0 right, SC-1 reads [1, 1], SC-2 unreadable.
+    # ours (SC-2 flipped to [1, 0]): TP 2, FP 2, FN 1, TN 1 -> (3 * 4/7 + 3 * 2/5) / 6 = 17/35.
+    # official (SC-2 left out): TP 2, FP 1, TN 1 -> F1_pos 4/5, F1_neg 2/3 -> 11/15.
+    assert tasks["SC"]["scores"]["f1"] == pytest.approx(17 / 35)
+    assert tasks["SC"]["by_accounting"]["official"]["scores"]["f1"] == pytest.approx(11 / 15)
+    assert tasks["SC"]["failed_samples"] == {"unparsable": 1} and tasks["SC"]["failures"] == 1
+    # MJ: MJ-0 right whatever the order, MJ-1 always prefers response 1 (a tie), MJ-2 right only good-first.
+    assert tasks["MJ"]["scores"]["accuracy"] == pytest.approx(2 / 3) and tasks["MJ"]["failures"] == 0
+    # FF: FF-0 (true) yes, FF-1 (false) yes, FF-2 "Maybe" unreadable.
+    assert tasks["FF"]["scores"]["accuracy"] == pytest.approx(1 / 3)
+    assert tasks["FF"]["by_accounting"]["official"]["scores"]["accuracy"] == 0.5
+    # ERA: ERA-0 the candidate wins in both orders, ERA-1 a tie, ERA-2 the judge answers nothing readable.
+    assert tasks["ERA"]["scores"] == pytest.approx({"win": 1 / 3, "tie": 1 / 3, "lose": 1 / 3})
+    assert tasks["ERA"]["by_accounting"]["official"]["scores"] == pytest.approx({"win": 0.5, "tie": 0.5, "lose": 0})
+    assert tasks["ERA"]["failed_samples"] == {"unparsable": 1} and tasks["ERA"]["failures"] == 2
+    # EC: every candidate empty, so nothing is judged: ours three losses, official nothing to score.
+    assert tasks["EC"]["generation_failures"] == {"empty": 3, "no_candidate": 6}
+    assert tasks["EC"]["scores"] == {"win": 0.0, "tie": 0.0, "lose": 1.0}
+    assert tasks["EC"]["failed_samples"] == {"judge_failed": 3}
+    assert tasks["EC"]["by_accounting"]["official"] == {"scores": {"win": None, "tie": None, "lose": None},
+                                                        "num_scored": 0}
+    assert results["outcome_w_avg_by_accounting"] == {"ours": pytest.approx(0.5), "official": pytest.approx(0.6)}
+    table = results["table"]
+    assert "| scripted (ours: failures count wrong) | 48.6 | - |" in table
+    assert "| scripted (official: failures left out) | 73.3 | - |" in table
+    assert "| SC | 48.6 | 73.3 | 33.3 | 33.3 |" in table  # beside the audit: all_0 = all_1 = 1/3 on [0, 1] x 3
+
+    # The analyses read the same outputs: Table 4 by order, Table 5 by length, Table 6 with scripted k-shot answers.
+    analyses = results["analyses"]
+    assert analyses["positional"]["better_first"]["accuracy"] == {"ours": 1.0, "official": 1.0}
+    assert analyses["positional"]["better_second"]["accuracy"] == {"ours": pytest.approx(1 / 3),
+                                                                   "official": pytest.approx(1 / 3)}
+    assert analyses["positional"]["better_first"]["mean_response_1"] == pytest.approx(26 / 3)
+    assert analyses["length"]["<=10 steps"]["ours"] == pytest.approx(17 / 35)
+    shots = analyses["shots"]
+    assert shots["0-shot"]["ours"] == pytest.approx(17 / 35)
+    assert shots["1-shot"]["ours"] == pytest.approx(1 / 3)  # [1, 1] everywhere: F1_pos 2/3, F1_neg 0, weights 1/2
+    assert shots["2-shot"]["ours"] == 1.0
+    for name in ("positional", "length", "shots"):
+        assert (tmp_path / "analyses" / f"{name}.md").read_text().startswith(analyses[name]["table"].split("\n")[0])
+    assert "| GPT-4o (paper) | 73.7 | 71.7 | 70.5 |" in analyses["shots"]["table"]
+
+
+def test_analyses_on_the_tiny_model_write_tables_and_resume(bench, full_run, tmp_path, monkeypatch):
+    from fire_jax.eval import vlrm_analyses
+    from fire_jax.infer import agents
+
+    workdir = tmp_path / "run"
+    shutil.copytree(full_run[0] / "outputs", workdir / "outputs")  # the main run's outputs are reused
+    shutil.copy(full_run[0] / "settings.json", workdir / "settings.json")
+    config = tiny_config()
+    config.analyses.voting.k = "1,3"
+    config.analyses.correction.max_examples = 3
+    config.analyses.correction.max_new_tokens = 8
+    first = runner.evaluate(config, str(bench), str(workdir), tasks="SC,MJ", analyses="all")["analyses"]
+    assert list(first) == list(vlrm_analyses.ANALYSES)
+    for name, paper_row in (("positional", "| better_first | GPT-4o (paper) | 9.8 | 7.8 | 52.2 |"),
+                            ("length", "| GPT-4o (paper) | 77.8 | 75.2 | 68.6 |"),
+                            ("shots", "| GPT-4o (paper) | 73.7 | 71.7 | 70.5 |"),
+                            ("voting", "| SC | fire_jax (random init) (ours) |"),
+                            ("correction", "| LVLM 7B / VLRM 72B (paper) | 21.8 | 19.7 | 21.5 | 21.0 |")):
+        text = (workdir / "analyses" / f"{name}.md").read_text()
+        assert paper_row in text and text == first[name]["table"]
+        assert json.loads((workdir / "analyses" / f"{name}.json").read_text()) == {
+            k: v for k, v in first[name].items() if k != "table"}
+    assert first["length"]["<=10 steps"]["samples"] == 3 and first["voting"]["SC"]["3"]["no_vote_read"] <= 3
+    votes = runner.read_records(workdir / "analyses" / "voting" / "step_correctness.jsonl")[0]
+    assert {i: r["seed"] for i, r in votes.items()} == {f"SC-{k}": vlrm_analyses.sample_seed(0, "SC", f"SC-{k}")
+                                                        for k in range(3)}
+    assert all(len(r["outputs"]) == 3 for r in votes.values())
+    assert first["correction"]["overall"]["items"] == 3
+
+    # A rerun generates nothing: every analysis resumes from its files.
+    counting, student_calls = CountingGenerate(), []
+    monkeypatch.setattr(runner, "generate", counting)
+    monkeypatch.setattr(agents, "generate", lambda *a, **k: student_calls.append(1))
+    again = runner.evaluate(config, str(bench), str(workdir), tasks="SC,MJ", analyses="all")["analyses"]
+    assert counting.calls == 0 and not student_calls
+    assert {k: v["table"] for k, v in again.items()} == {k: v["table"] for k, v in first.items()}
+    config.analyses.voting.temperature = 0.5
+    with pytest.raises(ValueError, match=r"analyses/voting: its outputs were generated with other settings"):
+        runner.evaluate(config, str(bench), str(workdir), tasks="SC,MJ", analyses="voting")
