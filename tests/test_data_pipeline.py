@@ -10,7 +10,7 @@ from fire_jax.geometry import ImageGeometry, unpadded_size
 from fire_jax.data import tfds_fire
 from fire_jax.data.config import ASSETS_DIR, DATA_DEFAULTS, geometry_from_model_config, load_config
 from fire_jax.data.config import data_config as make_data_config
-from fire_jax.data.pipeline import InputPipeline
+from fire_jax.data import pipeline as pipeline_lib
 from fire_jax.data.records import Conversation, load_records
 from fire_jax.data.synthetic import generate
 
@@ -23,10 +23,15 @@ KEYS = {"input_ids": np.int32, "attention_mask": np.int32, "loss_mask": np.float
         "pixel_values": np.float32, "image_index": np.int32, "image_sizes": np.int32}
 
 
+def InputPipeline(config, geometry, **kwargs):
+    """The pipeline with r_1 labelled unless a test says otherwise: the shipped set's one-round dialogues
+    (first answer right) keep a label (loss.student_first_turn, passed by the trainer)."""
+    return pipeline_lib.InputPipeline(config, geometry, **{"student_first_turn": True, **kwargs})
+
+
 def data_config(**changes):
-    # r_1 labelled: the shipped set's one-round dialogues (first answer right) keep a label.
     config = dict(tokenizer="assets:tiny_tokenizer.json", image_token="<image>", pad_token="<pad>", role="student",
-                  student_first_turn=True, teacher_history="full", sources=dict(synthetic=SYNTHETIC),
+                  teacher_history="full", sources=dict(synthetic=SYNTHETIC),
                   on_bad_record="skip", max_len=768, buckets=(256, 384, 512, 640, 768), batch_size=8, shuffle=True,
                   seed=0, num_epochs=0, num_threads=0, num_workers=0)
     config.update(changes)
@@ -140,15 +145,20 @@ def test_length_policy(tmp_path):
     path.write_text(json.dumps(one_turn))
     sources = dict(synthetic=SYNTHETIC, one_turn=dict(json=str(path), image_root=str(tmp_path)))
     # Student examples with one turn have no label (r_1 is not a target) and are dropped: the 3 cut here and
-    # the 228 shipped dialogues whose first answer is already right.
-    pipeline = InputPipeline(data_config(sources=sources, num_epochs=1, shuffle=False, batch_size=723,
-                                         student_first_turn=False), TINY)
+    # the shipped dialogues whose first answer is already right.
+    shipped, _ = load_records(os.path.join(ASSETS_DIR, "synthetic_fire", "train.json"),
+                              os.path.join(ASSETS_DIR, "synthetic_fire", "images"))
+    one_round = 3 + sum(len(r.turns) == 1 for r in shipped)
+    assert 3 < one_round < 723
+    pipeline = InputPipeline(data_config(sources=sources, num_epochs=1, shuffle=False, batch_size=723), TINY,
+                             student_first_turn=False)
     batch = next(pipeline)
-    assert dict(pipeline.dropped) == {"no_labelled_token": 231} and (batch["example_id"] != "").sum() == 492
+    assert dict(pipeline.dropped) == {"no_labelled_token": one_round}
+    assert (batch["example_id"] != "").sum() == 723 - one_round
     # Labelling r_1 keeps them.
-    pipeline = InputPipeline(data_config(sources=sources, num_epochs=1, shuffle=False, batch_size=723,
-                                         student_first_turn=True), TINY)
-    assert (next(pipeline)["example_id"] != "").sum() == 723 and not pipeline.dropped
+    pipeline = InputPipeline(data_config(sources=sources, num_epochs=1, shuffle=False, batch_size=723), TINY)
+    kept = (next(pipeline)["example_id"] != "").sum()
+    assert kept == 723 and not pipeline.dropped, (kept, pipeline.dropped)
     # Teacher sequences (520-640 tokens) cut to 560: kept while a label is left, the image block is never cut.
     pipeline = InputPipeline(data_config(role="teacher", max_len=560, buckets=(), num_epochs=1, batch_size=720), TINY)
     batch = next(pipeline)

@@ -9,7 +9,8 @@ or a split built by ``tools/build_dataset.py``::
     dict(tfds="/data/tfds", split="fire_100k", weight=1.0)
 
 plus, optionally, ``max_examples`` (a fixed random subset of that many
-records) and ``num_examples`` (the size the trainer plans with; not read here).
+records) and ``num_examples`` (the size the source is expected to have: the trainer
+plans its steps from the records that actually load and prints both).
 Paths starting with ``assets:`` are inside ``fire_jax/assets`` (the shipped
 tiny tokenizer and synthetic demo data).
 """
@@ -29,7 +30,6 @@ DATA_DEFAULTS = dict(
     image_token="<image>",  # placeholder token; its id must equal model.image_token_id
     pad_token="<pad>",  # falls back to <|end_of_text|> if the tokenizer has none
     role="student",  # "student" (FIRE-LLaVA, Eq. 5) or "teacher" (FD-LLaVA, Eq. 6)
-    student_first_turn=False,  # also label r_1 (the release did)
     teacher_history="full",  # "full" (training) or "latest" (the teacher of free dialogues)
     eval_sources={},
     on_bad_record="skip",  # or "error"
@@ -96,8 +96,7 @@ class _TfdsRecords(SequenceABC):
         return to_record(self._source[index])
 
 
-#: Fields of one source: where the data is, its mixing weight, an optional subset size, and the size the
-#: trainer may plan with before the data is opened.
+#: Fields of one source: where the data is, its mixing weight, an optional subset size, and its expected size.
 SOURCE_FIELDS = ("json", "image_root", "tfds", "split", "weight", "max_examples", "num_examples")
 
 
@@ -118,12 +117,13 @@ class _Subset(SequenceABC):
         return self._records[int(self._indices[index])]
 
 
-def open_source(source: Mapping[str, Any], *, on_bad_record: str = "skip",
-                bad: BadRecords | None = None) -> SequenceABC[tuple[Record, str | bytes | None]]:
+def open_source(source: Mapping[str, Any], *, on_bad_record: str = "skip", bad: BadRecords | None = None,
+                require_scores: bool = True) -> SequenceABC[tuple[Record, str | bytes | None]]:
     """A random-access sequence of (record, image path / encoded bytes / None) for one source config.
 
     JSON sources are parsed (and their images checked) here; bad records are
-    added to ``bad`` (or raise under ``on_bad_record="error"``). With
+    added to ``bad`` (or raise under ``on_bad_record="error"``); ``require_scores=False``
+    keeps conversations with an unscoreable feedback (the student's data). With
     ``max_examples``, a fixed random subset of that size (the FIRE-1M
     data-size ablation: the 200K subset is part of the 400K one, ...).
     """
@@ -137,7 +137,7 @@ def open_source(source: Mapping[str, Any], *, on_bad_record: str = "skip",
         paths = source["json"]
         paths = [resolve_path(p) for p in ([paths] if isinstance(paths, str) else paths)]
         records = list(iter_records(paths, resolve_path(source.get("image_root", "")), on_bad_record=on_bad_record,
-                                    split=source.get("split", ""), bad=bad))
+                                    split=source.get("split", ""), bad=bad, require_scores=require_scores))
     else:
         raise ValueError(f"a data source needs 'json' (+ 'image_root') or 'tfds' (+ 'split'), got {dict(source)}")
     size = source.get("max_examples")

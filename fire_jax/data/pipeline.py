@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import io
+import math
 import zlib
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -40,9 +41,10 @@ from fire_jax.geometry import ImageGeometry, place_images
 from fire_jax.data import chat as chat_lib
 from fire_jax.data.config import DATA_DEFAULTS, open_source, resolve_path
 from fire_jax.data.images import load_image, normalise, tiles
-from fire_jax.data.records import BadRecordError, BadRecords, Record
+from fire_jax.data.records import BadRecordError, BadRecords, Conversation, Record
 
-# Reasons the pipeline drops an example that parsed fine: image_cut, no_labelled_token, unreadable_image.
+# Reasons the pipeline drops an example that parsed fine: image_cut, no_labelled_token, unreadable_image, and
+# no_score (a teacher reading a built split, which keeps unscoreable conversations for the student).
 
 
 @dataclasses.dataclass
@@ -92,6 +94,8 @@ class Preprocessor:
             return self._example(record, image)
 
     def _example(self, record: Record, image: Image.Image | None) -> dict[str, Any]:
+        if self.role == "teacher" and isinstance(record, Conversation) and any(t.score is None for t in record.turns):
+            return {"dropped": "no_score", "example_id": record.id}  # the teacher learns every f_i's score
         # Token counts need only the image size (header), so length checks come before decoding.
         size = None if image is None else (image.height, image.width)
         encoded = self.chat.encode(self.messages(record), size)
@@ -177,14 +181,19 @@ class InputPipeline:
       image_token_id: the model's image token id; checked against the tokenizer's.
       process_index, process_count: this host's shard (``jax.process_index()``, ``jax.process_count()``).
       sources: key of ``config`` holding the sources ("sources"; e.g. "eval_sources").
+      student_first_turn: also label the student's r_1 (the trainer passes ``loss.student_first_turn``).
       overrides: values replacing fields of ``config`` (batch_size, seed, num_epochs, role, ...).
     """
 
     def __init__(self, config: Mapping[str, Any], geometry: ImageGeometry, *, image_token_id: int | None = None,
-                 process_index: int = 0, process_count: int = 1, sources: str = "sources", **overrides):
+                 process_index: int = 0, process_count: int = 1, sources: str = "sources",
+                 student_first_turn: bool = False, **overrides):
         import grain
 
         given = dict(config.to_dict() if hasattr(config, "to_dict") else config)
+        if "student_first_turn" in given or "student_first_turn" in overrides:
+            raise ValueError("data.student_first_turn is now loss.student_first_turn (SPEC 3); the trainer passes "
+                             "it to InputPipeline(student_first_turn=...)")
         unknown = (set(given) | set(overrides)) - set(DATA_DEFAULTS) - {"tokenizer", "sources"}
         missing = {"tokenizer", "sources"} - set(given) - set(overrides)
         if unknown or missing:
@@ -199,7 +208,7 @@ class InputPipeline:
         self.buckets = tuple(b for b in self.buckets if b <= cfg["max_len"])
         self.preprocessor = Preprocessor(
             tokenizer_path=cfg["tokenizer"], geometry=geometry, role=cfg["role"],
-            first_turn_labelled=cfg["student_first_turn"], teacher_history=cfg["teacher_history"],
+            first_turn_labelled=student_first_turn, teacher_history=cfg["teacher_history"],
             max_len=cfg["max_len"], image_token=cfg["image_token"], pad_token=cfg["pad_token"],
             on_bad_record=cfg["on_bad_record"])
         chat = self.preprocessor.chat
@@ -210,9 +219,14 @@ class InputPipeline:
         self.bad_records = BadRecords()  # skipped while parsing JSON sources
         self.dropped: collections.Counter = collections.Counter()  # dropped by the pipeline
 
-        opened = {name: (open_source(source, on_bad_record=cfg["on_bad_record"], bad=self.bad_records),
+        require_scores = cfg["role"] == "teacher"  # the student needs no scores: keep unscoreable feedback
+        opened = {name: (open_source(source, on_bad_record=cfg["on_bad_record"], bad=self.bad_records,
+                                     require_scores=require_scores),
                          float(source.get("weight", 1.0))) for name, source in sorted(cfg[sources].items())}
-        self.num_examples = sum(len(records) for records, _ in opened.values())  # one epoch, all processes
+        self.source_sizes = {name: len(records) for name, (records, _) in opened.items()}  # after bad records
+        self.stated_sizes = {name: source.get("num_examples") for name, source in cfg[sources].items()}
+        self.num_examples = sum(self.source_sizes.values())  # one epoch, all processes
+        self.process_count = process_count
         ds = self._order(opened, cfg, process_index, process_count)
         ds = ds.map(self.preprocessor).to_iter_dataset(grain.ReadOptions(
             num_threads=cfg["num_threads"], prefetch_buffer_size=2 * self.batch_size if cfg["num_threads"] else 0))
@@ -246,6 +260,16 @@ class InputPipeline:
         parts = [order(ds, name, None) for name, ds in datasets.items()]
         weights = [weight for _, weight in opened.values()]
         return parts[0] if len(parts) == 1 else grain.MapDataset.mix(parts, weights)
+
+    def examples_per_process(self, epochs: float) -> int:
+        """Usable examples each process reads in ``epochs`` passes (the smallest share, so every process
+        plans the same number of steps; the others leave at most one example unread)."""
+        return int(self.num_examples * epochs) // self.process_count
+
+    def steps(self, epochs: float) -> int:
+        """Steps that read ``epochs`` passes over the usable examples: the last batch may be partial
+        (its missing rows are label-free padding), so the end of the data is trained on."""
+        return max(1, math.ceil(self.examples_per_process(epochs) / self.batch_size))
 
     def _keep(self, example: Mapping[str, Any]) -> bool:
         if "dropped" in example:

@@ -24,7 +24,8 @@ from typing import Any, Iterator, Sequence
 from PIL import Image
 
 # Reasons a record is skipped at parse time: invalid_json, missing_field, missing_image, unreadable_image,
-# bad_turn_order, empty_text, no_score (the pipeline adds image_cut, no_labelled_token).
+# bad_turn_order, empty_text, and no_score where scores are required (the teacher's data, the evaluations);
+# the pipeline adds image_cut, no_labelled_token (and no_score for a teacher reading a built split).
 
 IMAGE_PLACEHOLDER = "<image>"
 _SCORE_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
@@ -155,8 +156,14 @@ def _role(message: dict) -> str:
     return role.lower() if isinstance(role, str) else ""
 
 
-def parse_record(raw: Any, *, default_id: str, default_split: str = "", where: str | None = None) -> Record:
-    """A typed record from one raw JSON object; raises BadRecordError (image not checked)."""
+def parse_record(raw: Any, *, default_id: str, default_split: str = "", where: str | None = None,
+                 require_scores: bool = True) -> Record:
+    """A typed record from one raw JSON object; raises BadRecordError (image not checked).
+
+    ``require_scores``: a feedback without a score is a bad record (``no_score``). The teacher learns
+    and is judged on scores; the student needs only the feedback text, so its data passes False and
+    keeps such records (the turn's ``score`` is None).
+    """
     where = where or default_id
     if not isinstance(raw, dict):
         raise BadRecordError("missing_field", where, "<record>", f"expected a JSON object, got {type(raw).__name__}")
@@ -171,11 +178,11 @@ def parse_record(raw: Any, *, default_id: str, default_split: str = "", where: s
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise BadRecordError("missing_field", where, "conversations", "expected a non-empty list of messages")
     if "question" in raw:
-        return _parse_fire(raw, messages, record_id, image, source, split, where)
+        return _parse_fire(raw, messages, record_id, image, source, split, where, require_scores)
     return _parse_instruction(messages, record_id, image, source, split, where)
 
 
-def _parse_fire(raw, messages, record_id, image, source, split, where) -> Conversation:
+def _parse_fire(raw, messages, record_id, image, source, split, where, require_scores) -> Conversation:
     if image is None:
         raise BadRecordError("missing_field", where, "image")
     texts = {}
@@ -206,7 +213,7 @@ def _parse_fire(raw, messages, record_id, image, source, split, where) -> Conver
     turns = []
     for i in range(0, len(values), 2):
         score = parse_score(values[i + 1])
-        if score is None:
+        if score is None and require_scores:
             raise BadRecordError("no_score", where, f"conversations[{i + 1}].value", repr(values[i + 1][:60]))
         if not feedback_text(values[i + 1]):
             raise BadRecordError("empty_text", where, f"conversations[{i + 1}].value", "no feedback after the score")
@@ -291,6 +298,7 @@ def load_records(
     split: str = "",
     decode_images: bool = False,
     bad: BadRecords | None = None,
+    require_scores: bool = True,
 ) -> tuple[list[Record], BadRecords]:
     """Parse FIRE / instruction files into typed records, checking every image.
 
@@ -301,17 +309,20 @@ def load_records(
       split: the split of records that name none.
       decode_images: decode every image fully (slow) instead of reading its header.
       bad: a counter to add to.
+      require_scores: skip conversations with an unscoreable feedback (``no_score``); False keeps them.
 
     Returns:
       (records, bad record counts).
     """
     bad = BadRecords() if bad is None else bad
     records = [record for record, _ in iter_records(paths, image_root, on_bad_record=on_bad_record, split=split,
-                                                    decode_images=decode_images, bad=bad)]
+                                                    decode_images=decode_images, bad=bad,
+                                                    require_scores=require_scores)]
     return records, bad
 
 
-def iter_records(paths, image_root, *, on_bad_record="skip", split="", decode_images=False, bad=None):
+def iter_records(paths, image_root, *, on_bad_record="skip", split="", decode_images=False, bad=None,
+                 require_scores=True):
     """Like :func:`load_records`, streaming (record, absolute image path or None)."""
     if on_bad_record not in ("skip", "error"):
         raise ValueError(f"on_bad_record must be 'skip' or 'error', got {on_bad_record!r}")
@@ -323,7 +334,8 @@ def iter_records(paths, image_root, *, on_bad_record="skip", split="", decode_im
                 if isinstance(raw, BadRecordError):
                     raise raw
                 where = f"{path}: record {index}"
-                record = parse_record(raw, default_id=f"{stem}:{index}", default_split=split, where=where)
+                record = parse_record(raw, default_id=f"{stem}:{index}", default_split=split, where=where,
+                                      require_scores=require_scores)
                 if record.id != f"{stem}:{index}":
                     where = f"{where} (id {record.id!r})"
                 image_path = check_image(record, image_root, where, decode=decode_images)

@@ -28,7 +28,8 @@ def train_config(**overrides) -> ml_collections.ConfigDict:
 def loss_config(**overrides) -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict(dict(
         normalize="token",  # mean over the global batch's labelled tokens; "turn": mean of per-turn means
-        max_turns=8,  # turn indices reported (and weighted) separately
+        max_turns=8,  # turn indices reported separately in the metrics (higher ones pooled as "> max_turns")
+        student_first_turn=False,  # also label the student's r_1 (SPEC 3: the release did; the paper, Eq. 5, not)
     ))
     config.update(overrides)
     return config

@@ -87,14 +87,33 @@ class MetricWriter:
             self.tb.close()
 
 
-def total_steps(config) -> int:
-    """``train.total_steps``, or epochs x the sources' ``num_examples`` / global batch."""
+def total_steps(config, pipeline) -> int:
+    """``train.total_steps``, or the steps that read the data once per epoch: the usable examples (after bad
+    records) of this process's share, divided by its batch, the last batch partial (SPEC section 4)."""
     if config.train.get("total_steps"):
         return int(config.train.total_steps)
-    sizes = [source.get("num_examples") for source in config.data.sources.values()]
-    if not all(sizes):
-        raise ValueError("train.total_steps is 0 and not every data source states num_examples: set one of them")
-    return max(1, int(config.train.epochs * sum(sizes)) // config.train.batch_size)
+    epochs = config.data.get("num_epochs") or config.train.epochs
+    if config.data.get("num_epochs") and config.train.epochs != config.data.num_epochs:
+        raise ValueError(f"train.epochs={config.train.epochs} but data.num_epochs={config.data.num_epochs}: "
+                         f"the data ends after data.num_epochs passes; make them equal")
+    return pipeline.steps(epochs)
+
+
+def plan_report(config, pipeline, steps: int) -> str:
+    """What the step count was computed from, per source: stated size, usable records, bad ones."""
+    lines = []
+    for name, usable in pipeline.source_sizes.items():
+        stated = pipeline.stated_sizes.get(name)
+        lines.append(f"  source {name}: {usable:,} usable" + (f" (stated {stated:,})" if stated else ""))
+    if config.train.get("total_steps"):
+        head = f"steps: {steps:,} (train.total_steps)"
+    else:
+        epochs = config.data.get("num_epochs") or config.train.epochs
+        per_process = pipeline.examples_per_process(epochs)
+        head = (f"steps: {steps:,} = ceil({per_process:,} usable examples per process / {pipeline.batch_size} per "
+                f"process) from {pipeline.num_examples:,} usable examples x {epochs:g} epoch(s) over "
+                f"{pipeline.process_count} process(es); {sum(pipeline.bad_records.values()):,} bad records skipped")
+    return "\n".join([head, *lines])
 
 
 def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, Any]:
@@ -111,8 +130,11 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
         raise ValueError(f"data.batch_size={config.data.batch_size} != train.batch_size={config.train.batch_size}")
     model = build_model(config)
     pipeline = InputPipeline(config.data, model.cfg.geometry, image_token_id=model.cfg.image_token_id,
-                             process_index=jax.process_index(), process_count=jax.process_count())
-    steps = total_steps(config)
+                             process_index=jax.process_index(), process_count=jax.process_count(),
+                             student_first_turn=config.loss.get("student_first_turn", False))
+    steps = total_steps(config, pipeline)
+    if jax.process_index() == 0:
+        print(plan_report(config, pipeline, steps))
     trainer = Trainer(model, config.train, config.loss, steps, mesh, rules)
     del model
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.train.keep_checkpoints)
@@ -134,9 +156,20 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
     metrics: dict[str, Any] = {}
     progress = _progress(start, steps)
     tokens_done, t0 = 0, time.perf_counter()
+    last_saved = start
+    data_ended = False  # examples dropped while training (image_cut, no_labelled_token) end the data early
     try:
         for step in range(start, end):
-            batch = next(pipeline)
+            try:
+                batch = next(pipeline)
+            except StopIteration:
+                data_ended = True
+                print(f"the data ended after step {step} of {steps} (examples dropped while training: "
+                      f"{sum(pipeline.dropped.values()):,}); saving and exporting there")
+                if step > last_saved:
+                    checkpointer.save(step, state, pipeline.get_state(), config_json, metrics=_loss_of(metrics),
+                                      force=True)
+                break
             state, metrics = trainer.step(state, put_batch(batch, mesh, rules), rng)
             metrics = jax.device_get(metrics)
             if not np.isfinite(metrics["loss"]):
@@ -149,8 +182,9 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
             progress.set_postfix(loss=f"{float(metrics['loss']):.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
             last = step + 1 == end
             if (step + 1) % config.train.checkpoint_every == 0 or last or preemption.requested:
-                checkpointer.save(step + 1, state, pipeline.get_state(), config_json,
-                                  metrics={"loss": float(metrics["loss"])}, force=True)
+                checkpointer.save(step + 1, state, pipeline.get_state(), config_json, metrics=_loss_of(metrics),
+                                  force=True)
+                last_saved = step + 1
             if preemption.requested:
                 print(f"SIGTERM: checkpoint written at step {step + 1}, exiting")
                 break
@@ -163,9 +197,9 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
         preemption.restore()
         checkpointer.close()
     final_step = int(jax.device_get(state.step))
-    if final_step == steps and config.train.get("export", True) and jax.process_index() == 0:
+    if (final_step == steps or data_ended) and config.train.get("export", True) and jax.process_index() == 0:
         export(trainer.model(state), workdir, config)
-    return {"step": final_step, "total_steps": steps, "state": state, "trainer": trainer,
+    return {"step": final_step, "total_steps": steps, "data_ended": data_ended, "state": state, "trainer": trainer,
             "metrics": {k: np.asarray(v).tolist() for k, v in metrics.items()}}
 
 
@@ -177,6 +211,10 @@ def export(model: LlavaNext, workdir: str, config) -> None:
     save_peft_adapter(model, os.path.join(workdir, "export", "peft_adapter"))
     if config.train.get("export_merged", False):
         save_hf_checkpoint(merge_lora(model), os.path.join(workdir, "export", "hf_merged"))
+
+
+def _loss_of(metrics: dict[str, Any]) -> dict[str, float]:
+    return {"loss": float(metrics["loss"])} if "loss" in metrics else {}
 
 
 def _progress(start: int, total: int):

@@ -21,23 +21,34 @@ def token_weights(loss_mask: jax.Array, turn_ids: jax.Array, normalize: str, max
 
     ``"token"``: every labelled token weighs 1/N (mean over labelled tokens).
     ``"turn"``: each turn index present weighs equally, split evenly over its
-    tokens (mean of per-turn means). Linear in the per-token losses, so
-    gradient accumulation over micro-batches is exact.
+    tokens (mean of per-turn means), for any turn index: ``max_turns`` only
+    sizes the per-turn metric. Linear in the per-token losses, so gradient
+    accumulation over micro-batches is exact.
     """
+    del max_turns  # weights count every turn index; see turn_counts for the metric's buckets
     mask = loss_mask.astype(jnp.float32)
     if normalize == "token":
         return mask / jnp.maximum(mask.sum(), 1.0)
     if normalize != "turn":
         raise ValueError(f"loss.normalize={normalize!r}: choose 'token' or 'turn'")
-    per_turn = turn_counts(mask, turn_ids, max_turns)  # [max_turns + 1]
-    present = jnp.maximum((per_turn > 0).sum(), 1)
-    count = per_turn[jnp.clip(turn_ids, 0, max_turns)]
+    # Tokens per turn for any turn index: sort the labelled tokens' turn ids (unlabelled ones -> -1), count
+    # equal ids by binary search, count distinct ones where the sorted ids change. [batch * seq]
+    ids = jnp.where(mask > 0, turn_ids, -1).reshape(-1)
+    ordered = jnp.sort(ids)
+    count = (jnp.searchsorted(ordered, ids, side="right") - jnp.searchsorted(ordered, ids, side="left"))
+    starts = jnp.concatenate([ordered[:1] >= 0, (ordered[1:] != ordered[:-1]) & (ordered[1:] >= 0)])
+    present = jnp.maximum(starts.sum(), 1)
+    count = count.reshape(turn_ids.shape).astype(jnp.float32)
     return jnp.where(mask > 0, 1.0 / (present * jnp.maximum(count, 1.0)), 0.0)
 
 
 def turn_counts(values: jax.Array, turn_ids: jax.Array, max_turns: int) -> jax.Array:
-    """Sum of ``values`` per turn index 0..max_turns (unlabelled tokens, turn -1, go nowhere)."""
-    onehot = jax.nn.one_hot(turn_ids, max_turns + 1, dtype=jnp.float32)  # -1 -> all zeros
+    """Sum of ``values`` per turn bucket: indices 0..max_turns, then one "> max_turns" bucket.
+
+    Returns ``[max_turns + 2]``; unlabelled tokens (turn -1) go nowhere.
+    """
+    buckets = jnp.where(turn_ids > max_turns, max_turns + 1, turn_ids)
+    onehot = jax.nn.one_hot(buckets, max_turns + 2, dtype=jnp.float32)  # -1 -> all zeros
     return jnp.einsum("bs,bst->t", values.astype(jnp.float32), onehot)
 
 

@@ -139,12 +139,16 @@ class Trainer:
         updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         tokens = mask.sum()
-        turn_tokens = losses.turn_counts(mask, turns, max_turns)
+        # Turns 0..max_turns, then one "> max_turns" bucket: every labelled token is in one of them.
+        turn_tokens = losses.turn_counts(mask, turns, max_turns)  # [max_turns + 2]
+        turn_loss = losses.turn_counts(mask * nll, turns, max_turns) / jnp.maximum(turn_tokens, 1.0)
         metrics = {
             "loss": jnp.sum(weights * nll),
             "token_loss": jnp.sum(mask * nll) / jnp.maximum(tokens, 1.0),
-            "turn_loss": losses.turn_counts(mask * nll, turns, max_turns) / jnp.maximum(turn_tokens, 1.0),
-            "turn_tokens": turn_tokens,
+            "turn_loss": turn_loss[:-1],
+            "turn_tokens": turn_tokens[:-1],
+            "turn_loss_above_max": turn_loss[-1],  # turns > loss.max_turns, pooled
+            "turn_tokens_above_max": turn_tokens[-1],
             "labelled_tokens": tokens,
             "accuracy": jnp.sum(mask * correct) / jnp.maximum(tokens, 1.0),
             "grad_norm": optax.tree.norm(grads),
