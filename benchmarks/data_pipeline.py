@@ -108,7 +108,7 @@ def main():
         records_path = photo_sized_dataset(tmp)
         image_root = os.path.join(tmp, "images")
         data = dict(tokenizer="assets:tiny_tokenizer.json", image_token="<image>", pad_token="<pad>",
-                    role=args.role, student_first_turn=False, teacher_history="full",
+                    role=args.role, teacher_history="full",
                     sources=dict(fire=dict(json=records_path, image_root=image_root)), on_bad_record="skip",
                     max_len=3072, buckets=(1024, 2048, 3072), batch_size=args.batch_size, shuffle=True, seed=0,
                     num_epochs=0, num_threads=0, num_workers=0)

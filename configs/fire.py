@@ -1,17 +1,26 @@
 # FIRE training recipes at 8B (SPEC section 4). Each named config file calls this one; sweeps pass options:
+#   python -m fire_jax.train --config configs/fire.py:fire_student --workdir DIR
 #   python -m fire_jax.train --config configs/fire.py:fire_student,released=True --workdir DIR
 #   python -m fire_jax.train --config configs/fire.py:fire_student,fire_1m=200000 --workdir DIR   (Fig. 6 ablation)
+#   python -m fire_jax.train --config configs/fire.py:fire_teacher,llava_n=100000 --workdir DIR   (less LLaVA-665K)
 """FIRE100K-LLaVA, FIRE-LLaVA and FD-LLaVA on LLaVA-NeXT-8B.
 
+The paper (Sec. 5.1, Training Data) trains every model on its FIRE data *combined with LLaVA-665K* "to avoid
+catastrophic forgetting", for the student and for the teacher: so does every recipe here by default (source
+``llava_665k``, all of it). ``llava_n`` / ``llava_ratio`` set how much; ``llava_n=0`` trains on FIRE alone.
+
 arg: ``<recipe>[,key=value...]`` with recipe one of fire100k_student, fire_student, fire_teacher and keys
-  data_dir  where tools/build_dataset.py wrote the FIRE TFDS splits (default /data/fire_tfds)
-  llava     the LLaVA-665K-style instruction JSON to mix in (default /data/llava/llava_v1_5_mix665k.json)
-  images    image root of that JSON (default /data/llava/images)
-  tokenizer the Llama-3 tokenizer.json (default /data/llama3-llava-next-8b-hf/tokenizer.json)
-  hf        the llava-hf checkpoint to start from (default /data/llama3-llava-next-8b-hf)
-  fire_1m   how many FIRE-1M examples the student sees (fire_student: 1000000; the ablation: 200000..1000000)
-  llava_n   how many instruction examples to mix in (default 0: SPEC leaves the ratio to the run; set it)
-  released  True: LoRA on q,k,v and the connector trained, as the released checkpoints were
+  data_dir     where tools/build_dataset.py wrote the TFDS splits (default /data/fire_tfds): fire_100k, fire_1m,
+               and instruct (LLaVA-665K: ``--json llava_v1_5_mix665k.json --split instruct``)
+  llava        a LLaVA-665K-style JSON to read instead of the built ``instruct`` split ("" = the split)
+  images       image root of that JSON (default /data/llava/images)
+  llava_n      instruction examples mixed in: -1 (default) all of LLaVA-665K, 0 none, N a fixed random N
+  llava_ratio  instead of llava_n: instruction examples per FIRE example (0.5: half as many as FIRE's)
+  tokenizer    the Llama-3 tokenizer.json (default /data/llama3-llava-next-8b-hf/tokenizer.json)
+  hf           the llava-hf checkpoint to start from (default /data/llama3-llava-next-8b-hf)
+  fire_1m      how many FIRE-1M examples the student sees (fire_student: 1000000; the ablation: 200000..1000000)
+  released     True: as the released checkpoints were trained: LoRA on q,k,v, the connector trained, and the
+               student's r_1 labelled (loss.student_first_turn); False (default): the paper (q,k; Eq. 5)
 """
 
 import os
@@ -20,23 +29,55 @@ from fire_jax.data.config import load_config
 from fire_jax.train.defaults import loss_config, mesh_config, train_config
 
 RECIPES = ("fire100k_student", "fire_student", "fire_teacher")
-SIZES = {"fire_100k": 100_000, "fire_1m": 1_000_000}  # FIRE paper, dataset sizes
+# Release sizes: FIRE-100K, FIRE-1M (the paper), llava_v1_5_mix665k.json (LLaVA-1.5's instruction mix).
+SIZES = {"fire_100k": 100_000, "fire_1m": 1_000_000, "llava_665k": 665_298}
+#: The source the Fig. 6 data-size ablation subsamples (``max_examples`` / ``num_examples`` of this key).
+ABLATION_SOURCE = "fire_1m"
+INSTRUCTION_SOURCE = "llava_665k"
+
+# The 8B sequence budget, from the length table of the shipped real FIRE records under the Llama-3 tokenizer
+# (tools/fire_lengths.py; README "Sequence lengths at 8B"): every student and teacher sequence fits in 4096
+# with anyres images; buckets keep short batches short.
+MAX_LEN = 4096
+BUCKETS = (1024, 1536, 2048, 2560, 3072, 4096)
 
 
 def parse_arg(arg: str) -> tuple[str, dict]:
     recipe, *pairs = [p for p in arg.split(",") if p]
     if recipe not in RECIPES:
         raise ValueError(f"configs/fire.py: recipe {recipe!r} unknown; choose from {RECIPES}")
-    options = dict(data_dir="/data/fire_tfds", llava="/data/llava/llava_v1_5_mix665k.json",
-                   images="/data/llava/images", tokenizer="/data/llama3-llava-next-8b-hf/tokenizer.json",
-                   hf="/data/llama3-llava-next-8b-hf", fire_1m=SIZES["fire_1m"], llava_n=0, released=False)
+    options = dict(data_dir="/data/fire_tfds", llava="", images="/data/llava/images", llava_n=-1, llava_ratio=0.0,
+                   tokenizer="/data/llama3-llava-next-8b-hf/tokenizer.json", hf="/data/llama3-llava-next-8b-hf",
+                   fire_1m=SIZES["fire_1m"], released=False)
+    given = set()
     for pair in pairs:
         key, _, value = pair.partition("=")
         if key not in options:
             raise ValueError(f"configs/fire.py: option {key!r} unknown; known: {sorted(options)}")
         kind = type(options[key])
         options[key] = (value.lower() in ("1", "true", "yes")) if kind is bool else kind(value)
+        given.add(key)
+    if {"llava_n", "llava_ratio"} <= given:
+        raise ValueError("configs/fire.py: give llava_n (a count) or llava_ratio (per FIRE example), not both")
     return recipe, options
+
+
+def fire_sources(recipe: str, o: dict) -> dict:
+    """The recipe's FIRE sources (stated sizes as released)."""
+    sources = {"fire_100k": dict(tfds=o["data_dir"], split="fire_100k", num_examples=SIZES["fire_100k"])}
+    if recipe == "fire_student":
+        sources[ABLATION_SOURCE] = dict(tfds=o["data_dir"], split="fire_1m", num_examples=o["fire_1m"],
+                                        max_examples=o["fire_1m"])
+    return sources
+
+
+def instruction_count(fire_examples: int, o: dict) -> int:
+    """How many LLaVA-665K examples to mix in: all (-1), a count, or a ratio of the FIRE examples."""
+    if o["llava_ratio"]:
+        return round(o["llava_ratio"] * fire_examples)
+    if o["llava_n"] < 0:
+        return SIZES[INSTRUCTION_SOURCE]
+    return o["llava_n"]
 
 
 def get_config(arg: str = "fire_student"):
@@ -46,20 +87,21 @@ def get_config(arg: str = "fire_student"):
     if o["released"]:
         config.model.lora.targets = ("q", "k", "v")
     role = "teacher" if recipe == "fire_teacher" else "student"
-    sources = {"fire_100k": dict(tfds=o["data_dir"], split="fire_100k", num_examples=SIZES["fire_100k"])}
-    if recipe == "fire_student":
-        sources["fire_1m"] = dict(tfds=o["data_dir"], split="fire_1m", num_examples=o["fire_1m"],
-                                  max_examples=o["fire_1m"])
-    if o["llava_n"]:
-        sources["llava_665k"] = dict(json=o["llava"], image_root=o["images"], num_examples=o["llava_n"],
-                                     max_examples=o["llava_n"])
+    sources = fire_sources(recipe, o)
+    n = instruction_count(sum(s["num_examples"] for s in sources.values()), o)
+    if n:
+        where = dict(json=o["llava"], image_root=o["images"]) if o["llava"] else dict(tfds=o["data_dir"],
+                                                                                    split="instruct")
+        sources[INSTRUCTION_SOURCE] = dict(where, num_examples=n)
+        if n != SIZES[INSTRUCTION_SOURCE]:
+            sources[INSTRUCTION_SOURCE]["max_examples"] = n  # a fixed random subset (nested: 100K inside 200K)
     config.data = dict(
         tokenizer=o["tokenizer"], image_token="<image>", pad_token="<pad>", role=role,
-        student_first_turn=False, teacher_history="full", sources=sources,
+        teacher_history="full", sources=sources,
         eval_sources={"fire_bench": dict(tfds=o["data_dir"], split="fire_bench")},
-        on_bad_record="skip", max_len=3072, buckets=(1024, 2048, 3072), batch_size=64, shuffle=True, seed=0,
+        on_bad_record="skip", max_len=MAX_LEN, buckets=BUCKETS, batch_size=64, shuffle=True, seed=0,
         num_epochs=1, num_threads=16, num_workers=8)
     config.train = train_config(train_connector=o["released"], accum_steps=8, checkpoint_every=200)  # 1 example per device per micro-batch on 8 GPUs
-    config.loss = loss_config()
+    config.loss = loss_config(student_first_turn=o["released"] and role == "student")
     config.mesh = mesh_config((1, -1, 1))  # FSDP over all devices; set (data, fsdp, tensor) per cluster
     return config

@@ -34,7 +34,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         image_token="<image>",  # its id must equal model.image_token_id
         pad_token="<pad>",
         role="student",  # or "teacher"
-        student_first_turn=False,  # also label r_1 (SPEC loss.student_first_turn)
         teacher_history="full",  # or "latest"
         sources=dict(synthetic=dict(json="assets:synthetic_fire/train.json",
                                     image_root="assets:synthetic_fire/images", weight=1.0)),

@@ -1,4 +1,5 @@
-"""Data-size ablation (Fig. 6): students on FIRE-100K plus 200K..1000K of FIRE-1M, each in free dialogues.
+"""Data-size ablation (Fig. 6): students on FIRE-100K plus 200K..1000K of FIRE-1M (source ``fire_1m`` of
+configs/fire.py, LLaVA-665K mixed in unchanged), each in free dialogues.
 
     python experiments/data_size_ablation.py                           # tiny: 240 and 720 synthetic dialogues
     python experiments/data_size_ablation.py --size 8b --workdir /runs/ablation

@@ -1,4 +1,4 @@
-"""FD-LLaVA (Table 3): train the teacher on FIRE-100K, evaluate its feedback and scores in fixed dialogues.
+"""FD-LLaVA (Table 3): train the teacher on FIRE-100K (+ LLaVA-665K at 8B), evaluate its feedback and scores.
 
     python experiments/fd_llava.py                                     # tiny smoke run on CPU
     python experiments/fd_llava.py --size 8b --workdir /runs/fd_llava

@@ -1,4 +1,5 @@
-"""FIRE-LLaVA (Tables 2-6): train FD-LLaVA and FIRE-LLaVA (FIRE-100K + FIRE-1M), evaluate against the baseline.
+"""FIRE-LLaVA (Tables 2-6): train FD-LLaVA and FIRE-LLaVA (FIRE-100K + FIRE-1M, each with LLaVA-665K at 8B as the
+paper did; ``--options llava_n=N`` or ``llava_ratio=R`` sets how much), evaluate against the baseline.
 
     python experiments/fire_llava.py                                   # tiny smoke run on CPU (~5 min)
     python experiments/fire_llava.py --size 8b --workdir /runs/fire_llava

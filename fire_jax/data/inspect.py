@@ -35,7 +35,7 @@ def main(argv=None):
     record, image_source = records[args.index]
     preprocessor = Preprocessor(
         tokenizer_path=data.tokenizer, geometry=geometry_from_model_config(config.model),
-        role=args.role or data.role, first_turn_labelled=data.student_first_turn,
+        role=args.role or data.role, first_turn_labelled=config.loss.get("student_first_turn", False),
         teacher_history=data.teacher_history, max_len=data.max_len, image_token=data.image_token,
         pad_token=data.pad_token)
     example = preprocessor((record, image_source))

@@ -76,7 +76,8 @@ class Fire(tfds.core.GeneratorBasedBuilder):
     def _generate_examples(self):
         key = 0
         for record, image_path in iter_records(self._json_files, self._image_root, on_bad_record=self._on_bad_record,
-                                               split=self.builder_config.name, decode_images=True, bad=self.bad):
+                                               split=self.builder_config.name, decode_images=True, bad=self.bad,
+                                               require_scores=False):  # the teacher's pipeline drops no_score
             image = b""
             if image_path is not None:
                 with open(image_path, "rb") as f:
