@@ -51,6 +51,128 @@ def _one_step(config, cfg, batch, shape):
     return trainer, jax.device_get(state), jax.device_get(metrics), frozen_before
 
 
+# ---------------------------------------------------------------------------- the step's loss by hand
+
+
+def _role_batch(role):
+    """Four rows of ``role`` with unequal turn sizes, the longest dialogue first: a turn-3 row, then rows that
+    end at lower turns. Unlabelled prompt tokens (system, question, r_1 / the teacher's instruction) are
+    attended, so a loss mask taken from attention, or everything before the last label, changes the loss."""
+    config = load_config(os.path.join(ROOT, "configs", "tiny.py"))
+    cfg = LlavaNextConfig.from_dict(config.model)
+    pipeline = InputPipeline(config.data, cfg.geometry, image_token_id=cfg.image_token_id, role=role,
+                             batch_size=32, shuffle=False)
+    batch = next(pipeline)
+    top = batch["turn_ids"].max(axis=1)
+    rows = [int(np.flatnonzero(top == 3)[0])]
+    rows += [int(r) for r in np.flatnonzero(top == 2)[:2]] + [int(np.flatnonzero(top == top.min())[-1])]
+    batch = {k: v[rows] for k, v in batch.items()}
+    length = int(batch["attention_mask"].sum(axis=1).max())
+    return {k: (v[:, :length] if v.ndim == 2 and k != "image_sizes" else v) for k, v in batch.items()}
+
+
+def _grads_kept():
+    """An "optimizer" that leaves the parameters alone and keeps the step's gradients as its state."""
+    import optax
+
+    zeros = lambda tree: jax.tree.map(jnp.zeros_like, tree)
+    return optax.GradientTransformation(zeros, lambda grads, state, params=None: (zeros(grads), grads))
+
+
+def _hand_loss(logits, batch, normalize, max_turns):
+    """Eqs. 5-6 in numpy: token t+1 predicted at t, weighted by the batch's loss mask and turn ids.
+
+    Returns (loss, per-token weights [B, S-1], nll [B, S-1], per-turn loss, per-turn token count)."""
+    logits = np.asarray(logits, np.float64)[:, :-1]
+    logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    targets = batch["input_ids"][:, 1:]
+    nll = logz - np.take_along_axis(logits, targets[..., None], -1)[..., 0]
+    labelled = batch["loss_mask"][:, 1:] > 0
+    turns = batch["turn_ids"][:, 1:]
+    turn_loss, turn_tokens = np.zeros(max_turns + 1), np.zeros(max_turns + 1)
+    for t in range(max_turns + 1):
+        in_turn = labelled & (turns == t)
+        turn_tokens[t] = in_turn.sum()
+        turn_loss[t] = nll[in_turn].sum() / max(in_turn.sum(), 1)
+    if normalize == "token":
+        weights = labelled / labelled.sum()
+    else:
+        present = np.flatnonzero(turn_tokens)
+        weights = np.zeros(labelled.shape)
+        for t in present:
+            in_turn = labelled & (turns == t)
+            weights[in_turn] = 1.0 / (len(present) * turn_tokens[t])
+    return float((weights * nll).sum()), weights, turn_loss, turn_tokens
+
+
+@pytest.fixture(scope="module")
+def hand_setup():
+    """Per role: (config, model config, batch, the model with random non-zero LoRA B, its plain-forward logits)."""
+    out = {}
+    for role in ("student", "teacher"):
+        config = tiny_config(lr=0.0)
+        config.model.lora.dropout = 0.0  # the step and the plain forward see the same network
+        cfg = LlavaNextConfig.from_dict(config.model)
+        batch = _role_batch(role)
+        model = LlavaNext(cfg, rngs=nnx.Rngs(1))
+        rng = np.random.default_rng(0)
+        lora = nnx.state(model, LoRAParam)  # B starts at zero: randomise it so A has a gradient too
+        nnx.update(model, jax.tree.map(lambda x: jnp.asarray(rng.normal(0, 0.05, x.shape), x.dtype), lora))
+        logits = model(*(jnp.asarray(batch[k]) for k in ("input_ids", "pixel_values", "image_index",
+                                                           "attention_mask")))
+        out[role] = config, cfg, batch, model, np.asarray(logits)
+    return out
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+@pytest.mark.parametrize("normalize", ["token", "turn"])
+@pytest.mark.parametrize("role", ["student", "teacher"])
+def test_step_loss_and_gradients_equal_a_hand_computation(hand_setup, role, normalize, accum):
+    from fire_jax.train import step as step_lib
+
+    config, cfg, batch, model, logits = hand_setup[role]
+    config.train.accum_steps = accum
+    config.loss.normalize = normalize
+    max_turns = config.loss.max_turns
+    assert batch["turn_ids"].max() <= max_turns
+    loss, weights, turn_loss, turn_tokens = _hand_loss(logits, batch, normalize, max_turns)
+    assert (turn_tokens[1 if role == "teacher" else 2:4] > 0).all() and turn_tokens.sum() == batch["loss_mask"][:, 1:].sum()
+    # Unlabelled attended tokens lie before the first label: the batch tells the loss mask from attention.
+    assert all(batch["attention_mask"][r, :np.flatnonzero(batch["loss_mask"][r])[0]].sum() > 100 for r in range(4))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(step_lib, "make_optimizer", lambda cfg_, total: (_grads_kept(), lambda step: 0.0))
+        trainer = Trainer(model, config.train, config.loss, 8, make_mesh((1, 1, 1), jax.devices()[:1]))
+    state = jax.tree.map(jnp.copy, trainer.initial_state)  # the step donates it; the model keeps its LoRA
+    state, metrics = trainer.step(state, put_batch(batch, trainer.mesh), jax.random.key(0))
+    metrics, step_grads = jax.device_get(metrics), jax.device_get(state.opt_state)
+
+    np.testing.assert_allclose(metrics["loss"], loss, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(metrics["turn_tokens"], turn_tokens)
+    np.testing.assert_allclose(metrics["turn_loss"], turn_loss, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(metrics["labelled_tokens"], turn_tokens.sum())
+    np.testing.assert_allclose(weights.sum(), 1.0)
+
+    # The same loss under jax.grad, through a plain forward: the step's gradient of the trainable parameters.
+    graphdef, params, frozen = nnx.split(model, step_lib.trainable_filter(config.train), ...)
+    inputs = [jnp.asarray(batch[k]) for k in ("input_ids", "pixel_values", "image_index", "attention_mask")]
+    targets = jnp.asarray(batch["input_ids"][:, 1:])
+
+    def hand(p):
+        out = nnx.merge(graphdef, p, frozen)(*inputs)[:, :-1]
+        nll = jax.nn.logsumexp(out, -1) - jnp.take_along_axis(out, targets[..., None], -1)[..., 0]
+        return jnp.sum(jnp.asarray(weights, jnp.float32) * nll)
+
+    hand_grads = jax.device_get(jax.grad(hand)(params))
+    leaves = jax.tree.leaves(hand_grads)
+    assert len(leaves) == len(jax.tree.leaves(step_grads)) == 2 * 2 * cfg.llm.layers  # q, k LoRA A and B
+    for ours, ref in zip(jax.tree.leaves(step_grads), leaves):
+        assert np.abs(ref).max() > 0
+        np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-6 * np.abs(ref).max())
+    np.testing.assert_allclose(metrics["grad_norm"], np.sqrt(sum((x.astype(np.float64) ** 2).sum() for x in leaves)),
+                               rtol=1e-5)
+
+
 def test_mesh_2x2x2_equals_one_device(setup):
     config, cfg, batch = setup
     config = tiny_config(train_connector=True, accum_steps=2)
@@ -236,125 +358,3 @@ def test_fused_chunked_cross_entropy_values_and_gradients(chunk):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     correct = chunked_cross_entropy(hidden, kernel, targets, chunk)[1]
     np.testing.assert_array_equal(correct, jnp.argmax(hidden @ kernel, -1) == targets)
-
-
-# ---------------------------------------------------------------------------- the step's loss by hand
-
-
-def _role_batch(role):
-    """Four rows of ``role`` with unequal turn sizes, the longest dialogue first: a turn-3 row, then rows that
-    end at lower turns. Unlabelled prompt tokens (system, question, r_1 / the teacher's instruction) are
-    attended, so a loss mask taken from attention, or everything before the last label, changes the loss."""
-    config = load_config(os.path.join(ROOT, "configs", "tiny.py"))
-    cfg = LlavaNextConfig.from_dict(config.model)
-    pipeline = InputPipeline(config.data, cfg.geometry, image_token_id=cfg.image_token_id, role=role,
-                             batch_size=32, shuffle=False)
-    batch = next(pipeline)
-    top = batch["turn_ids"].max(axis=1)
-    rows = [int(np.flatnonzero(top == 3)[0])]
-    rows += [int(r) for r in np.flatnonzero(top == 2)[:2]] + [int(np.flatnonzero(top == top.min())[-1])]
-    batch = {k: v[rows] for k, v in batch.items()}
-    length = int(batch["attention_mask"].sum(axis=1).max())
-    return {k: (v[:, :length] if v.ndim == 2 and k != "image_sizes" else v) for k, v in batch.items()}
-
-
-def _grads_kept():
-    """An "optimizer" that leaves the parameters alone and keeps the step's gradients as its state."""
-    import optax
-
-    zeros = lambda tree: jax.tree.map(jnp.zeros_like, tree)
-    return optax.GradientTransformation(zeros, lambda grads, state, params=None: (zeros(grads), grads))
-
-
-def _hand_loss(logits, batch, normalize, max_turns):
-    """Eqs. 5-6 in numpy: token t+1 predicted at t, weighted by the batch's loss mask and turn ids.
-
-    Returns (loss, per-token weights [B, S-1], nll [B, S-1], per-turn loss, per-turn token count)."""
-    logits = np.asarray(logits, np.float64)[:, :-1]
-    logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
-    targets = batch["input_ids"][:, 1:]
-    nll = logz - np.take_along_axis(logits, targets[..., None], -1)[..., 0]
-    labelled = batch["loss_mask"][:, 1:] > 0
-    turns = batch["turn_ids"][:, 1:]
-    turn_loss, turn_tokens = np.zeros(max_turns + 1), np.zeros(max_turns + 1)
-    for t in range(max_turns + 1):
-        in_turn = labelled & (turns == t)
-        turn_tokens[t] = in_turn.sum()
-        turn_loss[t] = nll[in_turn].sum() / max(in_turn.sum(), 1)
-    if normalize == "token":
-        weights = labelled / labelled.sum()
-    else:
-        present = np.flatnonzero(turn_tokens)
-        weights = np.zeros(labelled.shape)
-        for t in present:
-            in_turn = labelled & (turns == t)
-            weights[in_turn] = 1.0 / (len(present) * turn_tokens[t])
-    return float((weights * nll).sum()), weights, turn_loss, turn_tokens
-
-
-@pytest.fixture(scope="module")
-def hand_setup():
-    """Per role: (config, model config, batch, the model with random non-zero LoRA B, its plain-forward logits)."""
-    out = {}
-    for role in ("student", "teacher"):
-        config = tiny_config(lr=0.0)
-        config.model.lora.dropout = 0.0  # the step and the plain forward see the same network
-        cfg = LlavaNextConfig.from_dict(config.model)
-        batch = _role_batch(role)
-        model = LlavaNext(cfg, rngs=nnx.Rngs(1))
-        rng = np.random.default_rng(0)
-        lora = nnx.state(model, LoRAParam)  # B starts at zero: randomise it so A has a gradient too
-        nnx.update(model, jax.tree.map(lambda x: jnp.asarray(rng.normal(0, 0.05, x.shape), x.dtype), lora))
-        logits = model(*(jnp.asarray(batch[k]) for k in ("input_ids", "pixel_values", "image_index",
-                                                           "attention_mask")))
-        out[role] = config, cfg, batch, model, np.asarray(logits)
-    return out
-
-
-@pytest.mark.parametrize("accum", [1, 2])
-@pytest.mark.parametrize("normalize", ["token", "turn"])
-@pytest.mark.parametrize("role", ["student", "teacher"])
-def test_step_loss_and_gradients_equal_a_hand_computation(hand_setup, role, normalize, accum):
-    from fire_jax.train import step as step_lib
-
-    config, cfg, batch, model, logits = hand_setup[role]
-    config.train.accum_steps = accum
-    config.loss.normalize = normalize
-    max_turns = config.loss.max_turns
-    assert batch["turn_ids"].max() <= max_turns
-    loss, weights, turn_loss, turn_tokens = _hand_loss(logits, batch, normalize, max_turns)
-    assert (turn_tokens[1 if role == "teacher" else 2:4] > 0).all() and turn_tokens.sum() == batch["loss_mask"][:, 1:].sum()
-    # Unlabelled attended tokens lie before the first label: the batch tells the loss mask from attention.
-    assert all(batch["attention_mask"][r, :np.flatnonzero(batch["loss_mask"][r])[0]].sum() > 100 for r in range(4))
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(step_lib, "make_optimizer", lambda cfg_, total: (_grads_kept(), lambda step: 0.0))
-        trainer = Trainer(model, config.train, config.loss, 8, make_mesh((1, 1, 1), jax.devices()[:1]))
-    state = jax.tree.map(jnp.copy, trainer.initial_state)  # the step donates it; the model keeps its LoRA
-    state, metrics = trainer.step(state, put_batch(batch, trainer.mesh), jax.random.key(0))
-    metrics, step_grads = jax.device_get(metrics), jax.device_get(state.opt_state)
-
-    np.testing.assert_allclose(metrics["loss"], loss, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(metrics["turn_tokens"], turn_tokens)
-    np.testing.assert_allclose(metrics["turn_loss"], turn_loss, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(metrics["labelled_tokens"], turn_tokens.sum())
-    np.testing.assert_allclose(weights.sum(), 1.0)
-
-    # The same loss under jax.grad, through a plain forward: the step's gradient of the trainable parameters.
-    graphdef, params, frozen = nnx.split(model, step_lib.trainable_filter(config.train), ...)
-    inputs = [jnp.asarray(batch[k]) for k in ("input_ids", "pixel_values", "image_index", "attention_mask")]
-    targets = jnp.asarray(batch["input_ids"][:, 1:])
-
-    def hand(p):
-        out = nnx.merge(graphdef, p, frozen)(*inputs)[:, :-1]
-        nll = jax.nn.logsumexp(out, -1) - jnp.take_along_axis(out, targets[..., None], -1)[..., 0]
-        return jnp.sum(jnp.asarray(weights, jnp.float32) * nll)
-
-    hand_grads = jax.device_get(jax.grad(hand)(params))
-    leaves = jax.tree.leaves(hand_grads)
-    assert len(leaves) == len(jax.tree.leaves(step_grads)) == 2 * 2 * cfg.llm.layers  # q, k LoRA A and B
-    for ours, ref in zip(jax.tree.leaves(step_grads), leaves):
-        assert np.abs(ref).max() > 0
-        np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-6 * np.abs(ref).max())
-    np.testing.assert_allclose(metrics["grad_norm"], np.sqrt(sum((x.astype(np.float64) ** 2).sum() for x in leaves)),
-                               rtol=1e-5)
