@@ -2,14 +2,16 @@
 # trained student in fixed and free dialogues, print the paper-shaped tables.
 #   python -m fire_jax.run                                                   # tiny, CPU, ~10 minutes
 #   python -m fire_jax.run --config configs/pipeline.py:8b --workdir /runs/fire_8b
+#   python -m fire_jax.run --config configs/pipeline.py:8b,llava_n=100000 --workdir /runs/fire_8b   (configs/fire.py options)
 """Pipeline config: one training config per role and the two evaluation settings.
 
 arg "tiny" (default): configs/tiny.py's model on the shipped synthetic FIRE set. A base model is first trained
 from scratch on single-turn instruction data (question -> first answer: what a VLM knows before FIRE); FD and
 FIRE start from it, and it is the baseline. A tiny model is too small for LoRA alone, so every weight trains
 (``train.trainable=(".*",)``) and the student also keeps its first answer as a target (``student_first_turn``).
-arg "8b": FD-LLaVA and FIRE-LLaVA from configs/fire_teacher.py / fire_student.py (LoRA on the llava-hf checkpoint);
-the baseline is the llava-hf LLaVA-NeXT-8B itself.
+arg "8b[,key=value...]": FD-LLaVA and FIRE-LLaVA from configs/fire_teacher.py / fire_student.py (LoRA on the llava-hf
+checkpoint, LLaVA-665K mixed in as the paper did); the options go to both (configs/fire.py: llava_n, llava_ratio,
+released, paths). The baseline is the llava-hf LLaVA-NeXT-8B itself.
 """
 
 import os
@@ -28,15 +30,15 @@ def _load(name: str):
 def _tiny_train(role: str):
     train = _load("tiny.py")
     train.data.role = role
-    train.data.student_first_turn = True
+    train.loss.student_first_turn = True
     train.train.update(dict(trainable=(".*",), total_steps=300, lr=3e-3, warmup_frac=0.05, checkpoint_every=100))
     return train
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-    size = arg or "tiny"
-    if size not in ("tiny", "8b"):
-        raise ValueError(f"configs/pipeline.py: arg must be 'tiny' or '8b', got {arg!r}")
+    size, _, options = (arg or "tiny").partition(",")
+    if size not in ("tiny", "8b") or (options and size == "tiny"):
+        raise ValueError(f"configs/pipeline.py: arg must be 'tiny' or '8b[,key=value...]', got {arg!r}")
     config = ml_collections.ConfigDict()
     if size == "tiny":
         # The base model: single-turn instruction data (question -> first answer), like LLaVA-NeXT before FIRE.
@@ -52,8 +54,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
             setting.decode.batch_size = 16
         config.baseline = dict(name="base (no FIRE)", init="", adapter="")  # init: set to the base model
     else:
-        config.teacher_train = _load("fire_teacher.py")
-        config.student_train = _load("fire_student.py")
+        config.teacher_train = _load(f"fire_teacher.py:{options}")
+        config.student_train = _load(f"fire_student.py:{options}")
         config.eval_fixed = _load("eval_fixed.py:8b")
         config.eval_free = _load("eval_free.py:8b")
         config.base_train = None  # the llava-hf checkpoint is the base
