@@ -10,7 +10,7 @@ from fire_jax.eval import judge
 from fire_jax.eval.free import StopRule, stop_reason
 
 ASSETS = os.path.join(os.path.dirname(__file__), "..", "fire_jax", "assets", "synthetic_fire")
-GT = "The number of red circles is 3."
+GT = "There are 3."
 
 
 def reply(answer: str, thought: str = "I count the red circles in the image.") -> str:
@@ -18,18 +18,24 @@ def reply(answer: str, thought: str = "I count the red circles in the image.") -
 
 
 @pytest.mark.parametrize("answer, right", [
-    ("The number of red circles is 3.", True),
-    ("the NUMBER of red circles is 3", True),  # case, final punctuation
-    ("  The number of  red circles\tis 3 !", True),  # spacing, final punctuation after a space
-    ("The number of red circles is 3.\nI am sure.", True),  # only the answer's line counts
-    ("The number of red circles is 4.", False),  # a wrong number
-    ("The number of red circles is 33.", False),
-    ("The number of blue circles is 3.", False),  # a wrong colour
-    ("The number of red circles is 3 or 4.", False),
+    ("There are 3.", True),
+    ("THERE are 3", True),  # case, final punctuation
+    ("  There  are\t3 !", True),  # spacing, final punctuation after a space
+    ("There are 3.\nI am sure.", True),  # only the answer's line counts
+    ("There are 4.", False),  # a wrong number
+    ("There are 33.", False),
+    ("There are 3 or 4.", False),
+    ("There are three.", False),
     ("", False),
 ])
 def test_judge_crafted_answers(answer, right):
     assert judge.is_right(reply(answer), GT) is right
+
+
+def test_judge_colours():
+    assert judge.is_right(reply("it is RED."), "It is red.")
+    assert not judge.is_right(reply("It is orange."), "It is red.")  # a wrong colour
+    assert not judge.is_right(reply("It is red and blue."), "It is red.")
 
 
 def test_judge_reads_the_last_answer_and_bare_text():
@@ -46,7 +52,7 @@ def dialogue(gt: str, answers: list[str], scores: list, stop: str | None = None)
 
 
 def n(k: int) -> str:
-    return f"The number of red circles is {k}."
+    return f"There are {k}."
 
 
 def test_judged_free_hand_computed():
@@ -146,4 +152,5 @@ def test_synthetic_dialogues_step_towards_the_truth():
         gt = record["groundtruth"]["value"]
         assert [judge.is_right(r, gt) for r in responses] == [False] * (len(responses) - 1) + [True]
         for text in feedbacks[:-1]:  # wrong answers' feedback points the way without quoting the answer
-            assert gt.rsplit(" ", 1)[-1].rstrip(".") not in text.split("Feedback:")[1]
+            value = [w for w in gt.rstrip(".").split() if w.isdigit() or w in synthetic.RAINBOW]
+            assert len(value) == 1 and value[0] not in text.split("Feedback:")[1].split()

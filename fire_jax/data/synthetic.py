@@ -132,13 +132,13 @@ class CountTask(Task):
         return f"{self.color} {self.shape}s"
 
     def answer(self, value):
-        return f"The number of {self.thing} is {value + 1}."
+        return f"There are {value + 1}."
 
     def hint(self, up):
-        return f"Your count is too {'low' if up else 'high'}. Count the {self.thing} again."
+        return f"Your count is too {'low' if up else 'high'}. Count them again."
 
     def first_thought(self):
-        return f"I count the {self.thing} in the image."
+        return "I count them in the image."
 
     def refined_thought(self, up):
         return f"The feedback says my count is too {'low' if up else 'high'}, so I count again."
@@ -161,7 +161,7 @@ class BarTask(Task):
         return image, f"Which bar is the tallest? The bars are numbered 1 to {NUM_BARS} from the left.", tallest
 
     def answer(self, value):
-        return f"The tallest bar is bar {value + 1}."
+        return f"Bar {value + 1} is the tallest."
 
     def hint(self, up):
         return f"The tallest bar is further to the {'right' if up else 'left'}. Compare the heights again."
@@ -192,13 +192,13 @@ class ColorTask(Task):
         return image, f"What colour is the {self.shape}?", color
 
     def answer(self, value):
-        return f"The {self.shape} is {RAINBOW[value]}."
+        return f"It is {RAINBOW[value]}."
 
     def hint(self, up):
-        return f"The colour comes {'later' if up else 'earlier'} in the rainbow. Look at the {self.shape} again."
+        return f"The colour comes {'later' if up else 'earlier'} in the rainbow. Look again."
 
     def first_thought(self):
-        return f"I look at the colour of the {self.shape}."
+        return "I look at its colour."
 
     def refined_thought(self, up):
         return f"The feedback says the colour comes {'later' if up else 'earlier'} in the rainbow, so I look again."
@@ -259,7 +259,8 @@ def generate(num: int, seed: int, split: str) -> tuple[list[dict], dict[str, Ima
 
 def write_synthetic_fire(out_dir: str, *, num_train: int = 720, num_test: int = 90, seed: int = 0) -> dict[str, str]:
     """Write ``train.json``, ``test.json``, ``instruct.json`` (the train questions as single-turn
-    instruction data, :func:`instruction_records`) and ``images/`` under ``out_dir``; returns the JSON paths."""
+    instruction data, :func:`instruction_records`), ``teacher_turns.json`` (:func:`turn_records` of the train
+    set) and ``images/`` under ``out_dir``; returns the JSON paths."""
     os.makedirs(os.path.join(out_dir, "images"), exist_ok=True)
     paths = {}
     for split, num in (("train", num_train), ("test", num_test)):
@@ -271,6 +272,8 @@ def write_synthetic_fire(out_dir: str, *, num_train: int = 720, num_test: int = 
         if split == "train":
             paths["instruct"] = os.path.join(out_dir, "instruct.json")
             _write_json(paths["instruct"], instruction_records(records))
+            paths["teacher_turns"] = os.path.join(out_dir, "teacher_turns.json")
+            _write_json(paths["teacher_turns"], turn_records(records))
     return paths
 
 
@@ -292,10 +295,30 @@ def instruction_records(records: list[dict]) -> list[dict]:
             for r in records]
 
 
+def turn_records(records: list[dict]) -> list[dict]:
+    """One record per turn k of each conversation: its first k (r, f) pairs, id ``<id>_t<k>``.
+
+    With ``data.teacher_history="latest"`` (only the last turn shown and labelled) these train the teacher the
+    way free dialogues use it: f_k from r_k alone, every turn. Under the full history of Eq. 6 the synthetic
+    scores are predictable from the previous feedback (each refinement moves one step the right way), so a
+    teacher could learn f_k from f_{k-1} instead of comparing r_k with the groundtruth.
+    """
+    out = []
+    for record in records:
+        for k in range(1, len(record["conversations"]) // 2 + 1):
+            out.append(dict(record, id=f"{record['id']}_t{k}", conversations=record["conversations"][:2 * k],
+                            round=k, score=record["score"][:k]))
+    return out
+
+
 def corpus(records: list[dict]) -> list[str]:
-    """The texts of raw records, for tokenizer training."""
+    """The texts of raw records, for tokenizer training, with the system prompt and the teacher instruction
+    once per record, as often as training sequences carry them (so BPE gives them short encodings)."""
+    from fire_jax.data.chat import SYSTEM, TEACHER_INSTRUCTION
+
     texts = []
     for record in records:
+        texts += [SYSTEM, TEACHER_INSTRUCTION]
         texts += [record["question"]["value"], record["groundtruth"]["value"]]
         texts += [message["value"] for message in record["conversations"]]
     return texts
