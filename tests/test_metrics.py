@@ -180,3 +180,45 @@ def test_accuracy_by_turn():
     assert metrics.accuracy_by_turn(DIALOGUES) == pytest.approx([1 / 6, 1 / 6, 2 / 6, 2 / 6, 2 / 6])
     assert metrics.accuracy_by_turn([[7, 8]], max_turns=3) == [0.0, 1.0, 1.0]
     assert all(math.isnan(v) for v in metrics.accuracy_by_turn([]))
+
+
+# ---------------------------------------------------------------------------- VQA (Table 1)
+
+
+def test_vqa_accuracy_hand_computed():
+    from fire_jax.eval.metrics import vqa_accuracy
+
+    answers = ["2"] * 3 + ["3"] * 7
+    assert vqa_accuracy("two", answers) == pytest.approx(0.9)  # 3 x 2/3 + 7 x 1, over 10
+    assert vqa_accuracy("3", answers) == 1.0 and vqa_accuracy("4", answers) == 0.0
+    assert vqa_accuracy("2", ["2"] * 2 + ["x"] * 8) == pytest.approx((2 * 1 / 3 + 8 * 2 / 3) / 10)  # 0.6
+    # Normalisation: case, articles, punctuation, contractions, number words, periods outside numbers.
+    assert vqa_accuracy("The Dog.", ["dog"] * 10) == 1.0
+    assert vqa_accuracy("Isnt it?", ["isn't it"] * 10) == 1.0
+    assert vqa_accuracy("3.5", ["3.5"] * 10) == 1.0 and vqa_accuracy("35", ["3.5"] * 10) == 0.0
+    assert vqa_accuracy("1,000", ["1000"] * 10) == 1.0
+    assert vqa_accuracy("red-car", ["red car"] * 10) == 1.0
+    with pytest.raises(ValueError):
+        vqa_accuracy("x", [])
+
+
+def test_vqa_normalize_matches_the_official_rules():
+    from fire_jax.eval.metrics import vqa_normalize
+
+    assert vqa_normalize("  A Red-Car!\n") == "red car"
+    assert vqa_normalize("dont know, the answer") == "don't know answer"
+    assert vqa_normalize("one two three zero none") == "1 2 3 0 0"
+    assert vqa_normalize("end. 2.5") == "end 2.5"
+
+
+def test_multiple_choice_exact_match():
+    from fire_jax.eval.metrics import multiple_choice_accuracy
+
+    choices = ["red", "blue", "green"]
+    for prediction in ("B", "(B)", "B.", "B. blue", "blue", " Blue. "):
+        assert multiple_choice_accuracy(prediction, "B", choices) == 1.0, prediction
+        assert multiple_choice_accuracy(prediction, "blue", choices) == 1.0, prediction
+    for prediction in ("A", "red", "C) green", "blue or green", ""):
+        assert multiple_choice_accuracy(prediction, "B", choices) == 0.0, prediction
+    with pytest.raises(ValueError):
+        multiple_choice_accuracy("A", "purple", choices)

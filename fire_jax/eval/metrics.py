@@ -17,6 +17,7 @@ import dataclasses
 import itertools
 import math
 import numbers
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -363,3 +364,103 @@ def accuracy_by_turn(score_sequences: Sequence[Sequence[float | None]], max_turn
         return [math.nan] * max_turns
     return [float(np.mean([scores[min(t, len(scores)) - 1] >= threshold for scores in dialogues]))
             for t in range(1, max_turns + 1)]
+
+
+# ---------------------------------------------------------------------------- single-turn VQA (Table 1)
+# The forgetting check of the paper's Table 1: VQAv2's answer normalisation and soft accuracy (the official
+# vqaEval.py of the VQA API), and exact match for multiple-choice benchmarks.
+
+_VQA_CONTRACTIONS = {
+    "aint": "ain't", "arent": "aren't", "cant": "can't", "couldve": "could've", "couldnt": "couldn't",
+    "couldn'tve": "couldn't've", "couldnt've": "couldn't've", "didnt": "didn't", "doesnt": "doesn't",
+    "dont": "don't", "hadnt": "hadn't", "hadnt've": "hadn't've", "hadn'tve": "hadn't've", "hasnt": "hasn't",
+    "havent": "haven't", "hed": "he'd", "hed've": "he'd've", "he'dve": "he'd've", "hes": "he's", "howd": "how'd",
+    "howll": "how'll", "hows": "how's", "Id've": "I'd've", "I'dve": "I'd've", "Im": "I'm", "Ive": "I've",
+    "isnt": "isn't", "itd": "it'd", "itd've": "it'd've", "it'dve": "it'd've", "itll": "it'll", "let's": "let's",
+    "maam": "ma'am", "mightnt": "mightn't", "mightnt've": "mightn't've", "mightn'tve": "mightn't've",
+    "mightve": "might've", "mustnt": "mustn't", "mustve": "must've", "neednt": "needn't", "notve": "not've",
+    "oclock": "o'clock", "oughtnt": "oughtn't", "ow's'at": "'ow's'at", "'ows'at": "'ow's'at", "'ow'sat": "'ow's'at",
+    "shant": "shan't", "shed've": "she'd've", "she'dve": "she'd've", "she's": "she's", "shouldve": "should've",
+    "shouldnt": "shouldn't", "shouldnt've": "shouldn't've", "shouldn'tve": "shouldn't've", "somebody'd": "somebodyd",
+    "somebodyd've": "somebody'd've", "somebody'dve": "somebody'd've", "somebodyll": "somebody'll",
+    "somebodys": "somebody's", "someoned": "someone'd", "someoned've": "someone'd've", "someone'dve": "someone'd've",
+    "someonell": "someone'll", "someones": "someone's", "somethingd": "something'd",
+    "somethingd've": "something'd've", "something'dve": "something'd've", "somethingll": "something'll",
+    "thats": "that's", "thered": "there'd", "thered've": "there'd've", "there'dve": "there'd've",
+    "therere": "there're", "theres": "there's", "theyd": "they'd", "theyd've": "they'd've", "they'dve": "they'd've",
+    "theyll": "they'll", "theyre": "they're", "theyve": "they've", "twas": "'twas", "wasnt": "wasn't",
+    "wed've": "we'd've", "we'dve": "we'd've", "weve": "we've", "werent": "weren't", "whatll": "what'll",
+    "whatre": "what're", "whats": "what's", "whatve": "what've", "whens": "when's", "whered": "where'd",
+    "wheres": "where's", "whereve": "where've", "whod": "who'd", "whod've": "who'd've", "who'dve": "who'd've",
+    "wholl": "who'll", "whos": "who's", "whove": "who've", "whyll": "why'll", "whyre": "why're", "whys": "why's",
+    "wont": "won't", "wouldve": "would've", "wouldnt": "wouldn't", "wouldnt've": "wouldn't've",
+    "wouldn'tve": "wouldn't've", "yall": "y'all", "yall'll": "y'all'll", "y'allll": "y'all'll",
+    "yall'd've": "y'all'd've", "y'alld've": "y'all'd've", "y'all'dve": "y'all'd've", "youd": "you'd",
+    "youd've": "you'd've", "you'dve": "you'd've", "youll": "you'll", "youre": "you're", "youve": "you've",
+}
+_VQA_NUMBERS = {"none": "0", "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5",
+                "six": "6", "seven": "7", "eight": "8", "nine": "9", "ten": "10"}
+_VQA_ARTICLES = ("a", "an", "the")
+_VQA_PUNCT = (";", "/", "[", "]", '"', "{", "}", "(", ")", "=", "+", "\\", "_", "-", ">", "<", "@", "`", ",", "?",
+              "!")
+_VQA_PERIOD = re.compile(r"(?!<=\d)(\.)(?!\d)")  # the official pattern, look-behind typo included
+_VQA_COMMA = re.compile(r"(\d)(,)(\d)")
+
+
+def vqa_normalize(answer: str) -> str:
+    """VQAv2's answer normalisation: punctuation, periods not in numbers, lower case, number words to digits,
+    articles dropped, contractions restored (vqaEval.py's processPunctuation + processDigitArticle)."""
+    text = answer.replace("\n", " ").replace("\t", " ").strip()
+    out = text
+    for p in _VQA_PUNCT:
+        if (p + " " in text or " " + p in text) or _VQA_COMMA.search(text) is not None:
+            out = out.replace(p, "")
+        else:
+            out = out.replace(p, " ")
+    out = _VQA_PERIOD.sub("", out)
+    words = [_VQA_NUMBERS.get(w, w) for w in out.lower().split()]
+    words = [_VQA_CONTRACTIONS.get(w, w) for w in words if w not in _VQA_ARTICLES]
+    return " ".join(words)
+
+
+def vqa_accuracy(prediction: str, answers: Sequence[str]) -> float:
+    """VQAv2 soft accuracy of one prediction against its human answers (10 in VQAv2).
+
+    For each answer left out in turn, min(1, #matches among the other answers / 3); the mean over the
+    answers ("10 choose 9"). Both sides normalised by :func:`vqa_normalize` (the official script skips
+    the answers' normalisation when all of them agree; normalising always changes nothing then unless
+    the agreed answer itself is unnormalised, where it is the fairer reading).
+    E.g. "two" against three "2" and seven "3": "two" -> "2" matches 3; left out, a "2" leaves 2 matches
+    (2/3) and a "3" leaves 3 (1), so (3 x 2/3 + 7 x 1) / 10 = 0.9; "3" scores 1.0, "4" 0.0.
+    """
+    if not answers:
+        raise ValueError("vqa_accuracy: no reference answers")
+    truth = [vqa_normalize(a) for a in answers]
+    predicted = vqa_normalize(prediction)
+    matches = sum(t == predicted for t in truth)
+    return float(np.mean([min(1.0, (matches - (t == predicted)) / 3.0) for t in truth]))
+
+
+_CHOICE_LETTER = re.compile(r"^\(?([A-Z])(?:[.):]|\s|$)")
+
+
+def multiple_choice_accuracy(prediction: str, answer: str, choices: Sequence[str]) -> float:
+    """Exact match for multiple choice (ScienceQA-IMG, MMBench): 1.0 when the prediction names the right option,
+    by its letter ("B", "(B)", "B. text") or by its whole text (case and surrounding space ignored).
+
+    ``answer`` is the right option's letter or its text; ``choices`` are the option texts, lettered A, B, ...
+    """
+    letters = [chr(ord("A") + i) for i in range(len(choices))]
+    norm = lambda s: " ".join(s.strip().rstrip(".").lower().split())
+    right = answer.strip().upper() if answer.strip().upper() in letters else None
+    if right is None:
+        by_text = [letter for letter, choice in zip(letters, choices) if norm(choice) == norm(answer)]
+        if not by_text:
+            raise ValueError(f"multiple_choice_accuracy: answer {answer!r} is neither a letter nor one of {choices}")
+        right = by_text[0]
+    text = prediction.strip()
+    match = _CHOICE_LETTER.match(text)
+    if match and match.group(1) in letters:
+        return float(match.group(1) == right)
+    named = [letter for letter, choice in zip(letters, choices) if norm(choice) == norm(text)]
+    return float(named == [right])
