@@ -3,6 +3,7 @@
     python -m fire_jax.evaluate --config configs/eval_fixed.py [--workdir OUT] [--config.student.adapter=DIR ...]
     python -m fire_jax.evaluate --config configs/eval_free.py [--workdir OUT] [--config.free.baseline_results=...]
     python -m fire_jax.evaluate --data-stats FIRE-train-100K.json [--image-root DIR] [--workdir OUT]
+    python -m fire_jax.evaluate --vqa gqa.jsonl --image-root DIR --benchmark GQA --config configs/eval_fixed.py:8b
 
 The first two run fixed dialogues (Tables 2-3) or free dialogues (Tables
 4-6, Fig. 7) as ``config.setting`` says, appending every finished turn or
@@ -11,6 +12,8 @@ OUT/results.json, OUT/results.md (the paper's rows beside ours) and PNG plots.
 ``--data-stats`` plots Fig. 5 (first-turn scores, score gain per turn, turns
 per dialogue) of any FIRE records file to OUT/data_statistics.png; with
 ``--image-root`` records whose image is missing are counted and left out.
+``--vqa`` scores ``config.student``'s single-turn answers on a JSONL of {image, question, answers} (Table 1's
+forgetting check, resumable, the paper's row for ``--benchmark`` beside ours; fire_jax/eval/vqa.py).
 See fire_jax/eval/fire_bench.py.
 """
 
@@ -23,7 +26,12 @@ _CONFIG = config_flags.DEFINE_config_file("config", "configs/eval_fixed.py", "co
 _WORKDIR = flags.DEFINE_string("workdir", "fire_eval", "outputs, results.json, results.md and plots go here")
 _DATA_STATS = flags.DEFINE_string("data-stats", None, "plot the statistics of this FIRE records file (JSON/JSONL) "
                                   "instead of evaluating")
-_IMAGE_ROOT = flags.DEFINE_string("image-root", None, "with --data-stats: check the records' images under it")
+_IMAGE_ROOT = flags.DEFINE_string("image-root", None, "with --data-stats: check the records' images under it; "
+                                  "with --vqa: the images' root")
+_VQA = flags.DEFINE_string("vqa", None, "score single-turn answers of config.student on this JSONL of "
+                           "{image, question, answers[, choices]} (Table 1)")
+_BENCHMARK = flags.DEFINE_string("benchmark", "", "with --vqa: the Table 1 column to print the paper's rows of "
+                                 "(GQA, VQAv2, VizWiz, TextVQA, SQA-IMG, MMBench)")
 
 
 def main(argv):
@@ -34,7 +42,12 @@ def main(argv):
         logging.set_verbosity(logging.WARNING)  # jax and matplotlib log at INFO
     from fire_jax.eval.fire_bench import evaluate, split_statistics
 
-    if _DATA_STATS.value:
+    if _VQA.value:
+        from fire_jax.eval.vqa import evaluate_vqa
+
+        evaluate_vqa(_CONFIG.value, _VQA.value, _WORKDIR.value, image_root=_IMAGE_ROOT.value or "",
+                     benchmark=_BENCHMARK.value)
+    elif _DATA_STATS.value:
         split_statistics(_DATA_STATS.value, _WORKDIR.value, _IMAGE_ROOT.value)
     else:
         evaluate(_CONFIG.value, _WORKDIR.value)

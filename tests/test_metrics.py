@@ -198,6 +198,7 @@ def test_vqa_accuracy_hand_computed():
     assert vqa_accuracy("3.5", ["3.5"] * 10) == 1.0 and vqa_accuracy("35", ["3.5"] * 10) == 0.0
     assert vqa_accuracy("1,000", ["1000"] * 10) == 1.0
     assert vqa_accuracy("red-car", ["red car"] * 10) == 1.0
+    assert vqa_accuracy("Red.", ["red"]) == 1.0 and vqa_accuracy("blue", ["red"]) == 0.0  # one reference
     with pytest.raises(ValueError):
         vqa_accuracy("x", [])
 

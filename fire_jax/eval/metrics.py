@@ -431,12 +431,15 @@ def vqa_accuracy(prediction: str, answers: Sequence[str]) -> float:
     the answers' normalisation when all of them agree; normalising always changes nothing then unless
     the agreed answer itself is unnormalised, where it is the fairer reading).
     E.g. "two" against three "2" and seven "3": "two" -> "2" matches 3; left out, a "2" leaves 2 matches
-    (2/3) and a "3" leaves 3 (1), so (3 x 2/3 + 7 x 1) / 10 = 0.9; "3" scores 1.0, "4" 0.0.
+    (2/3) and a "3" leaves 3 (1), so (3 x 2/3 + 7 x 1) / 10 = 0.9; "3" scores 1.0, "4" 0.0. With a single
+    reference answer it is exact match after normalisation (the leave-one-out rule would always give 0).
     """
     if not answers:
         raise ValueError("vqa_accuracy: no reference answers")
     truth = [vqa_normalize(a) for a in answers]
     predicted = vqa_normalize(prediction)
+    if len(truth) == 1:  # one reference (GQA, TextVQA-style files): exact match after normalisation
+        return float(predicted == truth[0])
     matches = sum(t == predicted for t in truth)
     return float(np.mean([min(1.0, (matches - (t == predicted)) / 3.0) for t in truth]))
 
