@@ -1,0 +1,454 @@
+"""Continuous batching: fixed decode slots over one static-shape KV cache (issue 16.1).
+
+:func:`fire_jax.infer.decode.generate` runs a fixed batch: every row waits for
+the longest one. Here a fixed number of *slots* share one cache
+``[slots, cache_len]`` per layer. Between decode chunks the host admits
+waiting requests into free slots (a batched prefill of prompts that share a
+length bucket, written into the slots' cache rows), and a request that stops
+frees its slot at the next chunk boundary; a chunk ends early as soon as any
+row finishes while requests are waiting.
+
+Each slot keeps its own cache index: the decode step is the model's
+one-token forward ``jax.vmap``-ed over slots, each a batch of one with its
+own write column and position. So a request's cache layout depends only on
+its own prompt (left-padded to its bucket, exactly as ``generate`` lays it
+out), never on its neighbours, and its greedy tokens are the same alone or
+among 31 others. Prefill batches are always ``prefill_batch`` rows (dead rows
+padded) for the same reason.
+
+Per request: ``max_tokens``, temperature / top-k / top-p with its own seed
+(the key of token t is ``fold_in(key(seed), t)``, so a sampled request is
+reproducible whatever runs beside it), stop ids and stop strings.
+
+Compiled shapes, all known up front: one decode chunk ``[slots, cache_len]``
+and one prefill per (prompt bucket, image-tile bucket), buckets as in
+:func:`fire_jax.infer.decode.bucket_length` and at most ``cache_len``.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import threading
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from fire_jax.infer.decode import LLAMA3_STOP_IDS, TRACE_COUNTS, bucket_length, left_pad
+from fire_jax.infer.forward import image_inputs
+from fire_jax.models.llama import KVCache
+
+#: Stop ids per request, padded with -1 on the device.
+MAX_STOP_IDS = 8
+
+
+@dataclasses.dataclass
+class Request:
+    """One generation request. ``prompt``: token ids, image placeholders expanded (as ``generate``)."""
+
+    prompt: Sequence[int]
+    max_tokens: int = 128
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k filter
+    seed: int = 0
+    stop_ids: Sequence[int] | None = None  # None: the engine's (the tokenizer's eot / eos)
+    stop: Sequence[str] = ()  # stop strings; the text is cut before the first one
+    pixel_values: np.ndarray | None = None  # float32 [tiles, 3, H, W], this request's images' tiles concatenated
+    image_sizes: Sequence[Sequence[int]] = ()  # (h, w) per image
+
+
+@dataclasses.dataclass
+class Result:
+    tokens: list[int]  # generated ids, a stop id kept (as generate)
+    logprobs: list[float]  # log p(token) under the raw logits
+    text: str | None  # without stop ids, cut before a stop string; None without a tokenizer
+    finish_reason: str  # "stop" (stop id or string) or "length"
+    prompt_tokens: int
+
+
+class Ticket:
+    """A submitted request: wait for its :class:`Result`, or follow it with ``on_update(ticket, delta, done)``."""
+
+    def __init__(self, request: Request, on_update: Callable | None):
+        self.request, self.on_update = request, on_update
+        self.tokens: list[int] = []
+        self.logprobs: list[float] = []
+        self.text = ""
+        self.sent = 0  # characters of text already passed to on_update
+        self.result: Result | None = None
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> Result:
+        if not self._done.wait(timeout):
+            raise TimeoutError("request not finished")
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def _pick_rows(logits, seeds, counts, temperature, top_k, top_p):
+    """Per row: greedy where temperature is 0, else temperature -> top-k -> top-p sampling (HF order).
+
+    logits ``[rows, vocab]``; the rest ``[rows]``. Returns (token, log p(token) under the raw logits).
+    """
+    logits = logits.astype(jnp.float32)
+    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    def sampled():
+        vocab = logits.shape[-1]
+        scores = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
+        ranked = jnp.sort(scores, axis=-1)[:, ::-1]  # descending
+        kth = jnp.take_along_axis(ranked, jnp.clip(top_k - 1, 0, vocab - 1)[:, None], axis=-1)
+        scores = jnp.where((top_k[:, None] > 0) & (scores < kth), -jnp.inf, scores)
+        ranked = jnp.sort(scores, axis=-1)[:, ::-1]
+        probs = jax.nn.softmax(ranked, axis=-1)
+        keep = ((jnp.cumsum(probs, axis=-1) - probs) < top_p[:, None]).at[:, 0].set(True)
+        threshold = jnp.min(jnp.where(keep, ranked, jnp.inf), axis=-1, keepdims=True)
+        scores = jnp.where((top_p[:, None] < 1) & (scores < threshold), -jnp.inf, scores)
+        keys = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(seeds, counts)
+        drawn = jax.vmap(lambda k, s: jax.random.categorical(k, s))(keys, scores).astype(jnp.int32)
+        return jnp.where(temperature > 0, drawn, greedy)
+
+    token = jax.lax.cond(jnp.any(temperature > 0), sampled, lambda: greedy)
+    logprob = jnp.take_along_axis(jax.nn.log_softmax(logits), token[:, None], axis=-1)[:, 0]
+    return token, logprob
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("cache",))
+def _admit(graphdef, state, cache: KVCache, input_ids, attention_mask, positions, pixel_values, image_index, slots,
+           seeds, temperature, top_k, top_p):
+    """Prefill ``[prefill_batch, bucket]`` prompts and write them into cache rows ``slots`` (out of range: dead row).
+
+    Returns the cache, each row's first token and its log-prob.
+    """
+    TRACE_COUNTS["engine_admit"] += 1
+    model = nnx.merge(graphdef, state)
+    rows, bucket = input_ids.shape
+    fresh = KVCache.init(model.cfg.llm, rows, bucket, model.dtype)
+    hidden, fresh = model.hidden_states(input_ids, pixel_values, image_index, attention_mask, positions, fresh)
+    token, logprob = _pick_rows(model.logits(hidden[:, -1]), seeds, jnp.zeros_like(seeds), temperature, top_k, top_p)
+    k = tuple(c.at[slots, :bucket].set(f.astype(c.dtype), mode="drop") for c, f in zip(cache.k, fresh.k))
+    v = tuple(c.at[slots, :bucket].set(f.astype(c.dtype), mode="drop") for c, f in zip(cache.v, fresh.v))
+    row_mask = jnp.zeros((rows, cache.mask.shape[1]), bool).at[:, :bucket].set(fresh.mask)  # clears the old occupant
+    mask = cache.mask.at[slots].set(row_mask, mode="drop")
+    return KVCache(k, v, mask, cache.index), token, logprob
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "steps"), donate_argnames=("cache",))
+def _decode_chunk(graphdef, state, cache: KVCache, token, position, column, count, budget, live, stop_ids, seeds,
+                  temperature, top_k, top_p, pending, *, steps: int):
+    """Up to ``steps`` one-token steps of every slot (``[slots]`` arguments), in one ``while_loop``.
+
+    Slot s feeds ``token[s]`` at ``position[s]`` into cache column ``column[s]``;
+    ``count[s]`` tokens are generated so far, of at most ``budget[s]``. Stops
+    when every row is done, or (``pending``) as soon as one row finishes.
+    Returns the cache, tokens and log-probs ``[slots, steps]`` (-1 / 0 where none).
+    """
+    TRACE_COUNTS["engine_decode"] += 1
+    model = nnx.merge(graphdef, state)
+    slots = token.shape[0]
+
+    def one_row(token, position, column, k, v, mask):  # a batch of one with its own cache index
+        row = KVCache(tuple(x[None] for x in k), tuple(x[None] for x in v), mask[None], column)
+        logits, row = model(token[None, None], attention_mask=jnp.ones((1, 1), bool), positions=position[None, None],
+                            cache=row)
+        return logits[0, 0], tuple(x[0] for x in row.k), tuple(x[0] for x in row.v), row.mask[0]
+
+    rows_forward = jax.vmap(one_row)
+
+    def keep_going(carry):
+        step, _, _, _, _, _, done, finished = carry
+        return (step < steps) & ~jnp.all(done) & ~(pending & finished)
+
+    def one_token(carry):
+        step, token, k, v, mask, out, done, _ = carry
+        tokens_out, logprobs_out = out
+        logits, k, v, mask = rows_forward(jnp.maximum(token, 0), position + step, column + step, k, v, mask)
+        new, logprob = _pick_rows(logits, seeds, count + step, temperature, top_k, top_p)
+        new, logprob = jnp.where(done, -1, new), jnp.where(done, 0.0, logprob)
+        tokens_out = jax.lax.dynamic_update_slice(tokens_out, new[:, None], (0, step))
+        logprobs_out = jax.lax.dynamic_update_slice(logprobs_out, logprob[:, None], (0, step))
+        stopped = ~done & ((new[:, None] == stop_ids).any(axis=1) | (count + step + 1 >= budget))
+        return step + 1, new, k, v, mask, (tokens_out, logprobs_out), done | stopped, jnp.any(stopped)
+
+    out = (jnp.full((slots, steps), -1, jnp.int32), jnp.zeros((slots, steps), jnp.float32))
+    carry = (jnp.zeros((), jnp.int32), token, cache.k, cache.v, cache.mask, out, ~live, jnp.zeros((), bool))
+    _, _, k, v, mask, (tokens, logprobs), _, _ = jax.lax.while_loop(keep_going, one_token, carry)
+    return KVCache(k, v, mask, cache.index), tokens, logprobs
+
+
+class Engine:
+    """Continuous batching over ``slots`` decode slots of ``cache_len`` cache columns each.
+
+    Drive it with :meth:`generate` (a list of requests, run to the end), or
+    :meth:`start` a background thread and :meth:`submit` from any thread.
+
+    Args:
+      model: a :class:`fire_jax.models.LlavaNext`.
+      tokenizer: anything with ``decode(ids, skip_special_tokens=True)``; needed for stop strings and text.
+      stop_ids: the default stop ids of a request (the stop token is kept in ``tokens``).
+      pad_id: fills prompts' left padding (masked; any id but the image token).
+      prefill_batch: rows of every prefill (admitted requests of one bucket, dead rows padded).
+      chunk: decode steps per dispatch at most (fewer when a row finishes while requests wait).
+      max_images: images per request (bounds the tile buckets).
+    """
+
+    def __init__(self, model, *, tokenizer=None, slots: int = 32, cache_len: int = 1024, prefill_batch: int = 4,
+                 chunk: int = 16, stop_ids: Sequence[int] = LLAMA3_STOP_IDS, pad_id: int = 0, bucket_min: int = 64,
+                 bucket_step: int = 1024, max_images: int = 4):
+        if pad_id == model.cfg.image_token_id:
+            raise ValueError(f"pad_id {pad_id} is the image token id")
+        self.model, self.tokenizer = model, tokenizer
+        self.slots, self.cache_len, self.prefill_batch, self.chunk = slots, cache_len, prefill_batch, chunk
+        self.stop_ids, self.pad_id = tuple(int(i) for i in stop_ids), pad_id
+        self.bucket_min, self.bucket_step, self.max_images = bucket_min, bucket_step, max_images
+        self.graphdef, self.state = nnx.split(model)
+        k, v, mask, index = KVCache.init(model.cfg.llm, slots, cache_len, model.dtype)
+        self.cache = KVCache(k, tuple(jnp.zeros_like(x) for x in v), mask, index)  # distinct buffers: donated
+        self.occupant: list[Ticket | None] = [None] * slots
+        self.token = np.zeros(slots, np.int32)  # the last generated token, fed next
+        self.position = np.zeros(slots, np.int32)  # its position (prompt length + generated - 1)
+        self.column = np.zeros(slots, np.int32)  # its cache column (bucket + generated - 1)
+        self.prompt_len = np.zeros(slots, np.int32)
+        self.waiting: collections.deque[Ticket] = collections.deque()
+        self.lock = threading.Condition()
+        self.accepting = True
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.stats = collections.Counter()  # prefills, decode chunks, decode steps, tokens, requests
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def bucket(self, request: Request) -> int:
+        return bucket_length(len(request.prompt), self.bucket_min, self.bucket_step)
+
+    def check(self, request: Request) -> None:
+        """Raise ValueError when a request cannot run (too long, bad settings)."""
+        n = len(request.prompt)
+        if n < 1:
+            raise ValueError("empty prompt")
+        if request.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {request.max_tokens}")
+        if request.temperature < 0 or not 0 <= request.top_p <= 1 or request.top_k < 0:
+            raise ValueError(f"bad sampling settings: temperature={request.temperature}, top_k={request.top_k}, "
+                             f"top_p={request.top_p}")
+        if request.stop and self.tokenizer is None:
+            raise ValueError("stop strings need an engine with a tokenizer")
+        stop_ids = self.stop_ids if request.stop_ids is None else request.stop_ids
+        if len(stop_ids) > MAX_STOP_IDS:
+            raise ValueError(f"at most {MAX_STOP_IDS} stop ids, got {len(stop_ids)}")
+        if len(request.image_sizes) > self.max_images:
+            raise ValueError(f"at most {self.max_images} images per request, got {len(request.image_sizes)}")
+        bucket = self.bucket(request)
+        if bucket + request.max_tokens > self.cache_len:
+            raise ValueError(f"prompt of {n} tokens (bucket {bucket}) + max_tokens {request.max_tokens} exceeds the "
+                             f"context of {self.cache_len} tokens")
+
+    def submit(self, request: Request, on_update: Callable | None = None) -> Ticket:
+        """Queue a request (checked first: ValueError); thread-safe."""
+        self.check(request)
+        ticket = Ticket(request, on_update)
+        with self.lock:
+            if not self.accepting:
+                raise RuntimeError("the engine is shutting down")
+            self.waiting.append(ticket)
+            self.lock.notify_all()
+        return ticket
+
+    def generate(self, requests: Sequence[Request]) -> list[Result]:
+        """Run requests to the end on the calling thread (the engine must not be started)."""
+        tickets = [self.submit(r) for r in requests]
+        while self.busy():
+            self.step()
+        return [t.wait(0) for t in tickets]
+
+    def busy(self) -> bool:
+        return bool(self.waiting) or any(t is not None for t in self.occupant)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.waiting) + sum(t is not None for t in self.occupant)
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """Admit waiting requests into free slots, then one decode chunk."""
+        self._admit_waiting()
+        if any(t is not None for t in self.occupant):
+            self._decode()
+
+    def _tiles(self, request: Request) -> int:
+        """Tile bucket: a multiple of ``geometry.max_tiles`` (0 without images)."""
+        if not request.image_sizes:
+            return 0
+        per = self.model.cfg.geometry.max_tiles
+        return -(-len(request.pixel_values) // per) * per
+
+    def _admit_waiting(self) -> None:
+        with self.lock:
+            free = [s for s, t in enumerate(self.occupant) if t is None]
+            if not free or not self.waiting:
+                return
+            first = self.waiting[0]
+            key = (self.bucket(first.request), self._tiles(first.request))
+            group = [t for t in self.waiting if (self.bucket(t.request), self._tiles(t.request)) == key]
+            group = group[:min(len(free), self.prefill_batch)]
+            for t in group:
+                self.waiting.remove(t)
+        try:
+            self._prefill(group, free[:len(group)], *key)
+        except Exception as e:  # a request the model cannot run fails alone; the engine keeps serving
+            for t in group:
+                self._finish_error(t, e)
+
+    def _prefill(self, group: list[Ticket], slots: list[int], bucket: int, tiles: int) -> None:
+        rows = self.prefill_batch
+        requests = [t.request for t in group]
+        prompts = [list(r.prompt) for r in requests] + [[self.pad_id]] * (rows - len(group))
+        input_ids, attention_mask, positions = left_pad(prompts, bucket, self.pad_id)
+        pixel_values, image_index = None, None
+        if tiles:
+            geometry = self.model.cfg.geometry
+            pixel_values = np.zeros((rows, tiles, 3, geometry.tile_size, geometry.tile_size), np.float32)
+            for b, r in enumerate(requests):
+                pixel_values[b, :len(r.pixel_values)] = r.pixel_values
+            sizes = [[tuple(s) for s in r.image_sizes] for r in requests] + [[] for _ in range(rows - len(group))]
+            pixel_values, image_index = image_inputs(self.model, input_ids, pixel_values, sizes)
+        settings = self._settings(requests, rows)
+        slot_ids = np.asarray(slots + [self.slots] * (rows - len(group)), np.int32)  # out of range: dropped
+        self.cache, token, logprob = _admit(self.graphdef, self.state, self.cache, input_ids, attention_mask,
+                                            positions, pixel_values, image_index, slot_ids, settings["seeds"],
+                                            settings["temperature"], settings["top_k"], settings["top_p"])
+        token, logprob = np.asarray(token), np.asarray(logprob)
+        self.stats["prefills"] += 1
+        for b, (ticket, slot) in enumerate(zip(group, slots)):
+            n = len(ticket.request.prompt)
+            self.occupant[slot] = ticket
+            self.prompt_len[slot] = n
+            self.token[slot], self.position[slot], self.column[slot] = token[b], n, bucket
+            self._emit(slot, [int(token[b])], [float(logprob[b])])
+
+    def _settings(self, requests: Sequence[Request], rows: int) -> dict:
+        """Per-row sampling settings and stop ids, padded to ``rows`` (greedy, no stop ids)."""
+        pad = rows - len(requests)
+        stop_ids = np.full((rows, MAX_STOP_IDS), -1, np.int32)
+        for b, r in enumerate(requests):
+            ids = self.stop_ids if r.stop_ids is None else tuple(r.stop_ids)
+            stop_ids[b, :len(ids)] = ids
+        return dict(
+            seeds=np.asarray([r.seed for r in requests] + [0] * pad, np.uint32),
+            temperature=np.asarray([r.temperature for r in requests] + [0.0] * pad, np.float32),
+            top_k=np.asarray([r.top_k for r in requests] + [0] * pad, np.int32),
+            top_p=np.asarray([r.top_p for r in requests] + [1.0] * pad, np.float32),
+            budget=np.asarray([r.max_tokens for r in requests] + [1] * pad, np.int32),
+            stop_ids=stop_ids)
+
+    def _decode(self) -> None:
+        requests = [t.request if t is not None else Request([0], max_tokens=1) for t in self.occupant]
+        settings = self._settings(requests, self.slots)
+        live = np.asarray([t is not None for t in self.occupant])
+        count = np.asarray([len(t.tokens) if t is not None else 0 for t in self.occupant], np.int32)
+        with self.lock:
+            pending = bool(self.waiting)
+        self.cache, tokens, logprobs = _decode_chunk(
+            self.graphdef, self.state, self.cache, self.token, self.position, self.column, count, settings["budget"],
+            live, settings["stop_ids"], settings["seeds"], settings["temperature"], settings["top_k"],
+            settings["top_p"], pending, steps=self.chunk)
+        tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
+        self.stats["decode_chunks"] += 1
+        self.stats["decode_steps"] += int((tokens >= 0).any(axis=0).sum())
+        for slot, ticket in enumerate(self.occupant):
+            if ticket is None:
+                continue
+            n = int((tokens[slot] >= 0).sum())
+            self.token[slot] = tokens[slot, n - 1]
+            self.position[slot] += n
+            self.column[slot] += n
+            self._emit(slot, tokens[slot, :n].tolist(), logprobs[slot, :n].tolist())
+
+    def _emit(self, slot: int, tokens: list[int], logprobs: list[float]) -> None:
+        """Append a slot's new tokens; finish its request (freeing the slot) on a stop or its budget."""
+        ticket = self.occupant[slot]
+        request = ticket.request
+        stop_ids = self.stop_ids if request.stop_ids is None else tuple(request.stop_ids)
+        reason = None
+        for token, logprob in zip(tokens, logprobs):
+            ticket.tokens.append(token)
+            ticket.logprobs.append(logprob)
+            if token in stop_ids:
+                reason = "stop"
+                break
+            if len(ticket.tokens) >= request.max_tokens:
+                reason = "length"
+                break
+        self.stats["tokens"] += len(tokens)
+        hold = 0
+        if self.tokenizer is not None:
+            ids = [t for t in ticket.tokens if t not in stop_ids]
+            ticket.text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            cuts = [i for i in (ticket.text.find(s) for s in request.stop if s) if i >= 0]
+            if cuts:
+                ticket.text, reason = ticket.text[:min(cuts)], "stop"
+            elif reason is None:  # not yet sure these characters stay: a stop string may be starting
+                hold = max([len(s) - 1 for s in request.stop] + [0])
+                hold += len(ticket.text) - len(ticket.text.rstrip("\ufffd"))  # an incomplete UTF-8 character
+        if reason is not None:
+            self.occupant[slot] = None
+            hold = 0
+        if ticket.on_update is not None:
+            end = max(ticket.sent, len(ticket.text) - hold)
+            delta, ticket.sent = ticket.text[ticket.sent:end], end
+            ticket.on_update(ticket, delta, reason)
+        if reason is not None:
+            self.stats["requests"] += 1
+            ticket.result = Result(list(ticket.tokens), list(ticket.logprobs),
+                                   ticket.text if self.tokenizer is not None else None, reason,
+                                   len(request.prompt))
+            ticket._done.set()
+
+    def _finish_error(self, ticket: Ticket, error: BaseException) -> None:
+        ticket.error = error
+        if ticket.on_update is not None:
+            ticket.on_update(ticket, "", "error")
+        ticket._done.set()
+
+    # -- a background thread ----------------------------------------------------------------------
+
+    def start(self) -> "Engine":
+        self._thread = threading.Thread(target=self._serve, name="fire_jax-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def _serve(self) -> None:
+        while True:
+            with self.lock:
+                while not self.busy() and not self._stopping:
+                    self.lock.wait()
+                if self._stopping and not self.busy():
+                    return
+            try:
+                self.step()
+            except Exception as e:  # a failed decode fails the requests in the slots, never the thread
+                for slot, ticket in enumerate(self.occupant):
+                    if ticket is not None:
+                        self.occupant[slot] = None
+                        self._finish_error(ticket, e)
+
+    def stop(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop accepting requests; finish those in flight (``drain``) or fail them; join the thread."""
+        with self.lock:
+            self.accepting = False
+            if not drain:
+                for t in list(self.waiting):
+                    self._finish_error(t, RuntimeError("the engine stopped"))
+                self.waiting.clear()
+            self._stopping = True
+            self.lock.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
