@@ -347,3 +347,12 @@ def test_agents_generate_as_hf_on_their_prompts(pair, chat, images):
         for image, prompt, f in zip(images, prompts, feedback):
             assert f.text == _hf_greedy_text(hf, model, chat, image, prompt, NEW)
             assert f.score == parse_score(f.text)
+
+
+def test_teacher_feedback_carries_the_parsed_score(pair, chat, images, monkeypatch):
+    """Feedback.score is the score of the generated text (SPEC "Score parsing"); no score line gives None."""
+    teacher = Teacher(pair[1], chat)
+    texts = ["Score: 7.\nFeedback: Count the squares too.", "Feedback: Look again.", "Score: 10/10\nFeedback: Yes."]
+    monkeypatch.setattr(teacher, "_generate", lambda images_, prompts, rng: texts[:len(prompts)])
+    feedback = teacher.feedback(images + images[:1], ["q"] * 3, ["gt"] * 3, ["Answer: 1"] * 3)
+    assert [(f.text, f.score) for f in feedback] == list(zip(texts, [7, None, 10]))
