@@ -26,6 +26,9 @@ setup(
         "grain>=0.2.18",
         "tensorboardX",
         "matplotlib",
+        "fastapi",  # fire_jax.serve (issue 16)
+        "uvicorn",
+        "openai",  # api: model specs, and the serve tests' client
     ],
     extras_require={
         # The PyTorch reference side of the parity tests (CPU build of torch, pinned).

@@ -22,7 +22,8 @@ reproducible whatever runs beside it), stop ids and stop strings.
 
 Compiled shapes, all known up front: one decode chunk ``[slots, cache_len]``
 and one prefill per (prompt bucket, image-tile bucket), buckets as in
-:func:`fire_jax.infer.decode.bucket_length` and at most ``cache_len``.
+:func:`fire_jax.infer.decode.bucket_length` (or multiples of ``bucket_min``
+near the end of the context) and at most ``cache_len``.
 """
 
 from __future__ import annotations
@@ -226,7 +227,13 @@ class Engine:
     # -- requests ---------------------------------------------------------------------------------
 
     def bucket(self, request: Request) -> int:
-        return bucket_length(len(request.prompt), self.bucket_min, self.bucket_step)
+        """Prompt bucket: :func:`bucket_length`, else (when that leaves too little room for max_tokens) the
+        prompt length rounded up to a multiple of ``bucket_min``; so at most cache_len / bucket_min more shapes."""
+        n = len(request.prompt)
+        bucket = bucket_length(n, self.bucket_min, self.bucket_step)
+        if bucket + request.max_tokens > self.cache_len:
+            bucket = -(-n // self.bucket_min) * self.bucket_min
+        return bucket
 
     def check(self, request: Request) -> None:
         """Raise ValueError when a request cannot run (too long, bad settings)."""

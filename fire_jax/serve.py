@@ -1,0 +1,377 @@
+"""An OpenAI-compatible chat server over the continuous-batching engine (issue 16.2).
+
+    python -m fire_jax.serve                                   # runs/tiny's student + teacher, else a random tiny model
+    python -m fire_jax.serve --port 8000 --model student=WORKDIR_OR_ADAPTER_OR_HF_DIR --model teacher=...
+    python -m fire_jax.serve --config configs/fire_student.py --init HF_BASE --model fd=PEFT_ADAPTER
+
+Listens on 127.0.0.1 unless --host says otherwise. Routes:
+
+- ``POST /v1/chat/completions``: ``messages`` with text and ``image_url`` parts
+  given as ``data:`` URIs (several images per request; remote URLs are refused,
+  the server fetches nothing), ``max_tokens`` / ``max_completion_tokens``,
+  ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``, ``stream`` (server-sent events);
+- ``GET /v1/models``; ``GET /health``.
+
+Prompts are rendered as in training (:mod:`fire_jax.data.chat`): the Llama-3
+template with fire_jax's system prompt (a request's own system message
+replaces it), and each image becomes the ``<image>`` placeholder, expanded to
+the image's anyres token count; an image part followed by text reads
+``<image>\\n{text}``, as the training prompts do.
+
+Bad input gets a 4xx JSON error in OpenAI's shape (``{"error": {"message", "type", "code"}}``);
+a full queue gets 503 with Retry-After; SIGTERM / Ctrl-C stop accepting, finish
+the requests in flight, then exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import binascii
+import contextlib
+import copy
+import dataclasses
+import json
+import os
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, Request as HttpRequest
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from fire_jax.data.chat import Message, segments, SYSTEM
+from fire_jax.data.config import load_config
+from fire_jax.data.images import load_image, preprocess
+from fire_jax.infer.engine import Engine, Request
+from fire_jax.infer.loading import DEFAULT_CONFIG, load
+
+#: What ``python -m fire_jax.serve`` serves without --model when the main job's tiny run exists.
+TINY_RUN = dict(student="runs/tiny/student", teacher="runs/tiny/teacher", base="runs/tiny/base/export/hf_merged")
+DEFAULT_MAX_TOKENS = 256
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, message: str, code: str = "invalid_request_error", headers=None):
+        super().__init__(message)
+        self.status, self.message, self.code, self.headers = status, message, code, headers or {}
+
+
+@dataclasses.dataclass
+class Served:
+    name: str
+    description: str
+    loaded: Any  # fire_jax.infer.loading.Loaded
+    engine: Engine
+
+
+# ------------------------------------------------------------------------------------------------
+# Requests -> prompts
+# ------------------------------------------------------------------------------------------------
+
+
+def decode_data_uri(url: str, max_bytes: int, max_pixels: int):
+    """A PIL image from a ``data:image/...;base64,`` URI; BadRequest for anything else."""
+    if not isinstance(url, str) or not url.startswith("data:"):
+        raise BadRequest(400, "image_url must be a data: URI (data:image/png;base64,...); the server fetches no "
+                              f"remote URLs, got {str(url)[:60]!r}", "remote_image_url")
+    header, _, payload = url.partition(",")
+    if ";base64" not in header:
+        raise BadRequest(400, "image data: URI must be base64-encoded", "invalid_image")
+    if len(payload) * 3 // 4 > max_bytes:
+        raise BadRequest(413, f"image of ~{len(payload) * 3 // 4} bytes is over the limit of {max_bytes} bytes",
+                         "image_too_large")
+    try:
+        raw = base64.b64decode(payload, validate=True)
+        image = load_image(raw)
+    except (binascii.Error, ValueError, OSError) as e:
+        raise BadRequest(400, f"image could not be decoded: {e}", "invalid_image") from e
+    if image.width * image.height > max_pixels:
+        raise BadRequest(413, f"image of {image.width}x{image.height} pixels is over the limit of {max_pixels} pixels",
+                         "image_too_large")
+    return image
+
+
+def parse_messages(messages, max_bytes: int, max_pixels: int):
+    """(system text or None, [Message], [PIL image]) from OpenAI chat messages, images as ``<image>\\n``."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest(400, "'messages' must be a non-empty list")
+    system, out, images = None, [], []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ("system", "user", "assistant"):
+            raise BadRequest(400, f"messages[{i}]: needs a role of 'system', 'user' or 'assistant'")
+        content = message.get("content")
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        if not isinstance(parts, list):
+            raise BadRequest(400, f"messages[{i}]: 'content' must be a string or a list of parts")
+        text = ""
+        for j, part in enumerate(parts):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                piece = part["text"]
+            elif kind == "image_url" and message["role"] == "user":
+                image_url = part.get("image_url")
+                images.append(decode_data_uri(image_url.get("url") if isinstance(image_url, dict) else image_url,
+                                              max_bytes, max_pixels))
+                piece = "<image>\n"  # as the training prompts: "<image>\n{question}"
+            else:
+                raise BadRequest(400, f"messages[{i}].content[{j}]: expected a 'text' part"
+                                      + (" or an 'image_url' part" if message["role"] == "user" else ""))
+            text += ("\n" if text and not text.endswith("\n") else "") + piece
+        if message["role"] == "system":
+            system = text
+        else:
+            out.append(Message(message["role"], text))
+    if not out or out[-1].role != "user":
+        raise BadRequest(400, "the last message must be a user message")
+    return system, out, images
+
+
+def encode_prompt(chat, system: str | None, messages: list[Message], image_sizes) -> list[int]:
+    """Token ids of the rendered chat (+ assistant header), each ``<image>`` expanded for its image's size."""
+    pieces = [piece for piece, _ in segments(messages, add_generation_prompt=True)]
+    if system is not None:
+        pieces[0] = pieces[0].replace(SYSTEM, system, 1)
+    ids = [i for piece in pieces for i in chat.tokenizer.encode(piece, add_special_tokens=False).ids]  # as training
+    if ids.count(chat.image_token_id) != len(image_sizes):
+        raise BadRequest(400, f"{len(image_sizes)} images but {ids.count(chat.image_token_id)} image placeholders "
+                              "(send images as image_url parts, not '<image>' in text)")
+    out, k = [], 0
+    for token in ids:
+        if token == chat.image_token_id:
+            out += [token] * chat.geometry.num_tokens(image_sizes[k])
+            k += 1
+        else:
+            out.append(token)
+    return out
+
+
+def build_request(served: Served, body: dict, limits: dict) -> Request:
+    system, messages, images = parse_messages(body.get("messages"), limits["max_image_bytes"], limits["max_pixels"])
+    if len(images) > served.engine.max_images:
+        raise BadRequest(400, f"{len(images)} images; at most {served.engine.max_images} per request")
+    geometry = served.loaded.model.cfg.geometry
+    tiles, sizes = [], []
+    for image in images:
+        t, size = preprocess(image, geometry)
+        tiles.append(t)
+        sizes.append(size)
+    prompt = encode_prompt(served.loaded.chat, system, messages, sizes)
+
+    def number(name, kind, default):
+        value = body.get(name, default)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+            raise BadRequest(400, f"'{name}' must be a {kind.__name__}, got {value!r}")
+        return kind(value)
+
+    if number("n", int, 1) != 1:
+        raise BadRequest(400, "only n=1 is supported")
+    stop = body.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > 4:
+        raise BadRequest(400, "'stop' must be a string or a list of up to 4 strings")
+    temperature = number("temperature", float, 1.0)
+    seed = number("seed", int, None)
+    request = Request(
+        prompt=prompt,
+        max_tokens=number("max_completion_tokens", int, number("max_tokens", int, DEFAULT_MAX_TOKENS)),
+        temperature=temperature, top_p=number("top_p", float, 1.0), top_k=number("top_k", int, 0),
+        seed=(seed if seed is not None else int.from_bytes(os.urandom(4), "little")) % 2 ** 32, stop=stop,
+        pixel_values=np.concatenate(tiles) if tiles else None, image_sizes=sizes)
+    try:
+        served.engine.check(request)
+    except ValueError as e:
+        raise BadRequest(400, str(e), "context_length_exceeded" if "context" in str(e) else "invalid_request_error")
+    return request
+
+
+# ------------------------------------------------------------------------------------------------
+# The app
+# ------------------------------------------------------------------------------------------------
+
+
+def create_app(models: dict[str, Served], *, max_queue: int = 256, max_image_bytes: int = 8 << 20,
+               max_pixels: int = 4096 * 4096):
+    limits = dict(max_image_bytes=max_image_bytes, max_pixels=max_pixels)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        for served in models.values():
+            served.engine.start()
+        yield
+        for served in models.values():  # uvicorn has finished the requests in flight; the engines are idle
+            served.engine.stop(drain=True)
+
+    app = FastAPI(title="fire_jax", lifespan=lifespan)
+
+    def error(status: int, message: str, code: str, headers=None):
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        return JSONResponse({"error": {"message": message, "type": kind, "code": code, "param": None}},
+                            status_code=status, headers=headers)
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(_, e: BadRequest):
+        return error(e.status, e.message, e.code, e.headers)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_, e: HTTPException):
+        return error(e.status_code, str(e.detail), "not_found" if e.status_code == 404 else "http_error")
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_, e):
+        return error(400, str(e), "invalid_request_error")
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "models": {name: {"description": s.description, "in_flight": s.engine.in_flight}
+                                           for name, s in models.items()}}
+
+    @app.get("/v1/models")
+    async def list_models():
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "fire_jax"}
+                                           for name in models]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(http: HttpRequest):
+        try:
+            body = json.loads(await http.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise BadRequest(400, f"request body is not valid JSON: {e}", "invalid_json")
+        if not isinstance(body, dict):
+            raise BadRequest(400, "request body must be a JSON object")
+        name = body.get("model")
+        if name not in models:
+            raise BadRequest(404, f"model {name!r} is not served; serving {sorted(models)}", "model_not_found")
+        served = models[name]
+        request = build_request(served, body, limits)
+        if served.engine.in_flight >= max_queue:
+            raise BadRequest(503, f"queue full ({max_queue} requests in flight); retry later", "queue_full",
+                             {"Retry-After": "1"})
+        loop = asyncio.get_running_loop()
+        updates: asyncio.Queue = asyncio.Queue()
+
+        def on_update(ticket, delta, reason):  # the engine thread
+            loop.call_soon_threadsafe(updates.put_nowait, (delta, reason))
+
+        try:
+            ticket = served.engine.submit(request, on_update)
+        except RuntimeError as e:  # shutting down
+            raise BadRequest(503, str(e), "shutting_down", {"Retry-After": "5"})
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        if body.get("stream"):
+            return StreamingResponse(_stream(rid, created, name, updates, ticket), media_type="text/event-stream")
+        while True:
+            _, reason = await updates.get()
+            if reason is not None:
+                break
+        if reason == "error":
+            return error(500, f"generation failed: {ticket.error}", "generation_failed")
+        result = ticket.result
+        return {"id": rid, "object": "chat.completion", "created": created, "model": name,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
+                             "finish_reason": result.finish_reason}],
+                "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": len(result.tokens),
+                          "total_tokens": result.prompt_tokens + len(result.tokens)}}
+
+    return app
+
+
+async def _stream(rid, created, name, updates: asyncio.Queue, ticket):
+    def event(delta: dict, reason=None):
+        chunk = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": name,
+                 "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]}
+        return f"data: {json.dumps(chunk)}\n\n"
+
+    yield event({"role": "assistant", "content": ""})
+    while True:
+        delta, reason = await updates.get()
+        if reason == "error":
+            yield f"data: {json.dumps({'error': {'message': str(ticket.error), 'type': 'server_error'}})}\n\n"
+            break
+        if delta:
+            yield event({"content": delta})
+        if reason is not None:
+            yield event({}, reason)
+            break
+    yield "data: [DONE]\n\n"
+
+
+# ------------------------------------------------------------------------------------------------
+# Models and the command line
+# ------------------------------------------------------------------------------------------------
+
+
+def default_models(root: str = ".") -> tuple[dict[str, str | None], str | None, str]:
+    """({name: checkpoint or None (random)}, base init or None, why) for a run without --model."""
+    paths = {k: os.path.join(root, v) for k, v in TINY_RUN.items()}
+    found = {role: paths[role] for role in ("student", "teacher") if os.path.isdir(paths[role])}
+    if found:
+        base = paths["base"] if os.path.isdir(paths["base"]) else None
+        return found, base, f"the main job's trained tiny models under {os.path.join(root, 'runs/tiny')}"
+    return {"tiny-random": None}, None, f"a random tiny model ({paths['student']} does not exist)"
+
+
+def load_models(config, specs: dict[str, str | None], init: str | None, engine_kwargs: dict) -> dict[str, Served]:
+    out = {}
+    for name, checkpoint in specs.items():
+        model_config = copy.deepcopy(config)
+        if init:
+            model_config.init = dict(hf_checkpoint=init)
+        loaded = load(model_config, checkpoint)
+        chat = loaded.chat
+        engine = Engine(loaded.model, tokenizer=chat.tokenizer, stop_ids=(chat.eot_id, chat.eos_id),
+                        pad_id=chat.pad_id, **engine_kwargs)
+        out[name] = Served(name, loaded.description, loaded, engine)
+        print(f"serving {name!r}: {loaded.description}", flush=True)
+    return out
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="config file[:arg] (default: configs/tiny.py)")
+    parser.add_argument("--model", action="append", default=[], metavar="NAME=CHECKPOINT",
+                        help="a served model: an HF dir, a PEFT adapter, a train workdir, or 'random' (repeatable)")
+    parser.add_argument("--init", help="base HF checkpoint for PEFT adapters (default: the config's init)")
+    parser.add_argument("--slots", type=int, default=32, help="decode slots per model")
+    parser.add_argument("--cache-len", type=int, default=1024, help="cache columns per slot: prompt bucket + max_tokens")
+    parser.add_argument("--prefill-batch", type=int, default=4)
+    parser.add_argument("--chunk", type=int, default=16, help="decode steps per dispatch at most")
+    parser.add_argument("--max-queue", type=int, default=256, help="requests in flight per model before 503")
+    parser.add_argument("--max-image-bytes", type=int, default=8 << 20)
+    args = parser.parse_args(argv)
+    for spec in args.model:
+        if "=" not in spec:
+            parser.error(f"--model {spec!r}: expected NAME=CHECKPOINT")
+    return args
+
+
+def main(argv=None):
+    import uvicorn
+
+    args = parse_args(argv)
+    config = load_config(args.config)
+    if args.model:
+        specs = {name: (None if path == "random" else path) for name, path in (s.split("=", 1) for s in args.model)}
+        init = args.init
+    else:
+        specs, init, why = default_models()
+        init = args.init or init
+        print(f"no --model: serving {why}", flush=True)
+    engine_kwargs = dict(slots=args.slots, cache_len=args.cache_len, prefill_batch=args.prefill_batch,
+                         chunk=args.chunk)
+    app = create_app(load_models(config, specs, init, engine_kwargs), max_queue=args.max_queue,
+                     max_image_bytes=args.max_image_bytes)
+    print(f"listening on http://{args.host}:{args.port}/v1", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=None)
+
+
+if __name__ == "__main__":
+    main()

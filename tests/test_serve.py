@@ -1,0 +1,209 @@
+"""python -m fire_jax.serve on a free loopback port, through the official openai client (issue 16.2)."""
+
+import base64
+import concurrent.futures
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import json
+import numpy as np
+import openai
+import pytest
+import torch
+from PIL import Image
+
+from fire_jax.convert.hf import load_hf_checkpoint
+from fire_jax.data.chat import ChatTokenizer, Message
+from fire_jax.data.config import load_config, resolve_path
+from fire_jax.data.images import preprocess
+from fire_jax.infer.decode import DecodeConfig, generate
+from fire_jax.infer.loading import DEFAULT_CONFIG
+from fire_jax.serve import default_models
+from hf_reference import tiny_hf_model
+
+MAX_QUEUE = 40
+MAX_IMAGE_BYTES = 20000
+
+
+def http(url, body=None, raw=None, timeout=120):
+    """(status, headers, JSON) of a GET (no body) or POST to the loopback server, 4xx/5xx included."""
+    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            return reply.status, reply.headers, json.loads(reply.read())
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, json.loads(e.read())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A tiny HF LLaVA-NeXT directory (embeddings scaled so greedy outputs vary)."""
+    directory = str(tmp_path_factory.mktemp("served"))
+    hf = tiny_hf_model(directory)
+    with torch.no_grad():
+        hf.model.language_model.embed_tokens.weight.mul_(8.0)
+    hf.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint):
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fire_jax.serve", "--port", str(port), "--model", f"tiny={checkpoint}",
+         "--cache-len", "512", "--max-queue", str(MAX_QUEUE), "--max-image-bytes", str(MAX_IMAGE_BYTES)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:  # poll for readiness
+        assert process.poll() is None, process.stdout.read()
+        try:
+            if http(f"{base}/health", timeout=1)[0] == 200:
+                break
+        except OSError:
+            time.sleep(0.2)
+    else:
+        process.kill()
+        pytest.fail("server did not start")
+    yield process, base
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server[1]}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def data_uri(image: Image.Image) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def picture(h, w, seed):
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 255, (h, w, 3), np.uint8))
+
+
+def ask(client, content, **kw):
+    kw = {"model": "tiny", "temperature": 0, "max_tokens": 8, **kw}
+    return client.chat.completions.create(messages=[{"role": "user", "content": content}], **kw)
+
+
+def test_models_health_and_default_choice(server, client, tmp_path):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    health = http(f"{server[1]}/health")[2]
+    assert health["status"] == "ok" and "HF checkpoint" in health["models"]["tiny"]["description"]
+    assert default_models(str(tmp_path))[0] == {"tiny-random": None}
+    for role in ("student", "teacher"):
+        os.makedirs(tmp_path / "runs" / "tiny" / role)
+    specs, base, why = default_models(str(tmp_path))
+    assert sorted(specs) == ["student", "teacher"] and base is None and "trained tiny" in why
+
+
+def test_text_and_image_equal_in_process_generate(checkpoint, client):
+    """The served prompt is the training template with the expanded image placeholder: same tokens as generate."""
+    model = load_hf_checkpoint(checkpoint)
+    config = load_config(DEFAULT_CONFIG)
+    chat = ChatTokenizer.from_file(resolve_path(config.data.tokenizer), model.cfg.geometry)
+    config = DecodeConfig(max_new_tokens=8, stop_ids=(chat.eot_id, chat.eos_id), pad_id=chat.pad_id)
+    image = picture(40, 70, 0)
+    tiles, size = preprocess(image, model.cfg.geometry)
+    cases = [("How many squares?", None, None),
+             ([{"type": "image_url", "image_url": {"url": data_uri(image)}}, {"type": "text", "text": "What is it?"}],
+              "<image>\nWhat is it?", size)]
+    for content, text, size in cases:
+        encoded = chat.encode([Message("user", text or content)], size, add_generation_prompt=True)
+        ref = generate(model, [encoded.input_ids.tolist()], config=config, tokenizer=chat.tokenizer,
+                       pixel_values=None if size is None else tiles[None], image_sizes=None if size is None else [size])
+        out = ask(client, content)
+        assert out.usage.prompt_tokens == len(encoded)
+        assert out.choices[0].message.content == ref.texts[0] and len(ref.texts[0]) > 3
+        assert out.choices[0].finish_reason == ("length" if ref.lengths[0] == 8 else "stop")
+
+
+def test_two_images_and_streaming(client):
+    one = [{"type": "image_url", "image_url": {"url": data_uri(picture(40, 70, 0))}}, {"type": "text", "text": "Q"}]
+    second = picture(64, 64, 1)
+    two = one[:1] + [{"type": "image_url", "image_url": {"url": data_uri(second)}}] + one[1:]
+    a, b = ask(client, one), ask(client, two)
+    geometry_tokens = 4 * 4 + 8 * 8 + 8  # 64x64 on 32 px tiles, 8x8 patches: base + 2x2 grid + newlines
+    assert b.usage.prompt_tokens - a.usage.prompt_tokens == geometry_tokens + 1  # + its "\n"
+    assert b.choices[0].message.content != a.choices[0].message.content
+    chunks = list(ask(client, two, stream=True, max_tokens=12))
+    whole = ask(client, two, max_tokens=12).choices[0]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.message.content
+    assert len(chunks) >= 3 and chunks[-1].choices[0].finish_reason == whole.finish_reason
+
+
+def test_bad_input_gets_4xx_and_the_server_lives(server, client):
+    def status(content=None, **kw):
+        with pytest.raises(openai.APIStatusError) as e:
+            ask(client, content, **kw)
+        return e.value.status_code, e.value.body["code"]
+
+    image = lambda url: [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "Q"}]
+    assert status(image("data:image/png;base64,aGVsbG8gd29ybGQ=")) == (400, "invalid_image")
+    big = data_uri(picture(120, 120, 2))
+    assert len(big) > MAX_IMAGE_BYTES * 4 // 3
+    assert status(image(big)) == (413, "image_too_large")
+    assert status(image("https://example.com/cat.png")) == (400, "remote_image_url")
+    assert status("word " * 600) == (400, "context_length_exceeded")
+    assert status("hi", max_tokens=600) == (400, "context_length_exceeded")
+    assert status("hi", model="gpt-4o") == (404, "model_not_found")
+    assert status("hi", temperature="hot") == (400, "invalid_request_error")
+    code, _, reply = http(f"{server[1]}/v1/chat/completions", raw=b'{"model": "tiny", "messages": [')
+    assert code == 400 and reply["error"]["code"] == "invalid_json"
+    assert http(f"{server[1]}/health")[0] == 200
+    assert ask(client, "still there?").choices[0].message.content
+
+
+def test_32_concurrent_requests_equal_single_requests(client):
+    prompts = [("word " * (1 + k)) + f"question {k}?" for k in range(32)]  # prompts of 52..160 tokens: 3 buckets
+    lengths = [4 + (k * 5) % 13 for k in range(32)]
+    single = [ask(client, p, max_tokens=m).choices[0].message.content for p, m in zip(prompts, lengths)]
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        together = list(pool.map(lambda a: ask(client, a[0], max_tokens=a[1]), zip(prompts, lengths)))
+    assert [r.choices[0].message.content for r in together] == single
+    assert len(set(single)) > 16 and len({r.id for r in together}) == 32
+
+
+def test_full_queue_gets_503_with_retry_after(server):
+    body = lambda k: {"model": "tiny", "messages": [{"role": "user", "content": f"tell me {k}"}], "max_tokens": 200,
+                      "temperature": 0}
+    with concurrent.futures.ThreadPoolExecutor(MAX_QUEUE + 12) as pool:
+        replies = list(pool.map(lambda k: http(f"{server[1]}/v1/chat/completions", body(k)), range(MAX_QUEUE + 12)))
+    codes = [r[0] for r in replies]
+    assert set(codes) == {200, 503} and codes.count(200) >= MAX_QUEUE
+    _, headers, full = next(r for r in replies if r[0] == 503)
+    assert headers["Retry-After"] == "1" and full["error"]["code"] == "queue_full"
+
+
+def test_sigterm_drains_requests_in_flight(server):
+    process, base = server
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "a long one"}], "max_tokens": 300,
+            "temperature": 0}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        reply = pool.submit(http, f"{base}/v1/chat/completions", body)
+        while http(f"{base}/health")[2]["models"]["tiny"]["in_flight"] == 0:  # poll until it runs
+            assert not reply.done()
+        process.send_signal(signal.SIGTERM)
+        answer = reply.result()
+    assert answer[0] == 200 and answer[2]["usage"]["completion_tokens"] >= 1
+    assert process.wait(timeout=60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once drained
