@@ -85,11 +85,17 @@ def build_agents(config, teacher_history: str):
     """(Student, Teacher) of ``config.student`` / ``config.teacher``; identical specs share one model."""
     specs = {role: (config[role].get("init") or "", config[role].get("adapter") or "")
              for role in ("student", "teacher")}
+    from fire_jax.infer.api import api_agent, is_api_spec  # issue 16.3: init "api:<base_url>#<model>", an endpoint
+
     loaded = {}
     for role in ("student", "teacher"):
-        if specs[role] not in loaded:
+        if specs[role] not in loaded and not is_api_spec(specs[role][0]):
             loaded[specs[role]] = load_agent(config, config[role])
     decode = decode_config(config)
+    if is_api_spec(specs["student"][0]) or is_api_spec(specs["teacher"][0]):
+        agent = lambda role, **kw: (api_agent(specs[role][0], role, decode, seed=config.seed, **kw)
+                                    if is_api_spec(specs[role][0]) else loaded[specs[role]].agent(role, decode, **kw))
+        return agent("student"), agent("teacher", teacher_history=teacher_history)
     return (loaded[specs["student"]].agent("student", decode),
             loaded[specs["teacher"]].agent("teacher", decode, teacher_history=teacher_history))
 
