@@ -195,6 +195,33 @@ def test_full_queue_gets_503_with_retry_after(server):
     assert headers["Retry-After"] == "1" and full["error"]["code"] == "queue_full"
 
 
+def test_free_dialogues_through_api_specs_equal_in_process(checkpoint, server, tmp_path):
+    """FIRE-Bench free dialogues with api: student and teacher on the loopback server == the in-process run."""
+    from fire_jax.eval.fire_bench import build_agents, evaluate
+    from test_fire_bench import eval_config
+
+    runs = {}
+    for kind, init in [("in_process", checkpoint), ("api", f"api:{server[1]}/v1#tiny")]:
+        config = eval_config("free", max_examples=2)
+        config.decode.update(max_new_tokens=6)
+        config.student.init = config.teacher.init = init
+        agents = build_agents(config, config.free.teacher_history)
+        assert type(agents[0]).__name__ == ("ApiStudent" if kind == "api" else "Student")
+        results = evaluate(config, str(tmp_path / kind), agents=agents)
+        with open(results["outputs"]) as f:
+            runs[kind] = [json.loads(line) for line in f]
+        if kind == "api":
+            assert not agents[0].failures and not agents[1].failures
+    assert len(runs["api"]) == 2 and sum(len(r["turns"]) for r in runs["api"]) >= 2
+    assert runs["api"] == runs["in_process"]
+
+    from fire_jax.infer.api import ApiError, ApiStudent
+    unknown = ApiStudent(f"api:{server[1]}/v1#gpt-4o", retries=3, backoff=0)
+    with pytest.raises(ApiError, match="http_404"):
+        unknown.respond([picture(40, 70, 0)], ["Q"])
+    assert unknown.failures == {"http_404": 1}  # a 4xx is counted and not retried
+
+
 def test_sigterm_drains_requests_in_flight(server):
     process, base = server
     body = {"model": "tiny", "messages": [{"role": "user", "content": "a long one"}], "max_tokens": 300,
