@@ -27,8 +27,23 @@ def _load(name: str):
     return load_config(os.path.join(CONFIGS, name))
 
 
+def _fire_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fire_recipes", os.path.join(CONFIGS, "fire.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+#: The main job's model: configs/tiny.py with a wider LLM (2 layers of 128), the smallest that learns the
+#: synthetic task's comparisons (the teacher) and one-step refinements (the student) in CPU minutes.
+PIPELINE_LLM = dict(dim=128, heads=4, kv_heads=2, head_dim=32, mlp_dim=384)
+
+
 def _tiny_train(role: str):
     train = _load("tiny.py")
+    train.model.llm.update(PIPELINE_LLM)
     train.data.role = role
     train.loss.student_first_turn = True
     train.train.update(dict(trainable=(".*",), total_steps=300, lr=3e-3, warmup_frac=0.05, checkpoint_every=100))
@@ -47,12 +62,19 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                                              image_root="assets:synthetic_fire/images"))
         config.base_train.train.export_merged = True  # FD and FIRE start from base/export/hf_merged
         config.teacher_train, config.student_train = _tiny_train("teacher"), _tiny_train("student")
+        # The teacher learns f_k from r_k alone, every turn (assets' teacher_turns.json: one record per turn), as
+        # free dialogues use it; under Eq. 6's full history the synthetic f_k follows from f_{k-1}.
+        config.teacher_train.data.teacher_history = "latest"
+        config.teacher_train.data.sources.synthetic.json = "assets:synthetic_fire/teacher_turns.json"
         config.eval_fixed = _load("eval_fixed.py:tiny")
+        config.eval_fixed.fixed.teacher_history = "latest"  # as trained
         config.eval_free = _load("eval_free.py:tiny")
         for setting in (config.eval_fixed, config.eval_free):
+            setting.model.llm.update(PIPELINE_LLM)
             setting.decode.max_new_tokens = 48  # the synthetic answers and feedback fit in 48 tiny-BPE tokens
             setting.decode.batch_size = 16
         config.baseline = dict(name="base (no FIRE)", init="", adapter="")  # init: set to the base model
+        config.ablation_source = "synthetic"  # Fig. 6 subsamples the student's synthetic dialogues
     else:
         config.teacher_train = _load(f"fire_teacher.py:{options}")
         config.student_train = _load(f"fire_student.py:{options}")
@@ -60,4 +82,5 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.eval_free = _load("eval_free.py:8b")
         config.base_train = None  # the llava-hf checkpoint is the base
         config.baseline = dict(name="LLaVA-NeXT-8B", init=config.eval_free.student.init, adapter="")
+        config.ablation_source = _fire_module().ABLATION_SOURCE  # Fig. 6 subsamples FIRE-1M (configs/fire.py)
     return config

@@ -32,13 +32,18 @@ JUDGED = (("fixed student acc", "fixed", ("student", "accuracy")),
 
 
 def train_stage(config, workdir: str, name: str) -> str:
+    return train_and_report(config, workdir, name)["workdir"]
+
+
+def train_and_report(config, workdir: str, name: str) -> dict:
+    """Train one model (resuming); returns its workdir, steps and usable examples per source."""
     from fire_jax.train.loop import train
 
     print(f"\n== train the {name} -> {workdir}")
     summary = train(config, workdir)
     print(f"{name}: step {summary['step']}/{summary['total_steps']}, last loss "
           f"{summary['metrics'].get('loss', float('nan')):.4f}")
-    return workdir
+    return {"workdir": workdir, "step": summary["step"], "source_sizes": summary.get("source_sizes", {})}
 
 
 def eval_stage(base, workdir: str, *, student: dict, teacher: dict, baseline_results: str = "") -> dict:
@@ -170,10 +175,16 @@ def base_and_teacher(config, workdir: str) -> tuple[dict, str]:
 
 
 def data_size_ablation(config, workdir: str, sizes: list[int]) -> list[dict]:
-    """Fig. 6: one student per training-set size (``max_examples`` of the student's last source), each in free
-    dialogues with the same FD teacher; AT normalised by the baseline. Writes ``fig6.json`` and ``fig6.png``."""
+    """Fig. 6: one student per training-set size (``max_examples`` of the source ``config.ablation_source``:
+    FIRE-1M at 8B, the synthetic set at tiny scale), each in free dialogues with the same FD teacher; AT
+    normalised by the baseline. Writes ``fig6.json`` and ``fig6.png``; each point records the examples its
+    student's data pipeline actually read (``examples``) beside the requested ``size``."""
     from fire_jax.eval.plots import plot_data_size_ablation
 
+    source = config.ablation_source
+    if source not in config.student_train.data.sources:
+        raise ValueError(f"ablation_source {source!r} is not a source of the student's data "
+                         f"({sorted(config.student_train.data.sources)})")
     baseline, teacher_dir = base_and_teacher(config, workdir)
     fd = dict(name="FD (ours)", init=baseline["init"], adapter=teacher_dir)
     out = os.path.join(workdir, "eval")
@@ -182,15 +193,17 @@ def data_size_ablation(config, workdir: str, sizes: list[int]) -> list[dict]:
     points = []
     for size in sizes:
         student = ml_collections.ConfigDict(config.student_train.to_dict())
-        last = sorted(student.data.sources)[-1]
-        student.data.sources[last].max_examples = size
-        student.data.sources[last].num_examples = size
-        run_dir = train_stage(student, os.path.join(workdir, f"student_{size}"), f"student on {size} dialogues")
+        student.data.sources[source].max_examples = size
+        student.data.sources[source].num_examples = size
+        trained = train_and_report(student, os.path.join(workdir, f"student_{size}"), f"student on {size} dialogues")
+        run_dir = trained["workdir"]
         spec = dict(name=f"FIRE {size}", init=baseline["init"], adapter=run_dir)
         result = eval_stage(config.eval_free, os.path.join(out, f"student_{size}_free"), student=spec, teacher=fd,
                             baseline_results=baseline_results)
         overall = result["metrics"]["overall"]
-        points.append({"size": size, **{k: overall.get(k) for k in ("AT", "ADR", "ATR", "RR", "K")}})
+        points.append({"size": size, "source": source, "examples": trained["source_sizes"].get(source),
+                       "steps": trained["step"],
+                       **{k: overall.get(k) for k in ("AT", "ADR", "ATR", "RR", "K")}})
     with open(os.path.join(workdir, "fig6.json"), "w") as f:
         json.dump(points, f, indent=2)
     plot_data_size_ablation(points, os.path.join(workdir, "fig6.png"), title="data-size ablation (Fig. 6)")

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from fire_jax.data.config import load_config
-from fire_jax.pipeline import data_size_ablation, run
+from fire_jax.eval import judge
+from fire_jax.pipeline import JUDGED, SUMMARY, data_size_ablation, eval_stage, run, train_stage
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
@@ -33,28 +34,112 @@ def pipeline_run(tmp_path_factory):
 def test_pipeline_writes_every_table_and_plot(pipeline_run):
     workdir, summary = pipeline_run
     assert set(summary["rows"]) == {"baseline", "fire"}
-    for row in summary["rows"].values():
-        assert row["student BLEU-4"] is not None and row["teacher MAE"] is not None
     for name in ("baseline_fixed", "fire_fixed", "baseline_free", "fire_free"):
         results = json.load(open(os.path.join(workdir, "eval", name, "results.json")))
         assert results["conversations"] == 6
         assert "(paper)" in open(os.path.join(workdir, "eval", name, "results.md")).read()
-    assert len(summary["figures"]) == 6 and all(os.path.getsize(p) > 1000 for p in summary["figures"])
-    assert "| fire |" in open(os.path.join(workdir, "summary.md")).read()
+    figures = [os.path.join(workdir, p) for p in summary["figures"]]
+    assert len(figures) == 9 and all(os.path.getsize(p) > 1000 for p in figures)
     for stage in ("base", "teacher", "student"):
         assert os.listdir(os.path.join(workdir, stage, "checkpoints")) == ["12"]
     assert os.path.exists(os.path.join(workdir, "base", "export", "hf_merged", "config.json"))
+    assert json.load(open(os.path.join(workdir, "summary.json"))) == json.loads(json.dumps(summary))
+    assert "minutes" in json.load(open(os.path.join(workdir, "timing.json")))
+
+
+def test_summary_equals_results_and_tables(pipeline_run):
+    """Every summary figure is the one in its run's results.json, and summary.md / results.md print it."""
+    workdir, summary = pipeline_run
+    table = open(os.path.join(workdir, "summary.md")).read()
+    for run_name in ("baseline", "fire"):
+        row = summary["rows"][run_name]
+        for label, setting, role, key in SUMMARY:
+            results = json.load(open(os.path.join(workdir, "eval", f"{run_name}_{setting}", "results.json")))
+            overall = results["metrics"][role]["overall"] if role else results["metrics"]["overall"]
+            assert row[label] == overall[key], (run_name, label)
+        line = next(line for line in table.splitlines() if line.startswith(f"| {run_name} |"))
+        assert f"| {row['student BLEU-4']:.3f} |" in line and f"| {row['teacher MAE']:.3f} |" in line
+        judged = summary["judged"][run_name]
+        for label, setting, path in JUDGED:
+            results = json.load(open(os.path.join(workdir, "eval", f"{run_name}_{setting}", "results.json")))
+            value = results["metrics"]["judged"]["overall"]
+            for key in path:
+                value = value[key]
+            assert judged[label] == value, (run_name, label)
+        free = json.load(open(os.path.join(workdir, "eval", f"{run_name}_free", "results.json")))
+        markdown = open(os.path.join(workdir, "eval", f"{run_name}_free", "results.md")).read()
+        overall = free["metrics"]["judged"]["overall"]
+        agreement = "–" if overall["agreement"] is None else f"{100 * overall['agreement']:.1f}%"
+        assert f"| overall | " in markdown and f"| {agreement} |" in markdown
+    # the non-trivial part: the trained student writes the answer format the base model learned from r_1
+    assert summary["rows"]["fire"]["student BLEU-4"] > 0
+
+
+def test_judged_fields_present_and_in_range(pipeline_run):
+    workdir, summary = pipeline_run
+    for run_name in ("baseline", "fire"):
+        free = json.load(open(os.path.join(workdir, "eval", f"{run_name}_free", "results.json")))
+        judged = free["metrics"]["judged"]["overall"]
+        records = [json.loads(line) for line in open(os.path.join(workdir, "eval", f"{run_name}_free",
+                                                                   "free_outputs.jsonl"))]
+        assert judged["items"] == len(records) == 6
+        turns = sum(len(r["turns"]) for r in records)
+        assert judged["turns_judged"] == turns == sum(judged["confusion"].values())
+        for key in ("accuracy_turn1", "accuracy_final", "agreement"):
+            assert 0 <= judged[key] <= 1
+        assert all(0 <= a <= 1 for a in judged["accuracy_by_turn"]) and len(judged["accuracy_by_turn"]) == 5
+        assert 0 <= judged["refined"] <= judged["wrong_first"] <= 6
+        assert judged["solved_but_wrong"] <= judged["solved"] == sum(r["stop"] == "solved" for r in records)
+        # recomputed from the outputs by the judge itself
+        assert judged == json.loads(json.dumps(judge.judged_free(records)))
+        fixed = json.load(open(os.path.join(workdir, "eval", f"{run_name}_fixed", "results.json")))
+        assert 0 <= fixed["metrics"]["judged"]["overall"]["teacher"]["agreement"] <= 1
+        assert 0 <= fixed["metrics"]["judged"]["overall"]["student"]["accuracy"] <= 1
+        for label in ("acc turn 1", "acc final", "teacher agreement", "judged RR"):
+            assert summary["judged"][run_name][label] is None or 0 <= summary["judged"][run_name][label] <= 1
+
+
+def test_same_command_same_results(pipeline_run, tmp_path):
+    """Determinism: a stage trained again from scratch logs the same losses; an evaluation run again writes the
+    same metrics (the whole summary.json is then identical, which the README's two-run check shows)."""
+    workdir, _ = pipeline_run
+    config = reduced_config()
+    config.teacher_train.init.hf_checkpoint = os.path.join(workdir, "base", "export", "hf_merged")
+    train_stage(config.teacher_train, str(tmp_path / "teacher"), "teacher again")
+    losses = lambda d: [json.loads(line).get("loss") for line in open(os.path.join(d, "metrics.jsonl"))]
+    assert losses(str(tmp_path / "teacher")) == losses(os.path.join(workdir, "teacher"))
+    base = os.path.join(workdir, "base", "export", "hf_merged")
+    again = eval_stage(config.eval_free, str(tmp_path / "fire_free"),
+                       student=dict(name="FIRE (ours)", init=base, adapter=os.path.join(workdir, "student")),
+                       teacher=dict(name="FD (ours)", init=base, adapter=os.path.join(workdir, "teacher")),
+                       baseline_results=os.path.join(workdir, "eval", "baseline_free", "results.json"))
+    first = json.load(open(os.path.join(workdir, "eval", "fire_free", "results.json")))
+    assert again["metrics"] == first["metrics"]
 
 
 def test_ablation_trains_two_sizes_and_writes_fig6(pipeline_run):
     workdir, _ = pipeline_run  # base model, teacher and baseline evaluation are reused (resumed)
     points = data_size_ablation(reduced_config(), workdir, [40, 80])
     assert [p["size"] for p in points] == [40, 80]
+    # the sizes are the trained ones: the student's pipeline held exactly that many examples of the named source
+    assert [(p["source"], p["examples"], p["steps"]) for p in points] == [("synthetic", 40, 12), ("synthetic", 80, 12)]
     assert json.load(open(os.path.join(workdir, "fig6.json"))) == points
     assert os.path.getsize(os.path.join(workdir, "fig6.png")) > 1000
-    for size in (40, 80):
+    for point in points:
+        size = point["size"]
         config = json.load(open(os.path.join(workdir, f"student_{size}", "config.json")))
         assert config["data"]["sources"]["synthetic"]["max_examples"] == size
+        results = json.load(open(os.path.join(workdir, "eval", f"student_{size}_free", "results.json")))
+        assert {k: point[k] for k in ("AT", "ADR", "ATR", "RR", "K")} == \
+            {k: results["metrics"]["overall"][k] for k in ("AT", "ADR", "ATR", "RR", "K")}
+
+
+def test_ablation_source_must_be_the_students(pipeline_run):
+    workdir, _ = pipeline_run
+    config = reduced_config()
+    config.ablation_source = "fire_1m"
+    with pytest.raises(ValueError, match="ablation_source 'fire_1m' is not a source"):
+        data_size_ablation(config, workdir, [40])
 
 
 def test_accuracy_by_turn_launcher(pipeline_run, tmp_path):
