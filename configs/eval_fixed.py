@@ -61,5 +61,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         roles=("student", "teacher"),
         student_first_turn=False,  # True: also generate r_1 (the turns the release's student loss labelled)
         teacher_history="full",  # the teacher sees every earlier turn, as trained (Eq. 6)
+        # Teacher BLEU/CIDEr compare "whole" feedback (score line included, as the paper compares FD-LLaVA's
+        # feedback with GPT-4V's) or only the "feedback" text after "Feedback:" on both sides.
+        teacher_text="whole",
     )
     return ml_collections.ConfigDict(config)

@@ -90,7 +90,7 @@ def fixed_run(tmp_path_factory):
     student, teacher = FixedStudent(), FixedTeacher()
     path = str(tmp_path_factory.mktemp("fixed") / "fixed.jsonl")
     records = fixed.run_fixed(turns, student, teacher, path, batch_size=2)
-    return turns, records, fixed.fixed_results(records), student, teacher
+    return turns, records, fixed.fixed_results(records, teacher_text="feedback"), student, teacher
 
 
 def _pairs(says, role, ids=("c1", "c2")):
@@ -154,6 +154,20 @@ def test_fixed_teacher_text_metrics_drop_the_score_line_on_both_sides(fixed_run)
         assert abs(other["BLEU-1"] - expected["BLEU-1"]) > 1e-3 or abs(other["CIDEr"] - expected["CIDEr"]) > 1e-3
     _close(results["per_source"]["colour"], text_metrics(*[[feedback_text(t) for t in side] for side in
                                                             _pairs(TEACHER_SAYS, "teacher", ("c2",))]))
+
+
+def test_fixed_teacher_text_switch_whole_keeps_the_score_line(fixed_run):
+    """The default ``teacher_text="whole"`` compares the feedback as written on both sides; the switch is recorded."""
+    records = fixed_run[1]
+    whole = fixed.fixed_results(records)["teacher"]
+    predictions, references = _pairs(TEACHER_SAYS, "teacher")
+    _close({k: v for k, v in whole["overall"].items() if k.startswith(("BLEU", "CIDEr"))},
+           text_metrics(predictions, references))
+    assert whole["overall"]["teacher_text"] == "whole" and fixed_run[2]["teacher"]["overall"]["teacher_text"] == "feedback"
+    assert whole["overall"]["BLEU-1"] != fixed_run[2]["teacher"]["overall"]["BLEU-1"]
+    assert whole["overall"]["MAE"] == fixed_run[2]["teacher"]["overall"]["MAE"]  # the score is measured apart
+    with pytest.raises(ValueError, match="teacher_text"):
+        fixed.fixed_results(records, teacher_text="score")
 
 
 def test_fixed_teacher_score_mae_by_hand(fixed_run):

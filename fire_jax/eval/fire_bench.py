@@ -179,7 +179,7 @@ def evaluate(config, workdir: str, *, agents=None) -> dict:
     if setting == "fixed":
         turns = fixed.labelled_turns(pairs, protocol.roles, student_first_turn=protocol.student_first_turn)
         records = fixed.run_fixed(turns, student, teacher, outputs, batch_size=config.decode.batch_size, rng=rng)
-        results["metrics"] = fixed.fixed_results(records)
+        results["metrics"] = fixed.fixed_results(records, teacher_text=protocol.get("teacher_text", "whole"))
         markdown = report.fixed_report(results)
         figures["data_statistics"] = os.path.join(workdir, "data_statistics.png")
         plots.plot_data_statistics([record for record, _ in pairs], figures["data_statistics"],

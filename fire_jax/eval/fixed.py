@@ -7,10 +7,11 @@ For a test conversation {I, q, gt, [(r_1, f_1), ..., (r_n, f_n)]}:
 - the teacher generates f_k for k >= 1 (Eq. 6) from I, q, gt, the true
   earlier turns (``history="full"``, as trained) and the true r_k.
 
-Student predictions are compared with r_k, teacher predictions with the
-feedback text of f_k (what follows "Feedback:", the score being measured
-apart): BLEU-1..4 and CIDEr, plus the teacher's score MAE (a reply with no
-score costs 10). Overall and per source dataset. Every generated turn is
+Student predictions are compared with r_k, teacher predictions with f_k
+(``teacher_text="whole"``, the default: as written, score line included, as
+the paper compares with GPT-4V's feedback; ``"feedback"``: only what follows
+"Feedback:" on both sides): BLEU-1..4 and CIDEr, plus the teacher's score MAE
+(a reply with no score costs 10). Overall and per source dataset. Every generated turn is
 appended to a JSONL file as its batch finishes; a rerun skips those keys.
 """
 
@@ -114,22 +115,32 @@ def _fold(rng, index: int):
     return jax.random.fold_in(rng, index)
 
 
-def _role_metrics(records: Sequence[Mapping]) -> dict:
+#: What of the teacher's feedback BLEU/CIDEr compare (``fixed.teacher_text``): "whole" (default) compares f_k as
+#: written, score line included, as the paper compares FD-LLaVA's feedback with GPT-4V's; "feedback" compares
+#: only the text after "Feedback:" on both sides (the score is measured apart, by the MAE).
+TEACHER_TEXTS = ("whole", "feedback")
+
+
+def _role_metrics(records: Sequence[Mapping], teacher_text: str = "whole") -> dict:
     teacher = records[0]["role"] == "teacher"
-    compared = feedback_text if teacher else (lambda text: text)
+    compared = feedback_text if teacher and teacher_text == "feedback" else (lambda text: text)
     metrics = text_metrics([compared(r["prediction"]) for r in records], [compared(r["reference"]) for r in records])
     if teacher:
+        metrics["teacher_text"] = teacher_text
         metrics["MAE"] = score_mae([r["predicted_score"] for r in records], [r["reference_score"] for r in records])
         metrics["no_score"] = sum(r["predicted_score"] is None for r in records)
     metrics["n"] = len(records)
     return metrics
 
 
-def fixed_results(records: Sequence[Mapping]) -> dict:
+def fixed_results(records: Sequence[Mapping], *, teacher_text: str = "whole") -> dict:
     """{role: {"overall": metrics, "per_source": {source: metrics}}} for each role with turns (SPEC 6).
 
-    metrics: BLEU-1..4, CIDEr and n (turns); the teacher adds MAE and no_score (replies without a score).
+    metrics: BLEU-1..4, CIDEr and n (turns); the teacher adds MAE, no_score (replies without a score) and
+    ``teacher_text`` (:data:`TEACHER_TEXTS`: what its BLEU/CIDEr compared).
     """
+    if teacher_text not in TEACHER_TEXTS:
+        raise ValueError(f"fixed.teacher_text must be one of {TEACHER_TEXTS}, got {teacher_text!r}")
     results = {}
     for role in ROLES:
         mine = [r for r in records if r["role"] == role]
@@ -138,6 +149,6 @@ def fixed_results(records: Sequence[Mapping]) -> dict:
         by_source = collections.defaultdict(list)
         for record in mine:
             by_source[record["source"]].append(record)
-        results[role] = {"overall": _role_metrics(mine),
-                         "per_source": {s: _role_metrics(group) for s, group in sorted(by_source.items())}}
+        results[role] = {"overall": _role_metrics(mine, teacher_text),
+                         "per_source": {s: _role_metrics(group, teacher_text) for s, group in sorted(by_source.items())}}
     return results

@@ -80,8 +80,11 @@ def fixed_report(results: Mapping, paper: Mapping | None = None) -> str:
         sections.append(f"#### {role} per source dataset (fire_jax)\n\n" +
                         markdown_table(("source", *columns, "turns"), per_source))
         if role == "teacher":
-            sections.append(f"Teacher replies without a score: {metrics['overall']['no_score']} of "
-                            f"{metrics['overall']['n']} (each costs 10 in the MAE).")
+            compared = {"whole": "the whole feedback, score line included",
+                        "feedback": "the text after \"Feedback:\" only, score line removed on both sides"}
+            sections.append(f"Teacher BLEU/CIDEr compare {compared[metrics['overall'].get('teacher_text', 'whole')]} "
+                            f"(fixed.teacher_text). Teacher replies without a score: {metrics['overall']['no_score']} "
+                            f"of {metrics['overall']['n']} (each costs 10 in the MAE).")
     return "\n\n".join(sections) + "\n"
 
 
