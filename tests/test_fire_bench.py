@@ -194,8 +194,10 @@ def test_fixed_run_resumes_and_scores_against_the_ground_truth(tmp_path):
     assert all(r["reference"] == dict(zip([p[0].id for p in pairs], [p[0] for p in pairs]))[r["id"]]
                .turns[r["turn"] - 1].feedback for r in teacher_records)
     assert feedback_text(teacher_records[0]["prediction"]).startswith("look again")
+    sources = {"teacher": {record.source for record, _ in pairs},  # every turn; the student's from turn 2 only
+               "student": {record.source for record, _ in pairs if len(record.turns) > 1}}
     for role in ("student", "teacher"):
-        assert set(results[role]["per_source"]) == {record.source for record, _ in pairs}
+        assert set(results[role]["per_source"]) == sources[role]
         assert sum(m["n"] for m in results[role]["per_source"].values()) == results[role]["overall"]["n"]
         assert all(0 <= results[role]["overall"][f"BLEU-{n}"] <= 1 for n in range(1, 5))
 
