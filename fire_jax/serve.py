@@ -3,6 +3,7 @@
     python -m fire_jax.serve                                   # runs/tiny's student + teacher, else a random tiny model
     python -m fire_jax.serve --port 8000 --model student=WORKDIR_OR_ADAPTER_OR_HF_DIR --model teacher=...
     python -m fire_jax.serve --config configs/fire_student.py --init HF_BASE --model fd=PEFT_ADAPTER
+    python -m fire_jax.serve --model fixed=scripted:replies.json      # a test model with fixed replies
 
 Listens on 127.0.0.1 unless --host says otherwise. Routes:
 
@@ -21,6 +22,14 @@ the image's anyres token count; an image part followed by text reads
 Bad input gets a 4xx JSON error in OpenAI's shape (``{"error": {"message", "type", "code"}}``);
 a full queue gets 503 with Retry-After; SIGTERM / Ctrl-C stop accepting, finish
 the requests in flight, then exit.
+
+A ``scripted:FILE.json`` model answers with fixed strings, for tests of the
+clients (the demo, FIRE-100K-style generation): FILE.json holds
+``{"rules": [{"contains": "...", "reply": "...", "delay_s": 0}, ...], "default": "..."}``;
+the first rule whose ``contains`` occurs in the request's text (all messages
+joined) gives the reply (after ``delay_s`` seconds, to stand for a slow
+model), else ``default``, else a 400 error. ``/health`` counts the requests
+each rule answered.
 """
 
 from __future__ import annotations
@@ -65,8 +74,38 @@ class BadRequest(Exception):
 class Served:
     name: str
     description: str
-    loaded: Any  # fire_jax.infer.loading.Loaded
-    engine: Engine
+    loaded: Any  # fire_jax.infer.loading.Loaded; None for a scripted model
+    engine: Engine | None  # None for a scripted model
+    script: "Script | None" = None
+
+
+SCRIPTED_PREFIX = "scripted:"
+
+
+class Script:
+    """Fixed replies chosen by substrings of the request text (a test model; see the module docstring)."""
+
+    def __init__(self, path: str):
+        with open(path, encoding="utf-8") as f:
+            spec = json.load(f)
+        rules = spec.get("rules") if isinstance(spec, dict) else None
+        if not isinstance(rules, list) or not all(
+                isinstance(r, dict) and isinstance(r.get("contains"), str) and isinstance(r.get("reply"), str)
+                for r in rules):
+            raise ValueError(f"{path}: expected {{'rules': [{{'contains': str, 'reply': str, 'delay_s'?: float}}, ...], "
+                             "'default'?: str}")
+        self.path, self.rules, self.default = path, rules, spec.get("default")
+        self.counts = {rule["contains"]: 0 for rule in rules}
+
+    def reply(self, text: str) -> tuple[str, float]:
+        """(reply, delay in seconds) for a request whose messages' text is ``text``."""
+        for rule in self.rules:
+            if rule["contains"] in text:
+                self.counts[rule["contains"]] += 1
+                return rule["reply"], float(rule.get("delay_s", 0))
+        if self.default is None:
+            raise BadRequest(400, f"scripted model {self.path}: no rule matches the request", "no_scripted_reply")
+        return self.default, 0.0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -202,11 +241,12 @@ def create_app(models: dict[str, Served], *, max_queue: int = 256, max_image_byt
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        for served in models.values():
-            served.engine.start()
+        engines = [served.engine for served in models.values() if served.engine is not None]
+        for engine in engines:
+            engine.start()
         yield
-        for served in models.values():  # uvicorn has finished the requests in flight; the engines are idle
-            served.engine.stop(drain=True)
+        for engine in engines:  # uvicorn has finished the requests in flight; the engines are idle
+            engine.stop(drain=True)
 
     app = FastAPI(title="fire_jax", lifespan=lifespan)
 
@@ -229,8 +269,9 @@ def create_app(models: dict[str, Served], *, max_queue: int = 256, max_image_byt
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "models": {name: {"description": s.description, "in_flight": s.engine.in_flight}
-                                           for name, s in models.items()}}
+        return {"status": "ok", "models": {
+            name: {"description": s.description, "in_flight": s.engine.in_flight} if s.script is None else
+            {"description": s.description, "requests": dict(s.script.counts)} for name, s in models.items()}}
 
     @app.get("/v1/models")
     async def list_models():
@@ -249,6 +290,8 @@ def create_app(models: dict[str, Served], *, max_queue: int = 256, max_image_byt
         if name not in models:
             raise BadRequest(404, f"model {name!r} is not served; serving {sorted(models)}", "model_not_found")
         served = models[name]
+        if served.script is not None:
+            return await _scripted(served, body, limits)
         request = build_request(served, body, limits)
         if served.engine.in_flight >= max_queue:
             raise BadRequest(503, f"queue full ({max_queue} requests in flight); retry later", "queue_full",
@@ -280,6 +323,26 @@ def create_app(models: dict[str, Served], *, max_queue: int = 256, max_image_byt
                           "total_tokens": result.prompt_tokens + len(result.tokens)}}
 
     return app
+
+
+async def _scripted(served: Served, body: dict, limits: dict):
+    """A scripted model's reply, non-streamed or as one server-sent chunk; images are checked as for a real model."""
+    system, messages, _ = parse_messages(body.get("messages"), limits["max_image_bytes"], limits["max_pixels"])
+    text, delay = served.script.reply("\n".join(([system] if system else []) + [m.text for m in messages]))
+    if delay:
+        await asyncio.sleep(delay)
+    rid, created, name = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), served.name
+    if body.get("stream"):
+        async def chunks():
+            for delta, reason in (({"role": "assistant", "content": text}, None), ({}, "stop")):
+                chunk = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": name,
+                         "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]}
+                yield f"data: {json.dumps(chunk)}\n\n"
+            yield "data: [DONE]\n\n"
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+    return {"id": rid, "object": "chat.completion", "created": created, "model": name,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
 
 
 async def _stream(rid, created, name, updates: asyncio.Queue, ticket):
@@ -320,6 +383,11 @@ def default_models(root: str = ".") -> tuple[dict[str, str | None], str | None, 
 def load_models(config, specs: dict[str, str | None], init: str | None, engine_kwargs: dict) -> dict[str, Served]:
     out = {}
     for name, checkpoint in specs.items():
+        if checkpoint is not None and checkpoint.startswith(SCRIPTED_PREFIX):
+            script = Script(checkpoint[len(SCRIPTED_PREFIX):])
+            out[name] = Served(name, f"scripted replies from {script.path}", None, None, script)
+            print(f"serving {name!r}: {out[name].description}", flush=True)
+            continue
         model_config = copy.deepcopy(config)
         if init:
             model_config.init = dict(hf_checkpoint=init)
@@ -338,7 +406,8 @@ def parse_args(argv=None):
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="config file[:arg] (default: configs/tiny.py)")
     parser.add_argument("--model", action="append", default=[], metavar="NAME=CHECKPOINT",
-                        help="a served model: an HF dir, a PEFT adapter, a train workdir, or 'random' (repeatable)")
+                        help="a served model: an HF dir, a PEFT adapter, a train workdir, 'random', or scripted:FILE.json "
+                             "(fixed replies, for tests) (repeatable)")
     parser.add_argument("--init", help="base HF checkpoint for PEFT adapters (default: the config's init)")
     parser.add_argument("--slots", type=int, default=32, help="decode slots per model")
     parser.add_argument("--cache-len", type=int, default=1024, help="cache columns per slot: prompt bucket + max_tokens")

@@ -1,0 +1,394 @@
+"""The feedback chat in a browser: the student answers, you or the teacher give feedback, the student refines (issue 17.1).
+
+    python -m fire_jax.demo                                   # runs/tiny's student + teacher, else a random tiny model
+    python -m fire_jax.demo --port 7860 --student WORKDIR_OR_ADAPTER_OR_HF_DIR --teacher api:http://127.0.0.1:8000/v1#teacher
+
+Open http://127.0.0.1:7860/. Pick one of the shipped example images (its
+question and groundtruth come with it) or upload one, ask a question, and
+read the student's answer. Type feedback yourself, or press "Ask the
+teacher": the teacher compares the answer with the groundtruth and writes a
+scored feedback (you may edit it). "Refine" sends the feedback to the
+student, which answers again. Each turn shows its response, feedback and
+score; "Download record" saves the conversation as a FIRE record (SPEC
+section 3 schema, checked with :func:`fire_jax.data.records.parse_record`).
+
+Student and teacher are model specs: a Hugging Face directory, a PEFT
+adapter (its base: --init, else the config's), a train workdir, ``random``
+(the config's random model), or ``api:<base_url>#<model>`` (any
+OpenAI-compatible endpoint, e.g. ``fire_jax.serve``). Prompts are rendered by
+the agents of :mod:`fire_jax.infer` from :mod:`fire_jax.data.chat`, exactly as
+in training and in the free dialogues: the student sees the feedback without
+its score line, the teacher sees the question, the groundtruth and the
+latest answer.
+
+The page is one self-contained HTML file served by FastAPI, the stack of
+:mod:`fire_jax.serve`: nothing is fetched from the internet, and its JSON
+routes (``/api/respond``, ``/api/feedback``, ``/api/record``) are the same
+calls a script would make. Errors (a bad image, a failed model) come back
+as JSON and are shown in the page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import json
+import os
+import threading
+import time
+
+from fastapi import FastAPI, Request as HttpRequest
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from fire_jax.data.config import load_config
+from fire_jax.data.records import BadRecordError, Turn, parse_record, parse_score
+from fire_jax.infer.api import api_agent, is_api_spec
+from fire_jax.infer.decode import DecodeConfig
+from fire_jax.infer.loading import DEFAULT_CONFIG, load
+from fire_jax.serve import BadRequest, decode_data_uri, default_models
+
+EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "synthetic_fire")
+NUM_EXAMPLES = 24
+
+
+def examples(directory: str = EXAMPLES_DIR, limit: int = NUM_EXAMPLES) -> list[dict]:
+    """The shipped test items as {"image", "question", "groundtruth"} (image: a file name under images/)."""
+    with open(os.path.join(directory, "test.json"), encoding="utf-8") as f:
+        records = json.load(f)
+    return [{"image": r["image"], "question": r["question"]["value"], "groundtruth": r["groundtruth"]["value"]}
+            for r in records[:limit]]
+
+
+def load_agents(config, student_spec: str | None, teacher_spec: str | None, init: str | None,
+                decode: DecodeConfig):
+    """(student, teacher, {role: description}); a spec is a checkpoint, 'random'/None or api:...; one model
+    is loaded once when both roles name the same local checkpoint."""
+    loaded, agents, descriptions = {}, {}, {}
+    for role, spec in (("student", student_spec), ("teacher", teacher_spec)):
+        spec = None if spec in (None, "random") else spec
+        if is_api_spec(spec):
+            agents[role] = api_agent(spec, role, decode, teacher_history="latest", concurrency=1)
+            descriptions[role] = f"endpoint {spec}"
+            continue
+        if spec not in loaded:
+            model_config = copy.deepcopy(config)
+            if init:
+                model_config.init = dict(hf_checkpoint=init)
+            loaded[spec] = load(model_config, spec)
+        agents[role] = loaded[spec].agent(role, decode, teacher_history="latest")
+        descriptions[role] = loaded[spec].description
+    return agents["student"], agents["teacher"], descriptions
+
+
+def _text(body: dict, field: str, *, required: bool = True) -> str:
+    value = body.get(field, "")
+    if not isinstance(value, str):
+        raise BadRequest(400, f"'{field}' must be a string")
+    if required and not value.strip():
+        raise BadRequest(400, f"'{field}' is empty")
+    return value.strip()
+
+
+def _turns(body: dict) -> list[Turn]:
+    """The conversation so far: [{"response", "feedback"}] with scores parsed from the feedback (SPEC 3)."""
+    turns = body.get("turns", [])
+    if not isinstance(turns, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("response"), str) and isinstance(t.get("feedback", ""), str)
+            for t in turns):
+        raise BadRequest(400, "'turns' must be a list of {'response': str, 'feedback': str}")
+    return [Turn(t["response"].strip(), t.get("feedback", "").strip(), parse_score(t.get("feedback", "")))
+            for t in turns]
+
+
+def _turn_json(turn: Turn) -> dict:
+    return {"response": turn.response, "feedback": turn.feedback, "score": turn.score}
+
+
+def fire_record(body: dict) -> dict:
+    """The conversation as a raw FIRE record (SPEC 3); a trailing answer without feedback is left out."""
+    turns = _turns(body)
+    while turns and not turns[-1].feedback:
+        turns.pop()
+    if not turns:
+        raise BadRequest(400, "no answer has feedback yet: give feedback (or ask the teacher) before downloading")
+    missing = [k for k, t in enumerate(turns, 1) if not t.feedback]
+    if missing:
+        raise BadRequest(400, f"turn {missing[0]} has no feedback")
+    conversations = []
+    for turn in turns:
+        conversations += [{"role": "student", "type": "response", "value": turn.response},
+                          {"role": "teacher", "type": "feedback", "value": turn.feedback}]
+    record = {"id": f"demo-{int(time.time() * 1000)}", "image": _text(body, "image_name"),
+              "question": {"role": "user", "value": _text(body, "question")},
+              "groundtruth": {"role": "user", "value": _text(body, "groundtruth", required=False) or "(none given)"},
+              "conversations": conversations, "source": "demo", "round": len(turns),
+              "score": [t.score for t in turns], "split": "demo"}
+    try:  # the demo's users may give feedback without a score line: the student's data keeps such records
+        parse_record(record, default_id=record["id"], require_scores=False)
+    except BadRecordError as e:
+        raise BadRequest(400, f"the conversation is not a valid FIRE record: {e}", e.reason)
+    return record
+
+
+def create_app(student, teacher, descriptions: dict, decode: DecodeConfig, *, seed: int = 0,
+               max_image_bytes: int = 8 << 20, max_pixels: int = 4096 * 4096, example_dir: str = EXAMPLES_DIR):
+    app = FastAPI(title="fire_jax demo")
+    items = examples(example_dir)
+    lock = threading.Lock()  # one generation at a time: the in-process models are not shared across threads
+    calls = itertools.count()
+
+    def rng():
+        if decode.temperature <= 0:
+            return None
+        import jax
+
+        return jax.random.fold_in(jax.random.key(seed), next(calls))
+
+    def image_of(body: dict):
+        return decode_data_uri(body.get("image"), max_image_bytes, max_pixels)
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(_, e: BadRequest):
+        return JSONResponse({"error": {"message": e.message, "code": e.code}}, status_code=e.status)
+
+    @app.exception_handler(Exception)
+    async def failure(_, e: Exception):  # a model failure: shown in the page, the server keeps going
+        return JSONResponse({"error": {"message": f"{type(e).__name__}: {e}", "code": "model_failure"}},
+                            status_code=500)
+
+    async def body_of(http: HttpRequest) -> dict:
+        try:
+            body = json.loads(await http.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise BadRequest(400, f"request body is not valid JSON: {e}", "invalid_json")
+        if not isinstance(body, dict):
+            raise BadRequest(400, "request body must be a JSON object")
+        return body
+
+    @app.get("/", response_class=HTMLResponse)
+    def page():
+        return PAGE.replace("__SETTINGS__", json.dumps(settings()).replace("<", "\\u003c"))
+
+    def settings() -> dict:
+        return {"student": descriptions["student"], "teacher": descriptions["teacher"],
+                "sampling": {"max_new_tokens": decode.max_new_tokens, "temperature": decode.temperature,
+                             "top_p": decode.top_p, "top_k": decode.top_k, "seed": seed},
+                "examples": items}
+
+    @app.get("/api/settings")
+    def get_settings():
+        return settings()
+
+    @app.get("/examples/{name}")
+    def example_image(name: str):
+        if name not in {item["image"] for item in items}:
+            raise BadRequest(404, f"no example image {name!r}", "not_found")
+        return FileResponse(os.path.join(example_dir, "images", name), media_type="image/png")
+
+    @app.post("/api/respond")
+    async def respond(http: HttpRequest):
+        """The student's next answer r_k, k = len(turns) + 1; every earlier turn needs feedback."""
+        body = await body_of(http)
+        image, question, turns = image_of(body), _text(body, "question"), _turns(body)
+        if any(not t.feedback for t in turns):
+            raise BadRequest(400, "give feedback on the last answer (or ask the teacher) before refining")
+        def run():
+            with lock:
+                return student.respond([image], [question], [tuple(turns)], rng=rng())[0]
+
+        response = await run_in_threadpool(run)
+        return {"response": response, "turns": [_turn_json(t) for t in turns]}
+
+    @app.post("/api/feedback")
+    async def feedback(http: HttpRequest):
+        """The teacher's feedback f_k with its score on the last answer r_k."""
+        body = await body_of(http)
+        image, question, turns = image_of(body), _text(body, "question"), _turns(body)
+        groundtruth = _text(body, "groundtruth")
+        if not turns:
+            raise BadRequest(400, "ask the student first: there is no answer to give feedback on")
+        def run():
+            with lock:
+                return teacher.feedback([image], [question], [groundtruth], [turns[-1].response],
+                                        [tuple(turns[:-1])], rng=rng())[0]
+
+        reply = await run_in_threadpool(run)
+        return {"feedback": reply.text, "score": reply.score}
+
+    @app.post("/api/record")
+    async def record(http: HttpRequest):
+        return fire_record(await body_of(http))
+
+    return app
+
+
+PAGE = r"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>fire_jax: feedback chat</title>
+<style>
+body{font-family:system-ui,sans-serif;margin:0;background:#f4f5f7;color:#222}
+header{background:#b33a1f;color:#fff;padding:10px 18px}header h1{margin:0;font-size:20px}
+main{display:grid;grid-template-columns:330px 1fr;gap:16px;padding:16px}
+.card{background:#fff;border-radius:8px;padding:12px;box-shadow:0 1px 3px #0002}
+label{display:block;font-size:12px;font-weight:600;margin:8px 0 2px}
+textarea,input[type=text],select{width:100%;box-sizing:border-box;font:inherit;padding:5px}
+button{font:inherit;padding:6px 12px;margin:6px 4px 0 0;border:0;border-radius:5px;background:#b33a1f;color:#fff;cursor:pointer}
+button:disabled{background:#bbb;cursor:default}button.secondary{background:#555}
+#preview{max-width:100%;max-height:220px;image-rendering:pixelated;border:1px solid #ccc;margin-top:6px}
+.turn{border-left:4px solid #b33a1f;padding:6px 10px;margin:8px 0;background:#fafafa}
+.turn pre{white-space:pre-wrap;margin:2px 0 6px;font-family:inherit}
+.score{font-weight:700;color:#b33a1f}#error{color:#b00;white-space:pre-wrap;font-weight:600}
+#status{color:#555;font-style:italic}small{color:#555}
+</style></head><body>
+<header><h1>fire_jax &middot; FIRE feedback chat</h1></header>
+<main>
+<section class="card">
+ <label for="example">Example image</label><select id="example"><option value="">(choose)</option></select>
+ <label for="upload">or upload an image</label><input id="upload" type="file" accept="image/*">
+ <img id="preview" alt="no image yet" hidden>
+ <label for="question">Question</label><textarea id="question" rows="2"></textarea>
+ <label for="groundtruth">Groundtruth (for the teacher)</label><textarea id="groundtruth" rows="2"></textarea>
+ <button id="ask">Ask the student</button><button id="reset" class="secondary">Reset</button>
+ <h3>Models</h3><div id="models"></div>
+ <h3>Sampling</h3><div id="sampling"></div>
+</section>
+<section class="card">
+ <div id="turns"></div>
+ <label for="feedback">Feedback on the latest answer (yours, or the teacher's)</label>
+ <textarea id="feedback" rows="4" placeholder="Score: 5.&#10;Feedback: ..."></textarea>
+ <button id="teacher" disabled>Ask the teacher</button><button id="refine" disabled>Refine</button>
+ <button id="download" disabled class="secondary">Download record</button>
+ <div id="status"></div><div id="error"></div>
+</section>
+</main>
+<script id="settings" type="application/json">__SETTINGS__</script>
+<script>
+const SETTINGS = JSON.parse(document.getElementById('settings').textContent);
+const $ = id => document.getElementById(id);
+let state = {image: null, imageName: null, turns: []};
+let busyTimer = null;
+
+function text(s){ const d=document.createElement('div'); d.textContent=s; return d.innerHTML; }
+$('models').innerHTML = `<small>student: ${text(SETTINGS.student)}<br>teacher: ${text(SETTINGS.teacher)}</small>`;
+$('sampling').innerHTML = '<small>' + Object.entries(SETTINGS.sampling).map(([k,v]) => `${k} = ${v}`).join('<br>') + '</small>';
+for (const ex of SETTINGS.examples) {
+  const o = document.createElement('option'); o.value = ex.image; o.textContent = `${ex.image}: ${ex.question}`;
+  $('example').appendChild(o);
+}
+function setImage(dataUri, name){ state.image = dataUri; state.imageName = name; $('preview').src = dataUri; $('preview').hidden = false; }
+function readFile(blob, name){
+  const reader = new FileReader(); reader.onload = () => setImage(reader.result, name); reader.readAsDataURL(blob);
+}
+$('example').onchange = async () => {
+  const ex = SETTINGS.examples.find(e => e.image === $('example').value); if (!ex) return;
+  const reply = await fetch('/examples/' + encodeURIComponent(ex.image));
+  readFile(await reply.blob(), ex.image);
+  $('question').value = ex.question; $('groundtruth').value = ex.groundtruth;
+};
+$('upload').onchange = () => { const f = $('upload').files[0]; if (f) readFile(f, f.name); };
+
+function render(){
+  $('turns').innerHTML = state.turns.map((t, i) => `<div class="turn" id="turn-${i+1}"><b>Turn ${i+1}</b>
+    <div>Student:</div><pre class="response">${text(t.response)}</pre>
+    <div>Feedback:</div><pre class="feedback">${t.feedback ? text(t.feedback) : '<i>(none yet)</i>'}</pre>
+    <div>Score: <span class="score">${t.score === null || t.score === undefined ? '-' : t.score}</span></div></div>`).join('');
+  const has = state.turns.length > 0;
+  $('teacher').disabled = !has; $('refine').disabled = !has; $('download').disabled = !has;
+}
+function busy(what){
+  const start = Date.now(); document.querySelectorAll('button').forEach(b => b.disabled = true);
+  $('error').textContent = '';
+  $('status').textContent = what + '...';
+  busyTimer = setInterval(() => $('status').textContent = `${what}... ${((Date.now()-start)/1000).toFixed(0)} s`, 500);
+}
+function idle(message){
+  clearInterval(busyTimer); $('status').textContent = message || '';
+  document.querySelectorAll('button').forEach(b => b.disabled = false); render();
+}
+async function call(route, body){
+  const reply = await fetch(route, {method: 'POST', headers: {'content-type': 'application/json'}, body: JSON.stringify(body)});
+  let data; try { data = await reply.json(); } catch (e) { throw new Error(`${route}: HTTP ${reply.status}`); }
+  if (!reply.ok) throw new Error((data.error && data.error.message) || `${route}: HTTP ${reply.status}`);
+  return data;
+}
+function base(){ return {image: state.image, question: $('question').value, groundtruth: $('groundtruth').value}; }
+async function step(what, work){
+  busy(what);
+  try { await work(); idle('done: ' + what); }
+  catch (e) { idle(); $('error').textContent = 'Error: ' + e.message; }
+}
+$('ask').onclick = () => step('the student answers', async () => {
+  if (!state.image) throw new Error('choose or upload an image first');
+  const r = await call('/api/respond', {...base(), turns: []});
+  state.turns = [{response: r.response, feedback: '', score: null}]; $('feedback').value = '';
+});
+$('teacher').onclick = () => step('the teacher gives feedback', async () => {
+  const r = await call('/api/feedback', {...base(), turns: state.turns});
+  const last = state.turns[state.turns.length - 1]; last.feedback = r.feedback; last.score = r.score;
+  $('feedback').value = r.feedback;
+});
+function takeFeedback(){
+  const last = state.turns[state.turns.length - 1];
+  if ($('feedback').value.trim()) last.feedback = $('feedback').value.trim();
+}
+$('refine').onclick = () => step('the student refines', async () => {
+  takeFeedback();
+  const r = await call('/api/respond', {...base(), turns: state.turns});
+  state.turns = r.turns.concat([{response: r.response, feedback: '', score: null}]); $('feedback').value = '';
+});
+$('download').onclick = () => step('building the record', async () => {
+  takeFeedback();
+  const record = await call('/api/record', {...base(), image_name: state.imageName, turns: state.turns});
+  const a = document.createElement('a');
+  a.href = URL.createObjectURL(new Blob([JSON.stringify(record, null, 1)], {type: 'application/json'}));
+  a.download = 'fire_record.json'; document.body.appendChild(a); a.click(); a.remove();
+});
+$('reset').onclick = () => {
+  state = {image: null, imageName: null, turns: []};
+  ['question', 'groundtruth', 'feedback', 'example', 'upload'].forEach(id => $(id).value = '');
+  $('preview').hidden = true; $('error').textContent = ''; $('status').textContent = ''; render();
+};
+render();
+</script></body></html>
+"""
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=7860)
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="config file[:arg] (default: configs/tiny.py)")
+    parser.add_argument("--student", help="HF dir, PEFT adapter, train workdir, 'random' or api:<base_url>#<model> "
+                                          "(default: runs/tiny/student if present, else random)")
+    parser.add_argument("--teacher", help="as --student (default: runs/tiny/teacher if present, else random)")
+    parser.add_argument("--init", help="base HF checkpoint for PEFT adapters (default: runs/tiny's base, or the config's)")
+    parser.add_argument("--max-new-tokens", type=int, default=160, help="as in the free dialogues")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    import uvicorn
+
+    args = parse_args(argv)
+    student_spec, teacher_spec, init = args.student, args.teacher, args.init
+    if student_spec is None or teacher_spec is None:
+        found, base, why = default_models()
+        student_spec = student_spec or found.get("student", "random")
+        teacher_spec = teacher_spec or found.get("teacher", "random")
+        init = init or base
+        print(f"default models: {why}", flush=True)
+    decode = DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p)
+    student, teacher, descriptions = load_agents(load_config(args.config), student_spec, teacher_spec, init, decode)
+    for role, description in descriptions.items():
+        print(f"{role}: {description}", flush=True)
+    app = create_app(student, teacher, descriptions, decode, seed=args.seed)
+    print(f"demo on http://{args.host}:{args.port}/", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

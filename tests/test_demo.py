@@ -1,0 +1,129 @@
+"""python -m fire_jax.demo in headless Debian chromium (issue 17.2): example image, ask, ask the teacher, refine,
+download the FIRE record, a bad image shown as an error; a screenshot is kept as a test artifact.
+
+The student is the random tiny model in process; the teacher is an ``api:`` spec pointing at a loopback
+``fire_jax.serve`` scripted model, so its feedback (and score) is known exactly.
+"""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from fire_jax.data.records import parse_record
+from loopback import get_json, server
+
+EXAMPLE = "test_00000.png"  # "How many green squares are in the image?" / "There are 2."
+TEACHER_REPLY = "Score: 4.\nFeedback: Your count is off. Count the green squares again, one by one."
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None,
+    reason="Debian chromium + chromium-driver not found (.ci/run installs them: apt-get install -y chromium "
+           "chromium-driver)")
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    script = tmp_path_factory.mktemp("teacher") / "teacher.json"
+    script.write_text(json.dumps({"rules": [{"contains": "Groundtruth: There are 2.", "reply": TEACHER_REPLY}]}))
+    with server("fire_jax.serve", ["--model", f"teacher=scripted:{script}"], "/health") as (_, teacher_base):
+        with server("fire_jax.demo", ["--student", "random", "--teacher", f"api:{teacher_base}/v1#teacher",
+                                      "--max-new-tokens", "12"], "/api/settings") as (_, base):
+            yield base, teacher_base
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    downloads = tmp_path_factory.mktemp("downloads")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                 "--window-size=1200,900", "--no-proxy-server"):
+        options.add_argument(flag)
+    options.add_experimental_option("prefs", {"download.default_directory": str(downloads),
+                                              "download.prompt_for_download": False})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.execute_cdp_cmd("Page.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
+    yield driver, downloads
+    driver.quit()
+
+
+def test_demo_dialogue_in_browser(demo, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    base, teacher_base = demo
+    driver, downloads = browser
+    wait = WebDriverWait(driver, 60, poll_frequency=0.1)
+    find = lambda css: driver.find_element(By.CSS_SELECTOR, css)
+    settings = get_json(f"{base}/api/settings")
+    assert settings["sampling"] == {"max_new_tokens": 12, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0}
+    assert settings["student"] == "random init (seed 0)" and settings["teacher"].startswith("endpoint api:")
+
+    driver.get(base)
+    assert "temperature = 0" in find("#sampling").text and "random init" in find("#models").text
+    Select(find("#example")).select_by_value(EXAMPLE)
+    wait.until(lambda d: find("#preview").get_attribute("src").startswith("data:image/png;base64,"))
+    assert find("#question").get_attribute("value") == "How many green squares are in the image?"
+    assert find("#groundtruth").get_attribute("value") == "There are 2."
+
+    def press(button, done):
+        find(button).click()
+        wait.until(lambda d: find("#status").text == f"done: {done}" or find("#error").text)
+        assert find("#error").text == ""
+
+    press("#ask", "the student answers")
+    first = find("#turn-1 .response").text
+    press("#teacher", "the teacher gives feedback")
+    assert find("#turn-1 .score").text == "4" and find("#feedback").get_attribute("value") == TEACHER_REPLY
+    press("#refine", "the student refines")
+    second = find("#turn-2 .response").text
+    assert find("#turn-1 .feedback").text == TEACHER_REPLY and find("#turn-2 .score").text == "-"
+    press("#teacher", "the teacher gives feedback")
+    assert find("#turn-2 .score").text == "4"
+    screenshot = tmp_path / "demo.png"
+    driver.save_screenshot(str(screenshot))
+    print(f"\ndemo screenshot: {screenshot}")
+    press("#download", "building the record")
+    path = downloads / "fire_record.json"
+    wait.until(lambda d: path.exists() and path.stat().st_size > 0)
+
+    raw = json.loads(path.read_text())
+    record = parse_record(raw, default_id="download")  # scores required: the teacher gave them
+    assert record.image == EXAMPLE and record.question == "How many green squares are in the image?"
+    assert record.groundtruth == "There are 2." and raw["round"] == 2 and raw["score"] == [4, 4]
+    assert [t.response for t in record.turns] == [first, second] and first and second
+    assert [t.feedback for t in record.turns] == [TEACHER_REPLY] * 2 and [t.score for t in record.turns] == [4, 4]
+    # the teacher endpoint answered exactly the two "ask the teacher" presses
+    assert get_json(f"{teacher_base}/health")["models"]["teacher"]["requests"] == {"Groundtruth: There are 2.": 2}
+
+    # the student's answers are those of the in-process tiny student on the same image and history
+    from fire_jax.data.config import load_config
+    from fire_jax.data.records import Turn
+    from fire_jax.demo import EXAMPLES_DIR
+    from fire_jax.infer.decode import DecodeConfig
+    from fire_jax.infer.loading import DEFAULT_CONFIG, load
+
+    student = load(load_config(DEFAULT_CONFIG)).agent("student", DecodeConfig(max_new_tokens=12))
+    image = os.path.join(EXAMPLES_DIR, "images", EXAMPLE)
+    expected = student.respond([image] * 2, [record.question] * 2, [(), (Turn(first, TEACHER_REPLY, 4),)])
+    assert expected == [first, second]
+
+    # reset clears the page; an undecodable upload is an error in the page, and the server keeps going
+    find("#reset").click()
+    assert find("#turns").text == "" and find("#question").get_attribute("value") == ""
+    bad = tmp_path / "not_an_image.png"
+    bad.write_bytes(b"this is not a PNG")
+    find("#upload").send_keys(str(bad))
+    wait.until(lambda d: find("#preview").get_attribute("src").startswith("data:"))
+    find("#question").send_keys("What is this?")
+    find("#ask").click()
+    wait.until(lambda d: find("#error").text)
+    assert find("#error").text.startswith("Error: image could not be decoded")
+    assert find("#turns").text == "" and get_json(f"{base}/api/settings")["student"] == "random init (seed 0)"
