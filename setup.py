@@ -33,6 +33,6 @@ setup(
     extras_require={
         # The PyTorch reference side of the parity tests (CPU build of torch, pinned).
         "test": ["torch==2.13.0", "transformers>=5.24", "peft>=0.21", "pycocoevalcap", "pytest", "scikit-learn",
-                 "selenium"],  # tests/test_demo.py drives the demo in Debian chromium,
+                 "selenium"],  # selenium: tests/test_demo.py drives the demo in Debian chromium
     },
 )
