@@ -75,6 +75,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
             setting.decode.batch_size = 16
         config.baseline = dict(name="base (no FIRE)", init="", adapter="")  # init: set to the base model
         config.ablation_source = "synthetic"  # Fig. 6 subsamples the student's synthetic dialogues
+        # Also run both students in free dialogues with the exact teacher (the generator's feedback rule).
+        config.exact_teacher_runs = True
     else:
         config.teacher_train = _load(f"fire_teacher.py:{options}")
         config.student_train = _load(f"fire_student.py:{options}")
@@ -82,5 +84,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.eval_free = _load("eval_free.py:8b")
         config.base_train = None  # the llava-hf checkpoint is the base
         config.baseline = dict(name="LLaVA-NeXT-8B", init=config.eval_free.student.init, adapter="")
+        config.exact_teacher_runs = False  # no exact rule for real data
         config.ablation_source = _fire_module().ABLATION_SOURCE  # Fig. 6 subsamples FIRE-1M (configs/fire.py)
     return config

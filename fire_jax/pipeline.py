@@ -22,6 +22,8 @@ SUMMARY = (("student BLEU-4", "fixed", "student", "BLEU-4"), ("student CIDEr", "
            ("teacher CIDEr", "fixed", "teacher", "CIDEr"), ("teacher MAE", "fixed", "teacher", "MAE"),
            ("AT", "free", None, "AT"), ("ADR", "free", None, "ADR"), ("ATR", "free", None, "ATR"),
            ("RR", "free", None, "RR"), ("K", "free", None, "K"))
+#: Columns of the free dialogues with the exact teacher (the synthetic set's own rule as the teacher).
+EXACT_COLUMNS = ("acc turn 1", "acc final", "judged RR")
 #: Exact-judge columns (synthetic test sets, fire_jax/eval/judge.py): (label, setting, path into metrics["judged"]).
 JUDGED = (("fixed student acc", "fixed", ("student", "accuracy")),
           ("fixed teacher agreement", "fixed", ("teacher", "agreement")),
@@ -46,15 +48,24 @@ def train_and_report(config, workdir: str, name: str) -> dict:
     return {"workdir": workdir, "step": summary["step"], "source_sizes": summary.get("source_sizes", {})}
 
 
+#: The teacher spec of the exact teacher (fire_jax.eval.judge.ExactTeacher): no model, the generator's rule.
+EXACT_TEACHER = dict(name="exact teacher", init="exact:synthetic", adapter="")
+
+
 def eval_stage(base, workdir: str, *, student: dict, teacher: dict, baseline_results: str = "") -> dict:
-    from fire_jax.eval.fire_bench import evaluate
+    """One FIRE-Bench evaluation; ``teacher=EXACT_TEACHER`` pairs the student with the synthetic set's rule."""
+    from fire_jax.eval.fire_bench import decode_config, evaluate, load_agent
+    from fire_jax.eval.judge import ExactTeacher
 
     config = ml_collections.ConfigDict(base.to_dict())
     config.student, config.teacher = dict(student), dict(teacher)
     if baseline_results:
         config.free.baseline_results = baseline_results
     print(f"\n== {config.setting} dialogues: student {student['name']}, teacher {teacher['name']} -> {workdir}")
-    return evaluate(config, workdir)
+    agents = None
+    if teacher.get("init") == EXACT_TEACHER["init"]:
+        agents = (load_agent(config, config.student).agent("student", decode_config(config)), ExactTeacher())
+    return evaluate(config, workdir, agents=agents)
 
 
 def run(config, workdir: str) -> dict[str, Any]:
@@ -76,6 +87,12 @@ def run(config, workdir: str) -> dict[str, Any]:
     results[("fire", "free")] = eval_stage(config.eval_free, os.path.join(out, "fire_free"), student=fire,
                                            teacher=fd,
                                            baseline_results=os.path.join(out, "baseline_free", "results.json"))
+    if config.get("exact_teacher_runs"):  # synthetic test set: both students with a teacher that never errs
+        results[("baseline", "free_exact")] = eval_stage(config.eval_free, os.path.join(out, "baseline_free_exact"),
+                                                         student=baseline, teacher=EXACT_TEACHER)
+        results[("fire", "free_exact")] = eval_stage(
+            config.eval_free, os.path.join(out, "fire_free_exact"), student=fire, teacher=EXACT_TEACHER,
+            baseline_results=os.path.join(out, "baseline_free_exact", "results.json"))
     summary = summarize(results)
     figures = [p for r in results.values() for p in r.get("figures", {}).values()]
     if summary.get("judged"):
@@ -121,7 +138,19 @@ def summarize(results: dict) -> dict:
             free_judged = results[(run_name, "free")]["metrics"]["judged"]["overall"]
             judged[run_name]["acc by turn"] = free_judged["accuracy_by_turn"]
             judged[run_name]["agreement by turn"] = free_judged["agreement_by_turn"]
-    return {"rows": rows, "judged": judged} if judged else {"rows": rows}
+    summary = {"rows": rows, "judged": judged} if judged else {"rows": rows}
+    exact = {}
+    for run_name in ("baseline", "fire"):
+        if (run_name, "free_exact") in results:
+            metrics = results[(run_name, "free_exact")]["metrics"]
+            judged_exact = metrics["judged"]["overall"]
+            exact[run_name] = {**{label: metrics["overall"].get(key) for label, _, _, key in SUMMARY if label in
+                                  ("AT", "ADR", "ATR", "RR", "K")},
+                               **{label: _get(judged_exact, path) for label, setting, path in JUDGED
+                                  if label in EXACT_COLUMNS}}
+    if exact:
+        summary["exact_teacher"] = exact
+    return summary
 
 
 def _cell(value) -> str:
@@ -144,6 +173,10 @@ def summary_table(summary: dict) -> str:
                   "refinement rate (right at the end of those wrong at turn 1), the teacher's agreement with the judge "
                   "over all turns (score >= 8 iff right), solved-but-wrong of solved, stopped-but-right.", ""]
         lines += _table(summary["judged"], [label for label, *_ in JUDGED])
+    if summary.get("exact_teacher"):
+        lines += ["", "Free dialogues with the exact teacher (the synthetic set's own feedback rule, never wrong): "
+                  "what each student does with informative feedback, apart from the FD teacher's mistakes.", ""]
+        lines += _table(summary["exact_teacher"], ["AT", "ADR", "ATR", "RR", "K", *EXACT_COLUMNS])
     return "\n".join(lines) + "\n"
 
 
@@ -156,6 +189,10 @@ def plot_judged_curves(results: dict, out_path: str) -> None:
         judged = results[(run_name, "free")]["metrics"]["judged"]["overall"]
         curves[f"{run_name}: exact judge"] = judged["accuracy_by_turn"]
         curves[f"{run_name}: teacher score >= 8"] = judged["teacher_accuracy_by_turn"]
+    for run_name in ("baseline", "fire"):
+        if (run_name, "free_exact") in results:
+            judged = results[(run_name, "free_exact")]["metrics"]["judged"]["overall"]
+            curves[f"{run_name} + exact teacher: exact judge"] = judged["accuracy_by_turn"]
     plot_accuracy_by_turn(curves, out_path, title="free dialogues: judged vs teacher accuracy")
 
 

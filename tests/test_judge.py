@@ -154,3 +154,20 @@ def test_synthetic_dialogues_step_towards_the_truth():
         for text in feedbacks[:-1]:  # wrong answers' feedback points the way without quoting the answer
             value = [w for w in gt.rstrip(".").split() if w.isdigit() or w in synthetic.RAINBOW]
             assert len(value) == 1 and value[0] not in text.split("Feedback:")[1].split()
+
+
+def test_exact_teacher_is_the_generators_rule():
+    """The exact teacher reproduces every feedback of generated dialogues, and its verdict is the judge's."""
+    records, _ = synthetic.generate(90, seed=4, split="train")
+    teacher = judge.ExactTeacher()
+    for record in records:
+        gt = record["groundtruth"]["value"]
+        responses = [m["value"] for m in record["conversations"][0::2]]
+        feedbacks = [m["value"].strip() for m in record["conversations"][1::2]]
+        out = teacher.feedback([None] * len(responses), [""] * len(responses), [gt] * len(responses), responses)
+        assert [f.text for f in out] == feedbacks
+        assert [judge.says_right(f.score) for f in out] == [judge.is_right(r, gt) for r in responses]
+    odd = teacher.feedback([None], [""], ["It is red."], ["Answer: There are 2."])[0]
+    assert odd.score == 1 and "Score: 1." in odd.text
+    with pytest.raises(ValueError, match="not a synthetic groundtruth"):
+        synthetic.exact_feedback("A cat on a mat.", "It is red.")

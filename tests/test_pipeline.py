@@ -39,7 +39,7 @@ def test_pipeline_writes_every_table_and_plot(pipeline_run):
         assert results["conversations"] == 6
         assert "(paper)" in open(os.path.join(workdir, "eval", name, "results.md")).read()
     figures = [os.path.join(workdir, p) for p in summary["figures"]]
-    assert len(figures) == 9 and all(os.path.getsize(p) > 1000 for p in figures)
+    assert len(figures) == 15 and all(os.path.getsize(p) > 1000 for p in figures)
     for stage in ("base", "teacher", "student"):
         assert os.listdir(os.path.join(workdir, stage, "checkpoints")) == ["12"]
     assert os.path.exists(os.path.join(workdir, "base", "export", "hf_merged", "config.json"))
@@ -97,6 +97,18 @@ def test_judged_fields_present_and_in_range(pipeline_run):
         assert 0 <= fixed["metrics"]["judged"]["overall"]["student"]["accuracy"] <= 1
         for label in ("acc turn 1", "acc final", "teacher agreement", "judged RR"):
             assert summary["judged"][run_name][label] is None or 0 <= summary["judged"][run_name][label] <= 1
+
+
+def test_exact_teacher_runs_agree_with_the_judge(pipeline_run):
+    """Free dialogues with the exact teacher: its verdicts are the judge's, on every turn of both students."""
+    workdir, summary = pipeline_run
+    for run_name in ("baseline", "fire"):
+        results = json.load(open(os.path.join(workdir, "eval", f"{run_name}_free_exact", "results.json")))
+        judged = results["metrics"]["judged"]["overall"]
+        assert judged["agreement"] == 1.0 and judged["solved_but_wrong"] == 0 and judged["stopped_but_right"] == 0
+        assert results["teacher"]["init"] == "exact:synthetic"
+        assert summary["exact_teacher"][run_name]["acc final"] == judged["accuracy_final"]
+        assert summary["exact_teacher"][run_name]["RR"] == results["metrics"]["overall"]["RR"]
 
 
 def test_same_command_same_results(pipeline_run, tmp_path):

@@ -376,3 +376,41 @@ def shortcut_report(train: Sequence[Mapping], test: Sequence[Mapping]) -> dict:
             "right_share_by_turn": {k: sum(v) / len(v) for k, v in sorted(by_turn.items())},
             "turns_by_position": {k: len(v) for k, v in sorted(by_turn.items())},
             "predictors": predictors}
+
+
+# ---------------------------------------------------------------------------- the rule that wrote the feedback
+
+def _parse_value(sentence: str) -> tuple[str, int] | None:
+    """(task name, 0-based value) of an answer sentence of :func:`generate`'s tasks, or None."""
+    import re
+
+    text = sentence.strip().rstrip(".").strip().lower()
+    for name, pattern in (("count", r"there are (\d+)"), ("bars", r"bar (\d+) is the tallest")):
+        match = re.fullmatch(pattern, text)
+        if match:
+            return name, int(match.group(1)) - 1
+    match = re.fullmatch(r"it is (\w+)", text)
+    if match and match.group(1) in RAINBOW:
+        return "color", RAINBOW.index(match.group(1))
+    return None
+
+
+def exact_feedback(groundtruth: str, answer: str) -> tuple[str, int]:
+    """The feedback f_k (text, score) the generator's own rule gives ``answer`` (the text after "Answer:").
+
+    The synthetic set's feedback is a function of (groundtruth, answer): 10 when right, else
+    ``WRONG_SCORES[distance]`` and the hint that points towards the groundtruth. An answer that is not a
+    sentence of the groundtruth's task scores 1 with a request for one. Used as the *exact teacher* in free
+    dialogues, to measure the student's refinement apart from a trained teacher's mistakes.
+    """
+    truth, given = _parse_value(groundtruth), _parse_value(answer)
+    if truth is None:
+        raise ValueError(f"not a synthetic groundtruth: {groundtruth!r}")
+    if given is None or given[0] != truth[0]:
+        return feedback(1, "Answer with one sentence like the examples of this question."), 1
+    if given[1] == truth[1]:
+        return feedback(RIGHT_SCORE, "Correct! Your answer is right."), RIGHT_SCORE
+    task = TASKS[truth[0]]()
+    task.shape = "shape"  # the hints that name nothing: every task's hint is independent of the drawing
+    distance = min(abs(given[1] - truth[1]), MAX_OFFSET)
+    return feedback(WRONG_SCORES[distance], task.hint(truth[1] > given[1])), WRONG_SCORES[distance]

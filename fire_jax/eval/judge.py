@@ -20,6 +20,7 @@ function of the dialogue records the runners write:
 from __future__ import annotations
 
 import collections
+import dataclasses
 import re
 from typing import Iterable, Mapping, Sequence
 
@@ -139,3 +140,30 @@ def judged_fixed(records: Sequence[Mapping], *, threshold: float = 8) -> dict:
                           "agreement_by_turn": {k: _agreement(v) for k, v in sorted(pairs.items())},
                           "confusion": _confusion(everything), "n": len(teacher)}
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ExactFeedback:
+    text: str  # f_k, score line included
+    score: float
+
+
+class ExactTeacher:
+    """A teacher that never errs on the synthetic set: the generator's own feedback rule
+    (:func:`fire_jax.data.synthetic.exact_feedback`) on the answer after "Answer:".
+
+    Same interface as :class:`fire_jax.infer.Teacher`. In free dialogues it measures what a student does with
+    informative, always-right feedback, apart from the mistakes of a trained teacher (FD).
+    """
+
+    name = "exact teacher (the generator's rule)"
+
+    def feedback(self, images, questions: Sequence[str], groundtruths: Sequence[str], answers: Sequence[str],
+                 histories=None, *, rng=None) -> list[ExactFeedback]:
+        from fire_jax.data.synthetic import exact_feedback
+
+        out = []
+        for groundtruth, answer in zip(groundtruths, answers):
+            text, score = exact_feedback(groundtruth, answer_of(answer))
+            out.append(ExactFeedback(text.strip(), float(score)))
+        return out
