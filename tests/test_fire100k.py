@@ -91,6 +91,9 @@ def args(triplets, model, out, *extra):
 
 def test_generate_kill_resume_filters_and_statistics(triplets, model, tmp_path, capsys):
     out = tmp_path / "fire100k.jsonl"
+    counts = lambda: get_json(f"{model}/health")["models"]["scripted"]["requests"]
+    before = counts()  # the fixture's model is shared by the module's tests
+    served = lambda: {rule: n - before[rule] for rule, n in counts().items()}  # requests made by this test
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     process = subprocess.Popen([sys.executable, "-m", "fire_jax.generate_fire100k",
                                 *args(triplets, model, out, "--concurrency", "1")],
@@ -103,7 +106,6 @@ def test_generate_kill_resume_filters_and_statistics(triplets, model, tmp_path, 
         time.sleep(0.1)
     process.send_signal(signal.SIGKILL)
     process.wait()
-    served = lambda: get_json(f"{model}/health")["models"]["scripted"]["requests"]
     assert served()["Question: Q-slow\n"] == 1 and all(v == 1 for v in served().values())
 
     # the rerun asks only for the triplet in flight at the kill; it times out: api_error, counted, not stored
@@ -154,3 +156,18 @@ def test_shards_split_the_triplets(triplets, model, tmp_path):
         done.append({json.loads(line)["id"] for p in (path, f"{path}.dropped.jsonl") for line in open(p)})
     ids = list(CASES)  # the slow triplet (index 10, shard 0) times out and is in neither file
     assert done == [set(ids[0::2]), set(ids[1::2])]
+
+
+def test_scripted_model_replies_and_refuses(model):
+    import openai
+
+    client = openai.OpenAI(base_url=f"{model}/v1", api_key="unused", max_retries=0)
+    reply = client.chat.completions.create(model="scripted", messages=[
+        {"role": "user", "content": "Question: Q-prose\nGroundtruth: x"}])
+    assert reply.choices[0].message.content == CASES["Q-prose"][1]
+    chunks = client.chat.completions.create(model="scripted", stream=True, messages=[
+        {"role": "user", "content": "Question: Q-prose\nGroundtruth: x"}])
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == CASES["Q-prose"][1]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "no rule matches"}])
+    assert e.value.status_code == 400 and e.value.code == "no_scripted_reply"
