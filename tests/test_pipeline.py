@@ -161,3 +161,12 @@ def test_accuracy_by_turn_launcher(pipeline_run, tmp_path):
     subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "accuracy_by_turn.py"), "--out", out, *runs],
                    check=True, cwd=ROOT)
     assert os.path.getsize(out) > 1000
+
+
+def test_8b_ablation_subsamples_fire_1m():
+    """At 8B the Fig. 6 ablation names FIRE-1M, a source of the student's data, not whatever sorts last."""
+    config = load_config(os.path.join(ROOT, "configs", "pipeline.py:8b"))
+    sources = config.student_train.data.sources
+    assert config.ablation_source == "fire_1m" and "fire_1m" in sources
+    assert sorted(sources)[-1] != "fire_1m"  # the old rule (last in sort order) would have picked another source
+    assert sources["fire_1m"].split == "fire_1m"
