@@ -47,7 +47,7 @@ from fire_jax.data.records import BadRecordError, Turn, parse_record, parse_scor
 from fire_jax.infer.api import api_agent, is_api_spec
 from fire_jax.infer.decode import DecodeConfig
 from fire_jax.infer.loading import DEFAULT_CONFIG, load
-from fire_jax.serve import BadRequest, decode_data_uri, default_models
+from fire_jax.serve import BadRequest, decode_data_uri, default_models, json_body
 
 EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "synthetic_fire")
 NUM_EXAMPLES = 24
@@ -158,15 +158,6 @@ def create_app(student, teacher, descriptions: dict, decode: DecodeConfig, *, se
         return JSONResponse({"error": {"message": f"{type(e).__name__}: {e}", "code": "model_failure"}},
                             status_code=500)
 
-    async def body_of(http: HttpRequest) -> dict:
-        try:
-            body = json.loads(await http.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise BadRequest(400, f"request body is not valid JSON: {e}", "invalid_json")
-        if not isinstance(body, dict):
-            raise BadRequest(400, "request body must be a JSON object")
-        return body
-
     @app.get("/", response_class=HTMLResponse)
     def page():
         return PAGE.replace("__SETTINGS__", json.dumps(settings()).replace("<", "\\u003c"))
@@ -190,7 +181,7 @@ def create_app(student, teacher, descriptions: dict, decode: DecodeConfig, *, se
     @app.post("/api/respond")
     async def respond(http: HttpRequest):
         """The student's next answer r_k, k = len(turns) + 1; every earlier turn needs feedback."""
-        body = await body_of(http)
+        body = await json_body(http)
         image, question, turns = image_of(body), _text(body, "question"), _turns(body)
         if any(not t.feedback for t in turns):
             raise BadRequest(400, "give feedback on the last answer (or ask the teacher) before refining")
@@ -204,7 +195,7 @@ def create_app(student, teacher, descriptions: dict, decode: DecodeConfig, *, se
     @app.post("/api/feedback")
     async def feedback(http: HttpRequest):
         """The teacher's feedback f_k with its score on the last answer r_k."""
-        body = await body_of(http)
+        body = await json_body(http)
         image, question, turns = image_of(body), _text(body, "question"), _turns(body)
         groundtruth = _text(body, "groundtruth")
         if not turns:
@@ -219,7 +210,7 @@ def create_app(student, teacher, descriptions: dict, decode: DecodeConfig, *, se
 
     @app.post("/api/record")
     async def record(http: HttpRequest):
-        return fire_record(await body_of(http))
+        return fire_record(await json_body(http))
 
     return app
 

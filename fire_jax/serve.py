@@ -113,6 +113,17 @@ class Script:
 # ------------------------------------------------------------------------------------------------
 
 
+async def json_body(http) -> dict:
+    """A request's JSON object body, or a 400 ``BadRequest`` (invalid JSON, or not an object)."""
+    try:
+        body = json.loads(await http.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadRequest(400, f"request body is not valid JSON: {e}", "invalid_json")
+    if not isinstance(body, dict):
+        raise BadRequest(400, "request body must be a JSON object")
+    return body
+
+
 def decode_data_uri(url: str, max_bytes: int, max_pixels: int):
     """A PIL image from a ``data:image/...;base64,`` URI; BadRequest for anything else."""
     if not isinstance(url, str) or not url.startswith("data:"):
@@ -280,12 +291,7 @@ def create_app(models: dict[str, Served], *, max_queue: int = 256, max_image_byt
 
     @app.post("/v1/chat/completions")
     async def chat_completions(http: HttpRequest):
-        try:
-            body = json.loads(await http.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise BadRequest(400, f"request body is not valid JSON: {e}", "invalid_json")
-        if not isinstance(body, dict):
-            raise BadRequest(400, "request body must be a JSON object")
+        body = await json_body(http)
         name = body.get("model")
         if name not in models:
             raise BadRequest(404, f"model {name!r} is not served; serving {sorted(models)}", "model_not_found")
