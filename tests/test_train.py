@@ -250,17 +250,17 @@ def _curve(workdir):
 
 
 def test_loss_goes_down_and_resume_is_exact(tmp_path):
-    config = tiny_config(total_steps=10, train_connector=True)
+    config = tiny_config(total_steps=16, train_connector=True)
     full = loop.train(config, str(tmp_path / "full"))
     curve = _curve(tmp_path / "full")
-    assert full["step"] == 10 and len(curve) == 10
-    assert np.mean(curve[-3:]) < np.mean(curve[:3]) - 0.1, curve  # 6.21 -> 6.07 from a random model
+    assert full["step"] == 16 and len(curve) == 16
+    assert np.mean(curve[-3:]) < np.mean(curve[:3]) - 0.1, curve  # LoRA + connector from a random model
     assert os.path.exists(tmp_path / "full" / "export" / "peft_adapter" / "adapter_model.safetensors")
     # Interrupted at step 4, resumed in a fresh run: same parameters and the same loss curve.
     part = str(tmp_path / "part")
     assert loop.train(config, part, max_steps=4)["step"] == 4
     resumed = loop.train(config, part)
-    assert resumed["step"] == 10
+    assert resumed["step"] == 16
     np.testing.assert_allclose(_curve(part), curve, rtol=1e-6)
     for a, b in zip(jax.tree.leaves(jax.device_get(full["state"].params)),
                     jax.tree.leaves(jax.device_get(resumed["state"].params))):
