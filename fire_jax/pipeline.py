@@ -144,9 +144,8 @@ def summarize(results: dict) -> dict:
         if (run_name, "free_exact") in results:
             metrics = results[(run_name, "free_exact")]["metrics"]
             judged_exact = metrics["judged"]["overall"]
-            exact[run_name] = {**{label: metrics["overall"].get(key) for label, _, _, key in SUMMARY if label in
-                                  ("AT", "ADR", "ATR", "RR", "K")},
-                               **{label: _get(judged_exact, path) for label, setting, path in JUDGED
+            exact[run_name] = {**{key: metrics["overall"].get(key) for key in ("AT", "ADR", "ATR", "RR", "K")},
+                               **{label: _get(judged_exact, path) for label, _, path in JUDGED
                                   if label in EXACT_COLUMNS}}
     if exact:
         summary["exact_teacher"] = exact

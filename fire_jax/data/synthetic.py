@@ -29,6 +29,7 @@ import collections
 import json
 import os
 import random
+import re
 from typing import Mapping, Sequence
 
 from PIL import Image, ImageDraw
@@ -382,8 +383,6 @@ def shortcut_report(train: Sequence[Mapping], test: Sequence[Mapping]) -> dict:
 
 def _parse_value(sentence: str) -> tuple[str, int] | None:
     """(task name, 0-based value) of an answer sentence of :func:`generate`'s tasks, or None."""
-    import re
-
     text = sentence.strip().rstrip(".").strip().lower()
     for name, pattern in (("count", r"there are (\d+)"), ("bars", r"bar (\d+) is the tallest")):
         match = re.fullmatch(pattern, text)
@@ -410,7 +409,6 @@ def exact_feedback(groundtruth: str, answer: str) -> tuple[str, int]:
         return feedback(1, "Answer with one sentence like the examples of this question."), 1
     if given[1] == truth[1]:
         return feedback(RIGHT_SCORE, "Correct! Your answer is right."), RIGHT_SCORE
-    task = TASKS[truth[0]]()
-    task.shape = "shape"  # the hints that name nothing: every task's hint is independent of the drawing
+    task = TASKS[truth[0]]()  # hints name nothing of the drawing, so an undrawn task writes them
     distance = min(abs(given[1] - truth[1]), MAX_OFFSET)
     return feedback(WRONG_SCORES[distance], task.hint(truth[1] > given[1])), WRONG_SCORES[distance]

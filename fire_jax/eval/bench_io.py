@@ -93,34 +93,44 @@ def load_triplets(paths: str | Sequence[str], image_root: str, *, on_bad_record:
     ``{"role", "value"}``). Bad ones are counted by reason (missing_field, empty_text, missing_image,
     unreadable_image, invalid_json) or raise under ``on_bad_record="error"``.
     """
+    bad = BadRecords() if bad is None else bad
+
+    def parse(raw: dict, where: str, default_id: str) -> Item:
+        image = raw.get("image", raw.get("img_path"))
+        if not isinstance(image, str) or not image:
+            raise BadRecordError("missing_field", where, "image")
+        item = Item(str(raw.get("id") or default_id), image, _text(raw, "question", where),
+                    _text(raw, "groundtruth", where), str(raw.get("source") or "unknown"))
+        return dataclasses.replace(item, image=check_image(item, resolve_path(image_root), where))
+
+    items = [item for path in ([paths] if isinstance(paths, str) else paths)
+             for item in read_objects(resolve_path(path), parse, bad=bad, on_bad_record=on_bad_record)]
+    return [items[i] for i in subset_indices(len(items), max_examples)]
+
+
+def read_objects(path: str, parse, *, bad: BadRecords, on_bad_record: str = "skip") -> list:
+    """``parse(raw, where, default_id)`` of every record of a JSON-array / JSONL file, in order.
+
+    A line that is not JSON or not an object, or a ``BadRecordError`` raised by ``parse``, is counted in
+    ``bad`` by reason, or raised under ``on_bad_record="error"``. ``default_id`` is ``"<file stem>:<index>"``.
+    """
     if on_bad_record not in ("skip", "error"):
         raise ValueError(f"on_bad_record must be 'skip' or 'error', got {on_bad_record!r}")
-    bad = BadRecords() if bad is None else bad
-    items = []
-    for path in [paths] if isinstance(paths, str) else paths:
-        path = resolve_path(path)
-        stem = os.path.splitext(os.path.basename(path))[0]
-        for index, raw in iter_raw(path):
-            where = f"{path}: record {index}"
-            try:
-                if isinstance(raw, BadRecordError):
-                    raise raw
-                if not isinstance(raw, dict):
-                    raise BadRecordError("missing_field", where, "<record>", "expected a JSON object")
-                record_id = str(raw.get("id") or f"{stem}:{index}")
-                image = raw.get("image", raw.get("img_path"))
-                if not isinstance(image, str) or not image:
-                    raise BadRecordError("missing_field", where, "image")
-                item = Item(record_id, image, _text(raw, "question", where), _text(raw, "groundtruth", where),
-                            str(raw.get("source") or "unknown"))
-                item = dataclasses.replace(item, image=check_image(item, resolve_path(image_root), where))
-            except BadRecordError as e:
-                if on_bad_record == "error":
-                    raise
-                bad.add(e)
-                continue
-            items.append(item)
-    return [items[i] for i in subset_indices(len(items), max_examples)]
+    stem = os.path.splitext(os.path.basename(path))[0]
+    out = []
+    for index, raw in iter_raw(path):
+        where = f"{path}: record {index}"
+        try:
+            if isinstance(raw, BadRecordError):
+                raise raw
+            if not isinstance(raw, dict):
+                raise BadRecordError("missing_field", where, "<record>", "expected a JSON object")
+            out.append(parse(raw, where, f"{stem}:{index}"))
+        except BadRecordError as e:
+            if on_bad_record == "error":
+                raise
+            bad.add(e)
+    return out
 
 
 class ResultStore:

@@ -19,9 +19,9 @@ import json
 import os
 from typing import Any
 
-from fire_jax.data.records import BadRecordError, BadRecords, iter_raw
+from fire_jax.data.records import BadRecordError, BadRecords
 from fire_jax.eval import metrics
-from fire_jax.eval.bench_io import ResultStore
+from fire_jax.eval.bench_io import ResultStore, read_objects
 
 SHORT_ANSWER = "Answer the question using a single word or phrase."
 LETTER_ANSWER = "Answer with the option's letter from the given choices directly."
@@ -29,35 +29,27 @@ PAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paper_results"
 
 
 def read_items(path: str, image_root: str = "") -> tuple[list[dict], BadRecords]:
-    """The usable items of a JSONL / JSON-array file; bad ones counted by reason (missing_field, missing_image)."""
-    items, bad = [], BadRecords()
-    stem = os.path.splitext(os.path.basename(path))[0]
-    for index, raw in iter_raw(path):
-        where = f"{path}: record {index}"
-        try:
-            if isinstance(raw, BadRecordError):
-                raise raw
-            if not isinstance(raw, dict):
-                raise BadRecordError("missing_field", where, "<record>", "expected a JSON object")
-            for field in ("image", "question", "answers"):
-                if not raw.get(field):
-                    raise BadRecordError("missing_field", where, field)
-            answers = [raw["answers"]] if isinstance(raw["answers"], str) else [str(a) for a in raw["answers"]]
-            image = os.path.join(image_root, raw["image"])
-            if not os.path.isfile(image):
-                raise BadRecordError("missing_image", where, "image", image)
-            item = dict(id=str(raw.get("id", f"{stem}:{index}")), image=image, question=str(raw["question"]),
-                        answers=answers, choices=[str(c) for c in raw.get("choices") or []])
-            if item["choices"]:
+    """The usable items of a JSONL / JSON-array file; bad ones counted by reason (missing_field, missing_image,
+    bad_answer)."""
+    def parse(raw: dict, where: str, default_id: str) -> dict:
+        for field in ("image", "question", "answers"):
+            if not raw.get(field):
+                raise BadRecordError("missing_field", where, field)
+        answers = [raw["answers"]] if isinstance(raw["answers"], str) else [str(a) for a in raw["answers"]]
+        image = os.path.join(image_root, raw["image"])
+        if not os.path.isfile(image):
+            raise BadRecordError("missing_image", where, "image", image)
+        item = dict(id=str(raw.get("id", default_id)), image=image, question=str(raw["question"]),
+                    answers=answers, choices=[str(c) for c in raw.get("choices") or []])
+        if item["choices"]:
+            try:
                 metrics.multiple_choice_accuracy("", answers[0], item["choices"])  # raises if not an option
-        except BadRecordError as e:
-            bad.add(e)
-            continue
-        except ValueError as e:
-            bad.add(BadRecordError("bad_answer", where, "answers", str(e)))
-            continue
-        items.append(item)
-    return items, bad
+            except ValueError as e:
+                raise BadRecordError("bad_answer", where, "answers", str(e))
+        return item
+
+    bad = BadRecords()
+    return read_objects(path, parse, bad=bad), bad
 
 
 def prompt(item: dict) -> str:
