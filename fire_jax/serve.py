@@ -25,11 +25,12 @@ the requests in flight, then exit.
 
 A ``scripted:FILE.json`` model answers with fixed strings, for tests of the
 clients (the demo, FIRE-100K-style generation): FILE.json holds
-``{"rules": [{"contains": "...", "reply": "...", "delay_s": 0}, ...], "default": "..."}``;
+``{"rules": [{"contains": "...", "reply": "...", "delay_s": 0, "errors": []}, ...], "default": "..."}``;
 the first rule whose ``contains`` occurs in the request's text (all messages
 joined) gives the reply (after ``delay_s`` seconds, to stand for a slow
-model), else ``default``, else a 400 error. ``/health`` counts the requests
-each rule answered.
+model), else ``default``, else a 400 error. ``errors`` (HTTP statuses, e.g.
+``[503, 429]``) answer the rule's first requests with those errors, to stand
+for a flaky endpoint. ``/health`` counts the requests each rule got.
 """
 
 from __future__ import annotations
@@ -102,6 +103,10 @@ class Script:
         for rule in self.rules:
             if rule["contains"] in text:
                 self.counts[rule["contains"]] += 1
+                errors = rule.get("errors", [])
+                if self.counts[rule["contains"]] <= len(errors):
+                    raise BadRequest(int(errors[self.counts[rule["contains"]] - 1]), "scripted failure",
+                                     "scripted_error", {"Retry-After": "0"})
                 return rule["reply"], float(rule.get("delay_s", 0))
         if self.default is None:
             raise BadRequest(400, f"scripted model {self.path}: no rule matches the request", "no_scripted_reply")
@@ -281,7 +286,9 @@ def create_app(models: dict[str, Served], *, max_queue: int = 256, max_image_byt
     @app.get("/health")
     async def health():
         return {"status": "ok", "models": {
-            name: {"description": s.description, "in_flight": s.engine.in_flight} if s.script is None else
+            name: {"description": s.description, "in_flight": s.engine.in_flight,
+                   "finished": s.engine.stats["requests"], "cancelled": s.engine.stats["cancelled"]}
+            if s.script is None else
             {"description": s.description, "requests": dict(s.script.counts)} for name, s in models.items()}}
 
     @app.get("/v1/models")
@@ -314,11 +321,12 @@ def create_app(models: dict[str, Served], *, max_queue: int = 256, max_image_byt
             raise BadRequest(503, str(e), "shutting_down", {"Retry-After": "5"})
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if body.get("stream"):
-            return StreamingResponse(_stream(rid, created, name, updates, ticket), media_type="text/event-stream")
-        while True:
-            _, reason = await updates.get()
-            if reason is not None:
-                break
+            return StreamingResponse(_stream(rid, created, name, updates, ticket, served.engine),
+                                     media_type="text/event-stream")
+        reason = await _wait_unless_disconnected(http, updates)
+        if reason is None:  # the client went away: free its slot (no one reads the reply)
+            served.engine.cancel(ticket)
+            return error(499, "client disconnected", "client_disconnected")
         if reason == "error":
             return error(500, f"generation failed: {ticket.error}", "generation_failed")
         result = ticket.result
@@ -351,7 +359,38 @@ async def _scripted(served: Served, body: dict, limits: dict):
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
 
 
-async def _stream(rid, created, name, updates: asyncio.Queue, ticket):
+async def _wait_unless_disconnected(http, updates: asyncio.Queue) -> str | None:
+    """The finish reason of a request, or None when its client disconnects first."""
+    async def disconnected():
+        while (await http.receive())["type"] != "http.disconnect":  # the body is read: only a disconnect comes
+            pass
+
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        while True:
+            get = asyncio.ensure_future(updates.get())
+            await asyncio.wait({get, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if not get.done():
+                get.cancel()
+                return None
+            _, reason = get.result()
+            if reason is not None:
+                return reason
+    finally:
+        watch.cancel()
+
+
+async def _stream(rid, created, name, updates: asyncio.Queue, ticket, engine: Engine):
+    """Server-sent events of one request; a client that disconnects cancels it (starlette cancels this
+    generator when the connection closes)."""
+    try:
+        async for chunk in _events(rid, created, name, updates, ticket):
+            yield chunk
+    finally:
+        engine.cancel(ticket)  # a no-op once finished
+
+
+async def _events(rid, created, name, updates: asyncio.Queue, ticket):
     def event(delta: dict, reason=None):
         chunk = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": name,
                  "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]}

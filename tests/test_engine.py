@@ -100,3 +100,24 @@ def test_rejects_what_cannot_run(engine):
         engine.submit(Request(list(range(1, 300)), max_tokens=64))
     with pytest.raises(ValueError, match="max_tokens"):
         engine.submit(Request([1, 2], max_tokens=0))
+
+
+def test_cancel_frees_the_slot_and_leaves_the_others_alone(engine, requests, together):
+    long = next(k for k, r in enumerate(requests) if r.max_tokens >= 12 and r.pixel_values is None)
+    other = next(k for k, r in enumerate(requests) if k != long and r.pixel_values is None)
+    before = engine.stats["cancelled"]
+    waiting = engine.submit(requests[other])
+    assert engine.cancel(waiting) and not engine.busy()  # a waiting request leaves the queue at once
+    assert waiting.wait(0).finish_reason == "cancelled" and waiting.wait(0).tokens == []
+
+    running, neighbour = engine.submit(requests[long]), engine.submit(requests[other])
+    while not running.tokens:
+        engine.step()
+    assert engine.cancel(running)
+    while engine.busy():
+        engine.step()
+    cut = running.wait(0)
+    assert cut.finish_reason == "cancelled" and 0 < len(cut.tokens) < requests[long].max_tokens
+    assert cut.tokens == together[long].tokens[:len(cut.tokens)]
+    assert neighbour.wait(0).tokens == together[other].tokens and not engine.cancel(neighbour)
+    assert engine.stats["cancelled"] == before + 2 and all(t is None for t in engine.occupant)

@@ -83,7 +83,12 @@ class Ticket:
         self.sent = 0  # characters of text already passed to on_update
         self.result: Result | None = None
         self.error: BaseException | None = None
+        self.cancelled = False  # set by Engine.cancel; the engine thread frees the slot
         self._done = threading.Event()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
 
     def wait(self, timeout: float | None = None) -> Result:
         if not self._done.wait(timeout):
@@ -268,6 +273,20 @@ class Engine:
             self.lock.notify_all()
         return ticket
 
+    def cancel(self, ticket: Ticket) -> bool:
+        """Stop a request whose client went away; thread-safe. A waiting request leaves the queue at once, a
+        running one frees its slot at the next chunk boundary. Its result keeps the tokens so far, with
+        finish_reason "cancelled". False when it had already finished."""
+        with self.lock:
+            if ticket.done:
+                return False
+            ticket.cancelled = True
+            if ticket in self.waiting:
+                self.waiting.remove(ticket)
+                self._finish(ticket, "cancelled")
+            self.lock.notify_all()
+        return True
+
     def generate(self, requests: Sequence[Request]) -> list[Result]:
         """Run requests to the end on the calling thread (the engine must not be started)."""
         tickets = [self.submit(r) for r in requests]
@@ -285,7 +304,11 @@ class Engine:
     # -- the loop ---------------------------------------------------------------------------------
 
     def step(self) -> None:
-        """Admit waiting requests into free slots, then one decode chunk."""
+        """Free the slots of cancelled requests, admit waiting requests into free slots, then one decode chunk."""
+        for slot, ticket in enumerate(self.occupant):
+            if ticket is not None and ticket.cancelled:
+                self.occupant[slot] = None
+                self._finish(ticket, "cancelled")
         self._admit_waiting()
         if any(t is not None for t in self.occupant):
             self._decode()
@@ -407,17 +430,23 @@ class Engine:
                 hold += len(ticket.text) - len(ticket.text.rstrip("\ufffd"))  # an incomplete UTF-8 character
         if reason is not None:
             self.occupant[slot] = None
-            hold = 0
-        if ticket.on_update is not None:
+            self._finish(ticket, reason)
+        elif ticket.on_update is not None:
             end = max(ticket.sent, len(ticket.text) - hold)
             delta, ticket.sent = ticket.text[ticket.sent:end], end
+            ticket.on_update(ticket, delta, None)
+
+    def _finish(self, ticket: Ticket, reason: str) -> None:
+        """Hand a finished request (a stop, its budget, or cancelled) its :class:`Result`; the rest of its text
+        goes to ``on_update`` with the reason."""
+        if ticket.on_update is not None:
+            delta, ticket.sent = ticket.text[ticket.sent:], len(ticket.text)
             ticket.on_update(ticket, delta, reason)
-        if reason is not None:
-            self.stats["requests"] += 1
-            ticket.result = Result(list(ticket.tokens), list(ticket.logprobs),
-                                   ticket.text if self.tokenizer is not None else None, reason,
-                                   len(request.prompt))
-            ticket._done.set()
+        self.stats["cancelled" if reason == "cancelled" else "requests"] += 1
+        ticket.result = Result(list(ticket.tokens), list(ticket.logprobs),
+                               ticket.text if self.tokenizer is not None else None, reason,
+                               len(ticket.request.prompt))
+        ticket._done.set()
 
     def _finish_error(self, ticket: Ticket, error: BaseException) -> None:
         ticket.error = error
