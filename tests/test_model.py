@@ -12,7 +12,7 @@ from flax import nnx
 
 from fire_jax.convert import hf as convert
 from fire_jax.geometry import ImageGeometry, select_best_resolution, unpadded_size
-from fire_jax.models import KVCache, LlavaNext, LlavaNextConfig, LoRAParam, count_params, merge_lora
+from fire_jax.models import KVCache, LlavaNext, LlavaNextConfig, LoRAParam, count_params, merge_lora, set_layer_layout
 from hf_reference import IMAGE_TOKEN, PINPOINTS, hf_logits, make_batch, rel_err, tiny_hf_model
 
 TOL = 1e-4
@@ -235,6 +235,48 @@ def test_remat_and_pad_mode(pair, batch):
     a = pad.embed(one, jnp.asarray(pv[:1, :1]), index)
     b = model.embed(one, jnp.asarray(pv[:1]), index)
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+
+
+def test_stacked_layers_load_save_and_export_as_the_list(pair, batch, tmp_path):
+    """scan_layers=True stores each LLM weight once as [layers, ...]: HF loading, saving, PEFT export and
+    import, the KV-cache path and set_layer_layout give what the per-layer list gives."""
+    _, model, directory = pair
+    stacked = convert.load_hf_checkpoint(directory, scan_layers=True)
+    q_kernel = stacked.language_model.model.layers.self_attn.q_proj.kernel
+    assert q_kernel[...].shape == (model.cfg.llm.layers, model.cfg.llm.dim, model.cfg.llm.dim)
+    assert q_kernel.get_metadata()["axes"] == ("layers", "embed", "heads")
+    for i, layer in enumerate(model.language_model.model.layers):
+        np.testing.assert_array_equal(np.asarray(q_kernel[...][i]), np.asarray(layer.self_attn.q_proj.kernel[...]))
+    np.testing.assert_allclose(_ours(stacked, batch), _ours(model, batch), rtol=1e-5, atol=1e-5)
+    # Saved from the stacked layout, read back into the list layout: the same tensors.
+    convert.save_hf_checkpoint(stacked, str(tmp_path / "saved"))
+    again = convert.load_hf_checkpoint(str(tmp_path / "saved"))
+    for a, b in zip(jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(nnx.state(again, nnx.Param))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # A PEFT adapter written from random stacked factors loads into the list layout layer by layer, and back.
+    rng = np.random.default_rng(1)
+    for _, variable in nnx.to_flat_state(nnx.state(stacked, LoRAParam)):
+        variable[...] = jnp.asarray(rng.standard_normal(variable[...].shape) * 0.05, jnp.float32)
+    convert.save_peft_adapter(stacked, str(tmp_path / "adapter"))
+    listed = convert.load_peft_adapter(convert.load_hf_checkpoint(directory), str(tmp_path / "adapter"))
+    for i, layer in enumerate(listed.language_model.model.layers):
+        np.testing.assert_array_equal(np.asarray(layer.self_attn.k_proj.lora_b[...]),
+                                      np.asarray(stacked.language_model.model.layers.self_attn.k_proj.lora_b[...][i]))
+    restacked = convert.load_peft_adapter(convert.load_hf_checkpoint(directory, scan_layers=True),
+                                          str(tmp_path / "adapter"))
+    for a, b in zip(jax.tree.leaves(nnx.state(stacked, LoRAParam)), jax.tree.leaves(nnx.state(restacked, LoRAParam))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with_lora = _ours(listed, batch)
+    np.testing.assert_allclose(_ours(stacked, batch), with_lora, rtol=1e-5, atol=1e-5)
+    # Decoding a stacked model (layer slices) equals its full forward; relayout keeps the function.
+    ids, mask, pv, idx, _ = batch
+    cache = KVCache.init(model.cfg.llm, ids.shape[0], ids.shape[1], jnp.float32)
+    logits, cache = stacked(jnp.asarray(ids), jnp.asarray(pv), jnp.asarray(idx), jnp.asarray(mask), cache=cache)
+    valid = mask.astype(bool)
+    assert rel_err(np.asarray(logits)[valid], with_lora[valid]) < 1e-5
+    assert set_layer_layout(stacked, False).cfg.scan_layers is False
+    assert isinstance(stacked.language_model.model.layers, nnx.List)
+    np.testing.assert_allclose(_ours(stacked, batch), with_lora, rtol=1e-5, atol=1e-5)
 
 
 def test_8b_parameter_counts_abstract():

@@ -14,7 +14,7 @@ from flax import nnx
 
 from fire_jax.data.config import load_config
 from fire_jax.data.pipeline import InputPipeline
-from fire_jax.models import LlavaNext, LlavaNextConfig, LoRAParam
+from fire_jax.models import LlavaNext, LlavaNextConfig, LoRAParam, set_layer_layout
 from fire_jax.train import loop
 from fire_jax.train.loss import token_weights
 from fire_jax.train.sharding import make_mesh, put_batch
@@ -202,12 +202,16 @@ def test_mesh_2x2x2_equals_one_device(setup):
 def test_remat_and_scanned_layers_equal_the_plain_step(setup, remat, scan):
     config, cfg, batch = setup
     config = tiny_config(eps=EQUIVALENCE_EPS)
-    _, plain, m_plain, _ = _one_step(config, cfg, batch, (1, 1, 1))
+    trainer_plain, plain, m_plain, _ = _one_step(config, cfg, batch, (1, 1, 1))
     other = LlavaNextConfig.from_dict({**config.model.to_dict(), "remat": remat, "scan_layers": scan})
-    _, state, m_other, _ = _one_step(config, other, batch, (1, 1, 1))
+    trainer_other, state, m_other, _ = _one_step(config, other, batch, (1, 1, 1))
     np.testing.assert_allclose(m_other["loss"], m_plain["loss"], rtol=1e-6)
     np.testing.assert_allclose(m_other["grad_norm"], m_plain["grad_norm"], rtol=1e-5)
-    for a, b in zip(jax.tree.leaves(plain.params), jax.tree.leaves(state.params)):
+    # Scanned layers are stored stacked [layers, ...]: compare the trained models in the list layout.
+    listed = set_layer_layout(trainer_other.model(state), False)
+    assert listed.language_model.model.layers[0].self_attn.q_proj.lora_a[...].ndim == 2
+    for a, b in zip(jax.tree.leaves(nnx.state(trainer_plain.model(plain))), jax.tree.leaves(nnx.state(listed)),
+                    strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-3 * config.train.lr)
 
 

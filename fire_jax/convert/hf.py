@@ -141,8 +141,20 @@ def _flat_params(state) -> dict[str, Any]:
     return {".".join(str(p) for p in path): leaf for path, leaf in nnx.to_flat_state(state)}
 
 
+_LAYER_PATH = re.compile(r"(language_model\.model\.layers)\.(\d+)\.(.+)")
+
+
+def _in_model(path: str, ours: dict[str, Any]) -> tuple[str, int | None]:
+    """Where a per-layer path lives: (path, None) as is, or (stacked path, layer index) in a model whose
+    LLM layers are stacked (``scan_layers=True``: ``layers.self_attn.q_proj.kernel`` ``[layers, ...]``)."""
+    m = _LAYER_PATH.fullmatch(path)
+    if path not in ours and m and f"{m[1]}.{m[3]}" in ours:
+        return f"{m[1]}.{m[3]}", int(m[2])
+    return path, None
+
+
 def hf_to_path(key: str, ours: dict[str, Any]) -> tuple[str, Callable]:
-    """Our parameter path and tensor transform for a HF key; ``W`` marks "kernel or weight"."""
+    """Our (per-layer) parameter path and tensor transform for a HF key; ``W`` marks "kernel or weight"."""
     key = canonical_key(key)
     for pattern, template, fn in _RULES:
         m = re.fullmatch(pattern, key)
@@ -151,9 +163,22 @@ def hf_to_path(key: str, ours: dict[str, Any]) -> tuple[str, Callable]:
         path = template.format(*m.groups())
         if path.endswith(".W"):  # a Linear's kernel (transposed) or a norm's weight (as is)
             stem = path[:-2]
-            return (stem + ".kernel", _linear) if stem + ".kernel" in ours else (stem + ".weight", _same)
+            return (stem + ".kernel", _linear) if _in_model(stem + ".kernel", ours)[0] in ours else (
+                stem + ".weight", _same)
         return path, fn
     raise KeyError(f"unknown Hugging Face key {key!r}")
+
+
+def per_layer_params(model: LlavaNext) -> Iterator[tuple[str, np.ndarray]]:
+    """(per-layer path, host array) for every frozen parameter, stacked LLM layers split into their layers."""
+    for path, leaf in _flat_params(nnx.state(model, nnx.Param)).items():
+        value = leaf[...] if hasattr(leaf, "get_value") else leaf
+        m = re.fullmatch(r"(language_model\.model\.layers)\.([a-z_].*)", path)
+        if m and model.language_model.model.scan_layers:
+            for i in range(value.shape[0]):
+                yield f"{m[1]}.{i}.{m[2]}", np.asarray(jax.device_get(value[i]))
+        else:
+            yield path, np.asarray(jax.device_get(value))
 
 
 def path_to_hf(path: str) -> tuple[str, Callable]:
@@ -223,20 +248,33 @@ def load_hf_checkpoint(directory: str, lora: LoraConfig | None = LoraConfig(), *
     graphdef, frozen, lora_state = nnx.split(abstract_model(cfg), nnx.Param, LoRAParam)
     ours = _flat_params(frozen)
     loaded: dict[str, jax.Array] = {}
+    stacks: dict[str, tuple[np.ndarray, set[int]]] = {}  # stacked layer weights, filled on the host layer by layer
     for key, tensor in iter_hf_tensors(directory):
-        path, fn = hf_to_path(key, ours)
+        per_layer, fn = hf_to_path(key, ours)
+        path, layer = _in_model(per_layer, ours)
         if path not in ours:
-            raise KeyError(f"{directory}: HF key {key!r} maps to {path!r}, which the model does not have")
+            raise KeyError(f"{directory}: HF key {key!r} maps to {per_layer!r}, which the model does not have")
         target = ours[path]
+        shape = target.shape if layer is None else target.shape[1:]
         value = fn(tensor)
-        if value.shape != target.shape:
-            raise ValueError(f"{directory}: {key} has shape {value.shape}, the model expects {target.shape} at {path}")
+        if value.shape != shape:
+            raise ValueError(f"{directory}: {key} has shape {value.shape}, the model expects {shape} at {per_layer}")
         value = value.astype(target.dtype)
-        loaded[path] = jax.device_put(value, sharding(path, target) if sharding else None)
+        if layer is None:
+            loaded[path] = jax.device_put(value, sharding(path, target) if sharding else None)
+        else:
+            stack, layers = stacks.setdefault(path, (np.empty(target.shape, target.dtype), set()))
+            stack[layer] = value
+            layers.add(layer)
         del tensor, value
+    for path, (stack, layers) in stacks.items():
+        if len(layers) == stack.shape[0]:
+            loaded[path] = jax.device_put(stack, sharding(path, ours[path]) if sharding else None)
+    stacks.clear()
     missing = sorted(set(ours) - set(loaded))
     if missing:
-        raise KeyError(f"{directory}: checkpoint lacks {len(missing)} tensor(s), e.g. {missing[:5]}")
+        raise KeyError(f"{directory}: checkpoint lacks {len(missing)} tensor(s) (of a stacked layer weight: "
+                       f"some layers), e.g. {missing[:5]}")
     for path, variable in nnx.to_flat_state(frozen):
         variable.set_value(loaded[".".join(str(p) for p in path)])
     if cfg.lora is not None:
@@ -257,9 +295,8 @@ def save_hf_checkpoint(model: LlavaNext, directory: str, *, max_shard_bytes: int
         json.dump(config_to_hf(model.cfg), f, indent=2)
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
-    for path, leaf in _flat_params(nnx.state(model, nnx.Param)).items():
+    for path, arr in per_layer_params(model):
         key, fn = path_to_hf(path)
-        arr = np.asarray(jax.device_get(leaf[...] if hasattr(leaf, "get_value") else leaf))
         if fn is None:  # patch conv: [3*p*p, width] -> [width, 3, p, p]
             p = model.cfg.vision.patch_size
             arr = arr.T.reshape(arr.shape[1], 3, p, p)
@@ -316,13 +353,9 @@ def save_peft_adapter(model: LlavaNext, directory: str, base_model_name_or_path:
     if lora is None:
         raise ValueError("the model has no LoRA adapter to export")
     tensors = {}
-    for i, layer in enumerate(model.language_model.model.layers):
-        for target in lora.targets:
-            sub, proj = _PEFT_MODULES[target].split(".")
-            linear = getattr(getattr(layer, sub), proj)
-            prefix = f"base_model.model.model.language_model.layers.{i}.{sub}.{proj}"
-            tensors[f"{prefix}.lora_A.weight"] = _linear(jax.device_get(linear.lora_a[...]))
-            tensors[f"{prefix}.lora_B.weight"] = _linear(jax.device_get(linear.lora_b[...]))
+    for (i, sub, proj, ab), (variable, layer) in _lora_factors(model).items():
+        value = jax.device_get(variable[...] if layer is None else variable[...][layer])
+        tensors[f"base_model.model.model.language_model.layers.{i}.{sub}.{proj}.lora_{ab}.weight"] = _linear(value)
     os.makedirs(directory, exist_ok=True)
     save_file(tensors, os.path.join(directory, "adapter_model.safetensors"), metadata={"format": "pt"})
     names = "|".join(_PEFT_MODULES[t].split(".")[1] for t in lora.targets)
@@ -334,6 +367,21 @@ def save_peft_adapter(model: LlavaNext, directory: str, base_model_name_or_path:
 
 
 _PEFT_KEY = re.compile(r".*language_model\.(?:model\.)?layers\.(\d+)\.(self_attn|mlp)\.(\w+_proj)\.lora_([AB])\.weight")
+
+
+def _lora_factors(model) -> dict[tuple[int, str, str, str], tuple[nnx.Variable, int | None]]:
+    """(layer, "self_attn"/"mlp", projection, "A"/"B") -> (its LoRA variable, layer index into it when stacked)."""
+    llama = model.language_model.model
+    targets = model.cfg.lora.targets if model.cfg.lora else ()
+    factors = {}
+    for i in range(llama.cfg.layers):
+        layer = llama.layers if llama.scan_layers else llama.layers[i]
+        for target in targets:
+            sub, proj = _PEFT_MODULES[target].split(".")
+            linear = getattr(getattr(layer, sub), proj)
+            for ab, variable in (("A", linear.lora_a), ("B", linear.lora_b)):
+                factors[(i, sub, proj, ab)] = (variable, i if llama.scan_layers else None)
+    return factors
 
 
 def peft_lora_config(directory: str) -> dict:
@@ -360,22 +408,30 @@ def load_peft_adapter(model, directory: str):
     from safetensors.numpy import load_file
 
     path = os.path.join(directory, "adapter_model.safetensors")
-    layers = model.language_model.model.layers
-    targets = model.cfg.lora.targets if model.cfg.lora else ()
-    missing = {(i, _PEFT_MODULES[t].split(".")[1], ab) for i in range(len(layers)) for t in targets for ab in "AB"}
+    factors = _lora_factors(model)
+    targets, layers = (model.cfg.lora.targets if model.cfg.lora else ()), model.cfg.llm.layers
+    missing = set(factors)
+    values: dict[int, tuple[nnx.Variable, np.ndarray]] = {}  # id(variable) -> (variable, new value), set once
     for key, value in load_file(path).items():
         m = _PEFT_KEY.fullmatch(key)
-        if m is None or "vision" in key or (int(m[1]), m[3], m[4]) not in missing:
+        index = None if m is None else (int(m[1]), m[2], m[3], m[4])
+        if index is None or "vision" in key or index not in missing:
             raise KeyError(f"{path}: tensor {key!r} is no LoRA factor of the model's language model (or a repeat) "
-                           f"(LoRA targets {targets}, {len(layers)} layers)")
-        missing.remove((int(m[1]), m[3], m[4]))
-        linear = getattr(getattr(layers[int(m[1])], m[2]), m[3])
-        variable = linear.lora_a if m[4] == "A" else linear.lora_b
+                           f"(LoRA targets {targets}, {layers} layers)")
+        missing.remove(index)
+        variable, layer = factors[index]
+        _, new = values.setdefault(id(variable), (variable, np.array(jax.device_get(variable[...]))))
         value = np.ascontiguousarray(value.T)
-        if value.shape != variable[...].shape:
-            raise ValueError(f"{path}: {key} has shape {value.T.shape}, the model expects {variable[...].shape[::-1]}")
-        variable[...] = value.astype(variable[...].dtype)
+        expected = new.shape if layer is None else new.shape[1:]
+        if value.shape != expected:
+            raise ValueError(f"{path}: {key} has shape {value.T.shape}, the model expects {expected[::-1]}")
+        if layer is None:
+            new[...] = value
+        else:
+            new[layer] = value
     if missing:
         raise KeyError(f"{path}: lacks {len(missing)} LoRA factor(s) of the model, e.g. (layer, module, A/B) "
-                       f"{sorted(missing)[:4]}")
+                       f"{sorted((i, proj, ab) for i, _, proj, ab in missing)[:4]}")
+    for variable, new in values.values():
+        variable[...] = jnp.asarray(new, variable[...].dtype)
     return model

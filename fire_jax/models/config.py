@@ -119,7 +119,7 @@ class LlavaNextConfig:
     pad_newline: bool = False
     projector_bias: bool = True
     remat: str = "none"  # per-layer rematerialisation policy name, see models.llama.REMAT_POLICIES
-    scan_layers: bool = False  # without a KV cache, run the LLM layers as one lax.scan (training memory)
+    scan_layers: bool = False  # LLM layers stored stacked and run as one lax.scan (training); False: a list (decoding)
     dtype: str = "float32"  # activation / compute dtype
     param_dtype: str = "float32"  # frozen weights' storage dtype
 

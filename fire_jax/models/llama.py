@@ -134,8 +134,48 @@ class DecoderLayer(nnx.Module):
         return x + self.mlp(self.post_attention_layernorm(x), rngs[4:]), cache_kv
 
 
+def stack_layers(layers) -> DecoderLayer:
+    """One DecoderLayer whose every weight is the layers' weights stacked ``[layers, ...]`` (copies once).
+
+    The leading axis is named "layers" in the weights' logical axes (never sharded).
+    """
+    graphdef = nnx.split(layers[0])[0]
+    stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *[nnx.split(layer)[1] for layer in layers])
+    for _, variable in nnx.to_flat_state(stacked):
+        axes = variable.get_metadata().get("axes")
+        if axes is not None:
+            variable.set_metadata("axes", ("layers", *axes))
+    return nnx.merge(graphdef, stacked)
+
+
+def unstack_layers(stacked: DecoderLayer, n: int) -> list[DecoderLayer]:
+    """The inverse of :func:`stack_layers`: ``n`` DecoderLayers (copies once)."""
+    graphdef, state = nnx.split(stacked)
+    layers = []
+    for i in range(n):
+        layer = jax.tree.map(lambda x: x[i], state)
+        for _, variable in nnx.to_flat_state(layer):
+            axes = variable.get_metadata().get("axes")
+            if axes is not None and axes[:1] == ("layers",):
+                variable.set_metadata("axes", tuple(axes[1:]))
+        layers.append(nnx.merge(graphdef, layer))
+    return layers
+
+
 class LlamaModel(nnx.Module):
-    """Embeddings + decoder layers + final norm (HF ``LlamaModel``)."""
+    """Embeddings + decoder layers + final norm (HF ``LlamaModel``).
+
+    Layer storage follows ``scan_layers``. True (training, scoring): ``layers`` is one
+    DecoderLayer whose weights are stacked ``[layers, ...]`` once, at creation, and a
+    ``lax.scan`` runs over them, so the step never copies the frozen LLM (MaxText's
+    layout). False (decoding): ``layers`` is a list; each decode step reads every
+    layer's weights in place. On XLA:CPU a layer sliced out of a stacked weight is a
+    copy (and a dot fed by a slice loses its fast kernel), which costs a memory-bound
+    decode step 2-4x; so decoding a stacked model works, but load it with
+    ``scan_layers=False`` to generate (as MaxText decodes unscanned checkpoints).
+    Both layouts give the same weights from the same seed: the stacked one is
+    built layer by layer and stacked once (``nnx.vmap`` would split the RNG differently).
+    """
 
     def __init__(self, cfg: LlamaConfig, lora: LoraConfig | None, *, dtype, param_dtype, remat: str,
                  rngs: nnx.Rngs, scan_layers: bool = False):
@@ -147,9 +187,16 @@ class LlamaModel(nnx.Module):
         self.scan_layers = scan_layers
         self.embed_tokens = Embed(cfg.vocab_size, cfg.dim, axes=("vocab", "embed"), param_dtype=param_dtype,
                                   rngs=rngs)
-        self.layers = nnx.List(
-            [DecoderLayer(cfg, lora, param_dtype=param_dtype, rngs=rngs) for _ in range(cfg.layers)])
+        layers = [DecoderLayer(cfg, lora, param_dtype=param_dtype, rngs=rngs) for _ in range(cfg.layers)]
+        self.layers = stack_layers(layers) if scan_layers else nnx.List(layers)
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps, param_dtype=param_dtype)
+
+    def set_layout(self, scan_layers: bool) -> None:
+        """Restack (``scan_layers=True``) or unstack the layers in place; one copy of their weights."""
+        if scan_layers != self.scan_layers:
+            self.layers = (stack_layers(list(self.layers)) if scan_layers
+                           else nnx.List(unstack_layers(self.layers, self.cfg.layers)))
+            self.scan_layers = scan_layers
 
     def embed(self, input_ids: jax.Array) -> jax.Array:
         return self.embed_tokens(jnp.clip(input_ids, 0, self.cfg.vocab_size - 1), self.dtype)
@@ -185,11 +232,16 @@ class LlamaModel(nnx.Module):
         x = constrain(embeds.astype(self.dtype), ("batch", None, None))  # [batch, seq, dim]
         if cache is None and self.scan_layers:
             return self.norm(self._scan(apply, x, dropout_rng)), None
+        if self.scan_layers:  # a stacked model decoding: layer i's weights sliced out (a copy on CPU)
+            graphdef, stacked = nnx.split(self.layers)
+            layers = [(graphdef, jax.tree.map(lambda w: w[i], stacked)) for i in range(self.cfg.layers)]
+        else:
+            layers = [nnx.split(layer) for layer in self.layers]
         new_k, new_v = [], []
-        for i, layer in enumerate(self.layers):
+        for i, (graphdef, state) in enumerate(layers):
             kv = None if cache is None else (cache.k[i], cache.v[i])
             rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, i)
-            x, kv = apply(*nnx.split(layer), x, kv, rng)
+            x, kv = apply(graphdef, state, x, kv, rng)
             x = constrain(x, ("batch", None, None))
             if kv is not None:
                 new_k.append(kv[0])
@@ -199,14 +251,13 @@ class LlamaModel(nnx.Module):
         return self.norm(x), cache
 
     def _scan(self, apply, x, dropout_rng):
-        """The layers as one ``lax.scan`` over their stacked states (no cache: training / scoring).
+        """The stacked layers as one ``lax.scan`` (no cache: training / scoring).
 
         XLA schedules a scanned layer once instead of 32 unrolled copies, which keeps
-        rematerialised training at a few layers' worth of live memory (MaxText scans too).
+        rematerialised training at a few layers' worth of live memory (MaxText scans too);
+        each step reads layer i's weights straight from the stacked storage.
         """
-        graphdef = nnx.split(self.layers[0])[0]
-        states = [nnx.split(layer)[1] for layer in self.layers]
-        stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)  # [layers, ...] per weight
+        graphdef, stacked = nnx.split(self.layers)  # [layers, ...] per weight
 
         def body(x, xs):
             i, state = xs
@@ -214,5 +265,5 @@ class LlamaModel(nnx.Module):
             x, _ = apply(graphdef, state, x, None, rng)
             return constrain(x, ("batch", None, None)), None
 
-        x, _ = jax.lax.scan(body, x, (jnp.arange(len(self.layers)), stacked))
+        x, _ = jax.lax.scan(body, x, (jnp.arange(self.cfg.layers), stacked))
         return x

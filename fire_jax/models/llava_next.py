@@ -9,6 +9,8 @@ with ``jnp.where``; no boolean scatter, no Python loop over examples.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -103,9 +105,19 @@ def merge_lora(model: nnx.Module) -> nnx.Module:
     return model
 
 
+def set_layer_layout(model: LlavaNext, scan_layers: bool) -> LlavaNext:
+    """Stack the LLM layers (``scan_layers=True``: training, scoring) or list them (decoding), in place.
+
+    One copy of the layer weights; the config records the layout. Returns the model.
+    """
+    model.language_model.model.set_layout(scan_layers)
+    model.cfg = dataclasses.replace(model.cfg, scan_layers=scan_layers)
+    return model
+
+
 def count_params(model: nnx.Module, filter_=nnx.Param) -> int:
     """Number of parameters of one variable type (works on abstract models too)."""
     return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, filter_)))
 
 
-__all__ = ["LlavaNext", "LoRAParam", "KVCache", "merge_lora", "count_params"]
+__all__ = ["LlavaNext", "LoRAParam", "KVCache", "merge_lora", "set_layer_layout", "count_params"]

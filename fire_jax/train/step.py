@@ -71,7 +71,8 @@ class Trainer:
         self.mesh, self.rules = mesh, rules
         self.train_cfg, self.loss_cfg = train_cfg, loss_cfg
         self.graphdef, params, frozen = nnx.split(model, trainable_filter(train_cfg), ...)
-        to_f32 = lambda tree: jax.tree.map(lambda x: x.astype(jnp.float32), tree)
+        # A copy even when already float32: the step donates its state, and the model must stay usable.
+        to_f32 = lambda tree: jax.tree.map(lambda x: jnp.array(x, jnp.float32, copy=True), tree)
         params = jax.eval_shape(to_f32, params) if abstract else to_f32(params)
         self.tx, self.schedule = make_optimizer(train_cfg, total_steps)
         replicated = NamedSharding(mesh, P())
