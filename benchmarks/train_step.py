@@ -21,11 +21,10 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from fire_jax.models import LlavaNext, LlavaNextConfig, count_params  # noqa: E402
+from fire_jax.models import LlavaNext, LlavaNextConfig  # noqa: E402
 from fire_jax.train.defaults import loss_config, train_config  # noqa: E402
 from fire_jax.train.sharding import make_mesh  # noqa: E402
 from fire_jax.train.step import Trainer  # noqa: E402
@@ -45,22 +44,30 @@ def _batch(batch, seq, vocab, seed=0):
     return ids, loss_mask
 
 
-def _time(fn, steps):
+def _time(fn, steps, repeats=3):
+    """Seconds per call: the best of ``repeats`` means over ``steps`` calls, after a warm-up (the CPU is shared)."""
     fn()  # compile / warm up
-    start = time.perf_counter()
-    for _ in range(steps):
-        fn()
-    return (time.perf_counter() - start) / steps
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        best = min(best, (time.perf_counter() - start) / steps)
+    return best
 
 
-def speed(batch: int, seq: int, steps: int) -> None:
+def _load() -> str:
+    return "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+
+
+def speed(batch: int, seq: int, steps: int, scan_layers: bool = False, remat: str = "none") -> None:
     import torch
     from peft import LoraConfig, get_peft_model
 
     from fire_jax.convert.hf import config_to_hf
 
     torch.set_num_threads(os.cpu_count() or 1)
-    cfg = LlavaNextConfig.from_dict(SMALL)
+    cfg = LlavaNextConfig.from_dict({**SMALL, "scan_layers": scan_layers, "remat": remat})
     ids, loss_mask = _batch(batch, seq, cfg.llm.vocab_size)
 
     # ---- ours
@@ -96,9 +103,12 @@ def speed(batch: int, seq: int, steps: int) -> None:
         optimizer.step()
 
     tokens = batch * seq
+    load_before = _load()
     t_ours, t_ref = _time(ours, steps), _time(reference, steps)
     print(f"\ntrain step, LLaVA-NeXT LLM dim {cfg.llm.dim} x {cfg.llm.layers} layers, vocab {cfg.llm.vocab_size}, "
-          f"LoRA r64 on q,k, batch {batch} x seq {seq}, float32, CPU ({os.cpu_count()} cores)")
+          f"LoRA r64 on q,k, batch {batch} x seq {seq}, float32, CPU ({os.cpu_count()} cores), fire_jax "
+          f"scan_layers={scan_layers} remat={remat}; best of 3 x {steps} steps; {load_before} before, "
+          f"{_load()} after")
     print(f"{'implementation':32s} {'s/step':>8s} {'tokens/s':>10s} {'ratio':>6s}")
     print(f"{'transformers + peft (PyTorch)':32s} {t_ref:8.3f} {tokens / t_ref:10.0f} {1.0:6.2f}")
     print(f"{'fire_jax (jax.jit)':32s} {t_ours:8.3f} {tokens / t_ours:10.0f} {t_ref / t_ours:6.2f}")
@@ -106,27 +116,29 @@ def speed(batch: int, seq: int, steps: int) -> None:
 
 def flops_per_token_8b() -> None:
     """Matmul FLOPs per trained token for the frozen-base LoRA step (SPEC 8B sizes, seq 3072)."""
-    from fire_jax.convert.hf import abstract_model
-    from fire_jax.data.config import load_config
+    from gpu import flops_per_token
 
-    config = load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "llava_next_8b.py"))
-    model = abstract_model(LlavaNextConfig.from_dict(config.model))
-    llm = model.cfg.llm
-    n_dense = count_params(model.language_model) - llm.vocab_size * llm.dim  # embedding lookup is no matmul
-    seq = 3072
-    attn = 2 * 2 * llm.layers * seq * llm.heads * llm.head_dim / 2  # QK^T and AV, causal: half the pairs
-    forward = 2 * n_dense + attn
-    print(f"\n8B step FLOPs per token (seq {seq}): dense params {n_dense / 1e9:.2f}B, forward {forward / 1e9:.1f} GFLOP")
+    flops = flops_per_token(LlavaNextConfig().llm, LlavaNextConfig().lora, 3072)
+    print(f"\n8B step FLOPs per token (seq 3072): dense params {flops['dense_params'] / 1e9:.2f}B, "
+          f"forward {flops['forward'] / 1e9:.1f} GFLOP")
     print(f"  model FLOPs, frozen base + LoRA: 4N-style = forward + input-gradient backward = "
-          f"{2 * forward / 1e9:.1f} GFLOP/token (no weight gradients for frozen weights, so not 6N)")
-    print(f"  hardware FLOPs with full remat (forward recomputed): {3 * forward / 1e9:.1f} GFLOP/token")
+          f"{flops['4N'] / 1e9:.1f} GFLOP/token (no weight gradients for frozen weights, so not 6N = "
+          f"{flops['6N'] / 1e9:.1f})")
+    print(f"  hardware FLOPs with full remat (forward recomputed): {(flops['4N'] + flops['forward']) / 1e9:.1f} "
+          f"GFLOP/token")
 
 
-def memory_8b() -> None:
+def memory_8b(dtype: str | None) -> None:
+    """``dtype`` overrides the config's bfloat16 weights and activations. XLA:CPU computes bf16 dots in
+    float32 and hoists those casts out of the micro-batch loop, so a bf16 analysis on CPU holds a float32
+    copy of every frozen weight that a GPU would not; at float32 there is no cast, and any weight copy
+    the step makes shows up as such."""
     from fire_jax.convert.hf import abstract_model
     from fire_jax.data.config import load_config
 
     config = load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "fire_student.py"))
+    if dtype:
+        config.model.dtype = config.model.param_dtype = dtype
     cfg = LlavaNextConfig.from_dict(config.model)
     mesh = make_mesh((1, 8, 1))
     start = time.perf_counter()
@@ -142,7 +154,8 @@ def memory_8b() -> None:
     gib = 2 ** 30
     total = mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes - mem.alias_size_in_bytes
     print(f"\n8B student step, global batch {b} x {s} tokens ({config.train.accum_steps} micro-batches), "
-          f"mesh (data 1, fsdp 8, tensor 1), remat {cfg.remat}, compiled in {time.perf_counter() - start:.0f}s")
+          f"mesh (data 1, fsdp 8, tensor 1), remat {cfg.remat}, scan_layers {cfg.scan_layers}, weights and "
+          f"activations {cfg.param_dtype}/{cfg.dtype}, compiled in {time.perf_counter() - start:.0f}s")
     print(f"  per device: arguments {mem.argument_size_in_bytes / gib:.2f} GiB, temporaries "
           f"{mem.temp_size_in_bytes / gib:.2f} GiB, outputs {mem.output_size_in_bytes / gib:.2f} GiB, "
           f"aliased {mem.alias_size_in_bytes / gib:.2f} GiB -> peak ~{total / gib:.2f} GiB (limit 80 GB = 74.5 GiB)")
@@ -154,13 +167,16 @@ def main():
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--scan-layers", action="store_true", help="speed: fire_jax with stacked, scanned layers")
+    parser.add_argument("--remat", default="none", help="speed: fire_jax's remat policy")
+    parser.add_argument("--dtype", default=None, help="memory part: override the 8B config's bfloat16")
     args = parser.parse_args()
     if args.part in ("all", "speed"):
-        speed(args.batch, args.seq, args.steps)
+        speed(args.batch, args.seq, args.steps, args.scan_layers, args.remat)
     if args.part in ("all", "flops"):
         flops_per_token_8b()
     if args.part in ("all", "memory"):
-        memory_8b()
+        memory_8b(args.dtype)
 
 
 if __name__ == "__main__":

@@ -104,6 +104,11 @@ class Embed(nnx.Module):
 #: Query positions per block in the memory-bounded attention path (non-GPU backends).
 QUERY_CHUNK = 512
 
+#: ``implementation`` of ``jax.nn.dot_product_attention`` on GPUs: None (JAX's choice, today XLA's
+#: generic kernel, which holds the [batch, heads, q, kv] scores) or "cudnn" (the fused flash kernel,
+#: bf16/fp16 only; benchmarks/gpu.py selects it).
+GPU_ATTENTION: str | None = None
+
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None) -> jax.Array:
     """Scaled dot-product attention, grouped-query aware.
@@ -112,7 +117,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None) 
     mask bool broadcastable to ``[batch, heads, q_len, kv_len]``.
 
     - a single query (a decode step): an einsum that reads the KV cache in place;
-    - on GPUs: ``jax.nn.dot_product_attention``, which picks the cuDNN flash kernel;
+    - on GPUs: ``jax.nn.dot_product_attention`` with :data:`GPU_ATTENTION` as its implementation;
     - elsewhere, sequences longer than :data:`QUERY_CHUNK`: blocks of queries, each
       rematerialised, so scores never exist for the whole sequence at once
       (XLA's generic path would hold ``[batch, heads, seq, seq]`` float32 per layer).
@@ -121,7 +126,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None) 
     b, t, heads, d = q.shape
     if t == 1:
         return _single_query(q, k, v, mask, scale)
-    if jax.default_backend() == "gpu" or t <= QUERY_CHUNK or t % QUERY_CHUNK:
+    if jax.default_backend() == "gpu":
+        return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation=GPU_ATTENTION)
+    if t <= QUERY_CHUNK or t % QUERY_CHUNK:
         return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale)
     n = t // QUERY_CHUNK
     blocks = q.reshape(b, n, QUERY_CHUNK, heads, d).swapaxes(0, 1)  # [blocks, batch, chunk, heads, head_dim]

@@ -1,0 +1,188 @@
+"""LLaVA-NeXT-8B on one GPU: the student LoRA train step and greedy decoding, one table (< 8 minutes on an H200).
+
+    python benchmarks/gpu.py                 # one CUDA GPU (H200, H100, A100, ...): random bf16 8B weights
+    python benchmarks/gpu.py --tiny          # the tiny config on CPU, end to end (tests/test_gpu_bench.py)
+
+The 8B model (configs/llava_next_8b.py: Llama-3-8B, LoRA r64 on q,k, bf16
+weights and activations) is built on the device with random weights: nothing is
+downloaded. Batches are text only (the LLM is where the time goes; CLIP adds
+one forward over the tiles).
+
+- Train step: the student LoRA step (AdamW, chunked cross-entropy, full
+  per-layer remat, stacked scanned layers, attention by cuDNN's flash kernel,
+  falling back to XLA's if cuDNN rejects the shapes) at seq 3072, micro-batch
+  1, 2 and 4, one micro-batch per step. MFU is stated two ways:
+  "6N" = 3 x forward FLOPs per token (what full fine-tuning would do: forward,
+  activation gradients, weight gradients) and "4N" = 2 x forward (frozen base:
+  no weight gradients, the LoRA factors' are negligible); forward = 2 x dense
+  LLM params (the embedding lookup excluded, lm_head included) + causal
+  attention (QK^T and AV over half the pairs). Remat's recomputed forward is
+  not counted (model FLOPs, not hardware FLOPs).
+- Decode: ``fire_jax.infer.generate``, greedy, a random 1024-token prompt per
+  row, ``--new`` tokens with no stop ids, at batch 1, 16, 64; the layers are
+  unstacked first (``scan_layers=False``, the decoding layout). Prefill is
+  timed as a 1-token generation; decode tok/s = batch x (new - 1) / (total - prefill).
+- Peak memory: the device's ``peak_bytes_in_use`` after each row (cumulative).
+
+Each timing is the best of ``--repeats`` after a warm-up call (which compiles).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+#: Dense bf16 peak FLOP/s by device kind (substring match), for MFU; --peak-tflops overrides.
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+def flops_per_token(llm, lora, seq: int) -> dict[str, float]:
+    """Model FLOPs per trained token: forward, "6N" (3 x forward) and LoRA-only "4N" (2 x forward + LoRA grads)."""
+    per_layer = (llm.dim * llm.heads * llm.head_dim * 2 + llm.dim * llm.kv_heads * llm.head_dim * 2
+                 + 3 * llm.dim * llm.mlp_dim)
+    dense = llm.layers * per_layer + llm.dim * llm.vocab_size  # + lm_head; the embedding is a lookup
+    attention = 2 * 2 * llm.layers * seq * llm.heads * llm.head_dim / 2  # QK^T and AV, causal: half the pairs
+    forward = 2 * dense + attention
+    lora_params = 0 if lora is None else llm.layers * sum(
+        lora.rank * (llm.dim + {"q": llm.heads, "k": llm.kv_heads, "v": llm.kv_heads}.get(t, 0) * llm.head_dim)
+        for t in lora.targets)
+    return {"dense_params": dense, "forward": forward, "6N": 3 * forward, "4N": 2 * forward + 4 * lora_params}
+
+
+def _best(fn, repeats: int) -> float:
+    fn()  # compile / warm up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _peak_gib(device) -> float | None:
+    stats = device.memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use")
+    return None if peak is None else peak / 2**30
+
+
+def main(argv=None, print_fn=print) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="configs/tiny.py on any backend (CPU test)")
+    parser.add_argument("--seq", type=int, default=None, help="train sequence length (3072; tiny 64)")
+    parser.add_argument("--micro", default=None, help="micro-batch sizes (1,2,4; tiny 1,2)")
+    parser.add_argument("--decode-batches", default=None, help="decode batch sizes (1,16,64; tiny 1,2)")
+    parser.add_argument("--prompt", type=int, default=None, help="prompt tokens per row (1024; tiny 16)")
+    parser.add_argument("--new", type=int, default=None, help="new tokens per row (128; tiny 4)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--attention", default="cudnn", choices=("cudnn", "xla"), help="GPU attention kernel")
+    parser.add_argument("--peak-tflops", type=float, default=None, help="device bf16 peak, for MFU")
+    args = parser.parse_args(argv)
+    tiny = args.tiny
+    seq = args.seq or (64 if tiny else 3072)
+    micros = [int(x) for x in (args.micro or ("1,2" if tiny else "1,2,4")).split(",")]
+    decode_batches = [int(x) for x in (args.decode_batches or ("1,2" if tiny else "1,16,64")).split(",")]
+    prompt_len, new = args.prompt or (16 if tiny else 1024), args.new or (4 if tiny else 128)
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from fire_jax.data.config import load_config
+    from fire_jax.infer.decode import DecodeConfig, generate
+    from fire_jax.models import LlavaNext, LlavaNextConfig, layers, set_layer_layout
+    from fire_jax.train.defaults import loss_config, train_config
+    from fire_jax.train.sharding import make_mesh
+    from fire_jax.train.step import Trainer
+
+    start_all = time.perf_counter()
+    device = jax.devices()[0]
+    config = load_config(os.path.join(ROOT, "configs", "tiny.py" if tiny else "llava_next_8b.py"))
+    config.model.update(scan_layers=True, remat="full")
+    cfg = LlavaNextConfig.from_dict(config.model)
+    peak = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in device.device_kind), None)
+    flops = flops_per_token(cfg.llm, cfg.lora, seq)
+    print_fn(f"jax {jax.__version__}, {device.platform}: {device.device_kind}; model {'tiny' if tiny else '8B'} "
+             f"(LLM dense {flops['dense_params'] / 1e9:.2f}B params, {cfg.param_dtype}); "
+             f"peak {peak or 'unknown'} TFLOP/s")
+    print_fn(f"FLOPs per token at seq {seq}: 6N-style {flops['6N'] / 1e9:.1f} G, LoRA-only 4N {flops['4N'] / 1e9:.1f} G")
+
+    # Random weights made on the device: under jit nothing is staged on the host.
+    graphdef = nnx.split(nnx.eval_shape(lambda: LlavaNext(cfg, rngs=nnx.Rngs(0))))[0]
+    state = jax.jit(lambda: nnx.state(LlavaNext(cfg, rngs=nnx.Rngs(0))))()
+    model = nnx.merge(graphdef, state)
+    del state
+    print_fn(f"built in {time.perf_counter() - start_all:.0f}s")
+
+    rows = []
+    rng = np.random.default_rng(0)
+    layers.GPU_ATTENTION = "cudnn" if args.attention == "cudnn" else None
+    for micro in micros:
+        ids = rng.integers(0, cfg.llm.vocab_size - 2, (micro, seq)).astype(np.int32)
+        loss_mask = np.zeros((micro, seq), np.float32)
+        loss_mask[:, seq // 2:] = 1.0
+        batch = {"input_ids": jnp.asarray(ids), "attention_mask": jnp.ones((micro, seq), jnp.int32),
+                 "loss_mask": jnp.asarray(loss_mask), "turn_ids": jnp.asarray(np.where(loss_mask > 0, 2, -1))}
+        trainer = Trainer(model, train_config(batch_size=micro, loss_chunk=512, lr=1e-5), loss_config(), 1000,
+                          make_mesh((1, 1, 1), [device]))
+        holder = {"state": trainer.initial_state}
+
+        def step():
+            holder["state"], metrics = trainer.step(holder["state"], batch, jax.random.key(0))
+            jax.block_until_ready(metrics["loss"])
+
+        attention = args.attention if device.platform == "gpu" else "xla (CPU)"
+        try:
+            seconds = _best(step, args.repeats)
+        except Exception as error:  # noqa: BLE001 - cuDNN rejects some shapes/dtypes at compile time
+            if layers.GPU_ATTENTION is None:
+                raise
+            print_fn(f"cuDNN attention failed ({type(error).__name__}: {str(error)[:200]}); using XLA's")
+            layers.GPU_ATTENTION, attention = None, "xla (cuDNN failed)"
+            trainer._steps.clear()
+            holder["state"] = trainer.initial_state
+            seconds = _best(step, args.repeats)
+        tokens = micro * seq / seconds
+        row = dict(kind="train", batch=micro, seconds=seconds, tokens_per_s=tokens, attention=attention,
+                   mfu_6n=None if peak is None else tokens * flops["6N"] / (peak * 1e12),
+                   mfu_4n=None if peak is None else tokens * flops["4N"] / (peak * 1e12), peak_gib=_peak_gib(device))
+        rows.append(row)
+        print_fn(f"train micro-batch {micro} done ({time.perf_counter() - start_all:.0f}s)")
+
+    set_layer_layout(model, False)  # decoding reads each layer's weights in place
+    for batch_size in decode_batches:
+        prompts = list(rng.integers(0, cfg.llm.vocab_size - 2, (batch_size, prompt_len)))
+
+        def run(n):
+            config_n = DecodeConfig(max_new_tokens=n, stop_ids=(), bucket_min=min(64, prompt_len))
+            return lambda: generate(model, prompts, config=config_n).tokens
+
+        total, prefill = _best(run(new), args.repeats), _best(run(1), args.repeats)
+        rows.append(dict(kind="decode", batch=batch_size, seconds=total, prefill_s=prefill,
+                         tokens_per_s=batch_size * new / total,
+                         decode_tokens_per_s=batch_size * (new - 1) / (total - prefill) if total > prefill else None,
+                         peak_gib=_peak_gib(device)))
+        print_fn(f"decode batch {batch_size} done ({time.perf_counter() - start_all:.0f}s)")
+
+    fmt = lambda x, spec: "n/a" if x is None else format(x, spec)
+    print_fn("")
+    print_fn("| part | batch | s | tok/s | MFU 6N | MFU 4N (LoRA) | prefill s | decode tok/s | peak GiB | note |")
+    print_fn("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        if r["kind"] == "train":
+            print_fn(f"| train seq {seq} | {r['batch']} | {r['seconds']:.3f} | {r['tokens_per_s']:.0f} | "
+                     f"{fmt(r['mfu_6n'], '.1%')} | {fmt(r['mfu_4n'], '.1%')} | | | {fmt(r['peak_gib'], '.1f')} | "
+                     f"remat full, attention {r['attention']} |")
+        else:
+            print_fn(f"| greedy decode, prompt {prompt_len}, {new} new | {r['batch']} | {r['seconds']:.3f} | "
+                     f"{r['tokens_per_s']:.0f} | | | {r['prefill_s']:.3f} | {fmt(r['decode_tokens_per_s'], '.0f')} | "
+                     f"{fmt(r['peak_gib'], '.1f')} | |")
+    print_fn(f"total {time.perf_counter() - start_all:.0f}s")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
