@@ -8,22 +8,30 @@ length bucket, written into the slots' cache rows), and a request that stops
 frees its slot at the next chunk boundary; a chunk ends early as soon as any
 row finishes while requests are waiting.
 
-Each slot keeps its own cache index: the decode step is the model's
-one-token forward ``jax.vmap``-ed over slots, each a batch of one with its
-own write column and position. So a request's cache layout depends only on
-its own prompt (left-padded to its bucket, exactly as ``generate`` lays it
-out), never on its neighbours, and its greedy tokens are the same alone or
-among 31 others. Prefill batches are always ``prefill_batch`` rows (dead rows
-padded) for the same reason.
+**One write column for all slots.** Every decode step writes all slots'
+keys at one shared cache column ``c`` and then ``c + 1``, so the step is the
+model's ordinary batched one-token forward (the fixed path's own step: a
+per-slot column, the one-token forward ``vmap``-ed over slots, measured 3-5x
+slower per step on CPU). An admitted prompt, left-padded to its bucket B as
+``generate`` lays it out, is written just left of ``c``, in columns
+``[c - B, c)``; positions are per slot (RoPE is applied before caching), so a
+row's keys may sit anywhere in its cache row. When ``c`` gets too close to
+the end for a new request's ``max_tokens`` (or too close to the start for
+its prompt), the whole cache is shifted along the column axis (one copy,
+every few hundred steps), keeping every live row's columns; a request that
+does not fit yet waits for rows to finish. Masked columns weigh exactly zero
+in attention, so a request's greedy tokens are the same alone or among 31
+others, and equal to ``generate``'s (tested). Prefill batches are always
+``prefill_batch`` rows (dead rows padded) for the same reason.
 
 Per request: ``max_tokens``, temperature / top-k / top-p with its own seed
 (the key of token t is ``fold_in(key(seed), t)``, so a sampled request is
 reproducible whatever runs beside it), stop ids and stop strings.
 
-Compiled shapes, all known up front: one decode chunk ``[slots, cache_len]``
-and one prefill per (prompt bucket, image-tile bucket), buckets as in
-:func:`fire_jax.infer.decode.bucket_length` (or multiples of ``bucket_min``
-near the end of the context) and at most ``cache_len``.
+Compiled shapes, all known up front: one decode chunk ``[slots, cache_len]``,
+one cache shift, and one prefill per (prompt bucket, image-tile bucket),
+buckets as in :func:`fire_jax.infer.decode.bucket_length` (or multiples of
+``bucket_min`` near the end of the context) and at most ``cache_len``.
 """
 
 from __future__ import annotations
@@ -128,65 +136,63 @@ def _pick_rows(logits, seeds, counts, temperature, top_k, top_p):
 
 @functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("cache",))
 def _admit(graphdef, state, cache: KVCache, input_ids, attention_mask, positions, pixel_values, image_index, slots,
-           seeds, temperature, top_k, top_p):
-    """Prefill ``[prefill_batch, bucket]`` prompts and write them into cache rows ``slots`` (out of range: dead row).
-
-    Returns the cache, each row's first token and its log-prob.
-    """
+           column, seeds, temperature, top_k, top_p):
+    """Prefill ``[prefill_batch, bucket]`` prompts into cache rows ``slots`` (out of range: a dead row), columns
+    ``[column - bucket, column)``. Returns the cache, each row's first token and its log-prob."""
     TRACE_COUNTS["engine_admit"] += 1
     model = nnx.merge(graphdef, state)
     rows, bucket = input_ids.shape
     fresh = KVCache.init(model.cfg.llm, rows, bucket, model.dtype)
     hidden, fresh = model.hidden_states(input_ids, pixel_values, image_index, attention_mask, positions, fresh)
     token, logprob = _pick_rows(model.logits(hidden[:, -1]), seeds, jnp.zeros_like(seeds), temperature, top_k, top_p)
-    k = tuple(c.at[slots, :bucket].set(f.astype(c.dtype), mode="drop") for c, f in zip(cache.k, fresh.k))
-    v = tuple(c.at[slots, :bucket].set(f.astype(c.dtype), mode="drop") for c, f in zip(cache.v, fresh.v))
-    row_mask = jnp.zeros((rows, cache.mask.shape[1]), bool).at[:, :bucket].set(fresh.mask)  # clears the old occupant
-    mask = cache.mask.at[slots].set(row_mask, mode="drop")
-    return KVCache(k, v, mask, cache.index), token, logprob
+    columns = column - bucket + jnp.arange(bucket)  # [bucket]
+    write = lambda c, f: c.at[slots[:, None], columns[None, :]].set(f.astype(c.dtype), mode="drop")
+    row_mask = jnp.zeros((rows, cache.mask.shape[1]), bool).at[:, columns].set(fresh.mask)  # clears the old occupant
+    return (KVCache(tuple(map(write, cache.k, fresh.k)), tuple(map(write, cache.v, fresh.v)),
+                    cache.mask.at[slots].set(row_mask, mode="drop"), cache.index), token, logprob)
+
+
+@functools.partial(jax.jit, donate_argnames=("cache",))
+def _shift(cache: KVCache, shift) -> KVCache:
+    """Every slot's cache row moved ``shift`` columns to the right (negative: left), wrapping around."""
+    roll = lambda x: jnp.roll(x, shift, axis=1)
+    return KVCache(tuple(map(roll, cache.k)), tuple(map(roll, cache.v)), roll(cache.mask), cache.index)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "steps"), donate_argnames=("cache",))
-def _decode_chunk(graphdef, state, cache: KVCache, token, position, column, count, budget, live, stop_ids, seeds,
+def _decode_chunk(graphdef, state, cache: KVCache, column, token, position, count, budget, live, stop_ids, seeds,
                   temperature, top_k, top_p, pending, *, steps: int):
     """Up to ``steps`` one-token steps of every slot (``[slots]`` arguments), in one ``while_loop``.
 
-    Slot s feeds ``token[s]`` at ``position[s]`` into cache column ``column[s]``;
-    ``count[s]`` tokens are generated so far, of at most ``budget[s]``. Stops
-    when every row is done, or (``pending``) as soon as one row finishes.
-    Returns the cache, tokens and log-probs ``[slots, steps]`` (-1 / 0 where none).
+    Step i feeds slot s's ``token[s]`` at ``position[s] + i`` into the shared cache column ``column + i``;
+    ``count[s]`` tokens are generated so far, of at most ``budget[s]``. Stops when every row is done, or
+    (``pending``) as soon as one row finishes. Returns the cache, the steps taken, and tokens and log-probs
+    ``[slots, steps]`` (-1 / 0 where none).
     """
     TRACE_COUNTS["engine_decode"] += 1
     model = nnx.merge(graphdef, state)
     slots = token.shape[0]
 
-    def one_row(token, position, column, k, v, mask):  # a batch of one with its own cache index
-        row = KVCache(tuple(x[None] for x in k), tuple(x[None] for x in v), mask[None], column)
-        logits, row = model(token[None, None], attention_mask=jnp.ones((1, 1), bool), positions=position[None, None],
-                            cache=row)
-        return logits[0, 0], tuple(x[0] for x in row.k), tuple(x[0] for x in row.v), row.mask[0]
-
-    rows_forward = jax.vmap(one_row)
-
     def keep_going(carry):
-        step, _, _, _, _, _, done, finished = carry
+        step, _, _, _, done, finished = carry
         return (step < steps) & ~jnp.all(done) & ~(pending & finished)
 
     def one_token(carry):
-        step, token, k, v, mask, out, done, _ = carry
-        tokens_out, logprobs_out = out
-        logits, k, v, mask = rows_forward(jnp.maximum(token, 0), position + step, column + step, k, v, mask)
-        new, logprob = _pick_rows(logits, seeds, count + step, temperature, top_k, top_p)
+        step, token, cache, (tokens_out, logprobs_out), done, _ = carry
+        logits, cache = model(jnp.maximum(token, 0)[:, None], attention_mask=jnp.ones((slots, 1), bool),
+                              positions=(position + step)[:, None], cache=cache)
+        new, logprob = _pick_rows(logits[:, 0], seeds, count + step, temperature, top_k, top_p)
         new, logprob = jnp.where(done, -1, new), jnp.where(done, 0.0, logprob)
         tokens_out = jax.lax.dynamic_update_slice(tokens_out, new[:, None], (0, step))
         logprobs_out = jax.lax.dynamic_update_slice(logprobs_out, logprob[:, None], (0, step))
         stopped = ~done & ((new[:, None] == stop_ids).any(axis=1) | (count + step + 1 >= budget))
-        return step + 1, new, k, v, mask, (tokens_out, logprobs_out), done | stopped, jnp.any(stopped)
+        return step + 1, new, cache, (tokens_out, logprobs_out), done | stopped, jnp.any(stopped)
 
     out = (jnp.full((slots, steps), -1, jnp.int32), jnp.zeros((slots, steps), jnp.float32))
-    carry = (jnp.zeros((), jnp.int32), token, cache.k, cache.v, cache.mask, out, ~live, jnp.zeros((), bool))
-    _, _, k, v, mask, (tokens, logprobs), _, _ = jax.lax.while_loop(keep_going, one_token, carry)
-    return KVCache(k, v, mask, cache.index), tokens, logprobs
+    cache = KVCache(cache.k, cache.v, cache.mask, jnp.asarray(column, jnp.int32))
+    carry = (jnp.zeros((), jnp.int32), token, cache, out, ~live, jnp.zeros((), bool))
+    taken, _, cache, (tokens, logprobs), _, _ = jax.lax.while_loop(keep_going, one_token, carry)
+    return cache, taken, tokens, logprobs
 
 
 class Engine:
@@ -220,14 +226,14 @@ class Engine:
         self.occupant: list[Ticket | None] = [None] * slots
         self.token = np.zeros(slots, np.int32)  # the last generated token, fed next
         self.position = np.zeros(slots, np.int32)  # its position (prompt length + generated - 1)
-        self.column = np.zeros(slots, np.int32)  # its cache column (bucket + generated - 1)
-        self.prompt_len = np.zeros(slots, np.int32)
+        self.start = np.zeros(slots, np.int32)  # the first cache column of the slot's request (its bucket's left end)
+        self.column = 0  # the shared write column of the next decode step
         self.waiting: collections.deque[Ticket] = collections.deque()
         self.lock = threading.Condition()
         self.accepting = True
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self.stats = collections.Counter()  # prefills, decode chunks, decode steps, tokens, requests
+        self.stats = collections.Counter()  # prefills, decode chunks / steps, cache shifts, tokens, requests, cancelled
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -309,7 +315,8 @@ class Engine:
             if ticket is not None and ticket.cancelled:
                 self.occupant[slot] = None
                 self._finish(ticket, "cancelled")
-        self._admit_waiting()
+        while self._admit_waiting():  # fill every free slot before decoding: the chunk runs them all
+            pass
         if any(t is not None for t in self.occupant):
             self._decode()
 
@@ -320,15 +327,18 @@ class Engine:
         per = self.model.cfg.geometry.max_tiles
         return -(-len(request.pixel_values) // per) * per
 
-    def _admit_waiting(self) -> None:
+    def _admit_waiting(self) -> bool:
+        """Prefill one group of waiting requests (one bucket) into free slots; False when none could go in."""
         with self.lock:
             free = [s for s, t in enumerate(self.occupant) if t is None]
             if not free or not self.waiting:
-                return
+                return False
             first = self.waiting[0]
             key = (self.bucket(first.request), self._tiles(first.request))
             group = [t for t in self.waiting if (self.bucket(t.request), self._tiles(t.request)) == key]
             group = group[:min(len(free), self.prefill_batch)]
+            if not self._make_room(key[0], max(t.request.max_tokens for t in group)):
+                return False  # the head of the queue waits for rows to finish
             for t in group:
                 self.waiting.remove(t)
         try:
@@ -336,6 +346,26 @@ class Engine:
         except Exception as e:  # a request the model cannot run fails alone; the engine keeps serving
             for t in group:
                 self._finish_error(t, e)
+        return True
+
+    def _make_room(self, bucket: int, max_tokens: int) -> bool:
+        """Put the shared write column where a prompt of ``bucket`` columns fits on its left and ``max_tokens``
+        steps on its right, shifting the cache if need be (every live row keeps its columns and its room for
+        the rest of its tokens). False when that has to wait for live rows to finish."""
+        live = [(s, t) for s, t in enumerate(self.occupant) if t is not None]
+        if bucket <= self.column and self.column + max_tokens <= self.cache_len:
+            return True
+        span = max([self.column - int(self.start[s]) for s, _ in live], default=0)
+        ahead = max([t.request.max_tokens - len(t.tokens) for _, t in live] + [max_tokens])
+        target = max(bucket, span)
+        if target + ahead > self.cache_len:
+            return False
+        if live and target != self.column:
+            self.cache = _shift(self.cache, np.int32(target - self.column))
+            self.start += target - self.column
+            self.stats["cache_shifts"] += 1
+        self.column = target
+        return True
 
     def _prefill(self, group: list[Ticket], slots: list[int], bucket: int, tiles: int) -> None:
         rows = self.prefill_batch
@@ -353,15 +383,15 @@ class Engine:
         settings = self._settings(requests, rows)
         slot_ids = np.asarray(slots + [self.slots] * (rows - len(group)), np.int32)  # out of range: dropped
         self.cache, token, logprob = _admit(self.graphdef, self.state, self.cache, input_ids, attention_mask,
-                                            positions, pixel_values, image_index, slot_ids, settings["seeds"],
-                                            settings["temperature"], settings["top_k"], settings["top_p"])
+                                            positions, pixel_values, image_index, slot_ids, np.int32(self.column),
+                                            settings["seeds"], settings["temperature"], settings["top_k"],
+                                            settings["top_p"])
         token, logprob = np.asarray(token), np.asarray(logprob)
         self.stats["prefills"] += 1
         for b, (ticket, slot) in enumerate(zip(group, slots)):
             n = len(ticket.request.prompt)
             self.occupant[slot] = ticket
-            self.prompt_len[slot] = n
-            self.token[slot], self.position[slot], self.column[slot] = token[b], n, bucket
+            self.token[slot], self.position[slot], self.start[slot] = token[b], n, self.column - bucket
             self._emit(slot, [int(token[b])], [float(logprob[b])])
 
     def _settings(self, requests: Sequence[Request], rows: int) -> dict:
@@ -386,11 +416,12 @@ class Engine:
         count = np.asarray([len(t.tokens) if t is not None else 0 for t in self.occupant], np.int32)
         with self.lock:
             pending = bool(self.waiting)
-        self.cache, tokens, logprobs = _decode_chunk(
-            self.graphdef, self.state, self.cache, self.token, self.position, self.column, count, settings["budget"],
-            live, settings["stop_ids"], settings["seeds"], settings["temperature"], settings["top_k"],
-            settings["top_p"], pending, steps=self.chunk)
+        self.cache, taken, tokens, logprobs = _decode_chunk(
+            self.graphdef, self.state, self.cache, np.int32(self.column), self.token, self.position, count,
+            settings["budget"], live, settings["stop_ids"], settings["seeds"], settings["temperature"],
+            settings["top_k"], settings["top_p"], pending, steps=self.chunk)
         tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
+        self.column += int(taken)
         self.stats["decode_chunks"] += 1
         self.stats["decode_steps"] += int((tokens >= 0).any(axis=0).sum())
         for slot, ticket in enumerate(self.occupant):
@@ -399,7 +430,6 @@ class Engine:
             n = int((tokens[slot] >= 0).sum())
             self.token[slot] = tokens[slot, n - 1]
             self.position[slot] += n
-            self.column[slot] += n
             self._emit(slot, tokens[slot, :n].tolist(), logprobs[slot, :n].tolist())
 
     def _emit(self, slot: int, tokens: list[int], logprobs: list[float]) -> None:
