@@ -226,7 +226,7 @@ class Engine:
         self.occupant: list[Ticket | None] = [None] * slots
         self.token = np.zeros(slots, np.int32)  # the last generated token, fed next
         self.position = np.zeros(slots, np.int32)  # its position (prompt length + generated - 1)
-        self.start = np.zeros(slots, np.int32)  # the first cache column of the slot's request (its bucket's left end)
+        self.first_column = np.zeros(slots, np.int32)  # the first cache column of the slot's request (its bucket's left end)
         self.column = 0  # the shared write column of the next decode step
         self.waiting: collections.deque[Ticket] = collections.deque()
         self.lock = threading.Condition()
@@ -355,14 +355,14 @@ class Engine:
         live = [(s, t) for s, t in enumerate(self.occupant) if t is not None]
         if bucket <= self.column and self.column + max_tokens <= self.cache_len:
             return True
-        span = max([self.column - int(self.start[s]) for s, _ in live], default=0)
+        span = max([self.column - int(self.first_column[s]) for s, _ in live], default=0)
         ahead = max([t.request.max_tokens - len(t.tokens) for _, t in live] + [max_tokens])
         target = max(bucket, span)
         if target + ahead > self.cache_len:
             return False
         if live and target != self.column:
             self.cache = _shift(self.cache, np.int32(target - self.column))
-            self.start += target - self.column
+            self.first_column += target - self.column
             self.stats["cache_shifts"] += 1
         self.column = target
         return True
@@ -391,7 +391,7 @@ class Engine:
         for b, (ticket, slot) in enumerate(zip(group, slots)):
             n = len(ticket.request.prompt)
             self.occupant[slot] = ticket
-            self.token[slot], self.position[slot], self.start[slot] = token[b], n, self.column - bucket
+            self.token[slot], self.position[slot], self.first_column[slot] = token[b], n, self.column - bucket
             self._emit(slot, [int(token[b])], [float(logprob[b])])
 
     def _settings(self, requests: Sequence[Request], rows: int) -> dict:
