@@ -70,11 +70,24 @@ def test_greedy_alone_equals_among_31_others_and_generate(loaded, engine, reques
 def test_few_slots_reuse_freed_slots(loaded, requests, together):
     short = [k for k, r in enumerate(requests) if len(r.prompt) <= 64 and r.pixel_values is None][:10]
     assert len(short) >= 6
-    small = Engine(loaded.model, slots=3, cache_len=96, prefill_batch=4, chunk=8, pad_id=loaded.chat.pad_id)
+    small = Engine(loaded.model, slots=3, cache_len=320, prefill_batch=4, chunk=8, pad_id=loaded.chat.pad_id)
     results = small.generate([requests[k] for k in short])
     assert [r.tokens for r in results] == [together[k].tokens for k in short]
     assert small.stats["requests"] == len(short) and small.stats["prefills"] >= len(short) // 3  # through 3 slots
-    assert small.stats["cache_shifts"] >= 1  # the shared write column neared the end: live rows were moved
+
+
+def test_rows_moved_by_a_cache_shift_generate_as_alone(loaded):
+    """2 slots, 128 columns: the fourth request (40 tokens) finds the shared write column too near the end,
+    so the cache shifts left under the third, still running; every request still equals generate."""
+    rng = np.random.default_rng(1)
+    requests = [Request(rng.integers(1, 500, 40).tolist(), max_tokens=m, stop_ids=()) for m in (8, 30, 40, 40)]
+    engine = Engine(loaded.model, slots=2, cache_len=128, prefill_batch=2, chunk=4, pad_id=loaded.chat.pad_id)
+    results = engine.generate(requests)
+    assert engine.stats["cache_shifts"] == 1 and engine.stats["requests"] == 4
+    for request, result in zip(requests, results):
+        ref = generate(loaded.model, [request.prompt], config=DecodeConfig(max_new_tokens=request.max_tokens,
+                                                                           stop_ids=()))
+        assert result.tokens == ref.tokens[0].tolist()
 
 
 def test_stop_ids_strings_and_sampling(engine, requests, together):

@@ -3,10 +3,10 @@
 :func:`fire_jax.infer.decode.generate` runs a fixed batch: every row waits for
 the longest one. Here a fixed number of *slots* share one cache
 ``[slots, cache_len]`` per layer. Between decode chunks the host admits
-waiting requests into free slots (a batched prefill of prompts that share a
+waiting requests into free slots (batched prefills of prompts that share a
 length bucket, written into the slots' cache rows), and a request that stops
-frees its slot at the next chunk boundary; a chunk ends early as soon as any
-row finishes while requests are waiting.
+frees its slot at the next chunk boundary; while requests wait, a chunk ends
+early as soon as enough rows have finished for a whole prefill group.
 
 **One write column for all slots.** Every decode step writes all slots'
 keys at one shared cache column ``c`` and then ``c + 1``, so the step is the
@@ -161,12 +161,12 @@ def _shift(cache: KVCache, shift) -> KVCache:
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "steps"), donate_argnames=("cache",))
 def _decode_chunk(graphdef, state, cache: KVCache, column, token, position, count, budget, live, stop_ids, seeds,
-                  temperature, top_k, top_p, pending, *, steps: int):
+                  temperature, top_k, top_p, wanted, *, steps: int):
     """Up to ``steps`` one-token steps of every slot (``[slots]`` arguments), in one ``while_loop``.
 
     Step i feeds slot s's ``token[s]`` at ``position[s] + i`` into the shared cache column ``column + i``;
     ``count[s]`` tokens are generated so far, of at most ``budget[s]``. Stops when every row is done, or
-    (``pending``) as soon as one row finishes. Returns the cache, the steps taken, and tokens and log-probs
+    as soon as ``wanted`` rows (> 0) have finished in it, to take waiting requests. Returns the cache, the steps taken, and tokens and log-probs
     ``[slots, steps]`` (-1 / 0 where none).
     """
     TRACE_COUNTS["engine_decode"] += 1
@@ -175,10 +175,10 @@ def _decode_chunk(graphdef, state, cache: KVCache, column, token, position, coun
 
     def keep_going(carry):
         step, _, _, _, done, finished = carry
-        return (step < steps) & ~jnp.all(done) & ~(pending & finished)
+        return (step < steps) & ~jnp.all(done) & ~((wanted > 0) & (finished >= wanted))
 
     def one_token(carry):
-        step, token, cache, (tokens_out, logprobs_out), done, _ = carry
+        step, token, cache, (tokens_out, logprobs_out), done, finished = carry
         logits, cache = model(jnp.maximum(token, 0)[:, None], attention_mask=jnp.ones((slots, 1), bool),
                               positions=(position + step)[:, None], cache=cache)
         new, logprob = _pick_rows(logits[:, 0], seeds, count + step, temperature, top_k, top_p)
@@ -186,11 +186,11 @@ def _decode_chunk(graphdef, state, cache: KVCache, column, token, position, coun
         tokens_out = jax.lax.dynamic_update_slice(tokens_out, new[:, None], (0, step))
         logprobs_out = jax.lax.dynamic_update_slice(logprobs_out, logprob[:, None], (0, step))
         stopped = ~done & ((new[:, None] == stop_ids).any(axis=1) | (count + step + 1 >= budget))
-        return step + 1, new, cache, (tokens_out, logprobs_out), done | stopped, jnp.any(stopped)
+        return step + 1, new, cache, (tokens_out, logprobs_out), done | stopped, finished + stopped.sum()
 
     out = (jnp.full((slots, steps), -1, jnp.int32), jnp.zeros((slots, steps), jnp.float32))
     cache = KVCache(cache.k, cache.v, cache.mask, jnp.asarray(column, jnp.int32))
-    carry = (jnp.zeros((), jnp.int32), token, cache, out, ~live, jnp.zeros((), bool))
+    carry = (jnp.zeros((), jnp.int32), token, cache, out, ~live, jnp.zeros((), jnp.int32))
     taken, _, cache, (tokens, logprobs), _, _ = jax.lax.while_loop(keep_going, one_token, carry)
     return cache, taken, tokens, logprobs
 
@@ -207,7 +207,7 @@ class Engine:
       stop_ids: the default stop ids of a request (the stop token is kept in ``tokens``).
       pad_id: fills prompts' left padding (masked; any id but the image token).
       prefill_batch: rows of every prefill (admitted requests of one bucket, dead rows padded).
-      chunk: decode steps per dispatch at most (fewer when a row finishes while requests wait).
+      chunk: decode steps per dispatch at most (fewer when rows finish while requests wait).
       max_images: images per request (bounds the tile buckets).
     """
 
@@ -226,7 +226,7 @@ class Engine:
         self.occupant: list[Ticket | None] = [None] * slots
         self.token = np.zeros(slots, np.int32)  # the last generated token, fed next
         self.position = np.zeros(slots, np.int32)  # its position (prompt length + generated - 1)
-        self.first_column = np.zeros(slots, np.int32)  # the first cache column of the slot's request (its bucket's left end)
+        self.first_column = np.zeros(slots, np.int32)  # the left end of the slot request's bucket in the cache
         self.column = 0  # the shared write column of the next decode step
         self.waiting: collections.deque[Ticket] = collections.deque()
         self.lock = threading.Condition()
@@ -415,11 +415,14 @@ class Engine:
         live = np.asarray([t is not None for t in self.occupant])
         count = np.asarray([len(t.tokens) if t is not None else 0 for t in self.occupant], np.int32)
         with self.lock:
-            pending = bool(self.waiting)
+            # End the chunk once enough rows finish to prefill a whole group of waiting requests: a prefill
+            # costs its prefill_batch rows however few are real, an idle slot 1/slots of a step.
+            free = sum(t is None for t in self.occupant)
+            wanted = max(1, min(len(self.waiting), self.prefill_batch) - free) if self.waiting else 0
         self.cache, taken, tokens, logprobs = _decode_chunk(
             self.graphdef, self.state, self.cache, np.int32(self.column), self.token, self.position, count,
             settings["budget"], live, settings["stop_ids"], settings["seeds"], settings["temperature"],
-            settings["top_k"], settings["top_p"], pending, steps=self.chunk)
+            settings["top_k"], settings["top_p"], np.int32(wanted), steps=self.chunk)
         tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
         self.column += int(taken)
         self.stats["decode_chunks"] += 1
