@@ -6,8 +6,10 @@
         --student WORKDIR_OR_ADAPTER --teacher FD_ADAPTER --groundtruth "..." [--auto]
 
 --student / --teacher take a Hugging Face checkpoint, a PEFT adapter or a
-fire_jax train workdir (detected; see fire_jax.infer.loading); without one the
-config's model is used. With a teacher, each answer is scored (the teacher
+fire_jax train workdir (detected; see fire_jax.infer.loading), or
+api:<base_url>#<model> (any OpenAI-compatible endpoint, e.g. fire_jax.serve;
+key from $FIRE_JAX_API_KEY or $OPENAI_API_KEY); without one the config's
+model is used. With a teacher, each answer is scored (the teacher
 sees the question, the groundtruth and the latest answer, SPEC Fig. A14); in
 --auto mode its feedback goes to the student, else you type the feedback
 (an empty line takes the teacher's). Stops on "quit" / end of input, when the
@@ -24,8 +26,9 @@ from PIL import Image, ImageDraw
 
 from fire_jax.data.config import load_config
 from fire_jax.data.records import Turn, parse_score
+from fire_jax.infer.api import is_api_spec, load_agents
 from fire_jax.infer.decode import DecodeConfig
-from fire_jax.infer.loading import DEFAULT_CONFIG, check_checkpoint_arg, load
+from fire_jax.infer.loading import DEFAULT_CONFIG, check_checkpoint_arg
 
 DEMO_QUESTION = "How many red squares are in the image?"
 DEMO_GROUNDTRUTH = "There are 3 red squares."
@@ -48,8 +51,9 @@ def parse_args(argv):
     parser.add_argument("--image", help="image file (default: a drawn demo image)")
     parser.add_argument("--question", help="asked for when --image is given without it")
     parser.add_argument("--groundtruth", help="what the teacher compares against; asked for when needed")
-    parser.add_argument("--student", help="checkpoint: HF dir, PEFT adapter dir or train workdir")
-    parser.add_argument("--teacher", help="checkpoint of the teacher (implied by --auto: the config's model)")
+    parser.add_argument("--student", help="checkpoint (HF dir, PEFT adapter dir or train workdir) or "
+                                          "api:<base_url>#<model>")
+    parser.add_argument("--teacher", help="the teacher, as --student (implied by --auto: the config's model)")
     parser.add_argument("--auto", action="store_true", help="the teacher gives the feedback")
     parser.add_argument("--max-turns", type=int, default=5)
     parser.add_argument("--solved", type=float, default=8.0, help="--auto stops at this score")
@@ -58,8 +62,9 @@ def parse_args(argv):
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    check_checkpoint_arg(parser, args.student, "--student")
-    check_checkpoint_arg(parser, args.teacher, "--teacher")
+    for flag, spec in (("--student", args.student), ("--teacher", args.teacher)):
+        if not is_api_spec(spec):
+            check_checkpoint_arg(parser, spec, flag)
     return args
 
 
@@ -86,14 +91,11 @@ def main(argv=None, input_fn=input, print_fn=print) -> list[Turn]:
         return []
 
     decode = DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p)
-    student_model = load(config, args.student)
-    student = student_model.agent("student", decode)
-    print_fn(f"student: {student_model.description}")
-    teacher = None
-    if use_teacher:
-        teacher_model = student_model if args.teacher is None and args.student is None else load(config, args.teacher)
-        teacher = teacher_model.agent("teacher", decode, teacher_history="latest")
-        print_fn(f"teacher: {teacher_model.description}")
+    specs = {"student": args.student, **({"teacher": args.teacher} if use_teacher else {})}
+    agents, descriptions = load_agents(config, specs, decode, teacher_history="latest", concurrency=1)
+    student, teacher = agents["student"], agents.get("teacher")
+    for role, description in descriptions.items():
+        print_fn(f"{role}: {description}")
     print_fn(f"image: {args.image or 'demo (3 red squares, 1 blue circle)'}\nquestion: {question}"
              + (f"\ngroundtruth: {groundtruth}" if use_teacher else ""))
     if not args.auto:

@@ -12,6 +12,11 @@ to judge). Output, one line per prompt: ``{"id", "output"}``, plus ``"score"``
 generates r_k and the teacher f_k, k = len(history) + 1, on the prompts of
 :mod:`fire_jax.infer.agents`.
 
+--checkpoint may be api:<base_url>#<model>, any OpenAI-compatible endpoint
+(e.g. python -m fire_jax.serve, or GPT-4o with $OPENAI_API_KEY): rows go out
+--concurrency at a time, with bounded retries and backoff on 429/5xx; a
+batch whose rows still fail stops the job, which a rerun resumes.
+
 Resumable: ids already in --output are skipped, results are appended batch by
 batch. Bad input lines (invalid_json, missing_field, missing_image,
 unreadable_image, duplicate_id) are skipped and counted by reason, or raise
@@ -32,8 +37,9 @@ from fire_jax.data.config import load_config, resolve_path
 from fire_jax.data.images import load_image
 from fire_jax.data.records import BadRecordError, BadRecords, Turn, parse_score
 from fire_jax.eval.bench_io import ResultStore
+from fire_jax.infer.api import is_api_spec, load_agents
 from fire_jax.infer.decode import DecodeConfig
-from fire_jax.infer.loading import DEFAULT_CONFIG, check_checkpoint_arg, load
+from fire_jax.infer.loading import DEFAULT_CONFIG, check_checkpoint_arg
 
 ROLES = ("student", "teacher")
 
@@ -124,7 +130,8 @@ def generate_batch(agent, role: str, prompts: Sequence[Prompt], images, rng) -> 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="config file[:arg] (default: configs/tiny.py)")
-    parser.add_argument("--checkpoint", help="HF checkpoint dir, PEFT adapter dir or train workdir")
+    parser.add_argument("--checkpoint", help="HF checkpoint dir, PEFT adapter dir, train workdir or "
+                                             "api:<base_url>#<model>")
     parser.add_argument("--input", required=True, help="JSONL of prompts")
     parser.add_argument("--output", required=True, help="JSONL of results (appended; existing ids are skipped)")
     parser.add_argument("--image-root", default="", help="image paths in --input are relative to it")
@@ -137,8 +144,10 @@ def parse_args(argv):
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--on-bad-record", choices=("skip", "error"), default="skip")
+    parser.add_argument("--concurrency", type=int, default=32, help="requests in flight to an api: endpoint")
     args = parser.parse_args(argv)
-    check_checkpoint_arg(parser, args.checkpoint, "--checkpoint")
+    if not is_api_spec(args.checkpoint):
+        check_checkpoint_arg(parser, args.checkpoint, "--checkpoint")
     return args
 
 
@@ -158,12 +167,12 @@ def main(argv=None, print_fn=print) -> dict:
     if not prompts:
         store.close()
     else:
-        loaded = load(config, args.checkpoint)
         history = args.teacher_history or config.data.get("teacher_history", "full")
-        agent = loaded.agent(args.role, DecodeConfig(max_new_tokens=args.max_new_tokens,
-                                                     temperature=args.temperature, top_p=args.top_p),
-                             teacher_history=history)
-        print_fn(f"{args.role}: {loaded.description}")
+        decode = DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p)
+        agents, descriptions = load_agents(config, {args.role: args.checkpoint}, decode, teacher_history=history,
+                                           concurrency=args.concurrency)
+        agent = agents[args.role]
+        print_fn(f"{args.role}: {descriptions[args.role]}")
         key = jax.random.key(args.seed)
         with store, tqdm(total=len(prompts), desc=args.role, dynamic_ncols=True) as bar:
             for start in range(0, len(prompts), args.batch_size):
@@ -179,8 +188,9 @@ def main(argv=None, print_fn=print) -> dict:
                         continue
                     batch.append(prompt)
                 if batch:
-                    # A short batch is padded with its last prompt: one compiled shape for the whole job.
-                    pad = args.batch_size - len(batch)
+                    # A short batch is padded with its last prompt: one compiled shape for the whole job
+                    # (an endpoint needs no padding).
+                    pad = 0 if is_api_spec(args.checkpoint) else args.batch_size - len(batch)
                     results = generate_batch(agent, args.role, batch + [batch[-1]] * pad, images + [images[-1]] * pad,
                                              jax.random.fold_in(key, start))[:len(batch)]
                     for prompt, result in zip(batch, results):

@@ -176,7 +176,7 @@ def generate(items, agent: ApiAgent, out: str, *, image_root: str, split: str = 
         todo = [item for item in items if item.id not in kept and item.id not in dropped]
         print(f"FIRE-100K-style generation with {agent.spec}: {len(items)} triplets, {len(items) - len(todo)} "
               f"already done ({len(kept)} kept), {len(todo)} to run", flush=True)
-        ask = lambda item: agent._one(messages(item, max_turns))  # retried, failures counted by reason
+        ask = lambda item: agent.complete(messages(item, max_turns))  # retried, failures counted by reason
         with concurrent.futures.ThreadPoolExecutor(max(1, concurrency)) as pool, \
                 tqdm(total=len(items), initial=len(items) - len(todo), desc="generate", unit="conversation",
                      dynamic_ncols=True) as progress:

@@ -43,6 +43,14 @@ def http(url, body=None, raw=None, timeout=120):
         return e.code, e.headers, json.loads(e.read())
 
 
+def poll(condition, tries: int = 5000) -> None:
+    """Ask the server until ``condition()`` holds; fail after ``tries`` asks (no sleeps, no clock)."""
+    for _ in range(tries):
+        if condition():
+            return
+    pytest.fail("the server never reached the state polled for")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -86,9 +94,13 @@ def server(checkpoint):
     process.wait()
 
 
+def openai_client(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server[1]}/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(server[1])
 
 
 def data_uri(image: Image.Image) -> str:
@@ -195,12 +207,42 @@ def test_full_queue_gets_503_with_retry_after(server):
     assert headers["Retry-After"] == "1" and full["error"]["code"] == "queue_full"
 
 
+def test_a_client_that_disconnects_cancels_its_request(server):
+    """Plain and streamed: the client closes its connection mid-generation; the engine frees the slot."""
+    _, base = server
+    port = int(base.rsplit(":", 1)[1])
+    counts = lambda: http(f"{base}/health")[2]["models"]["tiny"]
+    before = counts()
+    for stream in (False, True):
+        body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "go on"}], "max_tokens": 380,
+                           "temperature": 0, "stream": stream}).encode()
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        if stream:  # the status line, the role event and a first content event
+            received = b""
+            while received.count(b"data: ") < 2:
+                received += sock.recv(4096)
+            assert received.startswith(b"HTTP/1.1 200")
+        else:
+            poll(lambda: counts()["in_flight"] == 1)  # it runs
+        sock.close()
+        poll(lambda: counts()["in_flight"] == 0)  # the engine lets it go
+    after = counts()
+    assert after["cancelled"] == before["cancelled"] + 2 and after["finished"] == before["finished"]
+    assert ask(openai_client(base), "still there?").choices[0].message.content
+
+
 def test_free_dialogues_through_api_specs_equal_in_process(checkpoint, server, tmp_path):
     """FIRE-Bench free dialogues with api: student and teacher on the loopback server == the in-process run."""
     from fire_jax.eval.fire_bench import build_agents, evaluate
     from test_fire_bench import eval_config
 
-    runs = {}
+    from fire_jax.eval.bench_io import item_of, load_conversations
+    from fire_jax.eval.data_generation import generate_records
+    from fire_jax.eval.free import StopRule
+
+    runs, generated = {}, {}
     for kind, init in [("in_process", checkpoint), ("api", f"api:{server[1]}/v1#tiny")]:
         config = eval_config("free", max_examples=2)
         config.decode.update(max_new_tokens=6)
@@ -210,16 +252,86 @@ def test_free_dialogues_through_api_specs_equal_in_process(checkpoint, server, t
         results = evaluate(config, str(tmp_path / kind), agents=agents)
         with open(results["outputs"]) as f:
             runs[kind] = [json.loads(line) for line in f]
+        # FIRE-1M-style generation (tools/generate_fire1m.py) with the same agents, every dialogue kept or dropped
+        items = [item_of(record, image) for record, image in load_conversations(eval_config("free",
+                                                                                           max_examples=6).test)]
+        out = tmp_path / kind / "fire_1m.jsonl"
+        kept, dropped = generate_records(items, *agents, str(out), rule=StopRule(max_turns=3, threshold=11,
+                                                                                  stop_on_no_increase=False),
+                                         batch_size=config.decode.batch_size)
+        assert kept + sum(dropped.values()) == 6
+        generated[kind] = [out.read_text() if out.exists() else "", (tmp_path / kind / "fire_1m.jsonl.dropped.jsonl")
+                           .read_text()]
         if kind == "api":
             assert not agents[0].failures and not agents[1].failures
     assert len(runs["api"]) == 2 and sum(len(r["turns"]) for r in runs["api"]) >= 2
     assert runs["api"] == runs["in_process"]
+    assert generated["api"] == generated["in_process"] and generated["api"][1].count("\n") >= 1
+    assert sum(len(json.loads(line)["scores"]) for line in generated["api"][1].splitlines()) >= 6
 
     from fire_jax.infer.api import ApiError, ApiStudent
     unknown = ApiStudent(f"api:{server[1]}/v1#gpt-4o", retries=3, backoff=0)
     with pytest.raises(ApiError, match="http_404"):
         unknown.respond([picture(40, 70, 0)], ["Q"])
     assert unknown.failures == {"http_404": 1}  # a 4xx is counted and not retried
+
+
+def test_chat_and_batch_generation_through_api_specs_equal_in_process(checkpoint, server, tmp_path):
+    """python -m fire_jax.chat --auto and python -m fire_jax.generate (student and teacher) with api: specs."""
+    from fire_jax import chat, generate
+
+    spec = f"api:{server[1]}/v1#tiny"
+    dialogues = {}
+    for kind, model in (("in_process", checkpoint), ("api", spec)):
+        out = []
+        dialogues[kind] = chat.main(["--auto", "--max-turns", "3", "--solved", "11", "--max-new-tokens", "6",
+                                     "--student", model, "--teacher", model], print_fn=out.append)
+        assert out[0] == ("student: endpoint " + spec if kind == "api" else f"student: HF checkpoint {checkpoint}")
+    assert len(dialogues["api"]) == 3 and dialogues["api"] == dialogues["in_process"]
+    assert len({t.response for t in dialogues["api"]}) > 1
+
+    picture(40, 70, 3).save(tmp_path / "p.png")
+    prompts = tmp_path / "prompts.jsonl"
+    earlier = [dict(response="Answer: 1.", feedback="Score: 2.\nFeedback: No.")]
+    prompts.write_text("".join(json.dumps(dict(id=k, image="p.png", question=f"Question {k}?", groundtruth="Two.",
+                                               answer=f"Answer: {k}.", history=earlier * (k % 2))) + "\n"
+                               for k in range(5)))
+    texts = set()
+    for role in ("student", "teacher"):
+        outputs = {}
+        for kind, model in (("in_process", checkpoint), ("api", spec)):
+            path = tmp_path / f"{role}_{kind}.jsonl"
+            summary = generate.main(["--input", str(prompts), "--output", str(path), "--image-root", str(tmp_path),
+                                     "--role", role, "--checkpoint", model, "--batch-size", "2", "--max-new-tokens",
+                                     "6"], print_fn=lambda *_: None)
+            assert summary == {"written": 5, "already_done": 0, "bad": {}}
+            outputs[kind] = [json.loads(line) for line in path.read_text().splitlines()]
+        assert outputs["api"] == outputs["in_process"]
+        texts |= {r["output"] for r in outputs["api"]}
+    assert len(texts) >= 3  # answers differ with the prompt: the comparison can fail
+
+
+def test_api_agents_retry_429_and_5xx_and_count_every_failure(tmp_path):
+    """A flaky scripted endpoint: 503 then 429 are retried and counted; a 500 that persists fails once retries
+    are spent, by reason."""
+    from fire_jax.infer.api import ApiError, ApiStudent, ApiTeacher
+    from loopback import get_json, server as loopback_server
+
+    script = tmp_path / "flaky.json"
+    script.write_text(json.dumps({"rules": [
+        {"contains": "flaky", "reply": "Score: 9.\nFeedback: Right.", "errors": [503, 429]},
+        {"contains": "down", "reply": "never sent", "errors": [500] * 5}]}))
+    with loopback_server("fire_jax.serve", ["--model", f"m=scripted:{script}"], "/health") as (_, base):
+        teacher = ApiTeacher(f"api:{base}/v1#m", retries=3, backoff=0)
+        feedback = teacher.feedback([picture(40, 70, 0)], ["flaky?"], ["2"], ["Answer: 2."])[0]
+        assert (feedback.text, feedback.score) == ("Score: 9.\nFeedback: Right.", 9)
+        assert teacher.failures == {"http_503": 1, "http_429": 1}
+
+        student = ApiStudent(f"api:{base}/v1#m", retries=2, backoff=0)
+        with pytest.raises(ApiError) as failed:
+            student.respond([picture(40, 70, 0)], ["down?"])
+        assert failed.value.reason == "http_500" and student.failures == {"http_500": 3}
+        assert get_json(f"{base}/health")["models"]["m"]["requests"] == {"flaky": 3, "down": 3}
 
 
 def test_sigterm_drains_requests_in_flight(server):

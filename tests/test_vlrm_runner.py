@@ -419,3 +419,36 @@ def test_analyses_on_the_tiny_model_write_tables_and_resume(bench, full_run, tmp
     config.analyses.voting.temperature = 0.5
     with pytest.raises(ValueError, match=r"analyses/voting: its outputs were generated with other settings"):
         runner.evaluate(config, str(bench), str(workdir), tasks="SC,MJ", analyses="voting")
+
+
+# ---------------------------------------------------------------- an endpoint as the model and the judge
+
+@pytest.fixture(scope="module")
+def served():
+    """The config's random tiny model behind ``python -m fire_jax.serve`` on a loopback port."""
+    from loopback import server
+
+    with server("fire_jax.serve", ["--config", CONFIG, "--model", "tiny=random", "--cache-len", "1024",
+                                   "--slots", "8"], "/health") as (_, base):
+        yield base
+
+
+def test_api_model_and_judge_give_the_in_process_results(bench, full_run, served, tmp_path):
+    """The evaluated model and the ERA/EC judge as api: specs on the loopback server == the in-process run."""
+    spec = f"api:{served}/v1#tiny"
+    local_dir, local = full_run
+    config = tiny_config()
+    config.checkpoint = spec
+    remote = runner.evaluate(config, str(bench), str(tmp_path / "api"))
+    assert remote["model"] == f"tiny ({served}/v1)" and remote["judge"] == f"tiny ({served}/v1) (self)"
+    assert all_records(tmp_path / "api") == all_records(local_dir)
+    assert {k: v["scores"] for k, v in remote["tasks"].items()} == {k: v["scores"] for k, v in local["tasks"].items()}
+    texts = [t for records in all_records(local_dir).values() for r in records.values() for t in r["outputs"] if t]
+    assert len(texts) > 40 and len(set(texts)) > 20  # real, varied outputs: the comparison can fail
+
+    config = tiny_config()
+    config.judge.checkpoint = spec  # the in-process model's critiques, judged by the endpoint
+    judged = runner.evaluate(config, str(bench), str(tmp_path / "judge"), tasks="ERA,EC")
+    assert judged["judge"] == f"tiny ({served}/v1)"
+    for task in ("error_reason_analysis", "error_correction"):
+        assert runner.read_records(tmp_path / "judge" / "outputs" / f"{task}.jsonl")[0] == all_records(local_dir)[task]

@@ -18,6 +18,11 @@ compiled shape; a sample needing more tiles stops the run before any
 generation, naming it), else the largest sample of the batch rounded up to
 a multiple of one image's most tiles (few compiled shapes).
 
+**API models.** ``config.checkpoint`` (the evaluated model) and
+``config.judge.checkpoint`` (the ERA/EC judge) may be ``api:<base_url>#<model>``:
+any OpenAI-compatible endpoint, e.g. GPT-4o or ``python -m fire_jax.serve``
+(:class:`ApiGenerator`; a served fire_jax model answers exactly as in process).
+
 **Generation.** Greedy, batched through :func:`fire_jax.infer.decode.generate`;
 a short last batch is filled with one-token dummy rows so every call has
 ``batch_size`` rows (no recompiles). MJ is generated in both orders. ERA and
@@ -56,13 +61,14 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from fire_jax.data.chat import ChatTokenizer, Message, segments
+from fire_jax.data.chat import SYSTEM, ChatTokenizer, Message, segments
 from fire_jax.data.config import load_config
 from fire_jax.data.images import load_image, preprocess
 from fire_jax.data.records import IMAGE_PLACEHOLDER
 from fire_jax.eval.vlrmbench import (ACCOUNTINGS, TASKS, Sample, TaskData, TaskResult, build_judge_prompt,
                                      build_prompt, load_task, num_orders, results_table, score_both, task_info,
                                      theme_average)
+from fire_jax.infer.api import ApiAgent, ApiError, image_url, is_api_spec, parse_spec
 from fire_jax.infer.decode import DecodeConfig, generate
 from fire_jax.infer.loading import load
 
@@ -150,6 +156,9 @@ def model_name(config) -> str:
     """``config.name``, else the checkpoint's training run (or folder), the HF checkpoint, or "random init"."""
     if config.get("name"):
         return config.name
+    if is_api_spec(config.get("checkpoint")):
+        base_url, model = parse_spec(config.checkpoint)
+        return f"{model} ({base_url})"
     if config.get("checkpoint"):
         parts = Path(config.checkpoint).parts
         return parts[-3] if parts[-2:] == ("export", "peft_adapter") else parts[-1]  # the training run's workdir
@@ -181,9 +190,14 @@ class Generator:
                          temperature=self.decode.temperature if temperature is None else temperature)
 
     @classmethod
-    def from_config(cls, config, generate_config, *, name: str, max_new_tokens: int) -> "Generator":
+    def from_config(cls, config, generate_config, *, name: str, max_new_tokens: int) -> "Generator | ApiGenerator":
         """The model of ``config``: ``config.checkpoint`` (HF / PEFT adapter / train workdir, see
-        :func:`fire_jax.infer.loading.load`), else ``config.init.hf_checkpoint``, else random weights."""
+        :func:`fire_jax.infer.loading.load`, or an ``api:<base_url>#<model>`` endpoint: an
+        :class:`ApiGenerator`), else ``config.init.hf_checkpoint``, else random weights."""
+        if is_api_spec(config.get("checkpoint")):
+            print(f"{name}: endpoint {config.checkpoint}")
+            return ApiGenerator(config.checkpoint, name=name, batch_size=generate_config.batch_size,
+                                max_new_tokens=max_new_tokens, seed=config.seed)
         loaded = load(config, config.get("checkpoint") or None)
         print(f"{name}: {loaded.description}")
         return cls(loaded.model, loaded.chat, name=name, batch_size=generate_config.batch_size,
@@ -238,6 +252,72 @@ class Generator:
         return out.texts[:len(rows)]
 
 
+class ApiGenerator:
+    """An OpenAI-compatible endpoint (``api:<base_url>#<model>``) in the place of a :class:`Generator`.
+
+    A request becomes fire_jax's system prompt and one user message: an
+    ``image_url`` part (a PNG ``data:`` URI) per image, in order, then the
+    prompt as a text part, which :mod:`fire_jax.serve` renders back to
+    ``"<image>\\n" * k + prompt`` exactly as :func:`encode_prompt` does (the
+    official VLRMBench scripts send the same shape to GPT-4o). Requests go out
+    concurrently with the retries of :class:`fire_jax.infer.api.ApiAgent`; one
+    that still fails is recorded as ``"api_<reason>: ..."`` (``api_http_503``,
+    ``api_timeout``, ...) and counted like any failed generation.
+    ``batch_size``: samples per resumable group, as for a local model.
+    """
+
+    max_tiles = 0  # the endpoint tiles the images
+
+    def __init__(self, spec: str, *, name: str, batch_size: int, max_new_tokens: int, temperature: float = 0.0,
+                 seed: int = 0, concurrency: int = 32):
+        self.spec, self.name, self.batch_size, self.seed, self.concurrency = spec, name, batch_size, seed, concurrency
+        self.agent = ApiAgent(spec, DecodeConfig(max_new_tokens=max_new_tokens, temperature=temperature),
+                              concurrency=concurrency, seed=seed)
+
+    @property
+    def failures(self):
+        """Failed tries by reason, retried ones included."""
+        return self.agent.failures
+
+    def variant(self, *, name: str | None = None, batch_size: int | None = None, max_new_tokens: int | None = None,
+                temperature: float | None = None) -> "ApiGenerator":
+        c = self.agent.config
+        return ApiGenerator(self.spec, name=name or self.name, batch_size=batch_size or self.batch_size,
+                            max_new_tokens=max_new_tokens or c.max_new_tokens, seed=self.seed,
+                            temperature=c.temperature if temperature is None else temperature,
+                            concurrency=self.concurrency)
+
+    def __call__(self, requests: Sequence[Request], rng=None) -> list[tuple[str | None, str | None]]:
+        """(text, failure) per request, as :meth:`Generator.__call__`. ``rng``: request i samples with seed
+        (a number drawn from rng) + i, so repeated prompts of one call (voting) draw apart."""
+        results: list[tuple[str | None, str | None]] = [(None, None)] * len(requests)
+        ready, messages, uris = [], [], {}
+        for i, request in enumerate(requests):
+            try:
+                for path in request.images:
+                    if path not in uris:
+                        uris[path] = image_url(path)
+            except Exception as e:  # an unreadable image fails its request, not the run
+                results[i] = (None, f"input: {type(e).__name__}: {e}")
+                continue
+            ready.append(i)
+            messages.append(api_messages(request.prompt, [uris[path] for path in request.images]))
+        base = self.seed if rng is None else int(jax.random.randint(rng, (), 0, 2 ** 30))
+        for i, out in zip(ready, self.agent.complete_many(messages, [base + i for i in ready])):
+            if isinstance(out, ApiError):
+                results[i] = (None, f"api_{out.reason}: {out}")
+            else:
+                results[i] = (out, None if out else "empty")
+        return results
+
+
+def api_messages(prompt: str, image_uris: Sequence[str]) -> list[dict]:
+    """Chat messages of one VLRMBench prompt: the system prompt, then the images and the prompt as one user turn."""
+    parts = [{"type": "image_url", "image_url": {"url": uri}} for uri in image_uris]
+    return [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": parts + [{"type": "text", "text": prompt}]}]
+
+
 def _warn(message: str) -> None:
     from tqdm.auto import tqdm
 
@@ -286,8 +366,8 @@ def _reason(failure: str) -> str:
     return failure.split(":", 1)[0]
 
 
-def run_task(data: TaskData, generator: Generator, judge: Generator | None, path: Path, *, render: str,
-             retry_failed: bool = False, prompt: PromptFn | None = None) -> int:
+def run_task(data: TaskData, generator: Generator | ApiGenerator, judge: Generator | ApiGenerator | None, path: Path,
+             *, render: str, retry_failed: bool = False, prompt: PromptFn | None = None) -> int:
     """Generate every sample of ``data`` not yet in ``path``; returns the number of samples generated now.
 
     A record: ``{"id", "outputs": [text | null, ...], "failures": [null | reason, ...]}``
@@ -488,6 +568,8 @@ def evaluate(config, data_dir: str, workdir: str, *, image_root: str | None = No
                                 render=config.vlrm.render, retry_failed=retry_failed)
     tqdm.write(f"generated {sum(generated.values())} samples now, "
                f"{sum(len(d) for d in datasets.values()) - sum(generated.values())} reused from earlier runs")
+    for who in dict.fromkeys(g for g in (generator, judge) if isinstance(g, ApiGenerator)):
+        tqdm.write(f"{who.spec}: failed tries by reason (retried ones included): {dict(who.failures) or 'none'}")
     results = score(datasets, workdir_path, model=generator.name, judge=judge_name(config),
                     parser=config.vlrm.parser, render=config.vlrm.render, accounting=config.vlrm.accounting)
     if names:

@@ -12,7 +12,15 @@ exactly as in process. Rows go out concurrently (``concurrency`` threads),
 each retried up to ``retries`` times with exponential backoff on 429, 5xx,
 timeouts and connection errors; every failure is counted by reason in
 ``failures``, and a row that still fails raises :class:`ApiError` (the batch
-runners resume from their outputs).
+runners resume from their outputs). :meth:`ApiAgent.stream` passes a reply's
+text on as it arrives (the demo shows it growing).
+
+A spec is accepted wherever a model is loaded: FIRE-Bench fixed and free
+dialogues and FIRE-1M-style generation (``student.init`` / ``teacher.init``,
+:func:`fire_jax.eval.fire_bench.build_agents`), the VLRMBench model and
+ERA/EC judge (:class:`fire_jax.eval.vlrm_runner.ApiGenerator`),
+``python -m fire_jax.chat`` / ``.generate`` / ``.demo`` (:func:`load_agents`)
+and ``python -m fire_jax.generate_fire100k``.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import io
 import os
 import threading
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 from fire_jax.data.chat import SYSTEM, TEACHER_HISTORIES, Message, student_messages, teacher_messages
 from fire_jax.data.images import load_image
@@ -38,7 +46,11 @@ KEY_VARIABLES = ("FIRE_JAX_API_KEY", "OPENAI_API_KEY")
 
 
 class ApiError(RuntimeError):
-    pass
+    """A request that failed for good; ``reason`` as counted in ``failures`` (``http_429``, ``timeout``, ...)."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
 
 
 def is_api_spec(spec) -> bool:
@@ -86,22 +98,27 @@ class ApiAgent:
         self.base_url, self.model_name = parse_spec(spec)
         key = next((os.environ[v] for v in KEY_VARIABLES if os.environ.get(v)), "EMPTY")
         self.client = openai.OpenAI(base_url=self.base_url, api_key=key, max_retries=0, timeout=timeout)
-        self.config, self.concurrency, self.retries, self.backoff, self.seed = config, concurrency, retries, backoff, seed
+        self.config, self.concurrency, self.retries, self.backoff = config, concurrency, retries, backoff
+        self.seed = seed
         self.failures: collections.Counter = collections.Counter()  # reason -> count, retried ones included
         self._lock = threading.Lock()
         self.model = None  # no in-process model
 
-    def _one(self, messages: list[dict]) -> str:
+    def _create(self, messages: list[dict], seed: int | None = None, **kwargs):
+        c = self.config
+        return self.client.chat.completions.create(
+            model=self.model_name, messages=messages, max_tokens=c.max_new_tokens, temperature=c.temperature,
+            top_p=c.top_p, seed=self.seed if seed is None else seed,
+            extra_body={"top_k": c.top_k} if c.top_k else None, **kwargs)
+
+    def _retried(self, attempt: Callable, may_retry: Callable[[], bool] = lambda: True):
+        """``attempt()``, tried again with exponential backoff on 429, 5xx, timeouts and connection errors
+        (while ``may_retry()``); every failure counted by reason; :class:`ApiError` once retries are spent."""
         import openai
 
-        c = self.config
-        extra = {"top_k": c.top_k} if c.top_k else {}
-        for attempt in range(self.retries + 1):
+        for tries in range(1, self.retries + 2):
             try:
-                reply = self.client.chat.completions.create(
-                    model=self.model_name, messages=messages, max_tokens=c.max_new_tokens, temperature=c.temperature,
-                    top_p=c.top_p, seed=self.seed, extra_body=extra or None)
-                return (reply.choices[0].message.content or "").strip()
+                return attempt()
             except openai.APIStatusError as e:
                 reason, retry = f"http_{e.status_code}", e.status_code == 429 or e.status_code >= 500
             except openai.APITimeoutError:
@@ -110,22 +127,62 @@ class ApiAgent:
                 reason, retry = "connection", True
             with self._lock:
                 self.failures[reason] += 1
-            if not retry or attempt == self.retries:
-                raise ApiError(f"{self.spec}: request failed ({reason}) after {attempt + 1} tries; "
-                               f"failures so far: {dict(self.failures)}")
-            time.sleep(self.backoff * 2 ** attempt)
+            if not retry or tries > self.retries or not may_retry():
+                raise ApiError(f"{self.spec}: request failed ({reason}) after {tries} tries; "
+                               f"failures so far: {dict(self.failures)}", reason)
+            time.sleep(self.backoff * 2 ** (tries - 1))
+
+    def complete(self, messages: list[dict], seed: int | None = None) -> str:
+        """One chat completion's text (stripped), retried; raises :class:`ApiError` once retries are spent."""
+        return self._retried(lambda: (self._create(messages, seed).choices[0].message.content or "").strip())
+
+    def stream(self, messages: list[dict], on_delta: Callable[[str], None]) -> str:
+        """One streamed chat completion: ``on_delta(text)`` for each piece as it arrives; returns the whole
+        text, stripped. Retried as :meth:`complete` until the first piece has arrived."""
+        pieces: list[str] = []
+
+        def attempt():
+            for chunk in self._create(messages, stream=True):
+                delta = chunk.choices[0].delta.content if chunk.choices else None
+                if delta:
+                    pieces.append(delta)
+                    on_delta(delta)
+            return "".join(pieces).strip()
+
+        return self._retried(attempt, may_retry=lambda: not pieces)
+
+    def complete_many(self, messages: Sequence[list[dict]], seeds: Sequence[int] | None = None
+                      ) -> list[str | ApiError]:
+        """:meth:`complete` of every message list, ``concurrency`` at a time; a failed one's ApiError in its place."""
+        def one(k):
+            try:
+                return self.complete(messages[k], None if seeds is None else seeds[k])
+            except ApiError as e:
+                return e
+
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(self.concurrency, len(messages)))) as pool:
+            return list(pool.map(one, range(len(messages))))
 
     def _generate(self, images, prompts: Sequence[Sequence[Message]]) -> list[str]:
-        with concurrent.futures.ThreadPoolExecutor(max(1, min(self.concurrency, len(prompts)))) as pool:
-            return list(pool.map(self._one, [chat_messages(p, image) for p, image in zip(prompts, images)]))
+        """The agents' batch call: every row's text, or the first failure raised (the runners resume)."""
+        out = self.complete_many([chat_messages(p, image) for p, image in zip(prompts, images)])
+        failed = next((o for o in out if isinstance(o, ApiError)), None)
+        if failed is not None:
+            raise failed
+        return out
 
 
 class ApiStudent(ApiAgent):
+    def prompts(self, image_sizes, questions: Sequence[str], histories: Sequence[Sequence[Turn]]
+                ) -> list[list[Message]]:
+        """The prompt messages for r_k, k = len(history) + 1 (as :meth:`fire_jax.infer.Student.prompts`, not
+        tokenised; ``image_sizes`` unused: the endpoint sees the image itself)."""
+        return [student_messages(_conversation(q, "", h), until_turn=len(h) + 1) for q, h in zip(questions, histories)]
+
     def respond(self, images, questions: Sequence[str], histories: Sequence[Sequence[Turn]] | None = None, *,
                 rng=None) -> list[str]:
         histories = [()] * len(images) if histories is None else histories
-        prompts = [student_messages(_conversation(q, "", h), until_turn=len(h) + 1) for q, h in zip(questions, histories)]
-        return self._generate(images, prompts)
+        return self._generate(images, self.prompts(None, questions, histories))
 
 
 class ApiTeacher(ApiAgent):
@@ -135,13 +192,18 @@ class ApiTeacher(ApiAgent):
         super().__init__(spec, config, **kwargs)
         self.history = history
 
+    def prompts(self, image_sizes, questions: Sequence[str], groundtruths: Sequence[str], answers: Sequence[str],
+                histories: Sequence[Sequence[Turn]]) -> list[list[Message]]:
+        """The prompt messages for f_k on answer r_k (as :meth:`fire_jax.infer.Teacher.prompts`, not tokenised)."""
+        return [teacher_messages(_conversation(q, gt, [*h, Turn(a, "", None)]), history=self.history,
+                                 until_turn=len(h) + 1)
+                for q, gt, a, h in zip(questions, groundtruths, answers, histories)]
+
     def feedback(self, images, questions: Sequence[str], groundtruths: Sequence[str], answers: Sequence[str],
                  histories: Sequence[Sequence[Turn]] | None = None, *, rng=None) -> list[Feedback]:
         histories = [()] * len(images) if histories is None else histories
-        prompts = [teacher_messages(_conversation(q, gt, [*h, Turn(a, "", None)]), history=self.history,
-                                    until_turn=len(h) + 1)
-                   for q, gt, a, h in zip(questions, groundtruths, answers, histories)]
-        return [Feedback(text, parse_score(text)) for text in self._generate(images, prompts)]
+        texts = self._generate(images, self.prompts(None, questions, groundtruths, answers, histories))
+        return [Feedback(text, parse_score(text)) for text in texts]
 
 
 def api_agent(spec: str, role: str, decode: DecodeConfig = DecodeConfig(), *, teacher_history: str = "latest",
@@ -152,3 +214,32 @@ def api_agent(spec: str, role: str, decode: DecodeConfig = DecodeConfig(), *, te
     if role == "teacher":
         return ApiTeacher(spec, decode, history=teacher_history, **kwargs)
     raise ValueError(f"role must be 'student' or 'teacher', got {role!r}")
+
+
+def load_agents(config, specs: dict[str, str | None], decode: DecodeConfig = DecodeConfig(), *,
+                init: str | None = None, teacher_history: str = "latest", concurrency: int = 32):
+    """({role: agent}, {role: description}) for the roles of ``specs`` ("student", "teacher").
+
+    A spec is a checkpoint (HF directory, PEFT adapter, train workdir: :func:`fire_jax.infer.loading.load`),
+    None or "random" (the config's own model), or ``api:<base_url>#<model>``. ``init`` is the base HF
+    checkpoint of PEFT adapters. Roles naming the same local checkpoint share one loaded model.
+    """
+    import copy
+
+    from fire_jax.infer.loading import load
+
+    loaded, agents, descriptions = {}, {}, {}
+    for role, spec in specs.items():
+        spec = None if spec in (None, "", "random") else spec
+        if is_api_spec(spec):
+            agents[role] = api_agent(spec, role, decode, teacher_history=teacher_history, concurrency=concurrency)
+            descriptions[role] = f"endpoint {spec}"
+            continue
+        if spec not in loaded:
+            model_config = copy.deepcopy(config)
+            if init:
+                model_config.init = dict(hf_checkpoint=init)
+            loaded[spec] = load(model_config, spec)
+        agents[role] = loaded[spec].agent(role, decode, teacher_history=teacher_history)
+        descriptions[role] = loaded[spec].description
+    return agents, descriptions
