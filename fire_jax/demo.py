@@ -24,31 +24,39 @@ latest answer.
 The page is one self-contained HTML file served by FastAPI, the stack of
 :mod:`fire_jax.serve`: nothing is fetched from the internet, and its JSON
 routes (``/api/respond``, ``/api/feedback``, ``/api/record``) are the same
-calls a script would make. Errors (a bad image, a failed model) come back
-as JSON and are shown in the page.
+calls a script would make. With ``"stream": true`` the generating routes
+answer with server-sent events, so the page shows the text as it grows and
+the tokens generated so far (:class:`Streaming`: an in-process model runs on
+a continuous-batching engine, an ``api:`` model streams from its endpoint).
+Errors (a bad image, a failed model) come back as JSON and are shown in the
+page.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import asyncio
 import itertools
 import json
 import os
 import threading
 import time
+from typing import Callable
 
 from fastapi import FastAPI, Request as HttpRequest
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
-from starlette.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, StreamingResponse
 
 from fire_jax.data.config import load_config
+from fire_jax.data.images import preprocess
 from fire_jax.data.records import BadRecordError, Turn, parse_record, parse_score
-from fire_jax.infer.api import api_agent, is_api_spec
+from fire_jax.infer.api import ApiAgent, chat_messages, load_agents as load_role_agents
 from fire_jax.infer.decode import DecodeConfig
-from fire_jax.infer.loading import DEFAULT_CONFIG, load
+from fire_jax.infer.engine import Engine, Request
+from fire_jax.infer.loading import DEFAULT_CONFIG
 from fire_jax.serve import BadRequest, decode_data_uri, default_models, json_body
 
+#: Decode steps between two updates of the page (the engine's chunk).
+STREAM_CHUNK = 2
 EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "synthetic_fire")
 NUM_EXAMPLES = 24
 
@@ -63,23 +71,129 @@ def examples(directory: str = EXAMPLES_DIR, limit: int = NUM_EXAMPLES) -> list[d
 
 def load_agents(config, student_spec: str | None, teacher_spec: str | None, init: str | None,
                 decode: DecodeConfig):
-    """(student, teacher, {role: description}); a spec is a checkpoint, 'random'/None or api:...; one model
-    is loaded once when both roles name the same local checkpoint."""
-    loaded, agents, descriptions = {}, {}, {}
-    for role, spec in (("student", student_spec), ("teacher", teacher_spec)):
-        spec = None if spec in (None, "random") else spec
-        if is_api_spec(spec):
-            agents[role] = api_agent(spec, role, decode, teacher_history="latest", concurrency=1)
-            descriptions[role] = f"endpoint {spec}"
-            continue
-        if spec not in loaded:
-            model_config = copy.deepcopy(config)
-            if init:
-                model_config.init = dict(hf_checkpoint=init)
-            loaded[spec] = load(model_config, spec)
-        agents[role] = loaded[spec].agent(role, decode, teacher_history="latest")
-        descriptions[role] = loaded[spec].description
+    """(student, teacher, {role: description}): :func:`fire_jax.infer.api.load_agents`, one request at a time."""
+    agents, descriptions = load_role_agents(config, {"student": student_spec, "teacher": teacher_spec}, decode,
+                                            init=init, teacher_history="latest", concurrency=1)
     return agents["student"], agents["teacher"], descriptions
+
+
+class Streaming:
+    """A student or teacher whose reply reaches the page while it is generated.
+
+    An in-process model runs on a continuous-batching :class:`Engine` (its
+    greedy tokens are those of the agent's own ``generate``; the page gets
+    the text every :data:`STREAM_CHUNK` tokens, and several people can use
+    the demo at once); an ``api:`` endpoint through its streamed completions.
+    The prompt is the agent's own (``agent.prompts``), as in the free dialogues.
+    """
+
+    def __init__(self, agent, engine: Engine | None, decode: DecodeConfig, seed: int):
+        self.agent, self.engine, self.decode = agent, engine, decode
+        self.seeds = itertools.count(seed)  # a sampled request's seed: the demo's --seed, then one more per call
+
+    def start(self, image, prompt_args: tuple, push: Callable[[dict], None]) -> Callable[[], None]:
+        """Generate for one image and ``agent.prompts(sizes, *prompt_args)``; ``push`` gets
+        ``{"delta", "tokens"}`` as the text grows, then ``{"text"}`` or ``{"error"}``. Returns a cancel function."""
+        if isinstance(self.agent, ApiAgent):
+            return self._start_api(image, prompt_args, push)
+        (prompt,) = self.agent.prompts([(image.height, image.width)], *prompt_args)
+        tiles, size = preprocess(image, self.agent.model.cfg.geometry)
+        d = self.decode
+        request = Request(prompt.input_ids.tolist(), max_tokens=d.max_new_tokens, temperature=d.temperature,
+                          top_p=d.top_p, top_k=d.top_k, seed=next(self.seeds) % 2 ** 32, pixel_values=tiles,
+                          image_sizes=[size])
+
+        def on_update(ticket, delta, reason):  # the engine thread
+            if reason == "error":
+                push({"error": f"{type(ticket.error).__name__}: {ticket.error}"})
+                return
+            push({"delta": delta, "tokens": len(ticket.tokens)})
+            if reason in ("stop", "length"):
+                push({"text": ticket.text.strip()})
+
+        try:
+            ticket = self.engine.submit(request, on_update)
+        except ValueError as e:  # e.g. a prompt over the engine's context
+            push({"error": f"ValueError: {e}"})
+            return lambda: None
+        return lambda: self.engine.cancel(ticket)
+
+    def _start_api(self, image, prompt_args: tuple, push) -> Callable[[], None]:
+        (messages,) = self.agent.prompts(None, *prompt_args)
+        cancelled, pieces = threading.Event(), [0]
+
+        def on_delta(delta: str) -> None:
+            if cancelled.is_set():
+                raise _Cancelled  # closes the stream
+            pieces[0] += 1
+            push({"delta": delta, "tokens": pieces[0]})  # an endpoint's pieces are about a token each
+
+        def work():
+            try:
+                push({"text": self.agent.stream(chat_messages(messages, image), on_delta)})
+            except _Cancelled:
+                pass
+            except Exception as e:  # shown in the page
+                push({"error": f"{type(e).__name__}: {e}"})
+
+        threading.Thread(target=work, daemon=True).start()
+        return cancelled.set
+
+
+class _Cancelled(Exception):
+    pass
+
+
+def streaming_agents(student, teacher, decode: DecodeConfig, *, seed: int, cache_len: int, slots: int = 4):
+    """(student, teacher) as :class:`Streaming`, one started engine per in-process model (shared by both roles
+    when they share it)."""
+    engines = {}
+    for agent in (student, teacher):
+        if not isinstance(agent, ApiAgent) and id(agent.model) not in engines:
+            chat = agent.chat
+            engines[id(agent.model)] = Engine(agent.model, tokenizer=chat.tokenizer, slots=slots, cache_len=cache_len,
+                                              prefill_batch=1, chunk=STREAM_CHUNK, stop_ids=(chat.eot_id, chat.eos_id),
+                                              pad_id=chat.pad_id).start()
+    return tuple(Streaming(agent, None if isinstance(agent, ApiAgent) else engines[id(agent.model)], decode, seed)
+                 for agent in (student, teacher))
+
+
+async def _events(streaming: Streaming, image, prompt_args: tuple):
+    """The events of one generation as they come; leaving early (the client went away) cancels it."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    cancel = streaming.start(image, prompt_args, lambda event: loop.call_soon_threadsafe(queue.put_nowait, event))
+    try:
+        while True:
+            event = await queue.get()
+            yield event
+            if "text" in event or "error" in event:
+                return
+    finally:
+        cancel()
+
+
+class ModelFailure(RuntimeError):
+    pass
+
+
+async def _reply(body: dict, events, finish: Callable[[str], dict]):
+    """``stream: true``: server-sent events ``{"delta", "tokens"}`` ..., then ``{"done": true, **finish(text)}``
+    or ``{"error": {"message"}}``; else the JSON of ``finish(text)`` once generated."""
+    if body.get("stream"):
+        async def sse():
+            async for event in events:
+                if "text" in event:
+                    event = {"done": True, **finish(event["text"])}
+                elif "error" in event:
+                    event = {"error": {"message": event["error"], "code": "model_failure"}}
+                yield f"data: {json.dumps(event)}\n\n"
+        return StreamingResponse(sse(), media_type="text/event-stream")
+    async for event in events:
+        if "error" in event:
+            raise ModelFailure(event["error"])
+        if "text" in event:
+            return finish(event["text"])
 
 
 def _text(body: dict, field: str, *, required: bool = True) -> str:
@@ -132,19 +246,10 @@ def fire_record(body: dict) -> dict:
     return record
 
 
-def create_app(student, teacher, descriptions: dict, decode: DecodeConfig, *, seed: int = 0,
+def create_app(student: Streaming, teacher: Streaming, descriptions: dict, decode: DecodeConfig, *, seed: int = 0,
                max_image_bytes: int = 8 << 20, max_pixels: int = 4096 * 4096, example_dir: str = EXAMPLES_DIR):
     app = FastAPI(title="fire_jax demo")
     items = examples(example_dir)
-    lock = threading.Lock()  # one generation at a time: the in-process models are not shared across threads
-    calls = itertools.count()
-
-    def rng():
-        if decode.temperature <= 0:
-            return None
-        import jax
-
-        return jax.random.fold_in(jax.random.key(seed), next(calls))
 
     def image_of(body: dict):
         return decode_data_uri(body.get("image"), max_image_bytes, max_pixels)
@@ -155,6 +260,8 @@ def create_app(student, teacher, descriptions: dict, decode: DecodeConfig, *, se
 
     @app.exception_handler(Exception)
     async def failure(_, e: Exception):  # a model failure: shown in the page, the server keeps going
+        if isinstance(e, ModelFailure):
+            return JSONResponse({"error": {"message": str(e), "code": "model_failure"}}, status_code=500)
         return JSONResponse({"error": {"message": f"{type(e).__name__}: {e}", "code": "model_failure"}},
                             status_code=500)
 
@@ -180,33 +287,25 @@ def create_app(student, teacher, descriptions: dict, decode: DecodeConfig, *, se
 
     @app.post("/api/respond")
     async def respond(http: HttpRequest):
-        """The student's next answer r_k, k = len(turns) + 1; every earlier turn needs feedback."""
+        """The student's next answer r_k, k = len(turns) + 1; every earlier turn needs feedback.
+        ``stream: true``: server-sent events as the answer grows (see :func:`_reply`)."""
         body = await json_body(http)
         image, question, turns = image_of(body), _text(body, "question"), _turns(body)
         if any(not t.feedback for t in turns):
             raise BadRequest(400, "give feedback on the last answer (or ask the teacher) before refining")
-        def run():
-            with lock:
-                return student.respond([image], [question], [tuple(turns)], rng=rng())[0]
-
-        response = await run_in_threadpool(run)
-        return {"response": response, "turns": [_turn_json(t) for t in turns]}
+        events = _events(student, image, ([question], [tuple(turns)]))
+        return await _reply(body, events, lambda text: {"response": text, "turns": [_turn_json(t) for t in turns]})
 
     @app.post("/api/feedback")
     async def feedback(http: HttpRequest):
-        """The teacher's feedback f_k with its score on the last answer r_k."""
+        """The teacher's feedback f_k with its score on the last answer r_k (``stream: true`` as /api/respond)."""
         body = await json_body(http)
         image, question, turns = image_of(body), _text(body, "question"), _turns(body)
         groundtruth = _text(body, "groundtruth")
         if not turns:
             raise BadRequest(400, "ask the student first: there is no answer to give feedback on")
-        def run():
-            with lock:
-                return teacher.feedback([image], [question], [groundtruth], [turns[-1].response],
-                                        [tuple(turns[:-1])], rng=rng())[0]
-
-        reply = await run_in_threadpool(run)
-        return {"feedback": reply.text, "score": reply.score}
+        events = _events(teacher, image, ([question], [groundtruth], [turns[-1].response], [tuple(turns[:-1])]))
+        return await _reply(body, events, lambda text: {"feedback": text, "score": parse_score(text)})
 
     @app.post("/api/record")
     async def record(http: HttpRequest):
@@ -231,6 +330,7 @@ button:disabled{background:#bbb;cursor:default}button.secondary{background:#555}
 .turn pre{white-space:pre-wrap;margin:2px 0 6px;font-family:inherit}
 .score{font-weight:700;color:#b33a1f}#error{color:#b00;white-space:pre-wrap;font-weight:600}
 #status{color:#555;font-style:italic}small{color:#555}
+#live{white-space:pre-wrap;font-family:inherit;background:#fffbe6;border-left:4px solid #e0b000;padding:6px 10px}
 </style></head><body>
 <header><h1>fire_jax &middot; FIRE feedback chat</h1></header>
 <main>
@@ -250,7 +350,7 @@ button:disabled{background:#bbb;cursor:default}button.secondary{background:#555}
  <textarea id="feedback" rows="4" placeholder="Score: 5.&#10;Feedback: ..."></textarea>
  <button id="teacher" disabled>Ask the teacher</button><button id="refine" disabled>Refine</button>
  <button id="download" disabled class="secondary">Download record</button>
- <div id="status"></div><div id="error"></div>
+ <div id="status"></div><pre id="live" hidden></pre><div id="error"></div>
 </section>
 </main>
 <script id="settings" type="application/json">__SETTINGS__</script>
@@ -287,21 +387,52 @@ function render(){
   const has = state.turns.length > 0;
   $('teacher').disabled = !has; $('refine').disabled = !has; $('download').disabled = !has;
 }
+let live = null;  // the reply growing on the page: {text, tokens}
+window.progressLog = [];  // every update of the current step, for tests and the curious: {tokens, text}
 function busy(what){
   const start = Date.now(); document.querySelectorAll('button').forEach(b => b.disabled = true);
-  $('error').textContent = '';
-  $('status').textContent = what + '...';
-  busyTimer = setInterval(() => $('status').textContent = `${what}... ${((Date.now()-start)/1000).toFixed(0)} s`, 500);
+  $('error').textContent = ''; live = {text: '', tokens: 0}; window.progressLog = [];
+  const show = () => $('status').textContent =
+    `${what}... ${live.tokens} tokens, ${((Date.now()-start)/1000).toFixed(0)} s`;
+  show(); busyTimer = setInterval(show, 500);
 }
 function idle(message){
   clearInterval(busyTimer); $('status').textContent = message || '';
+  live = null; $('live').hidden = true; $('live').textContent = '';
   document.querySelectorAll('button').forEach(b => b.disabled = false); render();
+}
+async function failed(route, reply){
+  let data; try { data = await reply.json(); } catch (e) { throw new Error(`${route}: HTTP ${reply.status}`); }
+  throw new Error((data.error && data.error.message) || `${route}: HTTP ${reply.status}`);
 }
 async function call(route, body){
   const reply = await fetch(route, {method: 'POST', headers: {'content-type': 'application/json'}, body: JSON.stringify(body)});
-  let data; try { data = await reply.json(); } catch (e) { throw new Error(`${route}: HTTP ${reply.status}`); }
-  if (!reply.ok) throw new Error((data.error && data.error.message) || `${route}: HTTP ${reply.status}`);
-  return data;
+  if (!reply.ok) await failed(route, reply);
+  return await reply.json();
+}
+// A generation as server-sent events: the text is shown as it grows; resolves with the final event.
+async function generate(route, body){
+  const reply = await fetch(route, {method: 'POST', headers: {'content-type': 'application/json'},
+                                    body: JSON.stringify({...body, stream: true})});
+  if (!reply.ok) await failed(route, reply);
+  const reader = reply.body.getReader(), decoder = new TextDecoder();
+  let buffer = '';
+  for (;;) {
+    const {value, done} = await reader.read();
+    if (done) throw new Error(`${route}: the stream ended early`);
+    buffer += decoder.decode(value, {stream: true});
+    let cut;
+    while ((cut = buffer.indexOf('\n\n')) >= 0) {
+      const line = buffer.slice(0, cut); buffer = buffer.slice(cut + 2);
+      if (!line.startsWith('data: ')) continue;
+      const event = JSON.parse(line.slice(6));
+      if (event.error) throw new Error(event.error.message);
+      if (event.done) return event;
+      live.text += event.delta; live.tokens = event.tokens;
+      window.progressLog.push({tokens: live.tokens, text: live.text});
+      $('live').hidden = false; $('live').textContent = live.text;
+    }
+  }
 }
 function base(){ return {image: state.image, question: $('question').value, groundtruth: $('groundtruth').value}; }
 async function step(what, work){
@@ -311,11 +442,11 @@ async function step(what, work){
 }
 $('ask').onclick = () => step('the student answers', async () => {
   if (!state.image) throw new Error('choose or upload an image first');
-  const r = await call('/api/respond', {...base(), turns: []});
+  const r = await generate('/api/respond', {...base(), turns: []});
   state.turns = [{response: r.response, feedback: '', score: null}]; $('feedback').value = '';
 });
 $('teacher').onclick = () => step('the teacher gives feedback', async () => {
-  const r = await call('/api/feedback', {...base(), turns: state.turns});
+  const r = await generate('/api/feedback', {...base(), turns: state.turns});
   const last = state.turns[state.turns.length - 1]; last.feedback = r.feedback; last.score = r.score;
   $('feedback').value = r.feedback;
 });
@@ -325,7 +456,7 @@ function takeFeedback(){
 }
 $('refine').onclick = () => step('the student refines', async () => {
   takeFeedback();
-  const r = await call('/api/respond', {...base(), turns: state.turns});
+  const r = await generate('/api/respond', {...base(), turns: state.turns});
   state.turns = r.turns.concat([{response: r.response, feedback: '', score: null}]); $('feedback').value = '';
 });
 $('download').onclick = () => step('building the record', async () => {
@@ -358,6 +489,8 @@ def parse_args(argv=None):
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cache-len", type=int, default=2048,
+                        help="context of an in-process model's engine: prompt (bucketed) + --max-new-tokens")
     return parser.parse_args(argv)
 
 
@@ -376,6 +509,7 @@ def main(argv=None):
     student, teacher, descriptions = load_agents(load_config(args.config), student_spec, teacher_spec, init, decode)
     for role, description in descriptions.items():
         print(f"{role}: {description}", flush=True)
+    student, teacher = streaming_agents(student, teacher, decode, seed=args.seed, cache_len=args.cache_len)
     app = create_app(student, teacher, descriptions, decode, seed=args.seed)
     print(f"demo on http://{args.host}:{args.port}/", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -1,13 +1,17 @@
 """python -m fire_jax.demo in headless Debian chromium (issue 17.2): example image, ask, ask the teacher, refine,
-download the FIRE record, a bad image shown as an error; a screenshot is kept as a test artifact.
+download the FIRE record, a bad image shown as an error, the answer shown as it grows; a screenshot is kept as a
+test artifact. Its server-sent events are also read directly (issue 17.1, progress on long generations).
 
 The student is the random tiny model in process; the teacher is an ``api:`` spec pointing at a loopback
 ``fire_jax.serve`` scripted model, so its feedback (and score) is known exactly.
 """
 
+import base64
 import json
 import os
 import shutil
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -19,7 +23,7 @@ TEACHER_REPLY = "Score: 4.\nFeedback: Your count is off. Count the green squares
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 
-pytestmark = pytest.mark.skipif(
+needs_chromium = pytest.mark.skipif(
     CHROMIUM is None or CHROMEDRIVER is None,
     reason="Debian chromium + chromium-driver not found (.ci/run installs them: apt-get install -y chromium "
            "chromium-driver)")
@@ -33,6 +37,62 @@ def demo(tmp_path_factory):
         with server("fire_jax.demo", ["--student", "random", "--teacher", f"api:{teacher_base}/v1#teacher",
                                       "--max-new-tokens", "12"], "/api/settings") as (_, base):
             yield base, teacher_base
+
+
+def events(url: str, body: dict) -> list[dict]:
+    """The server-sent events of a streamed POST, in order."""
+    request = urllib.request.Request(url, data=json.dumps({**body, "stream": True}).encode(),
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        assert reply.headers["content-type"].startswith("text/event-stream")
+        text = reply.read().decode()
+    return [json.loads(block[len("data: "):]) for block in text.split("\n\n") if block.startswith("data: ")]
+
+
+def in_process_student():
+    from fire_jax.data.config import load_config
+    from fire_jax.infer.decode import DecodeConfig
+    from fire_jax.infer.loading import DEFAULT_CONFIG, load
+
+    return load(load_config(DEFAULT_CONFIG)).agent("student", DecodeConfig(max_new_tokens=12))
+
+
+def test_answers_stream_as_they_grow(demo):
+    """/api/respond and /api/feedback with stream=true: the text arrives in pieces with a growing token count,
+    the pieces add up to the answer, which is the in-process student's; a bad image is still a 4xx JSON error."""
+    from fire_jax.data.records import Turn
+    from fire_jax.demo import EXAMPLES_DIR
+
+    base, _ = demo
+    path = os.path.join(EXAMPLES_DIR, "images", EXAMPLE)
+    with open(path, "rb") as f:
+        image = "data:image/png;base64," + base64.b64encode(f.read()).decode()
+    question = "How many green squares are in the image?"
+    answers = []
+    for turns in ([], [{"response": None, "feedback": TEACHER_REPLY}]):
+        if turns:
+            turns[0]["response"] = answers[0]
+        got = events(f"{base}/api/respond", {"image": image, "question": question, "turns": turns})
+        pieces, done = got[:-1], got[-1]
+        assert done["done"] and len(pieces) >= 3 and all(set(p) == {"delta", "tokens"} for p in pieces)
+        tokens = [p["tokens"] for p in pieces]
+        assert tokens[0] == 1 and tokens == sorted(set(tokens))  # the demo's engine reports every 2 tokens
+        assert "".join(p["delta"] for p in pieces).strip() == done["response"] and done["response"]
+        answers.append(done["response"])
+    history = [(), (Turn(answers[0], TEACHER_REPLY, 4),)]
+    assert in_process_student().respond([path] * 2, [question] * 2, history) == answers
+
+    got = events(f"{base}/api/feedback", {"image": image, "question": question, "groundtruth": "There are 2.",
+                                          "turns": [{"response": answers[0], "feedback": ""}]})
+    assert got[-1] == {"done": True, "feedback": TEACHER_REPLY, "score": 4}
+    assert "".join(p["delta"] for p in got[:-1]) == TEACHER_REPLY
+
+    bad = urllib.request.Request(f"{base}/api/respond", data=json.dumps(
+        {"image": "data:image/png;base64,aGVsbG8=", "question": "Q", "stream": True}).encode(),
+        headers={"content-type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(bad, timeout=60)
+    assert error.value.code == 400 and "could not be decoded" in json.loads(error.value.read())["error"]["message"]
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +114,7 @@ def browser(tmp_path_factory):
     driver.quit()
 
 
+@needs_chromium
 def test_demo_dialogue_in_browser(demo, browser, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -63,6 +124,8 @@ def test_demo_dialogue_in_browser(demo, browser, tmp_path):
     wait = WebDriverWait(driver, 60, poll_frequency=0.1)
     find = lambda css: driver.find_element(By.CSS_SELECTOR, css)
     settings = get_json(f"{base}/api/settings")
+    asked = lambda: get_json(f"{teacher_base}/health")["models"]["teacher"]["requests"]["Groundtruth: There are 2."]
+    asked_before = asked()
     assert settings["sampling"] == {"max_new_tokens": 12, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0}
     assert settings["student"] == "random init (seed 0)" and settings["teacher"].startswith("endpoint api:")
 
@@ -80,6 +143,9 @@ def test_demo_dialogue_in_browser(demo, browser, tmp_path):
 
     press("#ask", "the student answers")
     first = find("#turn-1 .response").text
+    shown = driver.execute_script("return window.progressLog")  # what the page showed while the answer grew
+    assert len(shown) >= 3 and [s["tokens"] for s in shown] == sorted({s["tokens"] for s in shown})
+    assert shown[0]["text"] != shown[-1]["text"] and shown[-1]["text"].strip() == first
     press("#teacher", "the teacher gives feedback")
     assert find("#turn-1 .score").text == "4" and find("#feedback").get_attribute("value") == TEACHER_REPLY
     press("#refine", "the student refines")
@@ -101,16 +167,13 @@ def test_demo_dialogue_in_browser(demo, browser, tmp_path):
     assert [t.response for t in record.turns] == [first, second] and first and second
     assert [t.feedback for t in record.turns] == [TEACHER_REPLY] * 2 and [t.score for t in record.turns] == [4, 4]
     # the teacher endpoint answered exactly the two "ask the teacher" presses
-    assert get_json(f"{teacher_base}/health")["models"]["teacher"]["requests"] == {"Groundtruth: There are 2.": 2}
+    assert asked() == asked_before + 2
 
     # the student's answers are those of the in-process tiny student on the same image and history
-    from fire_jax.data.config import load_config
     from fire_jax.data.records import Turn
     from fire_jax.demo import EXAMPLES_DIR
-    from fire_jax.infer.decode import DecodeConfig
-    from fire_jax.infer.loading import DEFAULT_CONFIG, load
 
-    student = load(load_config(DEFAULT_CONFIG)).agent("student", DecodeConfig(max_new_tokens=12))
+    student = in_process_student()
     image = os.path.join(EXAMPLES_DIR, "images", EXAMPLE)
     expected = student.respond([image] * 2, [record.question] * 2, [(), (Turn(first, TEACHER_REPLY, 4),)])
     assert expected == [first, second]
