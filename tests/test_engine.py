@@ -63,8 +63,8 @@ def test_greedy_alone_equals_among_31_others_and_generate(loaded, engine, reques
         assert result.tokens == ref.tokens[0, :request.max_tokens].tolist()
         np.testing.assert_allclose(result.logprobs, ref.logprobs[0, :request.max_tokens], atol=1e-4)
     assert len({t for r in together for t in r.tokens}) > 50  # outputs vary: the comparison can fail
-    # One decode shape; prefills per (bucket 64/128/256 text, image bucket): a bounded set.
-    assert TRACE_COUNTS["engine_decode"] == 1 and TRACE_COUNTS["engine_admit"] <= 5
+    # A decode shape per width (1, 2, 4, ..., 32 slots); prefills per (bucket 64/128/256 text, image bucket).
+    assert TRACE_COUNTS["engine_decode"] <= 6 and TRACE_COUNTS["engine_admit"] <= 5
 
 
 def test_few_slots_reuse_freed_slots(loaded, requests, together):

@@ -28,8 +28,9 @@ Per request: ``max_tokens``, temperature / top-k / top-p with its own seed
 (the key of token t is ``fold_in(key(seed), t)``, so a sampled request is
 reproducible whatever runs beside it), stop ids and stop strings.
 
-Compiled shapes, all known up front: one decode chunk ``[slots, cache_len]``,
-one cache shift, and one prefill per (prompt bucket, image-tile bucket),
+Compiled shapes, all known up front: a decode chunk per width (the first 1, 2,
+4, ... ``slots`` slots, enough for the live ones: a lone request decodes as a
+batch of one), one cache shift, and one prefill per (prompt bucket, image-tile bucket),
 buckets as in :func:`fire_jax.infer.decode.bucket_length` (or multiples of
 ``bucket_min`` near the end of the context) and at most ``cache_len``.
 """
@@ -162,16 +163,18 @@ def _shift(cache: KVCache, shift) -> KVCache:
 @functools.partial(jax.jit, static_argnames=("graphdef", "steps"), donate_argnames=("cache",))
 def _decode_chunk(graphdef, state, cache: KVCache, column, token, position, count, budget, live, stop_ids, seeds,
                   temperature, top_k, top_p, wanted, *, steps: int):
-    """Up to ``steps`` one-token steps of every slot (``[slots]`` arguments), in one ``while_loop``.
+    """Up to ``steps`` one-token steps of the first ``width`` slots (the ``[width]`` arguments; the cache has
+    ``slots >= width`` rows, the rest idle), in one ``while_loop``.
 
     Step i feeds slot s's ``token[s]`` at ``position[s] + i`` into the shared cache column ``column + i``;
     ``count[s]`` tokens are generated so far, of at most ``budget[s]``. Stops when every row is done, or
-    as soon as ``wanted`` rows (> 0) have finished in it, to take waiting requests. Returns the cache, the steps taken, and tokens and log-probs
-    ``[slots, steps]`` (-1 / 0 where none).
+    as soon as ``wanted`` rows (> 0) have finished in it, to take waiting requests. Returns the cache, the
+    steps taken, and tokens and log-probs ``[width, steps]`` (-1 / 0 where none).
     """
     TRACE_COUNTS["engine_decode"] += 1
     model = nnx.merge(graphdef, state)
     slots = token.shape[0]
+    whole, cache = cache, KVCache(*jax.tree.map(lambda x: x[:slots], (cache.k, cache.v, cache.mask)), cache.index)
 
     def keep_going(carry):
         step, _, _, _, done, finished = carry
@@ -192,6 +195,8 @@ def _decode_chunk(graphdef, state, cache: KVCache, column, token, position, coun
     cache = KVCache(cache.k, cache.v, cache.mask, jnp.asarray(column, jnp.int32))
     carry = (jnp.zeros((), jnp.int32), token, cache, out, ~live, jnp.zeros((), jnp.int32))
     taken, _, cache, (tokens, logprobs), _, _ = jax.lax.while_loop(keep_going, one_token, carry)
+    put = lambda w, x: jax.lax.dynamic_update_slice_in_dim(w, x, 0, axis=0)
+    cache = KVCache(*jax.tree.map(put, (whole.k, whole.v, whole.mask), (cache.k, cache.v, cache.mask)), column)
     return cache, taken, tokens, logprobs
 
 
@@ -410,24 +415,29 @@ class Engine:
             stop_ids=stop_ids)
 
     def _decode(self) -> None:
-        requests = [t.request if t is not None else Request([0], max_tokens=1) for t in self.occupant]
-        settings = self._settings(requests, self.slots)
-        live = np.asarray([t is not None for t in self.occupant])
-        count = np.asarray([len(t.tokens) if t is not None else 0 for t in self.occupant], np.int32)
+        # Decode only the first `width` slots (a power of two past the last live one; free slots are taken
+        # lowest first): one request alone costs a 1-row step, not a `slots`-row one.
+        width = 1 << max(s for s, t in enumerate(self.occupant) if t is not None).bit_length()
+        width = min(width, self.slots)
+        occupant = self.occupant[:width]
+        requests = [t.request if t is not None else Request([0], max_tokens=1) for t in occupant]
+        settings = self._settings(requests, width)
+        live = np.asarray([t is not None for t in occupant])
+        count = np.asarray([len(t.tokens) if t is not None else 0 for t in occupant], np.int32)
         with self.lock:
             # End the chunk once enough rows finish to prefill a whole group of waiting requests: a prefill
             # costs its prefill_batch rows however few are real, an idle slot 1/slots of a step.
             free = sum(t is None for t in self.occupant)
             wanted = max(1, min(len(self.waiting), self.prefill_batch) - free) if self.waiting else 0
         self.cache, taken, tokens, logprobs = _decode_chunk(
-            self.graphdef, self.state, self.cache, np.int32(self.column), self.token, self.position, count,
-            settings["budget"], live, settings["stop_ids"], settings["seeds"], settings["temperature"],
+            self.graphdef, self.state, self.cache, np.int32(self.column), self.token[:width], self.position[:width],
+            count, settings["budget"], live, settings["stop_ids"], settings["seeds"], settings["temperature"],
             settings["top_k"], settings["top_p"], np.int32(wanted), steps=self.chunk)
         tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
         self.column += int(taken)
         self.stats["decode_chunks"] += 1
         self.stats["decode_steps"] += int((tokens >= 0).any(axis=0).sum())
-        for slot, ticket in enumerate(self.occupant):
+        for slot, ticket in enumerate(occupant):
             if ticket is None:
                 continue
             n = int((tokens[slot] >= 0).sum())
