@@ -316,3 +316,27 @@ def test_blocked_and_single_query_attention_equal_the_reference():
     np.testing.assert_allclose(layers.attention(q, k, v, mask), ref, rtol=1e-5, atol=1e-5)
     last = layers.attention(q[:, -1:], k, v, mask[:, :, -1:])  # one decode step over the whole cache
     np.testing.assert_allclose(last, ref[:, -1:], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("t,mask_heads", [(48, 1), (48, 4), (1024, 1)], ids=["short", "per-head-mask", "blocked"])
+def test_cpu_attention_gradients_equal_the_reference(t, mask_heads):
+    """The CPU attention's hand-written backward (grouped queries, a padding + causal mask) against autodiff of
+    jax.nn.dot_product_attention, for q, k and v."""
+    rng = np.random.default_rng(1)
+    b, heads, kv_heads, d = 2, 4, 2, 8
+    q, k, v = (jnp.asarray(rng.standard_normal((b, t, n, d)), jnp.float32) for n in (heads, kv_heads, kv_heads))
+    valid = jnp.asarray(np.arange(t)[None, :] >= np.array([[0], [5]]))  # row 1 left-padded
+    mask = jnp.tril(jnp.ones((t, t), bool))[None, None] & valid[:, None, None, :]
+    mask = mask & jnp.asarray(rng.random((1, mask_heads, t, t)) < 0.9).at[..., 0].set(True)
+    weights = jnp.asarray(rng.standard_normal((b, t, heads, d)), jnp.float32)
+
+    def loss(fn):
+        return lambda q, k, v: jnp.sum(weights * fn(q, k, v))
+
+    from fire_jax.models import layers
+
+    ours = jax.grad(loss(lambda q, k, v: layers.attention(q, k, v, mask)), (0, 1, 2))(q, k, v)
+    ref = jax.grad(loss(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask, scale=d ** -0.5)),
+                   (0, 1, 2))(q, k, v)
+    for a, r in zip(ours, ref):
+        np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-4)

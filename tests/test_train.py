@@ -369,3 +369,19 @@ def test_fused_chunked_cross_entropy_values_and_gradients(chunk):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     correct = chunked_cross_entropy(hidden, kernel, targets, chunk)[1]
     np.testing.assert_array_equal(correct, jnp.argmax(hidden @ kernel, -1) == targets)
+    # With a mask, only its positions count: values there, zeros (and no gradient) elsewhere.
+    mask = jnp.asarray(rng.random((2, 13)) < 0.3)
+
+    def masked(h, k):
+        return jnp.sum(weights * chunked_cross_entropy(h, k, targets, chunk, mask)[0])
+
+    def reference_masked(h, k):
+        logits = h @ k
+        nll = jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, targets[..., None], -1)[..., 0]
+        return jnp.sum(jnp.where(mask, weights * nll, 0.0))
+
+    np.testing.assert_allclose(masked(hidden, kernel), reference_masked(hidden, kernel), rtol=1e-5)
+    for a, b in zip(jax.grad(masked, (0, 1))(hidden, kernel), jax.grad(reference_masked, (0, 1))(hidden, kernel)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    nll, correct = chunked_cross_entropy(hidden, kernel, targets, chunk, mask)
+    assert not np.any(np.asarray(nll)[~np.asarray(mask)]) and not np.any(np.asarray(correct)[~np.asarray(mask)])

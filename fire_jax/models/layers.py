@@ -8,10 +8,12 @@ filter (``nnx.split(model, LoRAParam, ...)``), not bookkeeping.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 
@@ -118,9 +120,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None) 
 
     - a single query (a decode step): an einsum that reads the KV cache in place;
     - on GPUs: ``jax.nn.dot_product_attention`` with :data:`GPU_ATTENTION` as its implementation;
-    - elsewhere, sequences longer than :data:`QUERY_CHUNK`: blocks of queries, each
-      rematerialised, so scores never exist for the whole sequence at once
-      (XLA's generic path would hold ``[batch, heads, seq, seq]`` float32 per layer).
+    - elsewhere: :func:`_grouped_attention` (its backward written out); sequences longer than
+      :data:`QUERY_CHUNK` in blocks of queries, each rematerialised, so scores never exist for
+      the whole sequence at once (``[batch, heads, seq, seq]`` float32 per layer otherwise).
     """
     scale = q.shape[-1] ** -0.5
     b, t, heads, d = q.shape
@@ -129,7 +131,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None) 
     if jax.default_backend() == "gpu":
         return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation=GPU_ATTENTION)
     if t <= QUERY_CHUNK or t % QUERY_CHUNK:
-        return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale)
+        return _grouped_attention(q, k, v, _full_mask(mask, q, k), scale)
     n = t // QUERY_CHUNK
     blocks = q.reshape(b, n, QUERY_CHUNK, heads, d).swapaxes(0, 1)  # [blocks, batch, chunk, heads, head_dim]
     if mask is None:
@@ -140,10 +142,78 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None) 
     @jax.checkpoint
     def block(args):
         q_block, m_block = args
-        return jax.nn.dot_product_attention(q_block, k, v, mask=m_block, scale=scale)
+        return _grouped_attention(q_block, k, v, m_block, scale)
 
     out = jax.lax.map(block, (blocks, mask_blocks))
     return out.swapaxes(0, 1).reshape(b, t, heads, d)
+
+
+def _full_mask(mask, q, k):
+    """``mask`` as bool ``[batch or 1, 1 or heads, q_len, kv_len]`` (all True when None)."""
+    if mask is None:
+        return jnp.ones((1, 1, q.shape[1], k.shape[1]), bool)
+    return jnp.broadcast_to(mask, (*mask.shape[:2], q.shape[1], k.shape[1]))
+
+
+def _to_groups(x, kv_heads):
+    """[batch, seq, heads, d] -> [batch, kv_heads, group * seq, d]: each KV head's queries in one matrix."""
+    b, t, heads, d = x.shape
+    return x.reshape(b, t, kv_heads, heads // kv_heads, d).transpose(0, 2, 3, 1, 4).reshape(b, kv_heads, -1, d)
+
+
+def _from_groups(x, t):
+    b, kv_heads, _, d = x.shape
+    return x.reshape(b, kv_heads, -1, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, -1, d)
+
+
+def _group_mask(mask, kv_heads, group):
+    """[batch or 1, 1 or heads, t, s] -> [batch or 1, 1 or kv_heads, group * t, s], matching :func:`_to_groups`."""
+    mb, mh, t, s = mask.shape
+    if mh == 1:
+        return jnp.broadcast_to(mask[:, :, None], (mb, 1, group, t, s)).reshape(mb, 1, group * t, s)
+    return mask.reshape(mb, kv_heads, group * t, s)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _grouped_attention(q, k, v, mask, scale):
+    """softmax(q k^T * scale, masked) v with float32 scores, grouped-query, for CPUs.
+
+    Queries of one KV head form one matrix and keys / values are used as they are, so every
+    score-sized array is made by a matmul and read by the next one in its natural layout: XLA's
+    generic attention transposes the [batch, heads, q, kv] scores (and their gradients) instead.
+    The backward pass is written out (FlashAttention's: dS = P * (dP - rowsum(dO * O))), from the
+    probabilities saved by the forward.
+    """
+    return _grouped_attention_fwd(q, k, v, mask, scale)[0]
+
+
+def _grouped_attention_fwd(q, k, v, mask, scale):
+    b, t, heads, d = q.shape
+    kv_heads = k.shape[2]
+    qg = _to_groups(q, kv_heads)  # [batch, kv_heads, group * q_len, head_dim]
+    kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [batch, kv_heads, kv_len, head_dim]
+    scores = jnp.einsum("bkqd,bksd->bkqs", qg, kt, preferred_element_type=jnp.float32) * scale
+    scores = jnp.where(_group_mask(mask, kv_heads, heads // kv_heads), scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1)  # [batch, kv_heads, group * q_len, kv_len]
+    out = jnp.einsum("bkqs,bksd->bkqd", probs.astype(v.dtype), vt)
+    return _from_groups(out, t), (qg, kt, vt, probs, out, mask)
+
+
+def _grouped_attention_bwd(scale, residuals, d_out):
+    qg, kt, vt, probs, out, mask = residuals
+    t = d_out.shape[1]
+    do = _to_groups(d_out, kt.shape[1]).astype(jnp.float32)
+    dv = jnp.einsum("bkqs,bkqd->bksd", probs, do)
+    dp = jnp.einsum("bkqd,bksd->bkqs", do, vt.astype(jnp.float32))
+    ds = probs * (dp - jnp.sum(do * out.astype(jnp.float32), axis=-1, keepdims=True)) * scale
+    ds = jnp.where(_group_mask(mask, kt.shape[1], qg.shape[2] // t), ds, 0.0)  # a fully masked row: no gradient
+    dq = jnp.einsum("bkqs,bksd->bkqd", ds, kt.astype(jnp.float32))
+    dk = jnp.einsum("bkqs,bkqd->bksd", ds, qg.astype(jnp.float32))
+    return (_from_groups(dq, t).astype(qg.dtype), dk.transpose(0, 2, 1, 3).astype(kt.dtype),
+            dv.transpose(0, 2, 1, 3).astype(vt.dtype), np.zeros(mask.shape, jax.dtypes.float0))
+
+
+_grouped_attention.defvjp(_grouped_attention_fwd, _grouped_attention_bwd)
 
 
 def _single_query(q, k, v, mask, scale):

@@ -52,20 +52,31 @@ def turn_counts(values: jax.Array, turn_ids: jax.Array, max_turns: int) -> jax.A
     return jnp.einsum("bs,bst->t", values.astype(jnp.float32), onehot)
 
 
-def chunked_cross_entropy(hidden: jax.Array, kernel: jax.Array, targets: jax.Array, chunk: int):
+def chunked_cross_entropy(hidden: jax.Array, kernel: jax.Array, targets: jax.Array, chunk: int,
+                          mask: jax.Array | None = None):
     """Negative log-likelihood and correctness per position, logits formed chunk by chunk.
 
     hidden ``[batch, seq, dim]`` (compute dtype), kernel ``[dim, vocab]`` (the lm_head),
-    targets ``[batch, seq]``. Returns (nll float32 ``[batch, seq]``, correct bool).
+    targets ``[batch, seq]``, mask ``[batch, seq]`` (optional): the positions whose loss is
+    wanted. Returns (nll float32 ``[batch, seq]``, correct bool); both are 0 / False, with no
+    gradient, where ``mask`` is False.
+
+    Only the masked-in positions' logits are formed: they are gathered to the front of the
+    flattened batch (a stable sort on the mask), cut into chunks of ``chunk`` tokens, and a
+    chunk past the last of them is skipped (``lax.cond``). A FIRE student sequence labels only
+    r_i for i >= 2, a small part of it (image features, prompt, r_1 and feedback are not), and
+    the vocabulary matmuls are most of a small model's step.
 
     The gradient is fused into the forward pass: d nll / d hidden = (softmax - onehot) @ kernel^T
     does not depend on the loss weights, so each chunk computes it while its logits exist and
-    keeps only that ``[batch, chunk, dim]`` result; the backward pass scales it by the incoming
+    keeps only that ``[chunk, dim]`` result; the backward pass scales it by the incoming
     per-token cotangent. Two vocabulary matmuls per chunk instead of three (forward, recompute,
     backward). The kernel's own gradient (when the lm_head trains) is recomputed chunk by chunk
     in the backward pass, and removed by XLA when nothing asks for it.
     """
-    nll, correct, _ = _fused_ce(hidden, kernel, targets, chunk)
+    if mask is None:
+        mask = jnp.ones(targets.shape, bool)
+    nll, correct, _ = _fused_ce(hidden, kernel, targets, mask.astype(bool), chunk)
     return nll, correct
 
 
@@ -77,44 +88,63 @@ def _chunks(x: jax.Array, chunk: int) -> jax.Array:
     return x.reshape(b, (s + pad) // chunk, chunk, *x.shape[2:]).swapaxes(0, 1)
 
 
-def _unchunk(x: jax.Array, s: int) -> jax.Array:
-    return x.swapaxes(0, 1).reshape(x.shape[1], -1, *x.shape[3:])[:, :s]
-
-
 def _chunk_logits(h, kernel):
-    return (h @ kernel.astype(h.dtype)).astype(jnp.float32)  # [batch, chunk, vocab]
+    return (h @ kernel.astype(h.dtype)).astype(jnp.float32)  # [..., chunk, vocab]
 
 
-def _fused_ce_impl(hidden, kernel, targets, chunk):
-    s = hidden.shape[1]
-    chunk = min(chunk, s)
+def _fused_ce_impl(hidden, kernel, targets, mask, chunk):
+    b, s, d = hidden.shape
+    n = b * s
+    chunk = min(chunk, n)
+    chunks = -(-n // chunk)
+    # Masked-in tokens first, in order; the padding slots repeat token 0 and are dropped below.
+    order = jnp.pad(jnp.argsort(~mask.reshape(n), stable=True), (0, chunks * chunk - n))  # [chunks * chunk]
+    count = mask.sum()
+    h_sorted = hidden.reshape(n, d)[order].reshape(chunks, chunk, d)
+    t_sorted = targets.reshape(n)[order].reshape(chunks, chunk)
+
+    def compute(h, t):
+        logits = _chunk_logits(h, kernel)  # [chunk, vocab]
+        top = jnp.max(logits, axis=-1)
+        logz = top + jnp.log(jnp.sum(jnp.exp(logits - top[:, None]), axis=-1))
+        gold = jnp.take_along_axis(logits, t[:, None], axis=-1)[:, 0]
+        dlogits = jnp.exp(logits - logz[:, None]) - jax.nn.one_hot(t, logits.shape[-1], dtype=jnp.float32)
+        dhidden = (dlogits.astype(h.dtype) @ kernel.astype(h.dtype).T).astype(h.dtype)  # [chunk, dim]
+        # Correct: the gold logit is the largest (an argmax is a two-operand reduce, slow on CPU; exact ties differ).
+        return logz - gold, gold >= top, dhidden
+
+    def skip(h, t):
+        return jnp.zeros(t.shape, jnp.float32), jnp.zeros(t.shape, bool), jnp.zeros_like(h)
 
     def one(args):
-        h, t = args
-        logits = _chunk_logits(h, kernel)
-        logz = jax.nn.logsumexp(logits, axis=-1)
-        gold = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]
-        dlogits = jnp.exp(logits - logz[..., None]) - jax.nn.one_hot(t, logits.shape[-1], dtype=jnp.float32)
-        dhidden = (dlogits.astype(h.dtype) @ kernel.astype(h.dtype).T).astype(h.dtype)  # [batch, chunk, dim]
-        return logz - gold, jnp.argmax(logits, axis=-1) == t, dhidden
+        i, h, t = args
+        return jax.lax.cond(i * chunk < count, compute, skip, h, t)
 
-    nll, correct, dhidden = jax.lax.map(one, (_chunks(hidden, chunk), _chunks(targets, chunk)))
-    return _unchunk(nll, s), _unchunk(correct, s), _unchunk(dhidden, s)
+    nll, correct, dhidden = jax.lax.map(one, (jnp.arange(chunks), h_sorted, t_sorted))
+    inverse = jnp.zeros(n, jnp.int32).at[order[:n]].set(jnp.arange(n, dtype=jnp.int32))
+    flat_mask = mask.reshape(n)
 
+    def unsort(x):
+        x = x.reshape(chunks * chunk, *x.shape[2:])[inverse]
+        return jnp.where(flat_mask.reshape(n, *([1] * (x.ndim - 1))), x, jnp.zeros((), x.dtype)).reshape(
+            b, s, *x.shape[1:])
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _fused_ce(hidden, kernel, targets, chunk):
-    return _fused_ce_impl(hidden, kernel, targets, chunk)
+    return unsort(nll), unsort(correct), unsort(dhidden)
 
 
-def _fused_ce_fwd(hidden, kernel, targets, chunk):
-    nll, correct, dhidden = _fused_ce_impl(hidden, kernel, targets, chunk)
-    return (nll, correct, dhidden), (hidden, kernel, targets, dhidden)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _fused_ce(hidden, kernel, targets, mask, chunk):
+    return _fused_ce_impl(hidden, kernel, targets, mask, chunk)
+
+
+def _fused_ce_fwd(hidden, kernel, targets, mask, chunk):
+    nll, correct, dhidden = _fused_ce_impl(hidden, kernel, targets, mask, chunk)
+    return (nll, correct, dhidden), (hidden, kernel, targets, mask, dhidden)
 
 
 def _fused_ce_bwd(chunk, residuals, cotangents):
-    hidden, kernel, targets, dhidden = residuals
-    dnll = cotangents[0].astype(jnp.float32)  # [batch, seq]: the loss weights
+    hidden, kernel, targets, mask, dhidden = residuals
+    dnll = jnp.where(mask, cotangents[0].astype(jnp.float32), 0.0)  # [batch, seq]: the loss weights
     grad_hidden = (dnll[..., None] * dhidden.astype(jnp.float32)).astype(hidden.dtype)
     chunk = min(chunk, hidden.shape[1])
 
@@ -127,7 +157,8 @@ def _fused_ce_bwd(chunk, residuals, cotangents):
     grad_kernel, _ = jax.lax.scan(kernel_grad, jnp.zeros(kernel.shape, jnp.float32),
                                   (_chunks(hidden, chunk), _chunks(targets, chunk), _chunks(dnll, chunk)))
     zero_targets = np.zeros(targets.shape, dtype=jax.dtypes.float0)
-    return grad_hidden, grad_kernel.astype(kernel.dtype), zero_targets
+    zero_mask = np.zeros(mask.shape, dtype=jax.dtypes.float0)
+    return grad_hidden, grad_kernel.astype(kernel.dtype), zero_targets, zero_mask
 
 
 _fused_ce.defvjp(_fused_ce_fwd, _fused_ce_bwd)

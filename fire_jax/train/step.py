@@ -105,7 +105,9 @@ class Trainer:
                                         batch["attention_mask"], dropout_rng=rng)
         targets = batch["input_ids"][:, 1:]
         kernel = model.language_model.lm_head.kernel[...]
-        nll, correct = losses.chunked_cross_entropy(hidden[:, :-1], kernel, targets, self.train_cfg.loss_chunk)
+        labelled = batch["loss_mask"][:, 1:] > 0  # only these positions' logits are formed
+        nll, correct = losses.chunked_cross_entropy(hidden[:, :-1], kernel, targets, self.train_cfg.loss_chunk,
+                                                    labelled)
         return jnp.sum(weights * nll), (nll, correct)
 
     def _step(self, state: TrainState, frozen, batch, rng):
