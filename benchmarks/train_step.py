@@ -2,6 +2,7 @@
 
     python benchmarks/train_step.py                  # all three parts (CPU: a few minutes)
     python benchmarks/train_step.py --part speed     # tokens/s, ours vs PyTorch + peft, same config and batch
+    python benchmarks/train_step.py --part profile   # where the speed part's step spends its time, per op class
     python benchmarks/train_step.py --part memory    # 8B student step lowered abstractly on 8 devices
 
 Speed: a small Llama-shaped LLaVA-NeXT (float32, CPU), LoRA on q,k, one AdamW
@@ -114,6 +115,75 @@ def speed(batch: int, seq: int, steps: int, scan_layers: bool = False, remat: st
     print(f"{'fire_jax (jax.jit)':32s} {t_ours:8.3f} {tokens / t_ours:10.0f} {t_ref / t_ours:6.2f}")
 
 
+def profile(batch: int, seq: int) -> None:
+    """Per-op time split of the speed part's step: a jax.profiler trace of two steps, leaf XLA ops classed
+    by the shapes in their fused computation (a vocabulary-sized operand -> lm_head, MLP width -> MLP)."""
+    import collections
+    import glob
+    import gzip
+    import json
+    import re
+    import tempfile
+
+    cfg = LlavaNextConfig.from_dict(SMALL)
+    ids, loss_mask = _batch(batch, seq, cfg.llm.vocab_size)
+    trainer = Trainer(LlavaNext(cfg, rngs=nnx.Rngs(0)), train_config(lr=1e-4, batch_size=batch, loss_chunk=seq),
+                      loss_config(), 1000, make_mesh((1, 1, 1)))
+    jbatch = {"input_ids": jnp.asarray(ids), "attention_mask": jnp.ones_like(jnp.asarray(ids)),
+              "loss_mask": jnp.asarray(loss_mask), "turn_ids": jnp.asarray(np.where(loss_mask > 0, 2, -1))}
+    state = {"s": trainer.initial_state}
+
+    def step():
+        state["s"], metrics = trainer.step(state["s"], jbatch, jax.random.key(0))
+        jax.block_until_ready(metrics["loss"])
+
+    step()
+    directory = tempfile.mkdtemp(prefix="train_step_trace_")
+    with jax.profiler.trace(directory, create_perfetto_trace=True):
+        step()
+        step()
+    trace = json.load(gzip.open(glob.glob(f"{directory}/**/*.trace.json.gz", recursive=True)[0]))
+    durations = collections.Counter()
+    for event in trace["traceEvents"] if isinstance(trace, dict) else trace:
+        if event.get("ph") == "X" and "dur" in event:
+            durations[event["name"]] += event["dur"] / 2 / 1e3  # ms per step
+    hlo = trainer.compiled_step(jbatch).lower(trainer.initial_state, trainer.frozen, jbatch,
+                                              jax.random.key(0)).compile().as_text()
+    bodies, current = {}, None
+    for line in hlo.splitlines():
+        header = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if header:
+            current = bodies.setdefault(header.group(1), [])
+        elif current is not None:
+            current.append(line)
+    calls = dict(re.findall(r"%?([\w.\-]+) = .*?calls=%?([\w.\-]+)", hlo))
+    llm = cfg.llm
+
+    def part(name):
+        body = "\n".join(bodies.get(calls[name], []))
+        dims = set(map(int, re.findall(r"\d+", " ".join(re.findall(r"\w+\[([\d,]*)\]", body)))))
+        if " dot(" in body:
+            if llm.vocab_size in dims:
+                return "lm_head matmuls (logits, fused d hidden)"
+            if llm.mlp_dim in dims:
+                return "MLP matmuls"
+            return "q, k, v, o projections (with LoRA), attention matmuls"
+        if "exponential" in body or "reduce" in body:
+            return "softmax, reductions"
+        if "transpose" in body or "copy" in name:
+            return "transposes, layout copies"
+        return "elementwise, casts"
+
+    parts = collections.Counter()
+    for name, ms in durations.items():
+        if name in calls:
+            parts[part(name)] += ms
+    total = sum(parts.values())
+    print(f"\nper-op time split, one step ({total:.0f} ms of leaf XLA ops; {_load()})")
+    for name, ms in parts.most_common():
+        print(f"  {name:48s} {ms:8.1f} ms {ms / total:6.1%}")
+
+
 def flops_per_token_8b() -> None:
     """Matmul FLOPs per trained token for the frozen-base LoRA step (SPEC 8B sizes, seq 3072)."""
     from gpu import flops_per_token
@@ -163,7 +233,7 @@ def memory_8b(dtype: str | None) -> None:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--part", choices=("all", "speed", "flops", "memory"), default="all")
+    parser.add_argument("--part", choices=("all", "speed", "profile", "flops", "memory"), default="all")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--steps", type=int, default=5)
@@ -173,6 +243,8 @@ def main():
     args = parser.parse_args()
     if args.part in ("all", "speed"):
         speed(args.batch, args.seq, args.steps, args.scan_layers, args.remat)
+    if args.part in ("all", "profile"):
+        profile(args.batch, args.seq)
     if args.part in ("all", "flops"):
         flops_per_token_8b()
     if args.part in ("all", "memory"):
