@@ -171,3 +171,35 @@ def test_exact_teacher_is_the_generators_rule():
     assert odd.score == 1 and "Score: 1." in odd.text
     with pytest.raises(ValueError, match="not a synthetic groundtruth"):
         synthetic.exact_feedback("A cat on a mat.", "It is red.")
+
+
+def test_compare_plateau_items_are_balanced_and_labelled_by_the_rule():
+    """experiments/compare_plateau.py's isolated comparison: "Yes." exactly when the answer is the groundtruth,
+    the direction the generator's own hint gives, right about half the time, fillers as asked."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments",
+                        "compare_plateau.py")
+    spec = importlib.util.spec_from_file_location("compare_plateau", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from fire_jax.data.config import resolve_path
+
+    with open(resolve_path("assets:synthetic_fire/train.json")) as f:
+        shipped = json.load(f)
+    items = module.compare_records(shipped, 400, seed=3)
+    later = {"count": "too low", "bars": "to the right", "color": "later"}
+    for item in items:
+        prompt, reply = (m["value"] for m in item["conversations"])
+        lines = prompt.split("\n")
+        truth, answer = lines[0][len("Groundtruth: "):], lines[-2][len("Answer: "):]
+        assert 3 <= len(lines) - 1 <= 6 and lines[-1] == module.QUESTION
+        text, score = synthetic.exact_feedback(truth, answer)
+        assert (reply == "Yes.") == (score == synthetic.RIGHT_SCORE)
+        if score != synthetic.RIGHT_SCORE:
+            task = synthetic._parse_value(truth)[0]
+            assert ("later" in reply) == (later[task] in text), (truth, answer, reply, text)
+    right = sum(item["conversations"][1]["value"] == "Yes." for item in items) / len(items)
+    assert 0.42 <= right <= 0.58
+    assert all(len(i["conversations"][0]["value"].split("\n")) == 3
+               for i in module.compare_records(shipped, 20, seed=3, max_filler=0))
