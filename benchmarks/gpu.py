@@ -119,7 +119,8 @@ def main(argv=None, print_fn=print) -> list[dict]:
 
     rows = []
     rng = np.random.default_rng(0)
-    layers.GPU_ATTENTION = "cudnn" if args.attention == "cudnn" else None
+    on_gpu = device.platform == "gpu"
+    layers.GPU_ATTENTION = "cudnn" if on_gpu and args.attention == "cudnn" else None
     for micro in micros:
         ids = rng.integers(0, cfg.llm.vocab_size - 2, (micro, seq)).astype(np.int32)
         loss_mask = np.zeros((micro, seq), np.float32)
@@ -134,7 +135,7 @@ def main(argv=None, print_fn=print) -> list[dict]:
             holder["state"], metrics = trainer.step(holder["state"], batch, jax.random.key(0))
             jax.block_until_ready(metrics["loss"])
 
-        attention = args.attention if device.platform == "gpu" else "xla (CPU)"
+        attention = args.attention if on_gpu else "grouped (CPU)"
         try:
             seconds = _best(step, args.repeats)
         except Exception as error:  # noqa: BLE001 - cuDNN rejects some shapes/dtypes at compile time
