@@ -1,5 +1,4 @@
 # A tiny LLaVA-NeXT (CLIP 32 px tiles, 2-layer Llama) for CPU tests and the demo.
-#   python -m fire_jax.run --config configs/tiny.py
 #   python -m fire_jax.train --config configs/tiny.py --workdir /tmp/fire_tiny
 """Tiny model: same architecture as LLaVA-NeXT-8B, sizes small enough for seconds on CPU."""
 

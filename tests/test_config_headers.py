@@ -1,0 +1,87 @@
+"""Every command a config file's header names parses: the module exists, each flag is one it defines, the
+--config file and its arg load, and every --config.x=y override names a field (issue 14.6).
+
+One subprocess per CLI module (absl flags are process-global): it imports the module, then parses each
+command's argv with the module's own flags, as ``app.run`` would, without running ``main``.
+"""
+
+import collections
+import glob
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PARSE = r"""
+import importlib, json, sys
+from absl import flags
+module, commands = sys.argv[1], json.loads(sys.argv[2])
+importlib.import_module(module)
+failures = []
+for argv in commands:
+    for name in [n for n in flags.FLAGS if n.startswith("config.")]:
+        delattr(flags.FLAGS, name)  # config_flags defines the override flags while it parses --config
+    flags.FLAGS.unparse_flags()
+    sys.argv = [module, *argv]  # config_flags reads the overrides from sys.argv
+    try:
+        flags.FLAGS(sys.argv)
+        config = flags.FLAGS["config"].value if "config" in flags.FLAGS else None
+        assert config is None or hasattr(config, "keys"), f"--config loaded {type(config)}"
+        flags.FLAGS.validate_all_flags()
+    except Exception as e:  # report every command, not only the first that fails
+        failures.append(f"{' '.join(argv)}: {type(e).__name__}: {e}")
+print(json.dumps(failures))
+"""
+
+#: How each CLI is imported without running it (a package's __main__ runs only as ``python -m``).
+MODULES = {"fire_jax.train": "fire_jax.train.__main__"}
+
+
+def header_commands() -> dict[str, list[tuple[str, list[str]]]]:
+    """{module: [(where, argv)]} from the comment lines above each config file's docstring."""
+    out = collections.defaultdict(list)
+    for path in sorted(glob.glob(os.path.join(REPO, "configs", "*.py"))):
+        lines, header = open(path, encoding="utf-8").read().splitlines(), []
+        for line in lines:
+            if not line.startswith("#"):
+                break
+            header.append(line[1:].strip())
+        text = re.sub(r"\\\s*\n\s*", " ", "\n".join(header))  # join continued lines
+        for line in text.splitlines():
+            if not line.startswith("python -m "):
+                continue
+            line = re.sub(r"\s+(#|\().*$", "", line)  # trailing remarks: "# ..." or "(...)"
+            words = shlex.split(line)
+            out[words[2]].append((f"{os.path.basename(path)}: {line}", words[3:]))
+    return out
+
+
+def test_every_config_header_command_parses():
+    commands = header_commands()
+    assert sum(map(len, commands.values())) >= 15, commands  # the headers were read
+    assert set(commands) == {"fire_jax.train", "fire_jax.run", "fire_jax.evaluate", "fire_jax.evaluate_vlrm"}
+    failures = []
+    for module, entries in commands.items():
+        result = subprocess.run([sys.executable, "-c", PARSE, MODULES.get(module, module),
+                                 json.dumps([argv for _, argv in entries])],
+                                cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        failures += [f"{module}: {f}" for f in json.loads(result.stdout.strip().splitlines()[-1])]
+    assert not failures, "\n".join(failures)
+
+
+def test_a_bad_header_command_is_caught():
+    """The check can fail: an unknown flag, an unknown config arg and an unknown override are reported."""
+    bad = [["--config", "configs/tiny.py", "--workdir", "DIR", "--hf-checkpoint", "X"],
+           ["--config", "configs/pipeline.py:nonsense"],
+           ["--config", "configs/eval_free.py", "--config.teacher.no_such_field=1"]]
+    modules = ["fire_jax.train.__main__", "fire_jax.run", "fire_jax.evaluate"]
+    for module, argv in zip(modules, bad):
+        result = subprocess.run([sys.executable, "-c", PARSE, module, json.dumps([argv])], cwd=REPO,
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert len(json.loads(result.stdout.strip().splitlines()[-1])) == 1, (module, argv, result.stdout)
