@@ -108,7 +108,8 @@ def main(argv=None, print_fn=print) -> list[dict]:
     print_fn(f"jax {jax.__version__}, {device.platform}: {device.device_kind}; model {'tiny' if tiny else '8B'} "
              f"(LLM dense {flops['dense_params'] / 1e9:.2f}B params, {cfg.param_dtype}); "
              f"peak {peak or 'unknown'} TFLOP/s")
-    print_fn(f"FLOPs per token at seq {seq}: 6N-style {flops['6N'] / 1e9:.1f} G, LoRA-only 4N {flops['4N'] / 1e9:.1f} G")
+    print_fn(f"FLOPs per token at seq {seq}: 6N-style {flops['6N'] / 1e9:.1f} G, "
+             f"LoRA-only 4N {flops['4N'] / 1e9:.1f} G")
 
     # Random weights made on the device: under jit nothing is staged on the host.
     graphdef = nnx.split(nnx.eval_shape(lambda: LlavaNext(cfg, rngs=nnx.Rngs(0))))[0]
