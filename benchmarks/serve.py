@@ -2,6 +2,7 @@
 
     python benchmarks/serve.py                          # dim 256 x 4 layers, vocab 32000 (as benchmarks/decode.py)
     python benchmarks/serve.py --clients 32 --repeats 3 [--no-hf] [--dim 512 --layers 8]
+    python benchmarks/serve.py --runner                 # a batch runner's calls: fixed batches vs the engine
 
 The same mixed workload (``--requests`` text prompts of 16..400 tokens,
 max_tokens 4..64, so rows end at different steps) on one randomly
@@ -21,6 +22,13 @@ meets is compiled (JAX) or allocated (PyTorch) before the clock starts; then
 best of ``--repeats`` timed runs. tokens/s = generated tokens (a row's tokens
 beyond its max_tokens are not counted) over wall time; latency = from a
 request's submission to its answer (for a fixed batch, the batch's time).
+
+``--runner`` asks whether the batch runners (free dialogues, FIRE-1M
+generation, VLRMBench: calls of ``batch`` prompts) would gain from the
+engine underneath: the same requests as fixed batches, as one engine call
+per batch (what the runners' batch API allows), and given to the engine all
+at once (what a runner could do with requests that do not depend on each
+other, e.g. one VLRMBench task).
 """
 
 from __future__ import annotations
@@ -127,6 +135,37 @@ def hf_path(hf, requests, clients: int, repeats: int):
     return best(run, repeats)
 
 
+def runner_paths(model, batch: int, n: int, repeats: int) -> dict:
+    """tokens/s of n requests in calls of ``batch``: fixed batches, one engine call per batch, one engine call."""
+    from fire_jax.infer.decode import DecodeConfig, generate
+    from fire_jax.infer.engine import Engine, Request
+
+    requests = workload(n, model.cfg.llm.vocab_size - 1, seed=1)
+    tokens = sum(m for _, m in requests)
+    engine = Engine(model, slots=batch, cache_len=576, prefill_batch=min(4, batch), chunk=16, stop_ids=())
+    as_requests = lambda group: [Request(p, max_tokens=m, stop_ids=()) for p, m in group]
+    paths = {
+        "fixed batches (generate)": lambda: [
+            generate(model, [p for p, _ in group], pad_rows=batch,
+                     config=DecodeConfig(max_new_tokens=max(m for _, m in group), stop_ids=()))
+            for group in batches(requests, batch)],
+        "engine, one call per batch": lambda: [engine.generate(as_requests(group))
+                                               for group in batches(requests, batch)],
+        "engine, all requests at once": lambda: engine.generate(as_requests(requests)),
+    }
+
+    def timed(run):
+        run()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        return tokens / min(times)
+
+    return {name: timed(run) for name, run in paths.items()}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=64)
@@ -136,6 +175,7 @@ def main():
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--no-hf", action="store_true")
+    parser.add_argument("--runner", action="store_true", help="the batch runners' comparison instead")
     args = parser.parse_args()
 
     import jax
@@ -150,6 +190,17 @@ def main():
     model = load_hf_checkpoint(directory, lora=None)
     requests = workload(args.requests, args.vocab - 1)
     load = os.getloadavg()
+    if args.runner:
+        print(f"load average {load[0]:.2f} at start; model dim {args.dim}, {args.layers} layers; best of "
+              f"{args.repeats} after a warm-up run\n")
+        print("| calls of | requests | path | tokens/s | vs fixed |\n|---:|---:|---|---:|---:|")
+        for batch in (8, 32):
+            rates = runner_paths(model, batch, args.requests, args.repeats)
+            fixed = rates["fixed batches (generate)"]
+            for name, rate in rates.items():
+                print(f"| {batch} | {args.requests} | {name} | {rate:.0f} | {rate / fixed:.2f}x |", flush=True)
+        print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
+        return
     print(f"jax {jax.__version__} | torch {torch.__version__} ({torch.get_num_threads()} threads) | {os.cpu_count()} "
           f"CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start")
     print(f"{len(requests)} requests, prompts {min(len(p) for p, _ in requests)}..{max(len(p) for p, _ in requests)} "

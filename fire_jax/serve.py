@@ -20,8 +20,9 @@ the image's anyres token count; an image part followed by text reads
 ``<image>\\n{text}``, as the training prompts do.
 
 Bad input gets a 4xx JSON error in OpenAI's shape (``{"error": {"message", "type", "code"}}``);
-a full queue gets 503 with Retry-After; SIGTERM / Ctrl-C stop accepting, finish
-the requests in flight, then exit.
+a full queue gets 503 with Retry-After; a client that disconnects before its
+reply is done cancels its request (the engine frees the slot); SIGTERM /
+Ctrl-C stop accepting, finish the requests in flight, then exit.
 
 A ``scripted:FILE.json`` model answers with fixed strings, for tests of the
 clients (the demo, FIRE-100K-style generation): FILE.json holds
