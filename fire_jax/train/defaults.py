@@ -15,7 +15,7 @@ def train_config(**overrides) -> ml_collections.ConfigDict:
         total_steps=0,  # 0: epochs * examples / batch_size
         train_connector=False,  # True reproduces the released checkpoints (connector trained too)
         trainable=(),  # regexes over frozen-weight paths to train as well (the tiny demo: (".*",))
-        loss_chunk=512,  # sequence positions per logits chunk in the loss
+        loss_chunk=512,  # tokens of the flattened micro-batch per logits chunk in the loss (labelled ones only)
         checkpoint_every=500,
         keep_checkpoints=3,
         export=True,  # PEFT adapter at the end
