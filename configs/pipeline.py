@@ -1,6 +1,6 @@
 # The whole FIRE pipeline: train FD (teacher) and FIRE (student), evaluate the untrained baseline and the
 # trained student in fixed and free dialogues, print the paper-shaped tables.
-#   python -m fire_jax.run                                                   # tiny, CPU, ~6 minutes
+#   python -m fire_jax.run                                                   # tiny, CPU, ~5 minutes
 #   python -m fire_jax.run --config configs/pipeline.py:8b --workdir /runs/fire_8b
 #   python -m fire_jax.run --config configs/pipeline.py:8b,llava_n=100000 --workdir /runs/fire_8b   (configs/fire.py options)
 """Pipeline config: one training config per role and the two evaluation settings.
