@@ -356,3 +356,21 @@ def test_teacher_feedback_carries_the_parsed_score(pair, chat, images, monkeypat
     monkeypatch.setattr(teacher, "_generate", lambda images_, prompts, rng: texts[:len(prompts)])
     feedback = teacher.feedback(images + images[:1], ["q"] * 3, ["gt"] * 3, ["Answer: 1"] * 3)
     assert [(f.text, f.score) for f in feedback] == list(zip(texts, [7, None, 10]))
+
+
+def test_loaded_models_decode_from_the_layer_list():
+    """A config that trains with stacked layers (scan_layers=True, the 8B configs) loads for generation as the
+    per-layer list, with the same weights: greedy tokens equal those of the list-layout model of the same seed."""
+    from fire_jax.data.config import load_config
+    from fire_jax.infer.loading import load
+
+    config = load_config(os.path.join(os.path.dirname(ASSETS_DIR), "..", "configs", "tiny.py"))
+    stacked = load_config(os.path.join(os.path.dirname(ASSETS_DIR), "..", "configs", "tiny.py"))
+    stacked.model.scan_layers = True
+    plain, loaded = load(config), load(stacked)
+    assert loaded.model.cfg.scan_layers is False
+    prompts = [[1, 5, 9, 200, 17], [3, 4]]
+    decode = DecodeConfig(max_new_tokens=6, pad_id=plain.chat.pad_id)
+    want = generate(plain.model, prompts, config=decode).tokens
+    got = generate(loaded.model, prompts, config=decode).tokens
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

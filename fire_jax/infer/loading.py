@@ -124,6 +124,13 @@ def _base(config) -> str:
 
 
 def _loaded(model, config, description: str, tokenizer: str | None = None) -> Loaded:
+    from fire_jax.models import set_layer_layout
+
+    # Generation reads each layer's weights in place from the per-layer list; a weight sliced out of a stack
+    # (scan_layers=True, how the 8B configs train) is a copy per decode step on XLA:CPU. Same weights, converted
+    # in place after any checkpoint restore (which needs the layout it was trained with).
+    if model.cfg.scan_layers:
+        set_layer_layout(model, False)
     data = config.data
     chat = ChatTokenizer.from_file(tokenizer or resolve_path(data.tokenizer), model.cfg.geometry,
                                    image_token=data.get("image_token", "<image>"),
