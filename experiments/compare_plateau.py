@@ -65,11 +65,14 @@ def train_config(data_path: str, steps: int, batch: int, lr: float):
     return config
 
 
+def right_share(records: list[dict]) -> float:
+    return sum(r["conversations"][1]["value"] == "Yes." for r in records) / len(records)
+
+
 def score(texts: list[str], records: list[dict]) -> dict:
     wants = [r["conversations"][1]["value"] for r in records]
-    return {"exact": sum(t.strip() == w for t, w in zip(texts, wants)) / max(1, len(texts)),
-            "says_yes": sum(t.strip() == "Yes." for t in texts) / max(1, len(texts)),
-            "right_share": sum(w == "Yes." for w in wants) / len(wants)}
+    return {"exact": sum(t.strip() == w for t, w in zip(texts, wants)) / len(texts),
+            "says_yes": sum(t.strip() == "Yes." for t in texts) / len(texts), "right_share": right_share(records)}
 
 
 def run_fire_jax(config, workdir: str, test: list[dict]) -> dict:
@@ -123,8 +126,12 @@ def run_hf(config, train_records: list[dict], test: list[dict], seed: int) -> di
     optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(t.b1, t.b2), eps=t.eps,
                                   weight_decay=t.weight_decay)
     warmup = max(1, int(t.warmup_frac * t.total_steps))
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: (s + 1) / warmup if s < warmup else
-                                                 0.5 * (1 + math.cos(math.pi * (s - warmup) / (t.total_steps - warmup))))
+    def lr_factor(step):  # linear warm-up, then cosine to 0, as the trainer's schedule
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / (t.total_steps - warmup)))
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     data, rng = encode(train_records), random.Random(seed)
     start = time.perf_counter()
     for _ in range(t.total_steps):
@@ -181,8 +188,8 @@ def main():
         rows["fire_jax"] = run_fire_jax(config, os.path.join(args.out, "fire_jax"), test)
     if "transformers" in trainers:
         rows["transformers"] = run_hf(config, train_records, test, config.seed)
-    print(f"\nisolated comparison, {args.steps} steps x batch {args.batch}, lr {args.lr}, up to {args.max_filler} filler "
-          f"questions, {args.num_test} held-out items ({score([], test)['right_share']:.0%} right)")
+    print(f"\nisolated comparison, {args.steps} steps x batch {args.batch}, lr {args.lr}, up to {args.max_filler} "
+          f"filler questions, {args.num_test} held-out items ({right_share(test):.0%} right)")
     print("| trainer | final loss | exact | says 'Yes.' | minutes |\n|---|---:|---:|---:|---:|")
     for name, row in rows.items():
         print(f"| {name} | {row['loss']:.4f} | {row['exact']:.3f} | {row['says_yes']:.3f} | {row['minutes']:.1f} |")

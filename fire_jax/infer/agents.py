@@ -38,6 +38,17 @@ def _conversation(question: str, groundtruth: str, turns: Sequence[Turn]) -> Con
                         source="", split="")
 
 
+def student_prompt(question: str, history: Sequence[Turn]) -> list:
+    """The messages of the prompt for r_k, k = len(history) + 1 (in-process and endpoint students alike)."""
+    return student_messages(_conversation(question, "", history), until_turn=len(history) + 1)
+
+
+def teacher_prompt(question: str, groundtruth: str, answer: str, history: Sequence[Turn], mode: str) -> list:
+    """The messages of the prompt for f_k on answer r_k, k = len(history) + 1, with teacher history ``mode``."""
+    conv = _conversation(question, groundtruth, [*history, Turn(answer, "", None)])
+    return teacher_messages(conv, history=mode, until_turn=len(history) + 1)
+
+
 class _Agent:
     """A model, its chat tokenizer and decode settings; generates from rendered prompts."""
 
@@ -64,8 +75,7 @@ class Student(_Agent):
 
     def prompts(self, image_sizes, questions: Sequence[str], histories: Sequence[Sequence[Turn]]) -> list[Encoded]:
         """The prompt for r_k, k = len(history) + 1, per example."""
-        return [self.chat.encode(student_messages(_conversation(q, "", h), until_turn=len(h) + 1), size,
-                                 add_generation_prompt=True)
+        return [self.chat.encode(student_prompt(q, h), size, add_generation_prompt=True)
                 for size, q, h in zip(image_sizes, questions, histories)]
 
     def respond(self, images, questions: Sequence[str], histories: Sequence[Sequence[Turn]] | None = None, *,
@@ -94,12 +104,8 @@ class Teacher(_Agent):
     def prompts(self, image_sizes, questions: Sequence[str], groundtruths: Sequence[str], answers: Sequence[str],
                 histories: Sequence[Sequence[Turn]]) -> list[Encoded]:
         """The prompt for f_k on answer r_k, k = len(history) + 1, per example."""
-        out = []
-        for size, q, gt, answer, h in zip(image_sizes, questions, groundtruths, answers, histories):
-            conv = _conversation(q, gt, [*h, Turn(answer, "", None)])
-            messages = teacher_messages(conv, history=self.history, until_turn=len(h) + 1)
-            out.append(self.chat.encode(messages, size, add_generation_prompt=True))
-        return out
+        return [self.chat.encode(teacher_prompt(q, gt, a, h, self.history), size, add_generation_prompt=True)
+                for size, q, gt, a, h in zip(image_sizes, questions, groundtruths, answers, histories)]
 
     def feedback(self, images, questions: Sequence[str], groundtruths: Sequence[str], answers: Sequence[str],
                  histories: Sequence[Sequence[Turn]] | None = None, *, rng=None) -> list[Feedback]:

@@ -28,17 +28,16 @@ from __future__ import annotations
 import base64
 import collections
 import concurrent.futures
-import dataclasses
 import io
 import os
 import threading
 import time
 from typing import Callable, Sequence
 
-from fire_jax.data.chat import SYSTEM, TEACHER_HISTORIES, Message, student_messages, teacher_messages
+from fire_jax.data.chat import SYSTEM, TEACHER_HISTORIES, Message
 from fire_jax.data.images import load_image
 from fire_jax.data.records import IMAGE_PLACEHOLDER, Turn, parse_score
-from fire_jax.infer.agents import Feedback, _conversation
+from fire_jax.infer.agents import Feedback, student_prompt, teacher_prompt
 from fire_jax.infer.decode import DecodeConfig
 
 API_PREFIX = "api:"
@@ -177,7 +176,7 @@ class ApiStudent(ApiAgent):
                 ) -> list[list[Message]]:
         """The prompt messages for r_k, k = len(history) + 1 (as :meth:`fire_jax.infer.Student.prompts`, not
         tokenised; ``image_sizes`` unused: the endpoint sees the image itself)."""
-        return [student_messages(_conversation(q, "", h), until_turn=len(h) + 1) for q, h in zip(questions, histories)]
+        return [student_prompt(q, h) for q, h in zip(questions, histories)]
 
     def respond(self, images, questions: Sequence[str], histories: Sequence[Sequence[Turn]] | None = None, *,
                 rng=None) -> list[str]:
@@ -195,8 +194,7 @@ class ApiTeacher(ApiAgent):
     def prompts(self, image_sizes, questions: Sequence[str], groundtruths: Sequence[str], answers: Sequence[str],
                 histories: Sequence[Sequence[Turn]]) -> list[list[Message]]:
         """The prompt messages for f_k on answer r_k (as :meth:`fire_jax.infer.Teacher.prompts`, not tokenised)."""
-        return [teacher_messages(_conversation(q, gt, [*h, Turn(a, "", None)]), history=self.history,
-                                 until_turn=len(h) + 1)
+        return [teacher_prompt(q, gt, a, h, self.history)
                 for q, gt, a, h in zip(questions, groundtruths, answers, histories)]
 
     def feedback(self, images, questions: Sequence[str], groundtruths: Sequence[str], answers: Sequence[str],
