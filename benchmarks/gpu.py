@@ -30,6 +30,7 @@ Each timing is the best of ``--repeats`` after a warm-up call (which compiles).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 
@@ -50,6 +51,24 @@ def flops_per_token(llm, lora, seq: int) -> dict[str, float]:
         lora.rank * (llm.dim + {"q": llm.heads, "k": llm.kv_heads, "v": llm.kv_heads}.get(t, 0) * llm.head_dim)
         for t in lora.targets)
     return {"dense_params": dense, "forward": forward, "6N": 3 * forward, "4N": 2 * forward + 4 * lora_params}
+
+
+def _random_like(abstract, scale: float = 0.02):
+    """Arrays of the shapes and dtypes in ``abstract``: floats ~ N(0, scale^2) (threefry), others zeros."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+
+    @functools.partial(jax.jit, static_argnums=(1, 2))
+    def fill(key, shape, dtype):
+        if jnp.issubdtype(dtype, jnp.floating):
+            return (jax.random.normal(key, shape, jnp.float32) * scale).astype(dtype)
+        return jnp.zeros(shape, dtype)
+
+    leaves, treedef = jax.tree.flatten(abstract)
+    keys = jax.random.split(jax.random.key(0), len(leaves))
+    return jax.tree.unflatten(treedef, [fill(k, tuple(x.shape), x.dtype) for k, x in zip(keys, leaves)])
 
 
 def _best(fn, repeats: int) -> float:
@@ -79,6 +98,9 @@ def main(argv=None, print_fn=print) -> list[dict]:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--attention", default="cudnn", choices=("cudnn", "xla"), help="GPU attention kernel")
     parser.add_argument("--peak-tflops", type=float, default=None, help="device bf16 peak, for MFU")
+    parser.add_argument("--out", default=None, help="write the rows as JSON here after each one (a partial run keeps them)")
+    parser.add_argument("--deadline", type=float, default=None,
+                        help="seconds from the start after which no new row is begun (the rows done are printed)")
     args = parser.parse_args(argv)
     tiny = args.tiny
     seq = args.seq or (64 if tiny else 3072)
@@ -111,18 +133,34 @@ def main(argv=None, print_fn=print) -> list[dict]:
     print_fn(f"FLOPs per token at seq {seq}: 6N-style {flops['6N'] / 1e9:.1f} G, "
              f"LoRA-only 4N {flops['4N'] / 1e9:.1f} G")
 
-    # Random weights made on the device: under jit nothing is staged on the host.
-    graphdef = nnx.split(nnx.eval_shape(lambda: LlavaNext(cfg, rngs=nnx.Rngs(0))))[0]
-    state = jax.jit(lambda: nnx.state(LlavaNext(cfg, rngs=nnx.Rngs(0))))()
-    model = nnx.merge(graphdef, state)
-    del state
+    # Random weights made on the device, one small jit per distinct (shape, dtype): jitting the whole
+    # constructor makes one module with every initialiser in it, which XLA:GPU took over 8 minutes to compile.
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: LlavaNext(cfg, rngs=nnx.Rngs(0))))
+    model = nnx.merge(graphdef, _random_like(abstract))
     print_fn(f"built in {time.perf_counter() - start_all:.0f}s")
 
     rows = []
+
+    def record(row):
+        rows.append(row)
+        print_fn("row " + json.dumps(row))
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"device": device.device_kind, "jax": jax.__version__, "seq": seq, "prompt": prompt_len,
+                           "new": new, "rows": rows}, f, indent=1)
+
+    def out_of_time(what):
+        if args.deadline is not None and time.perf_counter() - start_all > args.deadline:
+            print_fn(f"deadline {args.deadline:.0f}s passed: {what} skipped")
+            return True
+        return False
+
     rng = np.random.default_rng(0)
     on_gpu = device.platform == "gpu"
     layers.GPU_ATTENTION = "cudnn" if on_gpu and args.attention == "cudnn" else None
     for micro in micros:
+        if out_of_time(f"train micro-batch {micro}"):
+            continue
         ids = rng.integers(0, cfg.llm.vocab_size - 2, (micro, seq)).astype(np.int32)
         loss_mask = np.zeros((micro, seq), np.float32)
         loss_mask[:, seq // 2:] = 1.0
@@ -151,22 +189,32 @@ def main(argv=None, print_fn=print) -> list[dict]:
         row = dict(kind="train", batch=micro, seconds=seconds, tokens_per_s=tokens, attention=attention,
                    mfu_6n=None if peak is None else tokens * flops["6N"] / (peak * 1e12),
                    mfu_4n=None if peak is None else tokens * flops["4N"] / (peak * 1e12), peak_gib=_peak_gib(device))
-        rows.append(row)
+        record(row)
         print_fn(f"train micro-batch {micro} done ({time.perf_counter() - start_all:.0f}s)")
 
     set_layer_layout(model, False)  # decoding reads each layer's weights in place
     for batch_size in decode_batches:
+        if out_of_time(f"decode batch {batch_size}"):
+            continue
         prompts = list(rng.integers(0, cfg.llm.vocab_size - 2, (batch_size, prompt_len)))
 
         def run(n):
             config_n = DecodeConfig(max_new_tokens=n, stop_ids=(), bucket_min=min(64, prompt_len))
             return lambda: generate(model, prompts, config=config_n).tokens
 
-        total, prefill = _best(run(new), args.repeats), _best(run(1), args.repeats)
-        rows.append(dict(kind="decode", batch=batch_size, seconds=total, prefill_s=prefill,
+        try:
+            total, prefill = _best(run(new), args.repeats), _best(run(1), args.repeats)
+        except Exception as error:  # noqa: BLE001 - cuDNN may reject the prefill's padded shapes
+            if layers.GPU_ATTENTION is None:
+                raise
+            print_fn(f"cuDNN attention failed in prefill ({type(error).__name__}: {str(error)[:200]}); using XLA's")
+            layers.GPU_ATTENTION = None
+            total, prefill = _best(run(new), args.repeats), _best(run(1), args.repeats)
+        record(dict(kind="decode", batch=batch_size, seconds=total, prefill_s=prefill,
                          tokens_per_s=batch_size * new / total,
                          decode_tokens_per_s=batch_size * (new - 1) / (total - prefill) if total > prefill else None,
-                         peak_gib=_peak_gib(device)))
+                         peak_gib=_peak_gib(device),
+                         attention=("cudnn" if layers.GPU_ATTENTION else "xla") if on_gpu else "grouped (CPU)"))
         print_fn(f"decode batch {batch_size} done ({time.perf_counter() - start_all:.0f}s)")
 
     fmt = lambda x, spec: "n/a" if x is None else format(x, spec)
@@ -181,7 +229,7 @@ def main(argv=None, print_fn=print) -> list[dict]:
         else:
             print_fn(f"| greedy decode, prompt {prompt_len}, {new} new | {r['batch']} | {r['seconds']:.3f} | "
                      f"{r['tokens_per_s']:.0f} | | | {r['prefill_s']:.3f} | {fmt(r['decode_tokens_per_s'], '.0f')} | "
-                     f"{fmt(r['peak_gib'], '.1f')} | |")
+                     f"{fmt(r['peak_gib'], '.1f')} | prefill attention {r['attention']} |")
     print_fn(f"total {time.perf_counter() - start_all:.0f}s")
     return rows
 
