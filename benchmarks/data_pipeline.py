@@ -29,7 +29,9 @@ from PIL import Image
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from fire_jax.data.config import geometry_from_model_config, load_config  # noqa: E402
+from fire_jax.config import load_config
+
+from fire_jax.data.sources import geometry_from_model_config
 from fire_jax.data.images import load_image, tiles  # noqa: E402
 from fire_jax.data.pipeline import InputPipeline, Preprocessor, collate  # noqa: E402
 from fire_jax.data.records import load_records  # noqa: E402

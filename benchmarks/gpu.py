@@ -113,11 +113,11 @@ def main(argv=None, print_fn=print) -> list[dict]:
     import numpy as np
     from flax import nnx
 
-    from fire_jax.data.config import load_config
+    from fire_jax.config import load_config
     from fire_jax.infer.decode import DecodeConfig, generate
     from fire_jax.models import LlavaNext, LlavaNextConfig, layers, set_layer_layout
-    from fire_jax.train.defaults import loss_config, train_config
-    from fire_jax.train.sharding import make_mesh
+    from fire_jax.config import loss_config, train_config
+    from fire_jax.sharding import make_mesh
     from fire_jax.train.step import Trainer
 
     start_all = time.perf_counter()

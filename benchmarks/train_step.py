@@ -26,8 +26,8 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from fire_jax.models import LlavaNext, LlavaNextConfig  # noqa: E402
-from fire_jax.train.defaults import loss_config, train_config  # noqa: E402
-from fire_jax.train.sharding import make_mesh  # noqa: E402
+from fire_jax.config import loss_config, train_config
+from fire_jax.sharding import make_mesh  # noqa: E402
 from fire_jax.train.step import Trainer  # noqa: E402
 
 SMALL = dict(
@@ -204,7 +204,7 @@ def memory_8b(dtype: str | None) -> None:
     copy of every frozen weight that a GPU would not; at float32 there is no cast, and any weight copy
     the step makes shows up as such."""
     from fire_jax.convert.hf import abstract_model
-    from fire_jax.data.config import load_config
+    from fire_jax.config import load_config
 
     config = load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "fire_student.py"))
     if dtype:

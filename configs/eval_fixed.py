@@ -13,7 +13,7 @@ import os
 
 import ml_collections
 
-from fire_jax.data.config import load_config
+from fire_jax.config import load_config, parse_arg
 
 CONFIGS = os.path.dirname(os.path.abspath(__file__))
 LLAVA_NEXT_8B = "/data/llama3-llava-next-8b-hf"  # the llava-hf checkpoint: config.json, safetensors, tokenizer.json
@@ -21,9 +21,7 @@ FIRE_DATA = "/data/fire"  # FIRE-test.json and images/ of the release
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-    size = arg or "tiny"
-    if size not in ("tiny", "8b"):
-        raise ValueError(f"eval config: arg must be 'tiny' or '8b', got {arg!r}")
+    size, _ = parse_arg(arg, where="configs/eval_fixed.py", names=("tiny", "8b"))
     tiny = size == "tiny"
     base = load_config(os.path.join(CONFIGS, "tiny.py" if tiny else "llava_next_8b.py"))
     config = ml_collections.ConfigDict()

@@ -19,16 +19,14 @@ import os
 
 import ml_collections
 
-from fire_jax.data.config import load_config
+from fire_jax.config import load_config, parse_arg
 
 CONFIGS = os.path.dirname(os.path.abspath(__file__))
 LLAVA_NEXT_8B = "/data/llama3-llava-next-8b-hf"  # the llava-hf checkpoint: config.json, safetensors, tokenizer.json
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-    size = arg or "tiny"
-    if size not in ("tiny", "8b"):
-        raise ValueError(f"configs/eval_vlrm.py: arg must be 'tiny' or '8b', got {arg!r}")
+    size, _ = parse_arg(arg, where="configs/eval_vlrm.py", names=("tiny", "8b"))
     base = load_config(os.path.join(CONFIGS, "tiny.py" if size == "tiny" else "llava_next_8b.py"))
     config = ml_collections.ConfigDict()
     config.name = ""  # our row in the table; "" = the checkpoint's run / folder name, or "random init"

@@ -25,8 +25,7 @@ arg: ``<recipe>[,key=value...]`` with recipe one of fire100k_student, fire_stude
 
 import os
 
-from fire_jax.data.config import load_config
-from fire_jax.train.defaults import loss_config, mesh_config, train_config
+from fire_jax.config import load_config, loss_config, mesh_config, parse_arg, train_config
 
 RECIPES = ("fire100k_student", "fire_student", "fire_teacher")
 # Release sizes: FIRE-100K, FIRE-1M (the paper), llava_v1_5_mix665k.json (LLaVA-1.5's instruction mix).
@@ -43,22 +42,18 @@ MAX_LEN = 4096
 BUCKETS = (1024, 1536, 2048, 2560, 3072, 3584, 4096)
 
 
-def parse_arg(arg: str) -> tuple[str, dict]:
-    recipe, *pairs = [p for p in arg.split(",") if p]
-    if recipe not in RECIPES:
-        raise ValueError(f"configs/fire.py: recipe {recipe!r} unknown; choose from {RECIPES}")
-    options = dict(data_dir="/data/fire_tfds", llava="", images="/data/llava/images", llava_n=-1, llava_ratio=0.0,
-                   tokenizer="/data/llama3-llava-next-8b-hf/tokenizer.json", hf="/data/llama3-llava-next-8b-hf",
-                   fire_1m=SIZES["fire_1m"], released=False)
-    given = set()
-    for pair in pairs:
-        key, _, value = pair.partition("=")
-        if key not in options:
-            raise ValueError(f"configs/fire.py: option {key!r} unknown; known: {sorted(options)}")
-        kind = type(options[key])
-        options[key] = (value.lower() in ("1", "true", "yes")) if kind is bool else kind(value)
-        given.add(key)
-    if {"llava_n", "llava_ratio"} <= given:
+#: The options of ``arg`` (after the recipe) with their defaults.
+OPTIONS = dict(data_dir="/data/fire_tfds", llava="", images="/data/llava/images", llava_n=-1, llava_ratio=0.0,
+               tokenizer="/data/llama3-llava-next-8b-hf/tokenizer.json", hf="/data/llama3-llava-next-8b-hf",
+               fire_1m=SIZES["fire_1m"], released=False)
+
+
+def recipe_options(arg: str) -> tuple[str, dict]:
+    """``<recipe>[,key=value...]`` -> (recipe, options); the recipe is required."""
+    if not arg or "=" in arg.split(",")[0]:
+        raise ValueError(f"configs/fire.py: the argument starts with a recipe, one of {RECIPES}; got {arg!r}")
+    recipe, options = parse_arg(arg, where="configs/fire.py", names=RECIPES, **OPTIONS)
+    if "llava_n=" in arg and "llava_ratio=" in arg:
         raise ValueError("configs/fire.py: give llava_n (a count) or llava_ratio (per FIRE example), not both")
     return recipe, options
 
@@ -82,7 +77,7 @@ def instruction_count(fire_examples: int, o: dict) -> int:
 
 
 def get_config(arg: str = "fire_student"):
-    recipe, o = parse_arg(arg)
+    recipe, o = recipe_options(arg)
     config = load_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), "llava_next_8b.py"))
     config.init = dict(hf_checkpoint=o["hf"])
     if o["released"]:
@@ -102,7 +97,7 @@ def get_config(arg: str = "fire_student"):
         eval_sources={"fire_bench": dict(tfds=o["data_dir"], split="fire_bench")},
         on_bad_record="skip", max_len=MAX_LEN, buckets=BUCKETS, batch_size=64, shuffle=True, seed=0,
         num_epochs=1, num_threads=16, num_workers=8)
-    config.train = train_config(train_connector=o["released"], accum_steps=8, checkpoint_every=200)  # 1 example per device per micro-batch on 8 GPUs
+    config.train = train_config(train_connector=o["released"], accum_steps=8, checkpoint_every=200, shard_init=True)  # 1 example per device per micro-batch on 8 GPUs
     config.loss = loss_config(student_first_turn=o["released"] and role == "student")
     config.mesh = mesh_config((1, -1, 1))  # FSDP over all devices; set (data, fsdp, tensor) per cluster
     return config

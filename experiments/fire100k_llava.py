@@ -9,7 +9,7 @@ import os
 
 from _launch import parse
 
-from fire_jax.data.config import load_config
+from fire_jax.config import load_config
 from fire_jax.pipeline import run
 
 if __name__ == "__main__":

@@ -33,13 +33,14 @@ from typing import Sequence
 
 import jax
 
-from fire_jax.data.config import load_config, resolve_path
+from fire_jax.config import load_config, resolve_path
 from fire_jax.data.images import load_image
 from fire_jax.data.records import BadRecordError, BadRecords, Turn, parse_score
 from fire_jax.eval.bench_io import ResultStore
 from fire_jax.infer.api import is_api_spec, load_agents
 from fire_jax.infer.decode import DecodeConfig
-from fire_jax.infer.loading import DEFAULT_CONFIG, check_checkpoint_arg
+from fire_jax.config import DEFAULT_CONFIG
+from fire_jax.infer.loading import check_checkpoint_arg
 
 ROLES = ("student", "teacher")
 
@@ -108,9 +109,7 @@ def read_prompts(path: str, role: str, image_root: str, *, skip_ids=frozenset(),
                 if prompt.id in seen:
                     raise BadRecordError("duplicate_id", prompt.where, "id", "the id appeared on an earlier line")
             except BadRecordError as e:
-                if on_bad_record == "error":
-                    raise
-                bad.add(e)
+                bad.handle(e, on_bad_record)
                 continue
             seen.add(prompt.id)
             if prompt.id not in skip_ids:
@@ -181,10 +180,8 @@ def main(argv=None, print_fn=print) -> dict:
                     try:
                         images.append(load_image(prompt.image))
                     except Exception as e:  # an unreadable file fails its line, not the job
-                        error = BadRecordError("unreadable_image", prompt.where, "image", f"{type(e).__name__}: {e}")
-                        if args.on_bad_record == "error":
-                            raise error from e
-                        bad.add(error)
+                        bad.handle(BadRecordError("unreadable_image", prompt.where, "image", f"{type(e).__name__}: {e}"),
+                                   args.on_bad_record)
                         continue
                     batch.append(prompt)
                 if batch:

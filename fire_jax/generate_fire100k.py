@@ -45,7 +45,7 @@ import math
 import os
 import re
 
-from fire_jax.data.config import resolve_path
+from fire_jax.config import resolve_path
 from fire_jax.data.records import BadRecordError, BadRecords, Turn, load_records, parse_record
 from fire_jax.eval.bench_io import Item, ResultStore, load_triplets
 from fire_jax.eval.data_generation import fire_record

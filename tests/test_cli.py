@@ -1,6 +1,7 @@
 """Command-line tools on the tiny default: chat, batch generation, checkpoint loading."""
 
 import json
+import os
 
 import jax
 import numpy as np
@@ -9,7 +10,7 @@ from PIL import Image
 
 from fire_jax import chat, generate
 from fire_jax.convert.hf import save_hf_checkpoint, save_peft_adapter
-from fire_jax.data.config import load_config
+from fire_jax.config import DEFAULT_CONFIG, load_config
 from fire_jax.data.records import BadRecordError, Turn
 from fire_jax.infer import loading
 from fire_jax.infer.agents import Feedback, Student, Teacher
@@ -43,7 +44,7 @@ def _record_calls(monkeypatch, cls, name):
 
 @pytest.fixture(scope="module")
 def config():
-    return load_config(loading.DEFAULT_CONFIG)
+    return load_config(DEFAULT_CONFIG)
 
 
 # ------------------------------------------------------------------------------------------------ chat
@@ -195,8 +196,9 @@ def test_peft_adapter_round_trip(config, tmp_path):
 
 
 def test_train_workdir_restores_the_latest_checkpoint(config, tmp_path):
-    from fire_jax.train.checkpoint import Checkpointer
-    from fire_jax.train.sharding import make_mesh
+    """A workdir's latest checkpoint restores its LoRA weights through fire_jax.checkpoint, without a trainer."""
+    from fire_jax.checkpoint import Checkpointer
+    from fire_jax.sharding import make_mesh
     from fire_jax.train.step import Trainer
 
     mesh = make_mesh((1, 1, 1), jax.devices()[:1])
@@ -220,3 +222,34 @@ def test_train_workdir_restores_the_latest_checkpoint(config, tmp_path):
     assert np.abs(_lora_values(loaded.model)[1]).min() == 0.25  # B was zero before "training"
     with pytest.raises(FileNotFoundError, match="no checkpoint at step 3; it has steps \\[7\\]"):
         loading.load(config, str(tmp_path), step=3)
+    # The trained weights are an item of their own: inference reads only it, the optimizer state stays on disk.
+    items = {"config", "data", "optimizer", "params", "state"} & set(os.listdir(tmp_path / "checkpoints" / "7"))
+    assert items == {"config", "data", "optimizer", "params"}
+
+
+def test_workdir_written_before_the_params_item_still_loads(config, tmp_path):
+    """A workdir whose checkpoints hold the whole train state in one ``state`` item (the layout before the
+    ``params`` item) restores its LoRA weights without a trainer; the trainer resumes from it too."""
+    import orbax.checkpoint as ocp
+
+    from fire_jax.checkpoint import Checkpointer
+    from fire_jax.sharding import make_mesh
+    from fire_jax.train.step import Trainer
+
+    trainer = Trainer(loading.load(config).model, config.train, config.loss, 10, make_mesh((1, 1, 1), jax.devices()[:1]))
+    state = trainer.initial_state
+    trained = type(state)(state.step + 5, jax.tree.map(lambda x: x - 0.5, state.params), state.opt_state)
+    manager = ocp.CheckpointManager(str(tmp_path / "checkpoints"), options=ocp.CheckpointManagerOptions(create=True),
+                                    item_names=("state", "data", "config"))
+    config_json = json.loads(config.to_json())
+    manager.save(5, args=ocp.args.Composite(state=ocp.args.StandardSave(trained), data=ocp.args.JsonSave({"i": 3}),
+                                            config=ocp.args.JsonSave(config_json)))
+    manager.wait_until_finished()
+    manager.close()
+    (tmp_path / "config.json").write_text(json.dumps(config_json))
+    loaded = loading.load(config, str(tmp_path))
+    assert loaded.description == f"train workdir {tmp_path}, step 5"
+    for ours, theirs in zip(_lora_values(trainer.model(trained)), _lora_values(loaded.model), strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+    resumed, data_state, step = Checkpointer(str(tmp_path / "checkpoints")).restore(trainer.initial_state)
+    assert (step, int(resumed.step), data_state) == (5, 5, {"i": 3})

@@ -10,7 +10,7 @@ from PIL import Image
 
 from fire_jax.geometry import DEFAULT_PINPOINTS, ImageGeometry
 from fire_jax.data import chat
-from fire_jax.data.config import ASSETS_DIR
+from fire_jax.config import ASSETS_DIR
 from fire_jax.data.records import Instruction, load_records
 from fire_jax.data.synthetic import corpus
 from fire_jax.data.tokenizer import train_tokenizer

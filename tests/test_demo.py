@@ -50,9 +50,10 @@ def events(url: str, body: dict) -> list[dict]:
 
 
 def in_process_student():
-    from fire_jax.data.config import load_config
+    from fire_jax.config import load_config
     from fire_jax.infer.decode import DecodeConfig
-    from fire_jax.infer.loading import DEFAULT_CONFIG, load
+    from fire_jax.config import DEFAULT_CONFIG
+    from fire_jax.infer.loading import load
 
     return load(load_config(DEFAULT_CONFIG)).agent("student", DecodeConfig(max_new_tokens=12))
 

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from fire_jax.data.config import load_config, resolve_path
+from fire_jax.config import load_config, resolve_path
 from fire_jax.data.records import BadRecords, feedback_text, load_records, parse_score
 from fire_jax.eval import fixed, free, plots, report
 from fire_jax.eval.bench_io import Item, ResultStore, load_conversations, load_triplets

@@ -13,7 +13,7 @@ from PIL import Image
 
 from fire_jax.convert import hf as convert
 from fire_jax.data.chat import ChatTokenizer
-from fire_jax.data.config import ASSETS_DIR
+from fire_jax.config import ASSETS_DIR
 from fire_jax.data.images import preprocess
 from fire_jax.data.records import Turn, parse_score
 from fire_jax.infer.agents import Student, Teacher
@@ -361,7 +361,7 @@ def test_teacher_feedback_carries_the_parsed_score(pair, chat, images, monkeypat
 def test_loaded_models_decode_from_the_layer_list():
     """A config that trains with stacked layers (scan_layers=True, the 8B configs) loads for generation as the
     per-layer list, with the same weights: greedy tokens equal those of the list-layout model of the same seed."""
-    from fire_jax.data.config import load_config
+    from fire_jax.config import load_config
     from fire_jax.infer.loading import load
 
     config = load_config(os.path.join(os.path.dirname(ASSETS_DIR), "..", "configs", "tiny.py"))

@@ -85,8 +85,8 @@ def test_llama31_rope_scaling_matches_hf_under_jit(tmp_path):
     each against transformers; the config hashes (jit keys its cache on the graphdef)."""
     from fire_jax.infer.decode import DecodeConfig, generate
     from fire_jax.infer.forward import forward_logits
-    from fire_jax.train.defaults import loss_config, train_config
-    from fire_jax.train.sharding import make_mesh
+    from fire_jax.config import loss_config, train_config
+    from fire_jax.sharding import make_mesh
     from fire_jax.train.step import Trainer
 
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -130,7 +130,7 @@ def _as_model_dict(cfg):
 
 
 def test_every_shipped_model_config_hashes():
-    from fire_jax.data.config import load_config
+    from fire_jax.config import load_config
 
     root = os.path.join(os.path.dirname(__file__), "..", "configs")
     for name in ("tiny.py", "llava_next_8b.py"):

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from fire_jax.data.config import load_config
+from fire_jax.config import load_config
 from fire_jax.eval import judge
 from fire_jax.pipeline import JUDGED, SUMMARY, data_size_ablation, eval_stage, run, train_stage
 

@@ -21,10 +21,10 @@ from PIL import Image
 
 from fire_jax.convert.hf import load_hf_checkpoint
 from fire_jax.data.chat import ChatTokenizer, Message
-from fire_jax.data.config import load_config, resolve_path
+from fire_jax.config import load_config, resolve_path
 from fire_jax.data.images import preprocess
 from fire_jax.infer.decode import DecodeConfig, generate
-from fire_jax.infer.loading import DEFAULT_CONFIG
+from fire_jax.config import DEFAULT_CONFIG
 from fire_jax.serve import default_models
 from hf_reference import tiny_hf_model
 

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from fire_jax.data.config import load_config
+from fire_jax.config import load_config
 from fire_jax.data.pipeline import InputPipeline
 from fire_jax.models import LlavaNext, LlavaNextConfig, LoRAParam, set_layer_layout
 from fire_jax.train import loop
 from fire_jax.train.loss import token_weights
-from fire_jax.train.sharding import make_mesh, put_batch
+from fire_jax.sharding import make_mesh, put_batch
 from fire_jax.train.step import Trainer
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
@@ -179,6 +179,25 @@ def test_step_loss_and_gradients_equal_a_hand_computation(hand_setup, role, norm
                                rtol=1e-5)
 
 
+def test_build_model_on_a_mesh_makes_each_weight_sharded():
+    """fire_jax.checkpoint.build_model(config, mesh): the random weights are created already placed by the
+    sharding rules (no whole-model copy on one device first), the same values as the eager build to float
+    rounding (XLA fuses the initialisers' scaling under jit)."""
+    from fire_jax.checkpoint import build_model
+    from fire_jax.sharding import state_shardings
+
+    config = tiny_config()
+    mesh = make_mesh((2, 2, 2))
+    on_mesh, eager = build_model(config, mesh), build_model(config)
+    state = nnx.state(on_mesh)
+    expected = state_shardings(state, mesh)
+    for leaf, sharding in zip(jax.tree.leaves(state), jax.tree.leaves(expected), strict=True):
+        assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim)
+    assert any(not leaf.sharding.is_fully_replicated for leaf in jax.tree.leaves(state))
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(nnx.state(eager)), strict=True):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=0, atol=1e-7)
+
+
 def test_mesh_2x2x2_equals_one_device(setup):
     config, cfg, batch = setup
     config = tiny_config(train_connector=True, accum_steps=2, eps=EQUIVALENCE_EPS)
@@ -301,7 +320,7 @@ def test_two_processes_write_a_checkpoint_one_process_restores(tmp_path):
     import portpicker
     from safetensors.numpy import load_file
 
-    from fire_jax.train.checkpoint import Checkpointer
+    from fire_jax.checkpoint import Checkpointer
 
     workdir = str(tmp_path / "multi")
     port = portpicker.pick_unused_port()

@@ -11,7 +11,7 @@ from PIL import Image
 
 from fire_jax.convert.hf import save_peft_adapter
 from fire_jax.data.chat import Message, render
-from fire_jax.data.config import load_config
+from fire_jax.config import load_config
 from fire_jax.eval import vlrm_runner as runner
 from fire_jax.eval.vlrmbench_prompts import TASKS
 from fire_jax.geometry import TEXT

@@ -38,7 +38,8 @@ class Length:
 def sequence_lengths(tokenizer_path: str) -> tuple[list[Length], dict[str, int]]:
     """Every record x role x image mode; and the records skipped, by reason."""
     from fire_jax.data.chat import ChatTokenizer, training_messages
-    from fire_jax.data.config import geometry_from_model_config, load_config
+    from fire_jax.config import load_config
+    from fire_jax.data.sources import geometry_from_model_config
     from fire_jax.data.records import BadRecords, load_records
 
     with open(os.path.join(FIXTURES, "original_sizes.json")) as f:

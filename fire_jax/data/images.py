@@ -106,6 +106,35 @@ def preprocess(image: Image.Image, geometry: ImageGeometry) -> tuple[np.ndarray,
     return normalise(uint8_tiles), size
 
 
+def pad_tiles(rows, *, tiles: int = 0, multiple: int = 1, batch: int = 0, tile_size: int | None = None,
+              fill=None) -> np.ndarray:
+    """Each row's tiles in one zero-padded float32 array ``[batch, tiles, 3, T, T]``: the one place a batch's
+    tiles are laid out (training batches, generation, the forward pass, VLRMBench's multi-image prompts).
+
+    rows: per row its tiles (float32 ``[n, 3, T, T]``, or uint8 ``[n, T, T, 3]`` with ``fill=normalise``), or
+    None for a row without an image. The tile axis is ``tiles`` when > 0 (a row with more raises), else the
+    longest row rounded up to a multiple of ``multiple`` (so a run compiles few shapes). ``batch`` > len(rows)
+    adds zero rows (padding rows). ``fill(row_tiles, out=view)`` writes a row in place (default: a copy).
+    """
+    present = [r for r in rows if r is not None and len(r)]
+    needed = max((len(r) for r in present), default=0)
+    axis = tiles or max(-(-needed // multiple) * multiple, 1)
+    if needed > axis:
+        raise ValueError(f"a row's images need {needed} tiles, more than the {axis} allowed")
+    if tile_size is None:
+        if not present:
+            raise ValueError("pad_tiles: no row has tiles; pass tile_size")
+        tile_size = present[0].shape[2] if fill is None else present[0].shape[1]
+    out = np.zeros((max(batch, len(rows)), axis, 3, tile_size, tile_size), np.float32)
+    for b, row in enumerate(rows):
+        if row is not None and len(row):
+            if fill is None:
+                out[b, :len(row)] = row
+            else:
+                fill(row, out=out[b, :len(row)])
+    return out
+
+
 def expand_to_square(image: Image.Image) -> Image.Image:
     """LLaVA's "pad" mode: centre the image on a square of the CLIP mean colour."""
     width, height = image.size

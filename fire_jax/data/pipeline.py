@@ -39,7 +39,8 @@ from PIL import Image
 
 from fire_jax.geometry import ImageGeometry, place_images
 from fire_jax.data import chat as chat_lib
-from fire_jax.data.config import DATA_DEFAULTS, open_source, resolve_path
+from fire_jax.config import DATA_DEFAULTS, resolve_path
+from fire_jax.data.sources import open_source
 from fire_jax.data.images import load_image, normalise, tiles
 from fire_jax.data.records import BadRecordError, BadRecords, Conversation, Record
 
@@ -118,6 +119,8 @@ class Preprocessor:
                 "tiles": image_tiles, "image_size": np.asarray(image_size, np.int32), "example_id": record.id}
 
     def _drop(self, error: BadRecordError) -> dict[str, Any]:
+        """A record dropped while training: raised under on_bad_record="error", else counted downstream
+        (the worker processes cannot share a :class:`BadRecords`; the pipeline counts the "dropped" reasons)."""
         if self.on_bad_record == "error":
             raise error
         return {"dropped": error.reason, "example_id": error.where}
@@ -198,7 +201,7 @@ class InputPipeline:
         missing = {"tokenizer", "sources"} - set(given) - set(overrides)
         if unknown or missing:
             raise ValueError(f"data config: unknown field(s) {sorted(unknown)}, missing {sorted(missing)}; "
-                             f"see fire_jax.data.config.DATA_DEFAULTS")
+                             f"see fire_jax.data.sources.DATA_DEFAULTS")
         cfg = {**DATA_DEFAULTS, **given, **overrides}
         self.config, self.geometry = cfg, geometry
         if cfg["batch_size"] % process_count:

@@ -91,6 +91,14 @@ class BadRecords(collections.Counter):
         self[error.reason] += 1
         self.first.setdefault(error.reason, str(error))
 
+    def handle(self, error: BadRecordError, on_bad_record: str) -> None:
+        """The one skip-or-raise rule: raise ``error`` under ``on_bad_record="error"``, else count it."""
+        if on_bad_record == "error":
+            raise error
+        if on_bad_record != "skip":
+            raise ValueError(f"on_bad_record must be 'skip' or 'error', got {on_bad_record!r}")
+        self.add(error)
+
     def merge(self, other: "BadRecords") -> None:
         self.update(other)
         for reason, example in getattr(other, "first", {}).items():
@@ -340,8 +348,6 @@ def iter_records(paths, image_root, *, on_bad_record="skip", split="", decode_im
                     where = f"{where} (id {record.id!r})"
                 image_path = check_image(record, image_root, where, decode=decode_images)
             except BadRecordError as e:
-                if on_bad_record == "error":
-                    raise
-                bad.add(e)
+                bad.handle(e, on_bad_record)
                 continue
             yield record, image_path

@@ -2,7 +2,7 @@
 
 - :class:`Item`: one (I, q, gt) triplet with its id and source dataset, the
   unit of free dialogues and of FIRE-1M-style generation. Test sets are read
-  through :func:`fire_jax.data.config.open_source` (raw JSON or a built TFDS
+  through :func:`fire_jax.data.sources.open_source` (raw JSON or a built TFDS
   split, bad records counted by reason); generation inputs may also be plain
   triplet files without conversations (:func:`load_triplets`).
 - :class:`ResultStore`: an append-only JSONL file of finished units (a fixed
@@ -19,7 +19,9 @@ import json
 import os
 from typing import Any, Iterator, Mapping, Sequence
 
-from fire_jax.data.config import open_source, resolve_path
+from fire_jax.config import resolve_path
+
+from fire_jax.data.sources import open_source
 from fire_jax.data.records import (BadRecordError, BadRecords, Conversation, check_image, iter_raw,
                                    strip_image_placeholder)
 

@@ -25,7 +25,7 @@ import math
 import os
 from typing import Any, Mapping
 
-from fire_jax.data.config import resolve_path
+from fire_jax.config import resolve_path
 from fire_jax.data.records import BadRecords
 from fire_jax.eval import fixed, free, judge, plots, report
 from fire_jax.eval.bench_io import item_of, load_conversations
@@ -271,7 +271,7 @@ def read_conversations(path: str, image_root: str | None = None) -> tuple[list, 
                     raise raw
                 records.append(parse_record(raw, default_id=f"{stem}:{index}", where=f"{path}: record {index}"))
             except BadRecordError as e:
-                bad.add(e)
+                bad.handle(e, "skip")
     return [r for r in records if isinstance(r, Conversation)], bad
 
 

@@ -428,7 +428,7 @@ def correction_rate(records: Sequence[Mapping]) -> dict:
 
 def correction(config, generator, workdir: Path) -> dict:
     """Table 7: the student's correction rate with the evaluated model's ERA analyses, per source and overall."""
-    from fire_jax.data.config import load_config
+    from fire_jax.config import load_config
     from fire_jax.eval.bench_io import ResultStore, load_triplets
     from fire_jax.eval.free import StopRule, run_dialogues
     from fire_jax.infer.agents import Student

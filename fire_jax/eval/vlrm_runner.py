@@ -62,7 +62,7 @@ import jax
 import numpy as np
 
 from fire_jax.data.chat import SYSTEM, ChatTokenizer, Message, segments
-from fire_jax.data.config import load_config
+from fire_jax.config import load_config
 from fire_jax.data.images import load_image, preprocess
 from fire_jax.data.records import IMAGE_PLACEHOLDER
 from fire_jax.eval.vlrmbench import (ACCOUNTINGS, TASKS, Sample, TaskData, TaskResult, build_judge_prompt,

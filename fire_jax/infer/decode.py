@@ -78,6 +78,16 @@ class DecodeConfig:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @classmethod
+    def from_config(cls, section, **overrides) -> "DecodeConfig":
+        """The one way a config section (``config.decode``, ``config.generate``, a CLI's parsed flags: any
+        mapping or namespace) becomes a DecodeConfig: its fields that name a DecodeConfig field (others,
+        such as ``batch_size``, are the caller's), then ``overrides``."""
+        values = section if isinstance(section, dict) else (
+            section.to_dict() if hasattr(section, "to_dict") else vars(section))
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{**{k: v for k, v in values.items() if k in names and v is not None}, **overrides})
+
 
 @dataclasses.dataclass
 class Generation:

@@ -27,15 +27,13 @@ import os
 
 from flax import nnx
 
+from fire_jax.checkpoint import build_model, restore_params
 from fire_jax.convert.hf import load_peft_adapter, peft_lora_config
 from fire_jax.data.chat import ChatTokenizer
-from fire_jax.data.config import resolve_path
+from fire_jax.config import resolve_path
 from fire_jax.infer.agents import Student, Teacher
 from fire_jax.infer.decode import DecodeConfig
 
-#: The built-in tiny config every CLI falls back to.
-DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                              "configs", "tiny.py")
 CHECKPOINT_KINDS = ("hf", "peft", "workdir")
 
 
@@ -89,8 +87,6 @@ def load(config, checkpoint: str | None = None, *, step: int | None = None) -> L
 
     ``step`` picks a train workdir's checkpoint (default: the latest).
     """
-    from fire_jax.train.loop import build_model
-
     if checkpoint is None:
         return _loaded(build_model(config), config, _base(config))
     checkpoint = resolve_path(checkpoint)
@@ -113,12 +109,12 @@ def load(config, checkpoint: str | None = None, *, step: int | None = None) -> L
         return _loaded(model, config, f"PEFT adapter {checkpoint} on {_base(config)}")
     config = workdir_config(checkpoint)
     model = build_model(config)
-    restored = restore_workdir(model, checkpoint, config, step=step)
+    restored = restore_params(model, checkpoint, config.train, step=step)
     return _loaded(model, config, f"train workdir {checkpoint}, step {restored}")
 
 
 def _base(config) -> str:
-    """What :func:`fire_jax.train.loop.build_model` builds the weights from, in words."""
+    """What :func:`fire_jax.checkpoint.build_model` builds the weights from, in words."""
     source = config.init.get("hf_checkpoint") if config.get("init") else None
     return f"HF checkpoint {source}" if source else f"random init (seed {config.seed})"
 
@@ -144,32 +140,3 @@ def workdir_config(workdir: str):
 
     with open(os.path.join(workdir, "config.json")) as f:
         return ml_collections.ConfigDict(json.load(f))
-
-
-def restore_workdir(model, workdir: str, config, *, step: int | None = None) -> int:
-    """Set ``model``'s trainable parameters from a train workdir's orbax checkpoint; returns its step.
-
-    The checkpoint holds the trainer's state (step, trainable params, AdamW
-    moments); its structure comes from an abstract :class:`Trainer` on a
-    one-device mesh, so nothing but the restored arrays is allocated.
-    """
-    import jax
-
-    from fire_jax.convert.hf import abstract_model
-    from fire_jax.train.checkpoint import Checkpointer
-    from fire_jax.train.sharding import make_mesh
-    from fire_jax.train.step import Trainer
-
-    trainer = Trainer(abstract_model(model.cfg), config.train, config.loss, 1, make_mesh((1, 1, 1), jax.devices()[:1]),
-                      abstract=True)
-    checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"))
-    try:
-        available = checkpointer.manager.all_steps()
-        if not available or (step is not None and step not in available):
-            raise FileNotFoundError(f"train workdir {workdir}: no checkpoint"
-                                    + (f" at step {step}; it has steps {sorted(available)}" if available else " yet"))
-        state, _, restored = checkpointer.restore(trainer.initial_state, step)
-    finally:
-        checkpointer.close()
-    nnx.update(model, state.params)
-    return restored

@@ -18,24 +18,10 @@ import jax
 import numpy as np
 from flax import nnx
 
-from fire_jax.models import LlavaNext, LlavaNextConfig
-from fire_jax.train.checkpoint import Checkpointer
-from fire_jax.train.sharding import make_mesh, put_batch
+from fire_jax.checkpoint import Checkpointer, build_model
+from fire_jax.models import LlavaNext
+from fire_jax.sharding import make_mesh, put_batch
 from fire_jax.train.step import Trainer, batch_example_ids
-
-
-def build_model(config) -> LlavaNext:
-    """Random weights (tiny configs), or a Hugging Face checkpoint when ``config.init.hf_checkpoint`` is set."""
-    init = config.get("init", {})
-    checkpoint = init.get("hf_checkpoint") if init else None
-    cfg = LlavaNextConfig.from_dict(config.model)
-    if checkpoint:
-        from fire_jax.convert.hf import load_hf_checkpoint
-
-        overrides = {k: v for k, v in config.model.items() if k in ("dtype", "param_dtype", "remat", "scan_layers",
-                                                                     "image_mode", "pad_newline")}
-        return load_hf_checkpoint(checkpoint, cfg.lora, seed=config.seed, **overrides)
-    return LlavaNext(cfg, rngs=nnx.Rngs(config.seed))
 
 
 class _Preemption:
@@ -128,7 +114,7 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
     rules = tuple((name, tuple(axes)) for name, axes in config.mesh.rules)
     if config.data.batch_size != config.train.batch_size:
         raise ValueError(f"data.batch_size={config.data.batch_size} != train.batch_size={config.train.batch_size}")
-    model = build_model(config)
+    model = build_model(config, mesh, rules) if config.train.get("shard_init") else build_model(config)
     pipeline = InputPipeline(config.data, model.cfg.geometry, image_token_id=model.cfg.image_token_id,
                              process_index=jax.process_index(), process_count=jax.process_count(),
                              student_first_turn=config.loss.get("student_first_turn", False))

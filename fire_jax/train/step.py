@@ -10,7 +10,6 @@ whole global batch first, so accumulation is exact (SPEC section 4).
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
 import jax
@@ -20,25 +19,12 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from fire_jax.models import LlavaNext, LoRAParam
+from fire_jax.checkpoint import trainable_filter
+from fire_jax.models import LlavaNext
 from fire_jax.train import loss as losses
-from fire_jax.train.sharding import DEFAULT_RULES, activation_sharding, batch_sharding, state_shardings
+from fire_jax.sharding import DEFAULT_RULES, activation_sharding, batch_sharding, state_shardings
 
 BATCH_KEYS = ("input_ids", "attention_mask", "loss_mask", "turn_ids", "pixel_values", "image_index")
-
-
-def trainable_filter(train_cfg):
-    """What the optimizer sees: LoRA factors, the connector with ``train_connector``, and any frozen
-    weight whose path ("language_model/model/layers/0/mlp/up_proj/kernel") fully matches one of the
-    ``trainable`` regexes (big_vision-style; the tiny from-scratch demo trains everything with ".*")."""
-    filters = [LoRAParam]
-    if train_cfg.train_connector:
-        filters.append(nnx.All(nnx.Param, nnx.PathContains("multi_modal_projector")))
-    patterns = tuple(train_cfg.get("trainable", ()))
-    if patterns:
-        regex = re.compile("|".join(f"(?:{p})" for p in patterns))
-        filters.append(nnx.All(nnx.Param, lambda path, _: regex.fullmatch("/".join(map(str, path))) is not None))
-    return nnx.Any(*filters)
 
 
 def make_optimizer(cfg, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:

@@ -1,4 +1,4 @@
-"""Reading the data parts of an experiment config: paths, config files, geometry, sources.
+"""The data sources of an experiment config (``config.data.sources``) and the image geometry of ``config.model``.
 
 A source (one entry of ``config.data.sources``) is either raw JSON::
 
@@ -17,63 +17,12 @@ tiny tokenizer and synthetic demo data).
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from collections.abc import Sequence as SequenceABC
 from typing import Any, Mapping
 
+from fire_jax.config import resolve_path
 from fire_jax.geometry import ImageGeometry
 from fire_jax.data.records import BadRecords, Record, iter_records
-
-#: Fields of ``config.data`` besides the required ``tokenizer`` and ``sources``, with their defaults.
-DATA_DEFAULTS = dict(
-    image_token="<image>",  # placeholder token; its id must equal model.image_token_id
-    pad_token="<pad>",  # falls back to <|end_of_text|> if the tokenizer has none
-    role="student",  # "student" (FIRE-LLaVA, Eq. 5) or "teacher" (FD-LLaVA, Eq. 6)
-    teacher_history="full",  # "full" (training) or "latest" (the teacher of free dialogues)
-    eval_sources={},
-    on_bad_record="skip",  # or "error"
-    max_len=3072,  # tokens, image features included
-    buckets=(),  # sequence lengths batches are padded to (max_len is always one)
-    batch_size=64,  # global; each process gets batch_size // process_count
-    shuffle=True,
-    seed=0,
-    num_epochs=0,  # 0: repeat forever, sources mixed by weight; n: n passes over all sources
-    num_threads=0,  # grain read threads (0: in the calling thread)
-    num_workers=0,  # grain worker processes (0: none)
-)
-
-
-def data_config(tokenizer: str, sources: Mapping[str, Mapping[str, Any]], **fields):
-    """A ``config.data`` ConfigDict: the defaults above, the tokenizer.json path, the sources, overrides."""
-    import ml_collections
-
-    unknown = set(fields) - set(DATA_DEFAULTS)
-    if unknown:
-        raise ValueError(f"unknown data config field(s) {sorted(unknown)}; known: {sorted(DATA_DEFAULTS)}")
-    return ml_collections.ConfigDict({**DATA_DEFAULTS, "tokenizer": tokenizer, "sources": dict(sources), **fields})
-
-
-ASSETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
-
-
-def resolve_path(path: str) -> str:
-    """``assets:x`` -> ``fire_jax/assets/x``; other paths with ``~`` expanded."""
-    if path.startswith("assets:"):
-        return os.path.join(ASSETS_DIR, path[len("assets:"):])
-    return os.path.expanduser(path)
-
-
-def load_config(spec: str):
-    """``configs/tiny.py`` or ``configs/tiny.py:arg`` -> the file's ``get_config(arg)``."""
-    path, _, arg = spec.partition(":")
-    module_spec = importlib.util.spec_from_file_location("fire_jax_config", path)
-    if module_spec is None:
-        raise FileNotFoundError(f"config file {path!r} not found")
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module.get_config(arg)
-
 
 def geometry_from_model_config(model: Mapping[str, Any]) -> ImageGeometry:
     """The image geometry named by ``config.model`` (what ``LlavaNextConfig.geometry`` builds)."""
@@ -100,21 +49,28 @@ class _TfdsRecords(SequenceABC):
 SOURCE_FIELDS = ("json", "image_root", "tfds", "split", "weight", "max_examples", "num_examples")
 
 
+def subset_indices(total: int, size: int) -> list[int]:
+    """A fixed random subset of ``size`` of ``range(total)``, in order (all when size is 0 or >= total);
+    smaller subsets nest in larger ones (one permutation, seed 0)."""
+    import numpy as np
+
+    if not size or size >= total:
+        return list(range(total))
+    return sorted(int(i) for i in np.random.default_rng(0).permutation(total)[:size])
+
+
 class _Subset(SequenceABC):
-    """``max_examples`` records of a source, a fixed random subset (smaller subsets nest in larger ones)."""
+    """``max_examples`` records of a source: the :func:`subset_indices` of that size."""
 
     def __init__(self, records, size: int):
-        import numpy as np
-
         self._records = records
-        order = np.random.default_rng(0).permutation(len(records))
-        self._indices = np.sort(order[:size])
+        self._indices = subset_indices(len(records), size)
 
     def __len__(self) -> int:
         return len(self._indices)
 
     def __getitem__(self, index):
-        return self._records[int(self._indices[index])]
+        return self._records[self._indices[index]]
 
 
 def open_source(source: Mapping[str, Any], *, on_bad_record: str = "skip", bad: BadRecords | None = None,

@@ -17,24 +17,10 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from fire_jax.config import DEFAULT_RULES  # noqa: F401 (re-exported)
 from fire_jax.models.partitioning import activation_sharding, logical_to_spec  # noqa: F401 (re-exported)
 
 MESH_AXES = ("data", "fsdp", "tensor")
-
-#: Default rules: batch over data x fsdp, weights' model dimension over fsdp,
-#: heads / mlp / vocab over tensor (Megatron-style), vision tower the same way.
-DEFAULT_RULES = (
-    ("batch", ("data", "fsdp")),
-    ("embed", ("fsdp",)),
-    ("heads", ("tensor",)),
-    ("kv_heads", ("tensor",)),
-    ("mlp", ("tensor",)),
-    ("vocab", ("tensor",)),
-    ("vision_embed", ("fsdp",)),
-    ("vision_heads", ("tensor",)),
-    ("vision_mlp", ("tensor",)),
-)
-
 
 def make_mesh(shape: Sequence[int], devices=None) -> Mesh:
     """A (data, fsdp, tensor) mesh; one entry may be -1 for "all remaining devices".

@@ -1,0 +1,177 @@
+"""Experiment configs: loading a config file, its argument, paths, and the default sub-configs (SPEC 4).
+
+The lowest layer of the package: every config file, the trainer and the
+inference tools import it, and it imports nothing but ml_collections (no
+jax), so reading a config is cheap and never drags in model code.
+
+- :func:`load_config` ``("configs/fire.py:fire_student,released=true")`` runs
+  the file's ``get_config(arg)``; relative paths are tried against the current
+  directory, then the repository root.
+- :func:`parse_arg` is the one syntax of that argument: an optional leading
+  name, then ``key=value`` options typed like their defaults.
+- :func:`resolve_path`: ``assets:x`` is ``fire_jax/assets/x``.
+- :func:`data_config`, :func:`train_config`, :func:`loss_config`,
+  :func:`mesh_config`: the sub-configs with the SPEC's defaults.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any, Mapping
+
+import ml_collections
+
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+ASSETS_DIR = os.path.join(PACKAGE_DIR, "assets")
+REPO_DIR = os.path.dirname(PACKAGE_DIR)
+CONFIGS_DIR = os.path.join(REPO_DIR, "configs")
+#: The built-in tiny config every CLI falls back to.
+DEFAULT_CONFIG = os.path.join(CONFIGS_DIR, "tiny.py")
+
+
+def resolve_path(path: str) -> str:
+    """``assets:x`` -> ``fire_jax/assets/x``; other paths with ``~`` expanded."""
+    if path.startswith("assets:"):
+        return os.path.join(ASSETS_DIR, path[len("assets:"):])
+    return os.path.expanduser(path)
+
+
+def config_path(path: str) -> str:
+    """A config file's path: as given if it exists, else relative to the repository root (``configs/x.py``
+    works from any directory); raises FileNotFoundError naming both places."""
+    path = resolve_path(path)
+    if os.path.exists(path) or os.path.isabs(path):
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"config file {path!r} not found")
+        return path
+    in_repo = os.path.join(REPO_DIR, path)
+    if os.path.exists(in_repo):
+        return in_repo
+    raise FileNotFoundError(f"config file {path!r} not found (nor {in_repo!r})")
+
+
+def load_config(spec: str):
+    """``configs/tiny.py`` or ``configs/fire.py:ARG`` -> the file's ``get_config(ARG)`` (ARG "" when absent)."""
+    path, _, arg = spec.partition(":")
+    path = config_path(path)
+    module_spec = importlib.util.spec_from_file_location("fire_jax_config_file", path)
+    if module_spec is None:
+        raise FileNotFoundError(f"config file {path!r} is not a Python file")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg)
+
+
+def parse_arg(arg: str, *, where: str, names: tuple[str, ...] = (), **defaults) -> tuple[str | None, dict[str, Any]]:
+    """A config file's argument, ``[name][,key=value...]``: (name, options).
+
+    ``names``: the allowed leading names (the first is the default; none: no name is taken).
+    ``defaults``: the options, each value typed like its default (bools: 1/true/yes, 0/false/no).
+    ``where`` names the config file in errors: ``configs/fire.py: option 'x' unknown; known: [...]``.
+    """
+    parts = [p.strip() for p in (arg or "").split(",") if p.strip()]
+    name = names[0] if names else None
+    if parts and "=" not in parts[0]:
+        if not names:
+            raise ValueError(f"{where}: takes only key=value options, got {parts[0]!r}; known: {sorted(defaults)}")
+        name = parts.pop(0)
+        if name not in names:
+            raise ValueError(f"{where}: {name!r} unknown; choose from {list(names)}")
+    options = dict(defaults)
+    for part in parts:
+        key, eq, value = part.partition("=")
+        if not eq:
+            raise ValueError(f"{where}: expected key=value, got {part!r}")
+        if key not in defaults:
+            raise ValueError(f"{where}: option {key!r} unknown; known: {sorted(defaults)}")
+        kind = type(defaults[key])
+        if kind is bool:
+            if value.lower() not in ("1", "true", "yes", "0", "false", "no"):
+                raise ValueError(f"{where}: option {key}={value!r}: expected true or false")
+            options[key] = value.lower() in ("1", "true", "yes")
+        else:
+            try:
+                options[key] = kind(value)
+            except ValueError:
+                raise ValueError(f"{where}: option {key}={value!r}: expected {kind.__name__}") from None
+    return name, options
+
+
+#: Fields of ``config.data`` besides the required ``tokenizer`` and ``sources``, with their defaults.
+DATA_DEFAULTS = dict(
+    image_token="<image>",  # placeholder token; its id must equal model.image_token_id
+    pad_token="<pad>",  # falls back to <|end_of_text|> if the tokenizer has none
+    role="student",  # "student" (FIRE-LLaVA, Eq. 5) or "teacher" (FD-LLaVA, Eq. 6)
+    teacher_history="full",  # "full" (training) or "latest" (the teacher of free dialogues)
+    eval_sources={},
+    on_bad_record="skip",  # or "error"
+    max_len=3072,  # tokens, image features included
+    buckets=(),  # sequence lengths batches are padded to (max_len is always one)
+    batch_size=64,  # global; each process gets batch_size // process_count
+    shuffle=True,
+    seed=0,
+    num_epochs=0,  # 0: repeat forever, sources mixed by weight; n: n passes over all sources
+    num_threads=0,  # grain read threads (0: in the calling thread)
+    num_workers=0,  # grain worker processes (0: none)
+)
+
+
+def data_config(tokenizer: str, sources: Mapping[str, Mapping[str, Any]], **fields) -> ml_collections.ConfigDict:
+    """A ``config.data`` ConfigDict: the defaults above, the tokenizer.json path, the sources, overrides."""
+    unknown = set(fields) - set(DATA_DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown data config field(s) {sorted(unknown)}; known: {sorted(DATA_DEFAULTS)}")
+    return ml_collections.ConfigDict({**DATA_DEFAULTS, "tokenizer": tokenizer, "sources": dict(sources), **fields})
+
+
+def train_config(**overrides) -> ml_collections.ConfigDict:
+    """AdamW lr 2e-4, wd 0, betas (0.9, 0.999), eps 1e-8; 3% warm-up then cosine; clip 1.0; batch 64; 1 epoch."""
+    config = ml_collections.ConfigDict(dict(
+        lr=2e-4, weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, warmup_frac=0.03, clip_norm=1.0,
+        batch_size=64,  # global; must equal data.batch_size
+        accum_steps=1,  # micro-batches per step (the global batch is split, gradients summed)
+        epochs=1.0,
+        total_steps=0,  # 0: epochs * examples / batch_size
+        train_connector=False,  # True reproduces the released checkpoints (connector trained too)
+        trainable=(),  # regexes over frozen-weight paths to train as well (the tiny demo: (".*",))
+        loss_chunk=512,  # tokens of the flattened micro-batch per logits chunk in the loss (labelled ones only)
+        checkpoint_every=500,
+        keep_checkpoints=3,
+        export=True,  # PEFT adapter at the end
+        export_merged=False,  # and merged HF weights
+        shard_init=False,  # random weights made straight onto the mesh, each device its shard (jit: not
+                           # bit-identical to eager init; the 8B configs set it)
+    ))
+    config.update(overrides)
+    return config
+
+
+def loss_config(**overrides) -> ml_collections.ConfigDict:
+    config = ml_collections.ConfigDict(dict(
+        normalize="token",  # mean over the global batch's labelled tokens; "turn": mean of per-turn means
+        max_turns=8,  # turn indices reported separately in the metrics (higher ones pooled as "> max_turns")
+        student_first_turn=False,  # also label the student's r_1 (SPEC 3: the release did; the paper, Eq. 5, not)
+    ))
+    config.update(overrides)
+    return config
+
+
+#: Default sharding rules, (logical axis name, mesh axes): batch over data x fsdp, weights' model dimension
+#: over fsdp, heads / mlp / vocab over tensor (Megatron-style), the vision tower the same way.
+DEFAULT_RULES = (
+    ("batch", ("data", "fsdp")),
+    ("embed", ("fsdp",)),
+    ("heads", ("tensor",)),
+    ("kv_heads", ("tensor",)),
+    ("mlp", ("tensor",)),
+    ("vocab", ("tensor",)),
+    ("vision_embed", ("fsdp",)),
+    ("vision_heads", ("tensor",)),
+    ("vision_mlp", ("tensor",)),
+)
+
+
+def mesh_config(shape=(-1, 1, 1)) -> ml_collections.ConfigDict:
+    """(data, fsdp, tensor) sizes, -1 = the rest; rules map logical axis names to mesh axes."""
+    return ml_collections.ConfigDict(dict(shape=tuple(shape), rules=tuple((k, tuple(v)) for k, v in DEFAULT_RULES)))

@@ -1,0 +1,208 @@
+"""The dialogue engine: a student and a teacher talk about items until a stop rule ends each dialogue.
+
+Evaluation (free dialogues, SPEC 6, Tables 4-6) and data generation (FIRE-1M-style records, Fig. 3b)
+both run this loop; they differ in the :class:`StopRule` and in what they keep.
+
+Per item: the student answers (r_k), the teacher scores it (f_k, a_k), and
+:func:`stop_reason` decides whether the dialogue goes on:
+
+- a_k is None (the teacher's reply has no score): stop, ``"no_score"`` (counts as 0);
+- a_k >= threshold (8): stop, ``"solved"``;
+- k > 1 and a_k <= a_{k-1}: stop, ``"no_increase"`` (free dialogues only);
+- k = max_turns (5; 3 for generation): stop, ``"max_turns"``.
+
+:func:`run_dialogues` keeps up to ``batch_size`` dialogues in flight: each
+step is one batched student call and one batched teacher call over the live
+dialogues, each at its own turn; a finished dialogue leaves the batch and the
+next item takes its place.
+
+:func:`generate_records` is FIRE-1M-style generation: :data:`FIRE_1M_GENERATION`'s
+rule (stop at 8 or after 3 turns, no "no_increase" stop); a dialogue is kept
+only if its last score is higher than its first (dialogues solved at once
+teach no refinement); each kept one is written as a raw record in the schema
+of SPEC section 3 and must parse through :func:`fire_jax.data.records.parse_record`
+(empty texts, feedback without "Feedback:" text, ... are dropped, by reason).
+Kept records go to a JSONL file, dropped dialogues (id, reason, scores) to
+``<out>.dropped.jsonl``; a rerun skips the ids in either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+from typing import Callable, Iterable, Sequence
+
+from fire_jax.data.items import Item
+from fire_jax.data.records import BadRecordError, BadRecords, Turn, parse_record
+from fire_jax.results import ResultStore
+
+
+@dataclasses.dataclass(frozen=True)
+class StopRule:
+    """When a dialogue ends (SPEC 6)."""
+
+    max_turns: int = 5  # n_max
+    threshold: float = 8  # a score >= threshold solves the item
+    stop_on_no_increase: bool = True  # stop when a_k <= a_{k-1}
+
+    def __post_init__(self):
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+
+
+FREE_DIALOGUE = StopRule()  # free dialogues (Tables 4-6)
+FIRE_1M_GENERATION = StopRule(max_turns=3, stop_on_no_increase=False)  # FIRE-1M-style data (Fig. 3b)
+STOP_REASONS = ("no_score", "solved", "no_increase", "max_turns")
+
+
+def stop_reason(scores: Sequence[float | None], rule: StopRule = FREE_DIALOGUE) -> str | None:
+    """Why the dialogue with teacher scores a_1..a_k stops after turn k, or None if it goes on."""
+    score = scores[-1]
+    if score is None:
+        return "no_score"
+    if score >= rule.threshold:
+        return "solved"
+    if rule.stop_on_no_increase and len(scores) > 1 and score <= scores[-2]:
+        return "no_increase"
+    if len(scores) >= rule.max_turns:
+        return "max_turns"
+    return None
+
+
+@dataclasses.dataclass
+class Dialogue:
+    """One item's dialogue so far."""
+
+    item: Item
+    turns: list[Turn] = dataclasses.field(default_factory=list)
+    stop: str | None = None  # one of STOP_REASONS once finished
+
+    @property
+    def scores(self) -> list[float | None]:
+        return [turn.score for turn in self.turns]
+
+
+def _fill(values: list, size: int) -> list:
+    """``values`` padded to ``size`` with copies of its first entry (one compiled batch shape per run)."""
+    return values + [values[0]] * (size - len(values))
+
+
+def run_dialogues(items: Iterable[Item], student, teacher, rule: StopRule, *, batch_size: int,
+                  on_finish: Callable[[Dialogue], None], rng=None) -> int:
+    """Talk about every item until :func:`stop_reason` stops it; returns the number of steps.
+
+    ``student.respond(images, questions, histories)`` gives r_k and
+    ``teacher.feedback(images, questions, groundtruths, answers, histories)``
+    gives f_k with its score (:class:`fire_jax.infer.Student` / ``Teacher``).
+    Calls always carry ``batch_size`` rows (a short batch is padded with
+    copies, whose outputs are dropped). ``on_finish`` gets each dialogue as it ends.
+    ``rng``: a JAX key for sampling, folded with the step (None: greedy decoding needs none).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    pending, active, step = iter(items), [], 0
+    while True:
+        active += [Dialogue(item) for item in _take(pending, batch_size - len(active))]
+        if not active:
+            return step
+        images = _fill([d.item.image for d in active], batch_size)
+        questions = _fill([d.item.question for d in active], batch_size)
+        histories = _fill([list(d.turns) for d in active], batch_size)
+        keys = (None, None) if rng is None else _step_keys(rng, step)
+        responses = student.respond(images, questions, histories, rng=keys[0])
+        feedbacks = teacher.feedback(images, questions, _fill([d.item.groundtruth for d in active], batch_size),
+                                     responses, histories, rng=keys[1])
+        for dialogue, response, feedback in zip(active, responses, feedbacks):
+            dialogue.turns.append(Turn(response, feedback.text, feedback.score))
+            dialogue.stop = stop_reason(dialogue.scores, rule)
+            if dialogue.stop:
+                on_finish(dialogue)
+        active = [d for d in active if not d.stop]
+        step += 1
+
+
+def _take(iterator, n: int) -> list:
+    """The next ``n`` (or fewer, at the end) entries of an iterator."""
+    return list(itertools.islice(iterator, max(n, 0)))
+
+
+def _step_keys(rng, step: int):
+    import jax
+
+    key = jax.random.fold_in(rng, step)
+    return jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
+
+
+def dialogue_record(dialogue: Dialogue) -> dict:
+    """A finished dialogue as one JSON object of the free-dialogue results file."""
+    item = dialogue.item
+    return {"key": item.id, "id": item.id, "source": item.source, "image": item.image_path,
+            "question": item.question, "groundtruth": item.groundtruth, "scores": dialogue.scores,
+            "stop": dialogue.stop,
+            "turns": [{"response": t.response, "feedback": t.feedback, "score": t.score} for t in dialogue.turns]}
+
+
+def fire_record(dialogue: Dialogue, *, split: str = "fire_1m", image_root: str = "") -> dict:
+    """A dialogue as a raw FIRE record (SPEC 3); the image path relative to ``image_root``."""
+    item = dialogue.item
+    image = os.path.relpath(item.image, image_root) if image_root and item.image_path else item.image_path
+    conversations = []
+    for turn in dialogue.turns:
+        conversations += [{"role": "student", "type": "response", "value": turn.response},
+                          {"role": "teacher", "type": "feedback", "value": turn.feedback}]
+    return {"id": item.id, "image": image,
+            "question": {"role": "user", "value": item.question},
+            "groundtruth": {"role": "user", "value": item.groundtruth},
+            "conversations": conversations, "source": item.source, "round": len(dialogue.turns),
+            "score": dialogue.scores, "split": split}
+
+
+def drop_reason(dialogue: Dialogue, record: dict) -> BadRecordError | None:
+    """Why a generated dialogue is not kept: no score, no improvement, or what the record parser rejects."""
+    scores = dialogue.scores
+    if scores[-1] is None:
+        return BadRecordError("no_score", f"id {record['id']!r}", f"conversations[{2 * len(scores) - 1}].value",
+                              f"scores {scores}")
+    if not scores[-1] > scores[0]:
+        return BadRecordError("no_improvement", f"id {record['id']!r}", "score", f"scores {scores}")
+    try:
+        parse_record(record, default_id=record["id"])
+    except BadRecordError as e:
+        return e
+    return None
+
+
+def generate_records(items: Sequence[Item], student, teacher, out_path: str, *, image_root: str = "",
+                     split: str = "fire_1m", rule: StopRule = FIRE_1M_GENERATION, batch_size: int = 8,
+                     rng=None) -> tuple[int, BadRecords]:
+    """Talk about every item not yet done; returns (records kept in total, dropped dialogues by reason).
+
+    ``out_path``: JSONL of kept records (SPEC 3 schema); ``out_path + ".dropped.jsonl"``: the dropped ones.
+    """
+    from tqdm.auto import tqdm
+
+    dropped = BadRecords()
+    with ResultStore(out_path, key_field="id") as kept, ResultStore(out_path + ".dropped.jsonl",
+                                                                   key_field="id") as rejected:
+        for record in rejected:
+            dropped[record["reason"]] += 1
+        todo = [item for item in items if item.id not in kept and item.id not in rejected]
+        print(f"FIRE-1M-style generation: {len(items)} triplets, {len(items) - len(todo)} already done "
+              f"({len(kept)} kept), {len(todo)} to run")
+        with tqdm(total=len(items), initial=len(items) - len(todo), desc="generate", unit="dialogue",
+                  dynamic_ncols=True) as progress:
+            def finish(dialogue: Dialogue) -> None:
+                record = fire_record(dialogue, split=split, image_root=image_root)
+                reason = drop_reason(dialogue, record)
+                if reason is None:
+                    kept.add(record)
+                else:
+                    dropped.add(reason)
+                    rejected.add({"id": record["id"], "reason": reason.reason, "scores": dialogue.scores})
+                progress.update(1)
+                progress.set_postfix(kept=len(kept))
+
+            run_dialogues(todo, student, teacher, rule, batch_size=batch_size, on_finish=finish, rng=rng)
+        return len(kept), dropped
+

@@ -1,0 +1,111 @@
+"""Imports point one way (ARCHITECTURE.md): each layer imports only the layers below it.
+
+Every ``import`` / ``from ... import`` in a module counts, at any depth (function-level imports too).
+"""
+
+import ast
+import os
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+PACKAGE = os.path.join(ROOT, "fire_jax")
+
+
+def _module_name(path: str) -> str:
+    rel = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+    return rel[: -len(".__init__")] if rel.endswith(".__init__") else rel
+
+
+def imports_of(path: str) -> set[str]:
+    """The absolute module names ``path`` imports (relative imports resolved)."""
+    tree = ast.parse(open(path).read(), path)
+    package = _module_name(path).rsplit(".", 1)[0] if not path.endswith("__init__.py") else _module_name(path)
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)  # `from fire_jax import train`
+    return names
+
+
+def modules(under: str) -> list[str]:
+    out = []
+    for root, _, files in os.walk(under):
+        out += [os.path.join(root, f) for f in files if f.endswith(".py")]
+    return sorted(out)
+
+
+def _violations(paths, forbidden: tuple[str, ...]) -> list[str]:
+    return [f"{os.path.relpath(path, ROOT)} imports {name}" for path in paths for name in sorted(imports_of(path))
+            if any(name == f or name.startswith(f + ".") for f in forbidden)]
+
+
+UPPER = ("fire_jax.data", "fire_jax.train", "fire_jax.infer", "fire_jax.eval", "fire_jax.vlrmbench",
+         "fire_jax.pipeline", "fire_jax.run", "fire_jax.serve", "fire_jax.demo", "fire_jax.chat",
+         "fire_jax.generate", "fire_jax.evaluate", "fire_jax.evaluate_vlrm", "fire_jax.generate_fire100k")
+
+
+@pytest.mark.parametrize("layer, forbidden", [
+    ("models", UPPER + ("fire_jax.checkpoint", "fire_jax.sharding", "fire_jax.convert")),
+    ("convert", UPPER + ("fire_jax.checkpoint", "fire_jax.sharding")),
+    ("checkpoint.py", UPPER),
+    ("sharding.py", UPPER + ("fire_jax.checkpoint",)),
+    ("data", ("fire_jax.models", "fire_jax.train", "fire_jax.infer", "fire_jax.eval", "fire_jax.vlrmbench",
+              "fire_jax.checkpoint", "fire_jax.convert")),
+    ("infer", ("fire_jax.train", "fire_jax.eval", "fire_jax.vlrmbench", "fire_jax.pipeline")),
+    ("train", ("fire_jax.infer", "fire_jax.eval", "fire_jax.vlrmbench", "fire_jax.pipeline")),
+])
+def test_layers_import_only_downwards(layer, forbidden):
+    path = os.path.join(PACKAGE, layer)
+    paths = modules(path) if os.path.isdir(path) else [path]
+    assert paths
+    assert _violations(paths, forbidden) == []
+
+
+def test_metrics_import_no_model_code():
+    metrics = [os.path.join(PACKAGE, "eval", "metrics.py")]
+    metrics += [p for p in modules(os.path.join(PACKAGE, "vlrmbench")) if os.path.basename(p) in ("score.py", "parse.py")]
+    assert len(metrics) >= 1
+    assert _violations(metrics, ("fire_jax.models", "fire_jax.infer", "fire_jax.train", "fire_jax.checkpoint",
+                                 "fire_jax.convert")) == []
+    for path in metrics:
+        assert not {n for n in imports_of(path) if n.split(".")[0] in ("jax", "flax", "torch")}, path
+
+
+def test_config_layer_imports_only_ml_collections():
+    """fire_jax.config is read by every config file and CLI: no jax, nothing of the package."""
+    names = imports_of(os.path.join(PACKAGE, "config.py"))
+    third_party = {n.split(".")[0] for n in names} - {"__future__", "importlib", "os", "typing", "ml_collections"}
+    assert third_party == set()
+
+
+def test_config_files_import_only_the_config_layer():
+    paths = modules(os.path.join(ROOT, "configs"))
+    assert len(paths) >= 10
+    for path in paths:
+        ours = {n for n in imports_of(path) if n.split(".")[0] == "fire_jax"}
+        assert ours <= {"fire_jax.config"} | {f"fire_jax.config.{x}" for x in dir(__import__("fire_jax.config").config)}, \
+            (path, ours)
+
+
+def test_the_checker_sees_function_level_and_relative_imports(tmp_path):
+    """The test above cannot pass vacuously: an import inside a function, and a relative one, are found."""
+    package = tmp_path / "fire_jax" / "models"
+    package.mkdir(parents=True)
+    source = package / "bad.py"
+    source.write_text("def f():\n    from fire_jax.train.step import Trainer\n\nfrom ..infer import decode\n")
+    global ROOT
+    old, ROOT = ROOT, str(tmp_path)
+    try:
+        assert imports_of(str(source)) >= {"fire_jax.train.step", "fire_jax.infer", "fire_jax.infer.decode"}
+        assert len(_violations([str(source)], ("fire_jax.train", "fire_jax.infer"))) >= 2
+    finally:
+        ROOT = old

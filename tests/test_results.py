@@ -1,0 +1,78 @@
+"""fire_jax.results: the one JSONL store, settings guard and strict-JSON writer every resumable job uses."""
+
+import json
+import math
+
+import pytest
+
+from fire_jax.data.records import BadRecordError, BadRecords
+from fire_jax.results import ResultStore, check_settings, finite, write_json
+
+
+def test_store_cuts_a_partial_last_line_and_the_last_line_of_a_key_wins(tmp_path):
+    path = tmp_path / "out" / "store.jsonl"
+    with ResultStore(path, "id") as store:
+        assert len(store) == 0 and not store.cut
+        store.add({"id": "a", "v": 1})
+        store.add_many([{"id": "b", "v": 2}, {"id": "a", "v": 3}])
+    with open(path, "a") as f:
+        f.write('{"id": "c", "v"')  # killed while writing
+    assert ResultStore.read(path, "id") == {"a": {"id": "a", "v": 3}, "b": {"id": "b", "v": 2}}
+    assert path.read_text().endswith('"v"')  # reading does not touch the file
+    store = ResultStore(path, "id")
+    assert store.cut and sorted(store.records) == ["a", "b"] and store["a"]["v"] == 3 and "c" not in store
+    assert path.read_text().endswith("\n") and len(path.read_text().splitlines()) == 3
+    store.add({"id": "c", "v": 4})
+    store.close()
+    assert [json.loads(line)["id"] for line in path.read_text().splitlines()] == ["a", "b", "a", "c"]
+
+
+def test_store_unreadable_line_stops_or_is_counted(tmp_path):
+    path = tmp_path / "store.jsonl"
+    path.write_text('{"key": "x"}\nnot json\n{"other": 1}\n')
+    with pytest.raises(ValueError, match=r"store.jsonl: line 2 is not a result record"):
+        ResultStore(path)
+    store = ResultStore(path, unreadable="skip")
+    assert (sorted(store.records), store.unreadable) == (["x"], 2)
+    with pytest.raises(ValueError, match="unreadable must be"):
+        ResultStore(path, unreadable="ignore")
+    assert ResultStore.read(tmp_path / "missing.jsonl") == {}
+
+
+def test_check_settings_whole_file_and_per_key(tmp_path):
+    path = tmp_path / "settings.json"
+    check_settings(path, {"seed": 0, "shape": (1, 2)})
+    check_settings(path, {"seed": 0, "shape": [1, 2]})  # tuples are compared as JSON reads them back
+    with pytest.raises(ValueError, match=r"its outputs were generated with other settings \(seed: 0 -> 1\)"):
+        check_settings(path, {"seed": 1, "shape": [1, 2]})
+    check_settings(path, {"seed": 1}, has_outputs=False)  # nothing made yet: the new settings are recorded
+    assert json.loads(path.read_text()) == {"seed": 1}
+
+    per_task = tmp_path / "w" / "settings.json"
+    check_settings(per_task, {"render": "plain"}, key="SC")
+    check_settings(per_task, {"render": "plain"}, key="MJ")
+    with pytest.raises(ValueError, match=r"w: the outputs of SC were generated with other settings \(render: "
+                                         r"'plain' -> 'official'\)"):
+        check_settings(per_task, {"render": "official"}, key="SC")
+    check_settings(per_task, {"render": "official"}, key="SC", has_outputs=False)
+    assert json.loads(per_task.read_text()) == {"SC": {"render": "official"}, "MJ": {"render": "plain"}}
+
+
+def test_finite_json(tmp_path):
+    value = {"a": math.nan, 1: [math.inf, 2.5, (-math.inf, "x")], "b": {"c": 0.0}}
+    assert finite(value) == {"a": None, "1": [None, 2.5, [None, "x"]], "b": {"c": 0.0}}
+    written = write_json(tmp_path / "r.json", value)
+    assert json.loads((tmp_path / "r.json").read_text()) == written
+
+
+def test_bad_records_handle_is_the_one_skip_or_raise_rule():
+    bad = BadRecords()
+    error = BadRecordError("missing_field", "f.json: record 3", "question")
+    bad.handle(error, "skip")
+    bad.handle(BadRecordError("missing_field", "f.json: record 4", "question"), "skip")
+    assert bad == {"missing_field": 2} and bad.first["missing_field"] == "f.json: record 3: field 'question': missing_field"
+    with pytest.raises(BadRecordError, match="record 3"):
+        bad.handle(error, "error")
+    with pytest.raises(ValueError, match="on_bad_record must be"):
+        bad.handle(error, "ignore")
+    assert sum(bad.values()) == 2
