@@ -8,7 +8,7 @@ setup(
     description="FIRE (feedback-refinement) and VLRMBench for LLaVA-NeXT in JAX/Flax NNX",
     python_requires=">=3.10",
     packages=find_packages(include=["fire_jax", "fire_jax.*"]),
-    package_data={"fire_jax": ["assets/**/*", "eval/paper_results/*.json"]},
+    package_data={"fire_jax": ["assets/**/*", "eval/paper_results/*.json", "vlrmbench/*.json"]},
     include_package_data=True,
     install_requires=[
         "jax>=0.10",

@@ -30,11 +30,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from fire_jax.config import load_config
-
-from fire_jax.data.sources import geometry_from_model_config
 from fire_jax.data.images import load_image, tiles  # noqa: E402
 from fire_jax.data.pipeline import InputPipeline, Preprocessor, collate  # noqa: E402
 from fire_jax.data.records import load_records  # noqa: E402
+from fire_jax.data.sources import geometry_from_model_config
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "fire")
 STEP_TIMES = {"brief: ~10 s/step on 8 H100": 10.0, "FLOP estimate: ~2.5 s/step": 2.5}

@@ -25,8 +25,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from fire_jax.models import LlavaNext, LlavaNextConfig  # noqa: E402
 from fire_jax.config import loss_config, train_config
+from fire_jax.models import LlavaNext, LlavaNextConfig  # noqa: E402
 from fire_jax.sharding import make_mesh  # noqa: E402
 from fire_jax.train.step import Trainer  # noqa: E402
 

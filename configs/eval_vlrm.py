@@ -59,7 +59,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         bucket_step=1024,
     )
     synthetic = os.path.join(os.path.dirname(CONFIGS), "fire_jax", "assets", "synthetic_fire")
-    # The paper's analyses (--analyses=positional,voting,shots,length,correction; fire_jax/eval/vlrm_analyses.py).
+    # The paper's analyses (--analyses=positional,voting,shots,length,correction; fire_jax/vlrmbench/analyses.py).
     config.analyses = dict(
         shots=dict(k="0,1,2"),  # SC with k in-context examples (Table 6); 0-shot is the main run
         voting=dict(tasks="SC", k="1,3,5", temperature=0.9),  # majority of the first k of max(k) samples (Fig. 4)

@@ -25,10 +25,10 @@ import jax
 from PIL import Image, ImageDraw
 
 from fire_jax.config import load_config
+from fire_jax.config import DEFAULT_CONFIG
 from fire_jax.data.records import Turn, parse_score
 from fire_jax.infer.api import is_api_spec, load_agents
 from fire_jax.infer.decode import DecodeConfig
-from fire_jax.config import DEFAULT_CONFIG
 from fire_jax.infer.loading import check_checkpoint_arg
 
 DEMO_QUESTION = "How many red squares are in the image?"

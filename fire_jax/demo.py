@@ -47,12 +47,12 @@ from fastapi import FastAPI, Request as HttpRequest
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, StreamingResponse
 
 from fire_jax.config import load_config
+from fire_jax.config import DEFAULT_CONFIG
 from fire_jax.data.images import preprocess
 from fire_jax.data.records import BadRecordError, Turn, parse_record, parse_score
 from fire_jax.infer.api import ApiAgent, chat_messages, load_agents as load_role_agents
 from fire_jax.infer.decode import DecodeConfig
 from fire_jax.infer.engine import Engine, Request
-from fire_jax.config import DEFAULT_CONFIG
 from fire_jax.serve import BadRequest, decode_data_uri, default_models, json_body
 
 #: Decode steps between two updates of the page (the engine's chunk).

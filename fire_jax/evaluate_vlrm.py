@@ -9,8 +9,8 @@ sample's raw outputs to OUT/outputs/<task>.jsonl (a rerun resumes), then
 writes OUT/results.json and OUT/results.md (Table 3 of the VLRMBench paper,
 the paper's rows beside ours) and prints the table. --analyses then runs
 the paper's analyses (Tables 4-7, Fig. 4), each writing OUT/analyses/<name>.md
-and .json and resuming like the tasks (fire_jax/eval/vlrm_analyses.py). See
-fire_jax/eval/vlrm_runner.py for how prompts, images and the judge work.
+and .json and resuming like the tasks (fire_jax/vlrmbench/analyses.py). See
+fire_jax/vlrmbench/runner.py for how prompts, images and the judge work.
 """
 
 from absl import app, flags
@@ -30,7 +30,7 @@ def main(argv):
     del argv
     from absl import logging
 
-    from fire_jax.eval.vlrm_runner import evaluate
+    from fire_jax.vlrmbench.runner import evaluate
 
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # no INFO lines between the progress bars

@@ -34,13 +34,13 @@ from typing import Sequence
 import jax
 
 from fire_jax.config import load_config, resolve_path
+from fire_jax.config import DEFAULT_CONFIG
 from fire_jax.data.images import load_image
 from fire_jax.data.records import BadRecordError, BadRecords, Turn, parse_score
-from fire_jax.eval.bench_io import ResultStore
 from fire_jax.infer.api import is_api_spec, load_agents
 from fire_jax.infer.decode import DecodeConfig
-from fire_jax.config import DEFAULT_CONFIG
 from fire_jax.infer.loading import check_checkpoint_arg
+from fire_jax.results import ResultStore
 
 ROLES = ("student", "teacher")
 

@@ -7,7 +7,7 @@
 Inputs: (image, instruction, groundtruth, source) triplets, as plain
 ``{"id"?, "image", "question", "groundtruth", "source"?}`` objects or FIRE
 records (their conversations ignored), JSON array or JSONL
-(:func:`fire_jax.eval.bench_io.load_triplets`; bad ones counted by reason).
+(:func:`fire_jax.data.items.load_triplets`; bad ones counted by reason).
 
 For each triplet the model gets :data:`SYSTEM_PROMPT` and a user message
 with the image and :data:`USER_PROMPT` (ours: the paper shows its prompts
@@ -46,12 +46,13 @@ import os
 import re
 
 from fire_jax.config import resolve_path
+from fire_jax.data.items import Item, load_triplets
 from fire_jax.data.records import BadRecordError, BadRecords, Turn, load_records, parse_record
-from fire_jax.eval.bench_io import Item, ResultStore, load_triplets
-from fire_jax.eval.data_generation import fire_record
-from fire_jax.eval.free import Dialogue
 from fire_jax.infer.api import ApiAgent, ApiError, image_url
 from fire_jax.infer.decode import DecodeConfig
+from fire_jax.infer.dialogue import fire_record
+from fire_jax.infer.dialogue import Dialogue
+from fire_jax.results import ResultStore
 
 MAX_TURNS = 6  # the paper drops conversations with more turns
 #: Why a conversation is not kept: malformed output (not_json, bad_structure, bad_score, empty_text, or a

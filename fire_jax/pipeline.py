@@ -54,7 +54,8 @@ EXACT_TEACHER = dict(name="exact teacher", init="exact:synthetic", adapter="")
 
 def eval_stage(base, workdir: str, *, student: dict, teacher: dict, baseline_results: str = "") -> dict:
     """One FIRE-Bench evaluation; ``teacher=EXACT_TEACHER`` pairs the student with the synthetic set's rule."""
-    from fire_jax.eval.fire_bench import decode_config, evaluate, load_agent
+    from fire_jax.eval.fire_bench import evaluate, load_agent
+    from fire_jax.infer.decode import DecodeConfig
     from fire_jax.eval.judge import ExactTeacher
 
     config = ml_collections.ConfigDict(base.to_dict())
@@ -64,7 +65,7 @@ def eval_stage(base, workdir: str, *, student: dict, teacher: dict, baseline_res
     print(f"\n== {config.setting} dialogues: student {student['name']}, teacher {teacher['name']} -> {workdir}")
     agents = None
     if teacher.get("init") == EXACT_TEACHER["init"]:
-        agents = (load_agent(config, config.student).agent("student", decode_config(config)), ExactTeacher())
+        agents = (load_agent(config, config.student).agent("student", DecodeConfig.from_config(config.decode)), ExactTeacher())
     return evaluate(config, workdir, agents=agents)
 
 

@@ -55,11 +55,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from fire_jax.data.chat import Message, segments, SYSTEM
 from fire_jax.config import load_config
+from fire_jax.config import DEFAULT_CONFIG
+from fire_jax.data.chat import Message, segments, SYSTEM
 from fire_jax.data.images import load_image, preprocess
 from fire_jax.infer.engine import Engine, Request
-from fire_jax.config import DEFAULT_CONFIG
 from fire_jax.infer.loading import load
 
 #: What ``python -m fire_jax.serve`` serves without --model when the main job's tiny run exists.

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fire_jax.data.chat import Message
 from fire_jax.config import load_config
+from fire_jax.config import DEFAULT_CONFIG
+from fire_jax.data.chat import Message
 from fire_jax.data.images import preprocess
 from fire_jax.infer.decode import TRACE_COUNTS, DecodeConfig, generate
 from fire_jax.infer.engine import Engine, Request
-from fire_jax.config import DEFAULT_CONFIG
 from fire_jax.infer.loading import load
 
 NEW = 20  # the longest max_tokens

@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 
 from fire_jax.config import load_config, resolve_path
+from fire_jax.data.items import Item, load_conversations, load_triplets
 from fire_jax.data.records import BadRecords, feedback_text, load_records, parse_score
 from fire_jax.eval import fixed, free, plots, report
-from fire_jax.eval.bench_io import Item, ResultStore, load_conversations, load_triplets
-from fire_jax.eval.data_generation import generate_records
 from fire_jax.eval.fire_bench import build_agents, evaluate, load_agent, split_statistics
+from fire_jax.infer import dialogue
 from fire_jax.infer.agents import Feedback
+from fire_jax.infer.dialogue import generate_records
+from fire_jax.results import ResultStore
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 TEST_JSON = resolve_path("assets:synthetic_fire/test.json")
@@ -93,7 +95,7 @@ FREE_CASES = {
 def test_free_dialogue_stopping_rules_batched_with_drop_out():
     script = {name: scores for name, (scores, _, _) in FREE_CASES.items()}
     student, teacher, finished = ScriptedStudent(), ScriptedTeacher(script), []
-    steps = free.run_dialogues(items_of(script), student, teacher, free.FREE_DIALOGUE, batch_size=3,
+    steps = dialogue.run_dialogues(items_of(script), student, teacher, dialogue.FREE_DIALOGUE, batch_size=3,
                                on_finish=finished.append)
     got = {d.item.id: (d.scores, d.stop) for d in finished}
     assert got == {name: (scores, stop) for name, (_, scores, stop) in FREE_CASES.items()}
@@ -111,7 +113,7 @@ def test_free_dialogue_stopping_rules_batched_with_drop_out():
 def test_fire_1m_rule_stops_at_three_turns_and_ignores_decreases():
     script = {"a": [3, 3, 9], "b": [3, 2, 1, 9], "c": [2, 9], "d": [9]}
     finished = []
-    free.run_dialogues(items_of(script), ScriptedStudent(), ScriptedTeacher(script), free.FIRE_1M_GENERATION,
+    dialogue.run_dialogues(items_of(script), ScriptedStudent(), ScriptedTeacher(script), dialogue.FIRE_1M_GENERATION,
                        batch_size=2, on_finish=finished.append)
     assert {d.item.id: (d.scores, d.stop) for d in finished} == {
         "a": ([3, 3, 9], "solved"), "b": ([3, 2, 1], "max_turns"), "c": ([2, 9], "solved"), "d": ([9], "solved")}
@@ -241,8 +243,8 @@ def test_free_evaluation_with_tiny_models_accounts_for_every_item(tmp_path, tiny
         records = [json.loads(line) for line in f]
     assert len(records) == results["metrics"]["overall"]["items"] == 3
     for record in records:
-        assert record["stop"] in free.STOP_REASONS and len(record["turns"]) == len(record["scores"]) >= 1
-        assert record["stop"] == free.stop_reason(record["scores"])
+        assert record["stop"] in dialogue.STOP_REASONS and len(record["turns"]) == len(record["scores"]) >= 1
+        assert record["stop"] == dialogue.stop_reason(record["scores"])
     assert len(results["metrics"]["overall"]["accuracy_by_turn"]) == 5
     assert os.path.getsize(tmp_path / "accuracy_by_turn.png") > 1000
 

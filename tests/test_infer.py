@@ -11,9 +11,9 @@ import torch
 from jax.sharding import Mesh
 from PIL import Image
 
+from fire_jax.config import ASSETS_DIR
 from fire_jax.convert import hf as convert
 from fire_jax.data.chat import ChatTokenizer
-from fire_jax.config import ASSETS_DIR
 from fire_jax.data.images import preprocess
 from fire_jax.data.records import Turn, parse_score
 from fire_jax.infer.agents import Student, Teacher

@@ -7,7 +7,7 @@ import pytest
 
 from fire_jax.data import synthetic
 from fire_jax.eval import judge
-from fire_jax.eval.free import StopRule, stop_reason
+from fire_jax.infer.dialogue import StopRule, stop_reason
 
 ASSETS = os.path.join(os.path.dirname(__file__), "..", "fire_jax", "assets", "synthetic_fire")
 GT = "There are 3."

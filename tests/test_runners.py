@@ -10,10 +10,11 @@ import collections
 import numpy as np
 import pytest
 
+from fire_jax.data.items import Item
 from fire_jax.data.records import Conversation, Turn, feedback_text, parse_score
 from fire_jax.eval import fixed, free
-from fire_jax.eval.bench_io import Item
 from fire_jax.eval.metrics import text_metrics
+from fire_jax.infer import dialogue
 from fire_jax.infer.agents import Feedback
 
 # ---------------------------------------------------------------------------- fixed dialogues
@@ -238,13 +239,13 @@ def test_free_dialogues_stop_where_the_scores_say(free_records):
 
 
 def test_stop_reason_rules():
-    assert free.stop_reason([None]) == "no_score"
-    assert free.stop_reason([8]) == "solved" and free.stop_reason([7.5]) is None
-    assert free.stop_reason([3, 3]) == "no_increase" and free.stop_reason([3, 4]) is None
-    assert free.stop_reason([1, 2, 3, 4, 5]) == "max_turns" and free.stop_reason([1, 2, 3, 4]) is None
-    assert free.stop_reason([1, 2, 3, 4, 8]) == "solved"
-    assert free.stop_reason([3, 3], free.FIRE_1M_GENERATION) is None
-    assert free.stop_reason([3, 3, 2], free.FIRE_1M_GENERATION) == "max_turns"
+    assert dialogue.stop_reason([None]) == "no_score"
+    assert dialogue.stop_reason([8]) == "solved" and dialogue.stop_reason([7.5]) is None
+    assert dialogue.stop_reason([3, 3]) == "no_increase" and dialogue.stop_reason([3, 4]) is None
+    assert dialogue.stop_reason([1, 2, 3, 4, 5]) == "max_turns" and dialogue.stop_reason([1, 2, 3, 4]) is None
+    assert dialogue.stop_reason([1, 2, 3, 4, 8]) == "solved"
+    assert dialogue.stop_reason([3, 3], dialogue.FIRE_1M_GENERATION) is None
+    assert dialogue.stop_reason([3, 3, 2], dialogue.FIRE_1M_GENERATION) == "max_turns"
 
 
 def test_free_metrics_by_hand(free_records):

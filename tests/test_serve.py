@@ -19,12 +19,12 @@ import pytest
 import torch
 from PIL import Image
 
+from fire_jax.config import load_config, resolve_path
+from fire_jax.config import DEFAULT_CONFIG
 from fire_jax.convert.hf import load_hf_checkpoint
 from fire_jax.data.chat import ChatTokenizer, Message
-from fire_jax.config import load_config, resolve_path
 from fire_jax.data.images import preprocess
 from fire_jax.infer.decode import DecodeConfig, generate
-from fire_jax.config import DEFAULT_CONFIG
 from fire_jax.serve import default_models
 from hf_reference import tiny_hf_model
 
@@ -238,9 +238,9 @@ def test_free_dialogues_through_api_specs_equal_in_process(checkpoint, server, t
     from fire_jax.eval.fire_bench import build_agents, evaluate
     from test_fire_bench import eval_config
 
-    from fire_jax.eval.bench_io import item_of, load_conversations
-    from fire_jax.eval.data_generation import generate_records
-    from fire_jax.eval.free import StopRule
+    from fire_jax.data.items import item_of, load_conversations
+    from fire_jax.infer.dialogue import generate_records
+    from fire_jax.infer.dialogue import StopRule
 
     runs, generated = {}, {}
     for kind, init in [("in_process", checkpoint), ("api", f"api:{server[1]}/v1#tiny")]:

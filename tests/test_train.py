@@ -15,9 +15,9 @@ from flax import nnx
 from fire_jax.config import load_config
 from fire_jax.data.pipeline import InputPipeline
 from fire_jax.models import LlavaNext, LlavaNextConfig, LoRAParam, set_layer_layout
+from fire_jax.sharding import make_mesh, put_batch
 from fire_jax.train import loop
 from fire_jax.train.loss import token_weights
-from fire_jax.sharding import make_mesh, put_batch
 from fire_jax.train.step import Trainer
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")

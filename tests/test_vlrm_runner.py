@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from fire_jax.config import load_config
 from fire_jax.convert.hf import save_peft_adapter
 from fire_jax.data.chat import Message, render
-from fire_jax.config import load_config
-from fire_jax.eval import vlrm_runner as runner
-from fire_jax.eval.vlrmbench_prompts import TASKS
 from fire_jax.geometry import TEXT
 from fire_jax.infer.forward import image_inputs
+from fire_jax.vlrmbench import runner
+from fire_jax.vlrmbench.tasks import TASKS
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "eval_vlrm.py")
 SIZES = [(40, 70), (30, 90)]  # tiny geometry: 5 and 4 tiles
@@ -381,7 +381,7 @@ def test_runner_with_scripted_agents_gives_exact_figures(bench, tmp_path, monkey
 
 
 def test_analyses_on_the_tiny_model_write_tables_and_resume(bench, full_run, tmp_path, monkeypatch):
-    from fire_jax.eval import vlrm_analyses
+    from fire_jax.vlrmbench import analyses as vlrm_analyses
     from fire_jax.infer import agents
 
     workdir = tmp_path / "run"

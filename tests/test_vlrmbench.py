@@ -9,8 +9,8 @@ import pytest
 from PIL import Image
 from sklearn.metrics import f1_score
 
-from fire_jax.eval import vlrmbench as vb
-from fire_jax.eval.vlrmbench_prompts import JUDGE_PROMPTS, TASK_PROMPTS, TASKS, task_info
+from fire_jax import vlrmbench as vb
+from fire_jax.vlrmbench.tasks import JUDGE_PROMPTS, TASK_PROMPTS, TASKS, task_info
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vlrmbench"
 IC_FILE = FIXTURES / "image_ref_error.jsonl"
@@ -489,7 +489,7 @@ def test_results_table_has_paper_rows_ours_and_the_judge():
 # ---------------------------------------------------------------- label-leak audit
 
 def test_audit_on_a_planted_surface_rule(tmp_path):
-    from fire_jax.eval.vlrm_audit import audit_file
+    from fire_jax.vlrmbench.audit import audit_file
 
     # Erroneous steps, and only they, end with a space before the next marker: trailing_whitespace reads the
     # labels exactly. 3 records, 10 steps, 3 erroneous.
@@ -531,7 +531,7 @@ def test_audit_on_a_planted_surface_rule(tmp_path):
 
 
 def test_audit_best_threshold():
-    from fire_jax.eval.vlrm_audit import best_threshold, split_steps
+    from fire_jax.vlrmbench.audit import best_threshold, split_steps
 
     assert best_threshold([1, 5, 2, 7], [0, 1, 0, 1]) == (1.0, 2.0)
     assert best_threshold([1, 5, 2, 7], [1, 0, 1, 0], above=False) == (1.0, 5.0)
@@ -541,7 +541,7 @@ def test_audit_best_threshold():
 # ---------------------------------------------------------------- the paper's analyses (no model)
 
 def test_majority_voting_over_crafted_samples():
-    from fire_jax.eval import vlrm_analyses as va
+    from fire_jax.vlrmbench import analyses as va
 
     assert va.majority_labels([[0, 1, 1], [1, 1, 0], [0, 1, 0]]) == [0, 1, 0]
     assert va.majority_labels([[0, 1], [1, 1]]) == [0, 1]  # a tie is 0
@@ -561,7 +561,7 @@ def test_majority_voting_over_crafted_samples():
 
 
 def test_length_buckets_on_crafted_records():
-    from fire_jax.eval import vlrm_analyses as va
+    from fire_jax.vlrmbench import analyses as va
 
     lengths = [3, 10, 11, 15, 16, 30]
     samples = [sample(id=str(n), task_gt=(1,) + (0,) * (n - 1)) for n in lengths]
@@ -583,7 +583,7 @@ def test_length_buckets_on_crafted_records():
 
 
 def test_positional_bias_from_mj_outputs():
-    from fire_jax.eval import vlrm_analyses as va
+    from fire_jax.vlrmbench import analyses as va
 
     samples = [sample("MJ", id=i, task_gt=None) for i in "abc"]
     outputs = {"a": ("[9, 2]", "[2, 9]"), "b": ("[9, 4]", "[9, 4]"), "c": ("[8, 3]", "unsure")}
@@ -598,7 +598,7 @@ def test_positional_bias_from_mj_outputs():
 
 
 def test_shot_prompt_and_answer_matching():
-    from fire_jax.eval import vlrm_analyses as va
+    from fire_jax.vlrmbench import analyses as va
 
     pool = [sample(id=i, task_gt=(0, 1)) for i in "abc"]
     assert [e.id for e in va.shot_examples(pool[0], pool, 2)] == ["b", "c"]

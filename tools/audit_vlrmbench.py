@@ -5,7 +5,7 @@
 Reads official VLRMBench step-task files (SC, RD, CM, EH, AH, DE, SR, IC; the
 task is the file's name, or --task for one file named otherwise), prints per
 file a table of the paper's inverse-weighted F1 for the trivial baselines
-all_0 / all_1 and each surface rule (fire_jax/eval/vlrm_audit.py lists them),
+all_0 / all_1 and each surface rule (fire_jax/vlrmbench/audit.py lists them),
 and writes OUT.json as {"<file name>": {"all_0": F1, "all_1": F1, "rules":
 {"<rule>": F1, ...}}}. Bad records are skipped and counted by reason.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fire_jax.eval.vlrm_audit import audit_file, audit_json, audit_report  # noqa: E402
+from fire_jax.vlrmbench.audit import audit_file, audit_json, audit_report  # noqa: E402
 
 
 def main(argv=None) -> dict:

@@ -31,10 +31,10 @@ def main(argv):
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)
     from fire_jax.data.records import BadRecords, load_records
-    from fire_jax.eval.bench_io import load_triplets
-    from fire_jax.eval.data_generation import generate_records
+    from fire_jax.data.items import load_triplets
+    from fire_jax.infer.dialogue import generate_records
     from fire_jax.eval.fire_bench import build_agents
-    from fire_jax.eval.free import StopRule
+    from fire_jax.infer.dialogue import StopRule
 
     config = _CONFIG.value
     bad = BadRecords()

@@ -41,7 +41,7 @@ class Bug:
 
 STEP, LOSS = "fire_jax/train/step.py", "fire_jax/train/loss.py"
 CHAT, RECORDS = "fire_jax/data/chat.py", "fire_jax/data/records.py"
-FIXED, FREE, METRICS = "fire_jax/eval/fixed.py", "fire_jax/eval/free.py", "fire_jax/eval/metrics.py"
+FIXED, FREE, METRICS = "fire_jax/eval/fixed.py", "fire_jax/infer/dialogue.py", "fire_jax/eval/metrics.py"
 AGENTS = "fire_jax/infer/agents.py"
 TRAIN_TESTS = ("tests/test_train.py",)
 RUNNER_TESTS = ("tests/test_runners.py",)
@@ -77,7 +77,7 @@ BUGS = [
     Bug("judge_solved_but_wrong_ignores_stop", "fire_jax/eval/judge.py",
         'if record.get("stop") == "solved" and rs)', "if rs)", ("tests/test_judge.py",),
         "exact judge: solved-but-wrong counts every dialogue that ends wrong"),
-    Bug("vlrm_judge_pair_order_reversed", "fire_jax/eval/vlrm_runner.py", "for k in judged for order in (0, 1)",
+    Bug("vlrm_judge_pair_order_reversed", "fire_jax/vlrmbench/runner.py", "for k in judged for order in (0, 1)",
         "for k in judged for order in (1, 0)", ("tests/test_vlrm_runner.py",),
         "VLRMBench runner: ERA/EC judge pair order reversed (tests owned by the VLRMBench work)"),
     # ---- train step and loss

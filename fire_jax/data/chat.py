@@ -16,8 +16,8 @@ from typing import Sequence
 
 import numpy as np
 
-from fire_jax.geometry import ImageGeometry, unpadded_size
 from fire_jax.data.records import IMAGE_PLACEHOLDER, Conversation, Instruction, Record
+from fire_jax.geometry import ImageGeometry, unpadded_size
 
 BOS = "<|begin_of_text|>"
 EOS = "<|end_of_text|>"

@@ -12,11 +12,11 @@ import sys
 
 import numpy as np
 
-from fire_jax.data.chat import Encoded
 from fire_jax.config import load_config
-from fire_jax.data.sources import geometry_from_model_config, open_source
+from fire_jax.data.chat import Encoded
 from fire_jax.data.pipeline import Preprocessor
 from fire_jax.data.records import BadRecords
+from fire_jax.data.sources import geometry_from_model_config, open_source
 
 
 def main(argv=None):

@@ -19,9 +19,9 @@ import os
 from typing import Any, Mapping, Sequence
 
 from fire_jax.config import resolve_path
-from fire_jax.data.sources import open_source, subset_indices
 from fire_jax.data.records import (BadRecordError, BadRecords, Conversation, check_image, iter_raw,
                                    strip_image_placeholder)
+from fire_jax.data.sources import open_source, subset_indices
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,12 +37,12 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 from PIL import Image
 
-from fire_jax.geometry import ImageGeometry, place_images
-from fire_jax.data import chat as chat_lib
 from fire_jax.config import DATA_DEFAULTS, resolve_path
-from fire_jax.data.sources import open_source
+from fire_jax.data import chat as chat_lib
 from fire_jax.data.images import load_image, normalise, tiles
 from fire_jax.data.records import BadRecordError, BadRecords, Conversation, Record
+from fire_jax.data.sources import open_source
+from fire_jax.geometry import ImageGeometry, place_images
 
 # Reasons the pipeline drops an example that parsed fine: image_cut, no_labelled_token, unreadable_image, and
 # no_score (a teacher reading a built split, which keeps unscoreable conversations for the student).

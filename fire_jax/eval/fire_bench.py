@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 from typing import Any, Mapping
 
 from fire_jax.config import resolve_path
+from fire_jax.data.items import item_of, load_conversations
 from fire_jax.data.records import BadRecords
 from fire_jax.eval import fixed, free, judge, plots, report
-from fire_jax.eval.bench_io import item_of, load_conversations
+from fire_jax.infer import dialogue
+from fire_jax.infer.decode import DecodeConfig
+from fire_jax.results import check_settings, finite
 
 SETTINGS = ("fixed", "free")
 
@@ -73,14 +75,6 @@ def agent_name(agent: Mapping[str, Any]) -> str:
     return "random init"
 
 
-def decode_config(config):
-    from fire_jax.infer.decode import DecodeConfig
-
-    d = config.decode
-    return DecodeConfig(max_new_tokens=d.max_new_tokens, temperature=d.temperature, top_k=d.top_k, top_p=d.top_p,
-                        bucket_min=d.bucket_min, bucket_step=d.bucket_step)
-
-
 def build_agents(config, teacher_history: str):
     """(Student, Teacher) of ``config.student`` / ``config.teacher``; identical specs share one model."""
     specs = {role: (config[role].get("init") or "", config[role].get("adapter") or "")
@@ -91,7 +85,7 @@ def build_agents(config, teacher_history: str):
     for role in ("student", "teacher"):
         if specs[role] not in loaded and not is_api_spec(specs[role][0]):
             loaded[specs[role]] = load_agent(config, config[role])
-    decode = decode_config(config)
+    decode = DecodeConfig.from_config(config.decode)
     if is_api_spec(specs["student"][0]) or is_api_spec(specs["teacher"][0]):
         agent = lambda role, **kw: (api_agent(specs[role][0], role, decode, seed=config.seed, **kw)
                                     if is_api_spec(specs[role][0]) else loaded[specs[role]].agent(role, decode, **kw))
@@ -115,32 +109,6 @@ def run_settings(config) -> dict:
             "teacher": agent(config.teacher), "decode": decode, setting: config[setting].to_dict()}
 
 
-def check_settings(workdir: str, settings: dict) -> None:
-    """Write ``workdir/settings.json``, or stop if it holds other settings (outputs would mix)."""
-    path = os.path.join(workdir, "settings.json")
-    settings = json.loads(json.dumps(settings))  # tuples -> lists, as read back
-    if os.path.exists(path):
-        with open(path) as f:
-            previous = json.load(f)
-        changed = sorted(k for k in set(previous) | set(settings) if previous.get(k) != settings.get(k))
-        if changed:
-            raise ValueError(f"{workdir} holds outputs of other settings (changed: {changed}); "
-                             "use another --workdir or remove it")
-    with open(path, "w") as f:
-        json.dump(settings, f, indent=2)
-
-
-def _finite(value):
-    """NaN/inf -> None everywhere, so results.json is strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
 def evaluate(config, workdir: str, *, agents=None) -> dict:
     """Run ``config.setting`` ("fixed" or "free") and write results.json, results.md and plots.
 
@@ -153,7 +121,7 @@ def evaluate(config, workdir: str, *, agents=None) -> dict:
         raise ValueError(f"config.setting must be one of {SETTINGS}, got {setting!r}")
     os.makedirs(workdir, exist_ok=True)
     settings = run_settings(config)
-    check_settings(workdir, settings)
+    check_settings(os.path.join(workdir, "settings.json"), settings, where=workdir)
     bad = BadRecords()
     pairs = load_conversations(config.test, on_bad_record=config.on_bad_record, bad=bad)
     print(f"test set: {len(pairs)} conversations from {config.test.get('json') or config.test.get('tfds')}")
@@ -185,7 +153,7 @@ def evaluate(config, workdir: str, *, agents=None) -> dict:
         plots.plot_data_statistics([record for record, _ in pairs], figures["data_statistics"],
                                    title=f"test set: {len(pairs)} dialogues")
     else:
-        rule = free.StopRule(max_turns=protocol.max_turns, threshold=protocol.threshold)
+        rule = dialogue.StopRule(max_turns=protocol.max_turns, threshold=protocol.threshold)
         items = [item_of(record, image) for record, image in pairs]
         records = free.run_free(items, student, teacher, outputs, rule=rule, batch_size=config.decode.batch_size,
                                 rng=rng)
@@ -215,7 +183,7 @@ def evaluate(config, workdir: str, *, agents=None) -> dict:
                 figures["judged_accuracy_by_turn"],
                 title=f"accuracy by turn, judged two ways ({results['student']['name']})")
     results["figures"] = figures
-    results = _finite(results)
+    results = finite(results)
     with open(os.path.join(workdir, "results.json"), "w") as f:
         json.dump(results, f, indent=2)
     title = f"# FIRE-Bench, {setting} dialogues\n\n"

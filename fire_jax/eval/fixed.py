@@ -22,8 +22,8 @@ import dataclasses
 from typing import Mapping, Sequence
 
 from fire_jax.data.records import Conversation, feedback_text
-from fire_jax.eval.bench_io import ResultStore
 from fire_jax.eval.metrics import score_mae, text_metrics
+from fire_jax.results import ResultStore
 
 ROLES = ("student", "teacher")
 

@@ -68,7 +68,7 @@ def _agreement(pairs: Sequence[tuple[bool, bool]]) -> float | None:
 
 def judged_free(records: Sequence[Mapping], *, threshold: float = 8, max_turns: int = 5) -> dict:
     """Exact-judge metrics of free dialogues (records with ``groundtruth``, ``stop`` and
-    ``turns[].response`` / ``turns[].score``, as :func:`fire_jax.eval.free.dialogue_record` writes them).
+    ``turns[].response`` / ``turns[].score``, as :func:`fire_jax.infer.dialogue.dialogue_record` writes them).
 
     - ``accuracy_by_turn[t-1]``: share of items whose answer at turn t is right; a dialogue that ended
       earlier keeps its last answer (the judged counterpart of SPEC 6's accuracy curve);

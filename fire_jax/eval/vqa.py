@@ -19,9 +19,10 @@ import json
 import os
 from typing import Any
 
+from fire_jax.data.items import read_objects
 from fire_jax.data.records import BadRecordError, BadRecords
 from fire_jax.eval import metrics
-from fire_jax.eval.bench_io import ResultStore, read_objects
+from fire_jax.results import ResultStore
 
 SHORT_ANSWER = "Answer the question using a single word or phrase."
 LETTER_ANSWER = "Answer with the option's letter from the given choices directly."
@@ -123,9 +124,10 @@ def run_vqa(path: str, workdir: str, student, *, name: str = "student", image_ro
 
 def evaluate_vqa(config, path: str, workdir: str, *, image_root: str = "", benchmark: str = "") -> dict[str, Any]:
     """:func:`run_vqa` with ``config.student`` loaded as an eval config does (configs/eval_fixed.py)."""
-    from fire_jax.eval.fire_bench import agent_name, decode_config, load_agent
+    from fire_jax.eval.fire_bench import agent_name, load_agent
+    from fire_jax.infer.decode import DecodeConfig
 
-    student = load_agent(config, config.student).agent("student", decode_config(config))
+    student = load_agent(config, config.student).agent("student", DecodeConfig.from_config(config.decode))
     return run_vqa(path, workdir, student, name=agent_name(config.student), image_root=image_root,
                    benchmark=benchmark, batch_size=config.decode.get("batch_size", 16))
 

@@ -25,12 +25,11 @@ import glob
 import json
 import os
 
-from flax import nnx
 
 from fire_jax.checkpoint import build_model, restore_params
+from fire_jax.config import resolve_path
 from fire_jax.convert.hf import load_peft_adapter, peft_lora_config
 from fire_jax.data.chat import ChatTokenizer
-from fire_jax.config import resolve_path
 from fire_jax.infer.agents import Student, Teacher
 from fire_jax.infer.decode import DecodeConfig
 

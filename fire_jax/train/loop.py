@@ -16,7 +16,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from flax import nnx
 
 from fire_jax.checkpoint import Checkpointer, build_model
 from fire_jax.models import LlavaNext

@@ -21,8 +21,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fire_jax.checkpoint import trainable_filter
 from fire_jax.models import LlavaNext
-from fire_jax.train import loss as losses
 from fire_jax.sharding import DEFAULT_RULES, activation_sharding, batch_sharding, state_shardings
+from fire_jax.train import loss as losses
 
 BATCH_KEYS = ("input_ids", "attention_mask", "loss_mask", "turn_ids", "pixel_values", "image_index")
 

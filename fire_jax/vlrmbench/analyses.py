@@ -23,12 +23,12 @@ rerun; the settings it depends on are kept in
 - ``correction`` (Table 7): on (image, question, groundtruth) items, a student
   answers, the evaluated model (the reward model) writes an error analysis
   of a wrong answer with the ERA prompt, and the student answers again; run
-  on :func:`fire_jax.eval.free.run_dialogues` with a two-turn stop rule.
+  on :func:`fire_jax.infer.dialogue.run_dialogues` with a two-turn stop rule.
   Correction rate = first answers wrong then right / first answers wrong,
   judged against the groundtruth by :func:`answer_correct`.
 
 Failed or unreadable outputs follow the failure accounting of
-:func:`fire_jax.eval.vlrmbench.score_task`; every table shows both figures.
+:func:`fire_jax.vlrmbench.score_task`; every table shows both figures.
 """
 
 from __future__ import annotations
@@ -41,8 +41,11 @@ import zlib
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from fire_jax.eval.vlrmbench import (ACCOUNTINGS, Sample, TaskData, TASK_PROMPTS, load_paper_results,
-                                     parse_foresight, parse_scores_ex, parse_step_labels_ex, score_both, task_info)
+from fire_jax.results import ResultStore, check_settings
+from fire_jax.vlrmbench.data import Sample, TaskData
+from fire_jax.vlrmbench.parse import parse_foresight, parse_scores_ex, parse_step_labels_ex
+from fire_jax.vlrmbench.score import ACCOUNTINGS, load_paper_results, score_both
+from fire_jax.vlrmbench.tasks import TASK_PROMPTS, task_info
 
 ANALYSES = ("positional", "voting", "shots", "length", "correction")
 LENGTH_BUCKETS = (("<=10 steps", 0, 10), ("10-15", 11, 15), ("> 15", 16, 10 ** 9))  # Table 5's columns
@@ -99,7 +102,7 @@ def _write(workdir: Path, name: str, title: str, table: str, results: dict) -> d
 
 
 def _outputs(workdir: Path, data: TaskData) -> dict:
-    from fire_jax.eval.vlrm_runner import read_records, task_outputs
+    from fire_jax.vlrmbench.runner import read_records, task_outputs
 
     return task_outputs(data.samples, read_records(workdir / "outputs" / f"{data.task}.jsonl")[0])
 
@@ -188,16 +191,8 @@ def length_table(results: Mapping, model: str, paper: Mapping) -> str:
 
 def _check_settings(folder: Path, settings: dict) -> None:
     """Stop when ``folder`` holds outputs made with other settings; record these."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "settings.json"
-    before = json.loads(path.read_text()) if path.exists() else None
-    has_outputs = any(p.stat().st_size for p in folder.glob("*.jsonl"))
-    if before is not None and has_outputs and before != settings:
-        changed = sorted(k for k in set(before) | set(settings) if before.get(k) != settings.get(k))
-        raise ValueError(f"{folder}: its outputs were generated with other settings ("
-                         + "; ".join(f"{k}: {before.get(k)!r} -> {settings.get(k)!r}" for k in changed)
-                         + "); use another --workdir")
-    path.write_text(json.dumps(settings, indent=2))
+    check_settings(folder / "settings.json", settings, where=str(folder),
+                   has_outputs=any(p.stat().st_size for p in folder.glob("*.jsonl")))
 
 
 def shot_prompt(sample: Sample, examples: Sequence[Sample]) -> str:
@@ -218,7 +213,7 @@ def shot_examples(sample: Sample, pool: Sequence[Sample], shots: int) -> list[Sa
 
 def shots(config, data: TaskData, generator, workdir: Path) -> dict:
     """Table 6: SC F1 with 0 (the main run), 1 and 2 in-context examples."""
-    from fire_jax.eval.vlrm_runner import read_records, run_task, task_outputs, task_settings
+    from fire_jax.vlrmbench.runner import read_records, run_task, task_outputs, task_settings
 
     folder = workdir / "analyses" / "shots"
     counts = [int(k) for k in config.analyses.shots.k.split(",")]
@@ -301,8 +296,8 @@ def vote(task: str, sample: Sample, texts: Sequence[Sequence[str | None]], parse
 
 def voting(config, datasets: Mapping[str, TaskData], generator, workdir: Path) -> dict:
     """Fig. 4: each task's score by majority vote over the first k of K sampled outputs, k in vote_k."""
-    from fire_jax.eval.vlrm_runner import Request, read_records, repair_jsonl, task_settings
-    from fire_jax.eval.vlrmbench import build_prompt, num_orders
+    from fire_jax.vlrmbench.runner import Request, task_settings
+    from fire_jax.vlrmbench.tasks import build_prompt, num_orders
     import jax
 
     settings = config.analyses.voting
@@ -315,21 +310,17 @@ def voting(config, datasets: Mapping[str, TaskData], generator, workdir: Path) -
     for task in tasks:
         data, orders = datasets[task], num_orders(task)
         sampler = generator.variant(batch_size=max(ks) * orders, temperature=settings.temperature)
-        path = folder / f"{task}.jsonl"
-        repair_jsonl(path)
-        done, _ = read_records(path)
-        with open(path, "a", encoding="utf-8") as f:
+        with ResultStore(folder / f"{task}.jsonl", "id", unreadable="skip") as store:
             for sample in data:
-                if sample.id in done:
+                if sample.id in store:
                     continue
                 seed = sample_seed(config.seed, task, sample.id)
                 requests = [Request(build_prompt(sample, task, config.vlrm.render, order), sample.images)
                             for _ in range(max(ks)) for order in range(orders)]
                 outs = sampler(requests, rng=jax.random.key(seed))
-                f.write(json.dumps({"id": sample.id, "seed": seed, "outputs": [t for t, _ in outs],
-                                    "failures": [e for _, e in outs]}, ensure_ascii=False) + "\n")
-                f.flush()
-        records, _ = read_records(path)
+                store.add({"id": sample.id, "seed": seed, "outputs": [t for t, _ in outs],
+                           "failures": [e for _, e in outs]})
+            records = store.records
         results[task_info(task).short] = {}
         for k in ks:
             voted = {}
@@ -396,7 +387,7 @@ class Verdict:
 
 
 class RewardModelTeacher:
-    """The ``teacher`` of :func:`fire_jax.eval.free.run_dialogues` for the correction rate.
+    """The ``teacher`` of :func:`fire_jax.infer.dialogue.run_dialogues` for the correction rate.
 
     ``feedback`` judges each answer against the groundtruth; for a wrong one
     before the last turn, the reward model writes an error analysis with the
@@ -408,7 +399,7 @@ class RewardModelTeacher:
         self.reward_model, self.max_turns = reward_model, max_turns
 
     def feedback(self, images, questions, groundtruths, answers, histories, rng=None) -> list[Verdict]:
-        from fire_jax.eval.vlrm_runner import Request
+        from fire_jax.vlrmbench.runner import Request
 
         right = [answer_correct(a, gt) for a, gt in zip(answers, groundtruths)]
         ask = [i for i, (ok, h) in enumerate(zip(right, histories)) if not ok and len(h) + 1 < self.max_turns]
@@ -429,8 +420,8 @@ def correction_rate(records: Sequence[Mapping]) -> dict:
 def correction(config, generator, workdir: Path) -> dict:
     """Table 7: the student's correction rate with the evaluated model's ERA analyses, per source and overall."""
     from fire_jax.config import load_config
-    from fire_jax.eval.bench_io import ResultStore, load_triplets
-    from fire_jax.eval.free import StopRule, run_dialogues
+    from fire_jax.data.items import load_triplets
+    from fire_jax.infer.dialogue import StopRule, run_dialogues
     from fire_jax.infer.agents import Student
     from fire_jax.infer.decode import DecodeConfig
     from fire_jax.infer.loading import load

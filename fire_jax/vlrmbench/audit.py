@@ -35,8 +35,11 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from fire_jax.eval.vlrmbench import _STEP_MARK, _STEP_PREFIX, Sample, TaskData, load_task, weighted_f1
-from fire_jax.eval.vlrmbench_prompts import task_info
+from fire_jax.vlrmbench.data import Sample, TaskData, load_task
+
+
+from fire_jax.vlrmbench.score import weighted_f1
+from fire_jax.vlrmbench.tasks import STEP_MARK, STEP_PREFIX, task_info
 
 FIXED_RULES = ("trailing_whitespace", "no_trailing_whitespace", "ends_with_period", "no_final_period",
                "first_step", "last_step", "differs_from_step_list", "not_prefix_of_step_list")
@@ -49,7 +52,7 @@ def split_steps(reasoning: str, num_steps: int) -> list[str]:
 
     A record whose markers count otherwise is cut or padded with "" (a missing step).
     """
-    marks = list(_STEP_MARK.finditer(reasoning))
+    marks = list(STEP_MARK.finditer(reasoning))
     texts = [reasoning[m.end():(marks[i + 1].start() if i + 1 < len(marks) else len(reasoning))]
              for i, m in enumerate(marks)]
     return (texts + [""] * num_steps)[:num_steps]
@@ -59,7 +62,7 @@ def _step_features(sample: Sample) -> dict[str, list]:
     """Per step of one sample: each fixed rule's prediction and the values the best rules threshold."""
     n = len(sample.task_gt)
     steps = split_steps(sample.reasoning_error, n)
-    correct = [_STEP_PREFIX.sub("", s, count=1).strip() for s in (sample.step_list or ())]
+    correct = [STEP_PREFIX.sub("", s, count=1).strip() for s in (sample.step_list or ())]
     correct = (correct + [None] * n)[:n]
     stripped = [s.strip() for s in steps]
     return {

@@ -1,7 +1,7 @@
 """VLRMBench with a fire_jax model: generate, judge, resume, score (SPEC section 7).
 
 The model-dependent half of the benchmark; prompts, parsers and metrics are
-:mod:`fire_jax.eval.vlrmbench`. ``python -m fire_jax.evaluate_vlrm`` calls
+:mod:`fire_jax.vlrmbench`. ``python -m fire_jax.evaluate_vlrm`` calls
 :func:`evaluate`.
 
 **Several images per sample.** A VLRMBench record holds a list of images. The
@@ -34,7 +34,7 @@ failed is not judged; its judge outputs count as failures.
 **Failures.** A generation that raises, or yields empty text, is recorded
 with its reason (``exception``, ``empty``, ``input`` for an unreadable image,
 ``no_candidate``). Scoring then follows ``config.vlrm.accounting``
-(:func:`fire_jax.eval.vlrmbench.score_task`): "ours" counts a failed or
+(:func:`fire_jax.vlrmbench.score_task`): "ours" counts a failed or
 unreadable sample wrong, "official" leaves it out as the release does. Both
 figures are in results.json (``by_accounting``) and in the table, with the
 failed samples by reason (generation_failed, judge_failed, unparsable).
@@ -61,16 +61,17 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from fire_jax.data.chat import SYSTEM, ChatTokenizer, Message, segments
 from fire_jax.config import load_config
+from fire_jax.data.chat import SYSTEM, ChatTokenizer, Message, segments
 from fire_jax.data.images import load_image, preprocess
 from fire_jax.data.records import IMAGE_PLACEHOLDER
-from fire_jax.eval.vlrmbench import (ACCOUNTINGS, TASKS, Sample, TaskData, TaskResult, build_judge_prompt,
-                                     build_prompt, load_task, num_orders, results_table, score_both, task_info,
-                                     theme_average)
 from fire_jax.infer.api import ApiAgent, ApiError, image_url, is_api_spec, parse_spec
 from fire_jax.infer.decode import DecodeConfig, generate
 from fire_jax.infer.loading import load
+from fire_jax.results import ResultStore, check_settings
+from fire_jax.vlrmbench.data import Sample, TaskData, load_task
+from fire_jax.vlrmbench.score import ACCOUNTINGS, TaskResult, results_table, score_both, theme_average
+from fire_jax.vlrmbench.tasks import TASKS, build_judge_prompt, build_prompt, num_orders, task_info
 
 # ----------------------------------------------------------------------------
 # Prompts with several images
@@ -329,32 +330,12 @@ def _warn(message: str) -> None:
 # ----------------------------------------------------------------------------
 
 
-def repair_jsonl(path: Path) -> bool:
-    """Cut a partial last line (a kill while writing); True if something was cut."""
-    if not path.exists():
-        return False
-    data = path.read_bytes()
-    if not data or data.endswith(b"\n"):
-        return False
-    path.write_bytes(data[:data.rfind(b"\n") + 1])
-    return True
-
-
 def read_records(path: Path) -> tuple[dict[str, dict], int]:
     """{sample id: its last record} of an outputs JSONL, and how many lines could not be read."""
-    records, unreadable = {}, 0
-    if not path.exists():
-        return records, unreadable
-    with open(path, encoding="utf-8") as f:
-        for text in f:
-            if not text.strip():
-                continue
-            try:
-                record = json.loads(text)
-                records[str(record["id"])] = record
-            except (json.JSONDecodeError, KeyError, TypeError):
-                unreadable += 1
-    return records, unreadable
+    if not Path(path).exists():
+        return {}, 0
+    store = ResultStore(path, "id", unreadable="skip", repair=False)
+    return store.records, store.unreadable
 
 
 def record_failures(record: dict) -> list[str]:
@@ -378,20 +359,16 @@ def run_task(data: TaskData, generator: Generator | ApiGenerator, judge: Generat
     from tqdm.auto import tqdm
 
     info = task_info(data.task)
-    if repair_jsonl(path):
-        _warn(f"{path}: cut a partial last line (an interrupted write); that sample is generated again")
-    done, _ = read_records(path)
-    if retry_failed:
-        done = {i: r for i, r in done.items() if not record_failures(r)}
-    pending = [s for s in data if s.id not in done]
-    batch = generator.batch_size
-    with open(path, "a", encoding="utf-8") as f, \
-            tqdm(total=len(data), initial=len(data) - len(pending), desc=f"{info.short:>3}", dynamic_ncols=True) as bar:
-        for start in range(0, len(pending), batch):
-            group = pending[start:start + batch]
-            for record in _generate_group(group, data.task, generator, judge, render, prompt):
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
-            f.flush()
+    with ResultStore(path, "id", unreadable="skip") as store, \
+            tqdm(total=len(data), desc=f"{info.short:>3}", dynamic_ncols=True) as bar:
+        if store.cut:
+            _warn(f"{path}: cut a partial last line (an interrupted write); that sample is generated again")
+        done = {i: r for i, r in store.records.items() if not (retry_failed and record_failures(r))}
+        pending = [s for s in data if s.id not in done]
+        bar.update(len(data) - len(pending))
+        for start in range(0, len(pending), generator.batch_size):
+            group = pending[start:start + generator.batch_size]
+            store.add_many(_generate_group(group, data.task, generator, judge, render, prompt))
             bar.update(len(group))
     return len(pending)
 
@@ -506,18 +483,9 @@ def task_settings(config, task: str) -> dict:
 
 def _check_settings(workdir: Path, config, tasks: Sequence[str]) -> None:
     """Refuse to add outputs made with other settings to a task's JSONL; record this run's settings."""
-    path = workdir / "settings.json"
-    recorded = json.loads(path.read_text()) if path.exists() else {}
     for task in tasks:
-        now, before = task_settings(config, task), recorded.get(task)
-        has_outputs = read_records(workdir / "outputs" / f"{task}.jsonl")[0]
-        changed = [k for k in now if before is not None and has_outputs and before.get(k) != now[k]]
-        if changed:
-            raise ValueError(f"{workdir}: the outputs of {task} were generated with other settings ("
-                             + "; ".join(f"{k}: {before.get(k)!r} -> {now[k]!r}" for k in changed)
-                             + "); use another --workdir")
-        recorded[task] = now
-    path.write_text(json.dumps(recorded, indent=2))
+        check_settings(workdir / "settings.json", task_settings(config, task), key=task, where=str(workdir),
+                       has_outputs=bool(read_records(workdir / "outputs" / f"{task}.jsonl")[0]))
 
 
 def evaluate(config, data_dir: str, workdir: str, *, image_root: str | None = None,
@@ -532,14 +500,14 @@ def evaluate(config, data_dir: str, workdir: str, *, image_root: str | None = No
       tasks: overrides ``config.vlrm.tasks``.
       retry_failed: generate again the samples whose records hold a failure.
       analyses: the paper's analyses to run after the tasks ("positional,voting,...";
-        :mod:`fire_jax.eval.vlrm_analyses`); the tasks they read are added to the run.
+        :mod:`fire_jax.vlrmbench.analyses`); the tasks they read are added to the run.
 
     Returns the results.json dict, with the Markdown table under ``"table"`` and
     each analysis's results under ``"analyses"``.
     """
     from tqdm.auto import tqdm
 
-    from fire_jax.eval import vlrm_analyses
+    from fire_jax.vlrmbench import analyses as vlrm_analyses
 
     names = vlrm_analyses.select(analyses)
     files = select_tasks(list(dict.fromkeys(select_tasks(config.vlrm.tasks if tasks is None else tasks)
@@ -604,7 +572,7 @@ def score(datasets: dict[str, TaskData], workdir: Path, *, model: str, judge: st
     one in ``scores`` and the W-Avgs, ``by_accounting`` holds both, and the
     table has a row for each.
     """
-    from fire_jax.eval.vlrm_audit import audit_table
+    from fire_jax.vlrmbench.audit import audit_table
 
     if accounting not in ACCOUNTINGS:
         raise ValueError(f"accounting must be one of {list(ACCOUNTINGS)}, got {accounting!r}")

@@ -1,0 +1,331 @@
+"""Scoring VLRMBench outputs, and the table shaped like Table 3 of the VLRMBench paper beside its rows (SPEC 7).
+
+Outputs are keyed by sample id; a missing id is a failed generation. ``accounting="ours"`` counts a failed
+sample (its generation or judge call failed, or its output could not be read) wrong; ``"official"`` leaves
+it out of the score, as the release's scripts do. Plain Python and numpy.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from fire_jax.vlrmbench.data import Sample
+from fire_jax.vlrmbench.parse import PARSERS, parse_foresight, parse_scores_ex, parse_step_labels_ex
+from fire_jax.vlrmbench.tasks import TASKS, check_choice, task_info
+
+
+# What a failed sample (its generation or judge call failed, or its output could not be read) counts as:
+# "ours" counts it wrong (every step label flipped, MJ/FF wrong, ERA/EC a loss); "official" leaves it
+# out of the score, as the release's scripts do.
+ACCOUNTINGS = ("ours", "official")
+FAILURE_REASONS = ("generation_failed", "judge_failed", "unparsable")
+PAPER_RESULTS = Path(__file__).parent / "paper_results.json"
+# Rows of the paper's Table 3 printed beside ours by default: the open models
+# nearest to LLaVA-NeXT-8B in size and lineage, plus the large references.
+PAPER_MODELS = ("Llava-OneVision-7B", "Llama3.2-11B", "Qwen2.5VL-7B", "Qwen2.5VL-72B", "GPT-4o")
+PAPER_JUDGE = "Qwen2.5-VL-72B"  # the release's judge for ERA/EC; references by GPT-4o
+
+
+# ----------------------------------------------------------------------------
+# Metrics
+# ----------------------------------------------------------------------------
+
+
+def _binary(values: Sequence[int], name: str) -> np.ndarray:
+    array = np.asarray(values)
+    if array.ndim != 1 or not np.isin(array, (0, 1)).all():
+        raise ValueError(f"{name} must be a flat sequence of 0/1")
+    return array.astype(bool)
+
+
+def f1_per_class(labels: Sequence[int], predictions: Sequence[int]) -> tuple[float, float]:
+    """(F1 of the positive class, F1 of the negative class); positives = erroneous steps (1).
+
+    A class with no true and no predicted members has F1 0, as scikit-learn's
+    f1_score (zero_division=0) that the release called.
+    """
+    y, p = _binary(labels, "labels"), _binary(predictions, "predictions")
+    if y.shape != p.shape or not y.size:
+        raise ValueError(f"need equally many labels and predictions, at least one; got {y.size} and {p.size}")
+
+    def f1(y_c: np.ndarray, p_c: np.ndarray) -> float:
+        true_pos = int(np.sum(y_c & p_c))
+        denominator = 2 * true_pos + int(np.sum(~y_c & p_c)) + int(np.sum(y_c & ~p_c))
+        return 2 * true_pos / denominator if denominator else 0.0
+
+    return f1(y, p), f1(~y, ~p)
+
+
+def weighted_f1(labels: Sequence[int], predictions: Sequence[int]) -> float:
+    """VLRMBench's weighted F1 = (N_neg/N) F1_pos + (N_pos/N) F1_neg.
+
+    Each class is weighted by the *other* class's share (the inverse of
+    scikit-learn's "weighted"), so the rare erroneous steps count most.
+    Degenerate case, explicit: when every label is 0 (or every label is 1)
+    the whole weight lands on the absent class, whose F1 is 0, so the score
+    is 0.0 whatever the predictions -- as the release computes it.
+    """
+    y = _binary(labels, "labels")
+    f1_pos, f1_neg = f1_per_class(labels, predictions)
+    n_pos = int(y.sum())
+    n_neg = y.size - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return 0.0
+    return (n_neg * f1_pos + n_pos * f1_neg) / y.size
+
+
+def weighted_average(values: Mapping[str, float], counts: Mapping[str, int]) -> float:
+    """Mean of `values` (keyed by task) weighted by `counts` (samples per task), as the paper's W-Avg."""
+    total = sum(counts[task] for task in values)
+    return sum(values[task] * counts[task] for task in values) / total
+
+
+# ----------------------------------------------------------------------------
+# Scoring: outputs are keyed by sample id; a missing id is a failed generation.
+# ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskResult:
+    """One task's scores (fractions in [0, 1]) and how many outputs could not be read.
+
+    scores: step tasks "f1" (weighted), "f1_pos", "f1_neg"; MJ and FF
+    "accuracy"; ERA and EC "win", "tie", "lose" (the candidate vs the
+    reference). None when `accounting="official"` left no sample to score.
+    """
+
+    task: str  # file name
+    num_samples: int
+    num_outputs: int  # 2 per sample for MJ, ERA, EC; else 1
+    failures: int  # outputs missing or not read by the parser
+    scores: dict[str, float | None]
+    parser: str
+    accounting: str = "ours"
+    num_scored: int = -1  # samples in the score: all under "ours", the others left out under "official"
+    # Failed samples by reason (FAILURE_REASONS): counted wrong ("ours") or left out ("official").
+    failed_samples: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _pair(outputs: Mapping[str, Sequence[str | None]], sample_id: str) -> tuple[str | None, str | None]:
+    first, second = outputs.get(sample_id, (None, None))
+    return first, second
+
+
+def _failure(texts: Sequence[str | None], read: Sequence[bool], missing: str) -> str | None:
+    """Why a sample failed: `missing` when an output is None, "unparsable" when one was not read."""
+    if any(text is None for text in texts):
+        return missing
+    return None if all(read) else "unparsable"
+
+
+def score_task(task: str, samples: Sequence[Sample], outputs: Mapping[str, Any], parser: str = "robust",
+               accounting: str = "ours") -> TaskResult:
+    """Scores one task from the outputs keyed by sample id.
+
+    outputs[id]: step tasks and FF, the model's text; MJ, (order 0 text,
+    order 1 text) as in build_prompt; ERA/EC, the *judge's* (order 0 text,
+    order 1 text) as in build_judge_prompt. A missing id or None text is a
+    failed generation ("generation_failed"; ERA/EC "judge_failed": the judge
+    call failed or had no candidate to judge); an output the parser cannot
+    fully read is "unparsable" (an MJ/ERA/EC sample fails when either of its
+    two outputs does). `accounting` says what a failed sample counts as:
+    "ours" counts it wrong -- every step label the opposite of the truth, MJ
+    and FF wrong, ERA/EC a loss; "official" leaves it out, as the release.
+    The other samples are scored alike under both.
+
+    Step tasks: weighted F1 over all steps of the task pooled. MJ: correct
+    when the good solution's two scores (response 1 of order 0 + response 2
+    of order 1) sum higher than the bad one's; ties are wrong. FF: correct
+    when the label is among the answers read. ERA/EC: win when the
+    candidate's summed score is higher than the reference's, tie when equal.
+    """
+    info = task_info(task)
+    check_choice(parser, PARSERS, "parser")
+    check_choice(accounting, ACCOUNTINGS, "accounting")
+    if not samples:
+        raise ValueError(f"no samples to score for {info.short}")
+    failures = 0
+    failed: collections.Counter = collections.Counter()
+    scored = 0
+    if info.theme == "step":
+        labels, predictions = [], []
+        for sample in samples:
+            text = outputs.get(sample.id)
+            predicted, ok = parse_step_labels_ex(text, len(sample.task_gt), parser)
+            failures += not ok
+            reason = _failure([text], [ok], "generation_failed")
+            if reason:
+                failed[reason] += 1
+                if accounting == "official":
+                    continue
+                predicted = [1 - label for label in sample.task_gt]
+            scored += 1
+            labels.extend(sample.task_gt)
+            predictions.extend(predicted)
+        if labels:
+            f1_pos, f1_neg = f1_per_class(labels, predictions)
+            scores = {"f1": weighted_f1(labels, predictions), "f1_pos": f1_pos, "f1_neg": f1_neg}
+        else:
+            scores = {"f1": None, "f1_pos": None, "f1_neg": None}
+        num_outputs = len(samples)
+    elif info.file == "foresight":
+        correct = 0
+        for sample in samples:
+            text = outputs.get(sample.id)
+            answers = parse_foresight(text, parser)
+            failures += not answers
+            reason = _failure([text], [bool(answers)], "generation_failed")
+            if reason:
+                failed[reason] += 1
+                if accounting == "official":
+                    continue
+            scored += 1
+            correct += sample.task_gt in answers
+        scores = {"accuracy": correct / scored if scored else None}
+        num_outputs = len(samples)
+    else:  # two orders: MJ (good solution first) and the ERA/EC judge (reference first)
+        counts = collections.Counter()
+        for sample in samples:
+            texts = _pair(outputs, sample.id)
+            (first, first_ok), (second, second_ok) = (parse_scores_ex(text, parser) for text in texts)
+            failures += (not first_ok) + (not second_ok)
+            reason = _failure(texts, [first_ok, second_ok],
+                              "generation_failed" if info.file == "multi_solution" else "judge_failed")
+            if reason:
+                failed[reason] += 1
+                if accounting == "official":
+                    continue
+            scored += 1
+            first_response = first[0] + second[1]  # good solution (MJ) / reference (ERA, EC)
+            second_response = first[1] + second[0]  # bad solution (MJ) / candidate (ERA, EC)
+            counts["failed" if reason else "second" if second_response > first_response else
+                   "first" if first_response > second_response else "tie"] += 1
+
+        def share(count: int) -> float | None:
+            return count / scored if scored else None
+
+        if info.file == "multi_solution":  # a failed sample is not correct
+            scores = {"accuracy": share(counts["first"])}
+        else:  # a failed sample is a loss
+            scores = {"win": share(counts["second"]), "tie": share(counts["tie"]),
+                      "lose": share(counts["first"] + counts["failed"])}
+        num_outputs = 2 * len(samples)
+    return TaskResult(task=info.file, num_samples=len(samples), num_outputs=num_outputs, failures=failures,
+                      scores=scores, parser=parser, accounting=accounting, num_scored=scored,
+                      failed_samples=dict(sorted(failed.items())))
+
+
+def score_both(task: str, samples: Sequence[Sample], outputs: Mapping[str, Any],
+               parser: str = "robust") -> dict[str, TaskResult]:
+    """score_task under every accounting: {"ours": ..., "official": ...}."""
+    return {accounting: score_task(task, samples, outputs, parser, accounting) for accounting in ACCOUNTINGS}
+
+
+def theme_average(results: Mapping[str, TaskResult], theme: str) -> float | None:
+    """W-Avg of the step tasks' F1 or the outcome tasks' accuracy, weighted by our sample counts.
+
+    None unless every task of the theme was scored: an average over some of
+    the tasks is not the paper's column. Under the official accounting a task
+    weighs by the samples left in its score.
+    """
+    if theme not in ("step", "outcome"):
+        raise ValueError(f"W-Avg is defined for the step and outcome themes, got {theme!r}")
+    tasks = [t for t in TASKS if t.theme == theme]
+    by_file = {task_info(name).file: result for name, result in results.items()}
+    if any(t.file not in by_file for t in tasks):
+        return None
+    key = "f1" if theme == "step" else "accuracy"
+    values = {t.file: by_file[t.file].scores[key] for t in tasks}
+    weights = {t.file: by_file[t.file].num_samples if by_file[t.file].num_scored < 0 else by_file[t.file].num_scored
+               for t in tasks}
+    if any(v is None for v in values.values()) or not sum(weights.values()):
+        return None
+    return weighted_average(values, weights)
+
+
+# ----------------------------------------------------------------------------
+# Table 3
+# ----------------------------------------------------------------------------
+
+
+def load_paper_results(path: str | Path = PAPER_RESULTS) -> dict:
+    """The VLRMBench paper's published numbers (the repo's copy)."""
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _percent(value: float | None) -> float | None:
+    return None if value is None else 100 * value
+
+
+def _row_cells(results: Mapping[str, TaskResult]) -> dict[str, float | None]:
+    """Our results as Table 3's columns, in percent; None where a task was not scored."""
+    by_short = {task_info(name).short: result for name, result in results.items()}
+    cells: dict[str, float | None] = {}
+    for t in TASKS:
+        result = by_short.get(t.short)
+        if t.theme == "criticism":
+            for key, column in (("win", "W"), ("tie", "T"), ("lose", "L")):
+                cells[f"{t.short} {column}"] = _percent(None if result is None else result.scores[key])
+        else:
+            key = "f1" if t.theme == "step" else "accuracy"
+            cells[t.short] = _percent(None if result is None else result.scores[key])
+    for theme, column in (("step", "Step W-Avg"), ("outcome", "Outcome W-Avg")):
+        average = theme_average(results, theme)
+        cells[column] = None if average is None else 100 * average
+    return cells
+
+
+def results_table(rows: Mapping[str, Mapping[str, TaskResult]], *, judge: str, render: str,
+                  paper_models: Sequence[str] = PAPER_MODELS, paper: dict | None = None) -> str:
+    """Markdown table shaped like the paper's Table 3: the paper's rows, then ours.
+
+    rows: our model name -> {task (short or file name) -> TaskResult}. The
+    judge of ERA/EC is named; a second table gives each task's parse failures.
+    """
+    paper = load_paper_results() if paper is None else paper
+    columns = paper["columns"]
+    parsers = sorted({r.parser for results in rows.values() for r in results.values()})
+    accountings = [a for a in ACCOUNTINGS if any(r.accounting == a for results in rows.values()
+                                                 for r in results.values())]
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(cells) + " |"
+
+    def number(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    out = [
+        "VLRMBench (paper Table 3 layout): step tasks weighted F1, outcome tasks accuracy, "
+        "criticism win/tie/lose against the GPT-4o reference answers; all in %.",
+        f"ERA/EC judge: {judge} (paper rows: {PAPER_JUDGE}). "
+        f"Our rows: parser={'/'.join(parsers) or '-'}, render={render}, "
+        f"accounting={'/'.join(accountings) or '-'} (ours: failed samples count wrong; "
+        "official: they are left out).",
+        "",
+        line(["Model"] + columns),
+        line(["---"] + ["---:"] * len(columns)),
+    ]
+    for model in paper_models:
+        out.append(line([f"{model} (paper)"] + [number(v) for v in paper["rows"][model]]))
+    for model, results in rows.items():
+        cells = _row_cells(results)
+        out.append(line([model] + [number(cells[c]) for c in columns]))
+    out += ["", "Outputs the parser could not read (failures / outputs; ERA/EC: the judge's outputs):", ""]
+    out.append(line(["Model"] + [t.short for t in TASKS]))
+    out.append(line(["---"] + ["---:"] * len(TASKS)))
+    for model, results in rows.items():
+        by_short = {task_info(name).short: r for name, r in results.items()}
+        out.append(line([model] + [f"{by_short[t.short].failures}/{by_short[t.short].num_outputs}"
+                                   if t.short in by_short else "-" for t in TASKS]))
+    return "\n".join(out) + "\n"
+
