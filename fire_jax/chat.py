@@ -91,7 +91,7 @@ def main(argv=None, input_fn=input, print_fn=print) -> list[Turn]:
         print_fn("no question" if not question else "no groundtruth for the teacher")
         return []
 
-    decode = DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p)
+    decode = DecodeConfig.from_config(args)
     specs = {"student": args.student, **({"teacher": args.teacher} if use_teacher else {})}
     agents, descriptions = load_agents(config, specs, decode, teacher_history="latest", concurrency=1)
     student, teacher = agents["student"], agents.get("teacher")

@@ -505,7 +505,7 @@ def main(argv=None):
         teacher_spec = teacher_spec or found.get("teacher", "random")
         init = init or base
         print(f"default models: {why}", flush=True)
-    decode = DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p)
+    decode = DecodeConfig.from_config(args)
     student, teacher, descriptions = load_agents(load_config(args.config), student_spec, teacher_spec, init, decode)
     for role, description in descriptions.items():
         print(f"{role}: {description}", flush=True)

@@ -167,7 +167,7 @@ def main(argv=None, print_fn=print) -> dict:
         store.close()
     else:
         history = args.teacher_history or config.data.get("teacher_history", "full")
-        decode = DecodeConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p)
+        decode = DecodeConfig.from_config(args)
         agents, descriptions = load_agents(config, {args.role: args.checkpoint}, decode, teacher_history=history,
                                            concurrency=args.concurrency)
         agent = agents[args.role]

@@ -57,7 +57,7 @@ from starlette.exceptions import HTTPException
 
 from fire_jax.config import load_config
 from fire_jax.config import DEFAULT_CONFIG
-from fire_jax.data.chat import Message, segments, SYSTEM
+from fire_jax.data.chat import Message
 from fire_jax.data.images import load_image, preprocess
 from fire_jax.infer.engine import Engine, Request
 from fire_jax.infer.loading import load
@@ -190,21 +190,11 @@ def parse_messages(messages, max_bytes: int, max_pixels: int):
 
 def encode_prompt(chat, system: str | None, messages: list[Message], image_sizes) -> list[int]:
     """Token ids of the rendered chat (+ assistant header), each ``<image>`` expanded for its image's size."""
-    pieces = [piece for piece, _ in segments(messages, add_generation_prompt=True)]
-    if system is not None:
-        pieces[0] = pieces[0].replace(SYSTEM, system, 1)
-    ids = [i for piece in pieces for i in chat.tokenizer.encode(piece, add_special_tokens=False).ids]  # as training
-    if ids.count(chat.image_token_id) != len(image_sizes):
-        raise BadRequest(400, f"{len(image_sizes)} images but {ids.count(chat.image_token_id)} image placeholders "
-                              "(send images as image_url parts, not '<image>' in text)")
-    out, k = [], 0
-    for token in ids:
-        if token == chat.image_token_id:
-            out += [token] * chat.geometry.num_tokens(image_sizes[k])
-            k += 1
-        else:
-            out.append(token)
-    return out
+    try:  # the training template, each image expanded for its own size (ChatTokenizer.encode)
+        return chat.encode(messages, image_sizes=image_sizes, add_generation_prompt=True,
+                           system=system).input_ids.tolist()
+    except ValueError as e:
+        raise BadRequest(400, f"{e}; send images as image_url parts, not '<image>' in text") from None
 
 
 def build_request(served: Served, body: dict, limits: dict) -> Request:

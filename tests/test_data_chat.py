@@ -189,3 +189,26 @@ def test_token_ids_equal_hf_llava_next_processor(records, name, geometry, patch)
                                                                              geometry.tile_size)
         assert hf["input_ids"][0].tolist() == encoded.input_ids.tolist()
         assert hf["image_sizes"][0].tolist() == list(size)
+
+
+def test_encode_several_images_expands_each_placeholder_for_its_size(tiny):
+    """ChatTokenizer.encode(image_sizes=...): placeholder i becomes num_tokens(sizes[i]) image ids, in order; one
+    image through image_sizes is the same sequence as through image_size; a system override replaces the text."""
+    sizes = [(40, 70), (90, 30)]
+    messages = [chat.Message("user", "<image>\n<image>\nWhich is red?")]
+    encoded = tiny.encode(messages, image_sizes=sizes, add_generation_prompt=True)
+    ids = encoded.input_ids
+    is_image = ids == tiny.image_token_id
+    starts = np.flatnonzero(is_image & ~np.roll(is_image, 1))
+    ends = np.flatnonzero(is_image & ~np.roll(is_image, -1)) + 1
+    assert (ends - starts).tolist() == [TINY.num_tokens(s) for s in sizes]
+    assert encoded.image_start == starts[0] and encoded.image_tokens == sum(TINY.num_tokens(s) for s in sizes)
+    collapsed = np.concatenate([ids[:starts[0] + 1], ids[ends[0]:starts[1] + 1], ids[ends[1]:]])
+    assert tiny.decode(collapsed) == chat.render(messages, add_generation_prompt=True)
+    one = [chat.Message("user", "<image>\nWhich is red?")]
+    np.testing.assert_array_equal(tiny.encode(one, image_sizes=[sizes[0]]).input_ids,
+                                  tiny.encode(one, sizes[0]).input_ids)
+    with pytest.raises(ValueError, match="1 images but 2 image placeholders"):
+        tiny.encode(messages, image_sizes=sizes[:1])
+    custom = tiny.encode(one, image_sizes=[sizes[0]], system="Answer briefly.")
+    assert "Answer briefly." in tiny.decode(custom.input_ids) and chat.SYSTEM not in tiny.decode(custom.input_ids)

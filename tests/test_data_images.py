@@ -83,3 +83,23 @@ def test_every_fixture_image_preprocesses():
         pixel_values, size = preprocess(load_image(os.path.join(FIXTURES, "images", record.image)), TINY)
         assert pixel_values.shape == (TINY.num_tiles(size), 3, 32, 32)
         assert np.isfinite(pixel_values).all()
+
+
+def test_pad_tiles_lays_out_rows_of_any_tile_count():
+    """The one tile layout: rows zero-padded behind their tiles, the axis fixed, rounded up, or capped."""
+    from fire_jax.data.images import normalise, pad_tiles
+
+    rng = np.random.default_rng(0)
+    a, b = rng.random((3, 3, 4, 4), np.float32), rng.random((1, 3, 4, 4), np.float32)
+    out = pad_tiles([a, None, b])
+    assert out.shape == (3, 3, 3, 4, 4)
+    np.testing.assert_array_equal(out[0], a)
+    assert not out[1].any() and not out[2, 1:].any()
+    np.testing.assert_array_equal(out[2, :1], b)
+    assert pad_tiles([a, b], multiple=2).shape[:2] == (2, 4)
+    assert pad_tiles([a], tiles=5, batch=4).shape[:2] == (4, 5)
+    with pytest.raises(ValueError, match="need 3 tiles, more than generate.max_tiles=2"):
+        pad_tiles([a], tiles=2, limit_name="generate.max_tiles=2")
+    raw = rng.integers(0, 256, (2, 4, 4, 3)).astype(np.uint8)
+    np.testing.assert_array_equal(pad_tiles([raw], tiles=3, fill=normalise)[0, :2], normalise(raw))
+    assert pad_tiles([None], tiles=2, tile_size=4).shape == (1, 2, 3, 4, 4)

@@ -374,3 +374,23 @@ def test_loaded_models_decode_from_the_layer_list():
     want = generate(plain.model, prompts, config=decode).tokens
     got = generate(loaded.model, prompts, config=decode).tokens
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_decode_config_from_any_config_section():
+    """DecodeConfig.from_config: the fields a section shares with DecodeConfig (others are the caller's), then
+    overrides; a ConfigDict, a dict and parsed flags all work."""
+    import argparse
+
+    import ml_collections
+
+    from fire_jax.infer.decode import DecodeConfig
+
+    section = ml_collections.ConfigDict(dict(max_new_tokens=16, temperature=0.5, top_k=3, top_p=0.9, batch_size=8,
+                                             bucket_min=32, bucket_step=256, max_tiles=5))
+    config = DecodeConfig.from_config(section)
+    assert config == DecodeConfig(max_new_tokens=16, temperature=0.5, top_k=3, top_p=0.9, bucket_min=32,
+                                  bucket_step=256)
+    assert DecodeConfig.from_config(section, max_new_tokens=4).max_new_tokens == 4
+    flags = argparse.Namespace(max_new_tokens=7, temperature=0.0, top_p=1.0, config="configs/tiny.py", seed=None)
+    assert DecodeConfig.from_config(flags) == DecodeConfig(max_new_tokens=7)
+    assert DecodeConfig.from_config({"max_new_tokens": 9}).max_new_tokens == 9

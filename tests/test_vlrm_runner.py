@@ -13,6 +13,7 @@ from fire_jax.config import load_config
 from fire_jax.convert.hf import save_peft_adapter
 from fire_jax.data.chat import Message, render
 from fire_jax.geometry import TEXT
+from fire_jax.infer import agents
 from fire_jax.infer.forward import image_inputs
 from fire_jax.vlrmbench import runner
 from fire_jax.vlrmbench.tasks import TASKS
@@ -68,7 +69,7 @@ class CountingGenerate:
     """Wraps decode.generate: counts real prompts (not the dummy rows of a short batch), can interrupt or fail."""
 
     def __init__(self, interrupt_at=None, fail=None, blank=None):
-        self.real = runner.generate
+        self.real = agents.generate
         self.calls, self.prompts = 0, 0
         self.interrupt_at, self.fail, self.blank = interrupt_at, fail, blank
 
@@ -138,7 +139,7 @@ def test_two_images_two_placeholder_blocks_and_their_tiles(bench):
 
 def test_tile_cap_stops_before_generating(bench, tmp_path, monkeypatch):
     counting = CountingGenerate()
-    monkeypatch.setattr(runner, "generate", counting)
+    monkeypatch.setattr(agents, "generate", counting)
     with pytest.raises(ValueError, match=r"image_ref_error.jsonl:2 \(id IC-1\): its 2 image\(s\) need 9 tiles"):
         runner.evaluate(tiny_config(max_tiles=5), str(bench), str(tmp_path), tasks="IC")
     assert counting.calls == 0
@@ -185,7 +186,7 @@ def test_all_tasks_end_to_end(full_run):
 def test_rerun_resumes_without_redoing_or_losing_samples(bench, full_run, tmp_path, monkeypatch):
     workdir = tmp_path / "run"
     interrupted = CountingGenerate(interrupt_at=6)
-    monkeypatch.setattr(runner, "generate", interrupted)
+    monkeypatch.setattr(agents, "generate", interrupted)
     with pytest.raises(KeyboardInterrupt):
         runner.evaluate(tiny_config(), str(bench), str(workdir))
     before = all_records(workdir)
@@ -193,7 +194,7 @@ def test_rerun_resumes_without_redoing_or_losing_samples(bench, full_run, tmp_pa
     assert 0 < sum(map(len, before.values())) < 36
 
     resumed = CountingGenerate()
-    monkeypatch.setattr(runner, "generate", resumed)
+    monkeypatch.setattr(agents, "generate", resumed)
     results = runner.evaluate(tiny_config(), str(bench), str(workdir))
     after = all_records(workdir)
     expected = sum(prompts_of(task, record) for task, records in after.items() for i, record in records.items()
@@ -211,7 +212,7 @@ def test_rerun_resumes_without_redoing_or_losing_samples(bench, full_run, tmp_pa
     text = path.read_text()
     path.write_text(text[:len(text) - 20])
     again = CountingGenerate()
-    monkeypatch.setattr(runner, "generate", again)
+    monkeypatch.setattr(agents, "generate", again)
     runner.evaluate(tiny_config(), str(bench), str(workdir), tasks="SC,MJ")
     assert again.prompts == 2  # MJ-2 in both orders
     assert sorted(runner.read_records(path)[0]) == ["MJ-0", "MJ-1", "MJ-2"]
@@ -219,7 +220,7 @@ def test_rerun_resumes_without_redoing_or_losing_samples(bench, full_run, tmp_pa
 
     # Nothing left to do: no generation, and other settings for the same outputs are refused.
     nothing = CountingGenerate()
-    monkeypatch.setattr(runner, "generate", nothing)
+    monkeypatch.setattr(agents, "generate", nothing)
     runner.evaluate(tiny_config(), str(bench), str(workdir))
     assert nothing.calls == 0
     config = tiny_config()
@@ -238,7 +239,7 @@ def test_failed_generations_are_recorded_counted_and_retried(bench, full_run, tm
         (workdir / "outputs" / f"{task}.jsonl").unlink()
     shutil.copy(full_run[0] / "settings.json", workdir / "settings.json")
     failing = CountingGenerate(fail=lambda prompts: failing.calls == 1, blank=lambda prompts: failing.calls == 3)
-    monkeypatch.setattr(runner, "generate", failing)
+    monkeypatch.setattr(agents, "generate", failing)
     results = runner.evaluate(tiny_config(), str(data), str(workdir), tasks="SC,FF,ERA")
     sc, ff, era = results["tasks"]["SC"], results["tasks"]["FF"], results["tasks"]["ERA"]
     assert ff["generation_failures"] == {"input": 1} and failing.prompts == 2 + 3  # FF-1, FF-2; ERA candidates
@@ -257,7 +258,7 @@ def test_failed_generations_are_recorded_counted_and_retried(bench, full_run, tm
     assert record["outputs"] == [None] and record["failures"][0].startswith("exception: RuntimeError: device fell")
 
     retry = CountingGenerate()
-    monkeypatch.setattr(runner, "generate", retry)
+    monkeypatch.setattr(agents, "generate", retry)
     results = runner.evaluate(tiny_config(), str(data), str(workdir), tasks="SC,ERA", retry_failed=True)
     assert retry.prompts == 3 + 3 + 2 * (3 - results["tasks"]["ERA"]["generation_failures"].get("empty", 0))
     assert "exception" not in results["tasks"]["SC"]["generation_failures"]
@@ -382,7 +383,6 @@ def test_runner_with_scripted_agents_gives_exact_figures(bench, tmp_path, monkey
 
 def test_analyses_on_the_tiny_model_write_tables_and_resume(bench, full_run, tmp_path, monkeypatch):
     from fire_jax.vlrmbench import analyses as vlrm_analyses
-    from fire_jax.infer import agents
 
     workdir = tmp_path / "run"
     shutil.copytree(full_run[0] / "outputs", workdir / "outputs")  # the main run's outputs are reused
@@ -411,7 +411,7 @@ def test_analyses_on_the_tiny_model_write_tables_and_resume(bench, full_run, tmp
 
     # A rerun generates nothing: every analysis resumes from its files.
     counting, student_calls = CountingGenerate(), []
-    monkeypatch.setattr(runner, "generate", counting)
+    monkeypatch.setattr(agents, "generate", counting)
     monkeypatch.setattr(agents, "generate", lambda *a, **k: student_calls.append(1))
     again = runner.evaluate(config, str(bench), str(workdir), tasks="SC,MJ", analyses="all")["analyses"]
     assert counting.calls == 0 and not student_calls

@@ -190,14 +190,20 @@ class ChatTokenizer:
         return ids
 
     def encode(self, messages: Sequence[Message], image_size: Sequence[int] | None = None, *,
-               add_generation_prompt: bool = False) -> Encoded:
+               add_generation_prompt: bool = False, image_sizes: Sequence[Sequence[int]] | None = None,
+               system: str | None = None) -> Encoded:
         """Token ids, loss mask and turn ids of a message list.
 
-        ``image_size`` (h, w) is required iff the messages contain ``<image>``
+        One image: ``image_size`` (h, w) is required iff the messages contain ``<image>``
         (once); the placeholder expands to ``geometry.num_tokens(image_size)`` tokens.
+        Several images (VLRMBench's multi-image samples, a served chat): ``image_sizes``, one per
+        ``<image>`` in order, each expanded for its own size; ``image_start`` is then the first image's
+        and ``image_tokens`` all images' count. ``system`` replaces the system prompt's text.
         """
+        if image_sizes is not None:
+            return self._encode_images(messages, list(image_sizes), add_generation_prompt, system)
         ids, labels, image_start, image_tokens = [], [], -1, 0
-        for text, turn in segments(messages, add_generation_prompt=add_generation_prompt):
+        for text, turn in self._segments(messages, add_generation_prompt, system):
             piece = self._ids(text, cache=turn < 0 and self.image_token not in text and len(text) < 2048)
             if self.image_token_id in piece:
                 if image_start >= 0 or piece.count(self.image_token_id) > 1:
@@ -211,9 +217,40 @@ class ChatTokenizer:
             labels += [turn] * len(piece)
         if image_size is not None and image_start < 0:
             raise ValueError("an image_size was given but the messages contain no image placeholder")
+        return self._encoded(ids, labels, image_start, image_tokens)
+
+    @staticmethod
+    def _segments(messages, add_generation_prompt: bool, system: str | None):
+        pieces = segments(messages, add_generation_prompt=add_generation_prompt)
+        if system is not None:
+            pieces[0] = (pieces[0][0].replace(SYSTEM, system, 1), pieces[0][1])
+        return pieces
+
+    @staticmethod
+    def _encoded(ids, labels, image_start: int, image_tokens: int) -> Encoded:
         turn_ids = np.asarray(labels, np.int32)
         return Encoded(input_ids=np.asarray(ids, np.int32), loss_mask=(turn_ids > 0).astype(np.float32),
                        turn_ids=turn_ids, image_start=image_start, image_tokens=image_tokens)
+
+    def _encode_images(self, messages, sizes: list, add_generation_prompt: bool, system: str | None) -> Encoded:
+        pieces = [(self._ids(text, cache=False), turn)
+                  for text, turn in self._segments(messages, add_generation_prompt, system)]
+        found = sum(piece.count(self.image_token_id) for piece, _ in pieces)
+        if found != len(sizes):
+            raise ValueError(f"{len(sizes)} images but {found} image placeholders (is {self.image_token!r} in the "
+                             f"text, or an image missing?)")
+        ids, labels, image_start, image_tokens, k = [], [], -1, 0, 0
+        for piece, turn in pieces:
+            for token in piece:
+                n = 1
+                if token == self.image_token_id:
+                    n = self.geometry.num_tokens(sizes[k])
+                    image_start = len(ids) if image_start < 0 else image_start
+                    image_tokens += n
+                    k += 1
+                ids += [token] * n
+                labels += [turn] * n
+        return self._encoded(ids, labels, image_start, image_tokens)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)

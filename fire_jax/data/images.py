@@ -107,7 +107,7 @@ def preprocess(image: Image.Image, geometry: ImageGeometry) -> tuple[np.ndarray,
 
 
 def pad_tiles(rows, *, tiles: int = 0, multiple: int = 1, batch: int = 0, tile_size: int | None = None,
-              fill=None) -> np.ndarray:
+              fill=None, limit_name: str | None = None) -> np.ndarray:
     """Each row's tiles in one zero-padded float32 array ``[batch, tiles, 3, T, T]``: the one place a batch's
     tiles are laid out (training batches, generation, the forward pass, VLRMBench's multi-image prompts).
 
@@ -115,12 +115,13 @@ def pad_tiles(rows, *, tiles: int = 0, multiple: int = 1, batch: int = 0, tile_s
     None for a row without an image. The tile axis is ``tiles`` when > 0 (a row with more raises), else the
     longest row rounded up to a multiple of ``multiple`` (so a run compiles few shapes). ``batch`` > len(rows)
     adds zero rows (padding rows). ``fill(row_tiles, out=view)`` writes a row in place (default: a copy).
+    ``limit_name`` names ``tiles`` in the error ("generate.max_tiles=5").
     """
     present = [r for r in rows if r is not None and len(r)]
     needed = max((len(r) for r in present), default=0)
     axis = tiles or max(-(-needed // multiple) * multiple, 1)
     if needed > axis:
-        raise ValueError(f"a row's images need {needed} tiles, more than the {axis} allowed")
+        raise ValueError(f"a sample's images need {needed} tiles, more than {limit_name or f'the {axis} allowed'}")
     if tile_size is None:
         if not present:
             raise ValueError("pad_tiles: no row has tiles; pass tile_size")

@@ -39,7 +39,7 @@ from PIL import Image
 
 from fire_jax.config import DATA_DEFAULTS, resolve_path
 from fire_jax.data import chat as chat_lib
-from fire_jax.data.images import load_image, normalise, tiles
+from fire_jax.data.images import load_image, normalise, pad_tiles, tiles
 from fire_jax.data.records import BadRecordError, BadRecords, Conversation, Record
 from fire_jax.data.sources import open_source
 from fire_jax.geometry import ImageGeometry, place_images
@@ -144,7 +144,8 @@ def collate(examples: Sequence[Mapping[str, Any]], *, batch_size: int, buckets: 
         "attention_mask": np.zeros((batch_size, length), np.int32),
         "loss_mask": np.zeros((batch_size, length), np.float32),
         "turn_ids": np.full((batch_size, length), -1, np.int32),
-        "pixel_values": np.zeros((batch_size, max_tiles, 3, t, t), np.float32),
+        "pixel_values": pad_tiles([e["tiles"] for e in examples], tiles=max_tiles, batch=batch_size, tile_size=t,
+                                  fill=normalise),
         "image_sizes": np.zeros((batch_size, 2), np.int32),
     }
     ids = np.full(batch_size, "", dtype=object)
@@ -154,7 +155,6 @@ def collate(examples: Sequence[Mapping[str, Any]], *, batch_size: int, buckets: 
         batch["attention_mask"][row, :n] = 1
         batch["loss_mask"][row, :n] = example["loss_mask"]
         batch["turn_ids"][row, :n] = example["turn_ids"]
-        normalise(example["tiles"], out=batch["pixel_values"][row, :len(example["tiles"])])
         batch["image_sizes"][row] = example["image_size"]
         ids[row] = example["example_id"]
     # Rows padding a short last batch hold one attended BOS (and no label), so no attention row is empty.

@@ -19,10 +19,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-import numpy as np
 
 from fire_jax.data.chat import TEACHER_HISTORIES, ChatTokenizer, Encoded, student_messages, teacher_messages
-from fire_jax.data.images import load_image, preprocess
+from fire_jax.data.images import load_image, pad_tiles, preprocess
 from fire_jax.data.records import Conversation, Turn, parse_score
 from fire_jax.infer.decode import DecodeConfig, generate
 
@@ -49,28 +48,36 @@ def teacher_prompt(question: str, groundtruth: str, answer: str, history: Sequen
     return teacher_messages(conv, history=mode, until_turn=len(history) + 1)
 
 
-class _Agent:
-    """A model, its chat tokenizer and decode settings; generates from rendered prompts."""
+class Agent:
+    """A model, its chat tokenizer and decode settings: the one generation path from encoded prompts (the
+    student, the teacher and VLRMBench's model all generate through :meth:`generate_ids`).
 
-    def __init__(self, model, chat: ChatTokenizer, config: DecodeConfig = DecodeConfig(), *, mesh=None):
+    ``batch_size`` > 0 pads every call to that many rows with inactive ones (``generate``'s ``pad_rows``):
+    one compiled shape for a whole run, a short last batch included.
+    """
+
+    def __init__(self, model, chat: ChatTokenizer, config: DecodeConfig = DecodeConfig(), *, mesh=None,
+                 batch_size: int = 0):
         if chat.image_token_id != model.cfg.image_token_id:
             raise ValueError(f"tokenizer image id {chat.image_token_id} != model image_token_id "
                              f"{model.cfg.image_token_id}")
-        self.model, self.chat, self.mesh = model, chat, mesh
+        self.model, self.chat, self.mesh, self.batch_size = model, chat, mesh, batch_size
         self.config = dataclasses.replace(config, stop_ids=(chat.eot_id, chat.eos_id), pad_id=chat.pad_id)
 
+    def generate_ids(self, prompts: Sequence[Sequence[int]], pixel_values, image_sizes, rng=None) -> list[str]:
+        """The texts generated for token-id prompts (images expanded), tiles ``[batch, tiles, 3, T, T]`` and
+        each row's image size(s)."""
+        out = generate(self.model, prompts, pixel_values=pixel_values, image_sizes=image_sizes, config=self.config,
+                       rng=rng, tokenizer=self.chat.tokenizer, mesh=self.mesh, pad_rows=self.batch_size)
+        return out.texts[:len(prompts)]
+
     def _generate(self, images, prompts: Sequence[Encoded], rng) -> list[str]:
-        tiles = [preprocess(image, self.model.cfg.geometry)[0] for image in images]
-        pixel_values = np.zeros((len(tiles), max(map(len, tiles)), *tiles[0].shape[1:]), np.float32)
-        for b, t in enumerate(tiles):
-            pixel_values[b, :len(t)] = t
+        pixel_values = pad_tiles([preprocess(image, self.model.cfg.geometry)[0] for image in images])
         sizes = [(image.height, image.width) for image in images]
-        out = generate(self.model, [p.input_ids for p in prompts], pixel_values=pixel_values, image_sizes=sizes,
-                       config=self.config, rng=rng, tokenizer=self.chat.tokenizer, mesh=self.mesh)
-        return [text.strip() for text in out.texts]
+        return [text.strip() for text in self.generate_ids([p.input_ids for p in prompts], pixel_values, sizes, rng)]
 
 
-class Student(_Agent):
+class Student(Agent):
     """Answers a question about an image, refining earlier answers from feedback."""
 
     def prompts(self, image_sizes, questions: Sequence[str], histories: Sequence[Sequence[Turn]]) -> list[Encoded]:
@@ -91,14 +98,14 @@ class Student(_Agent):
         return self._generate(images, prompts, rng)
 
 
-class Teacher(_Agent):
+class Teacher(Agent):
     """Scores a student answer against the groundtruth and writes feedback."""
 
     def __init__(self, model, chat: ChatTokenizer, config: DecodeConfig = DecodeConfig(), *, history: str = "latest",
-                 mesh=None):
+                 mesh=None, batch_size: int = 0):
         if history not in TEACHER_HISTORIES:
             raise ValueError(f"teacher history must be one of {TEACHER_HISTORIES}, got {history!r}")
-        super().__init__(model, chat, config, mesh=mesh)
+        super().__init__(model, chat, config, mesh=mesh, batch_size=batch_size)
         self.history = history
 
     def prompts(self, image_sizes, questions: Sequence[str], groundtruths: Sequence[str], answers: Sequence[str],

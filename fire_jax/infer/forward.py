@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from fire_jax.data.images import pad_tiles
 from fire_jax.geometry import place_images
 
 
@@ -72,8 +73,7 @@ def image_inputs(model, input_ids: np.ndarray, pixel_values: np.ndarray | None,
     cfg = model.cfg
     pixel_values = np.asarray(pixel_values, np.float32)
     tiles = max(pixel_values.shape[1], cfg.geometry.max_tiles)
-    padded = np.zeros((len(input_ids), tiles, *pixel_values.shape[2:]), np.float32)
-    padded[:len(pixel_values), :pixel_values.shape[1]] = pixel_values
+    padded = pad_tiles(list(pixel_values), tiles=tiles, batch=len(input_ids))
     return padded, place_images(input_ids, cfg.image_token_id, sizes, cfg.geometry, tiles)
 
 

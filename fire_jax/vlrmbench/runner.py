@@ -62,11 +62,12 @@ import jax
 import numpy as np
 
 from fire_jax.config import load_config
-from fire_jax.data.chat import SYSTEM, ChatTokenizer, Message, segments
-from fire_jax.data.images import load_image, preprocess
+from fire_jax.data.chat import SYSTEM, ChatTokenizer, Message
+from fire_jax.data.images import load_image, pad_tiles, preprocess
 from fire_jax.data.records import IMAGE_PLACEHOLDER
+from fire_jax.infer.agents import Agent
 from fire_jax.infer.api import ApiAgent, ApiError, image_url, is_api_spec, parse_spec
-from fire_jax.infer.decode import DecodeConfig, generate
+from fire_jax.infer.decode import DecodeConfig
 from fire_jax.infer.loading import load
 from fire_jax.results import ResultStore, check_settings
 from fire_jax.vlrmbench.data import Sample, TaskData, load_task
@@ -84,21 +85,10 @@ def user_text(prompt: str, num_images: int) -> str:
 
 
 def encode_prompt(chat: ChatTokenizer, prompt: str, image_sizes: Sequence[Sequence[int]]) -> list[int]:
-    """Token ids of the rendered chat prompt (system, user turn, assistant header), images expanded.
-
-    Placeholder i becomes ``geometry.num_tokens(image_sizes[i])`` image token ids.
-    """
-    pieces = segments([Message("user", user_text(prompt, len(image_sizes)))], add_generation_prompt=True)
-    ids = [i for text, _ in pieces for i in chat.tokenizer.encode(text, add_special_tokens=False).ids]
-    found = ids.count(chat.image_token_id)
-    if found != len(image_sizes):
-        raise ValueError(f"prompt has {found} image placeholders for {len(image_sizes)} images "
-                         f"(does the text contain {chat.image_token!r}?)")
-    sizes = iter(image_sizes)
-    out: list[int] = []
-    for i in ids:
-        out += [i] * chat.geometry.num_tokens(next(sizes)) if i == chat.image_token_id else [i]
-    return out
+    """Token ids of the rendered chat prompt (system, user turn, assistant header), placeholder i expanded
+    to ``geometry.num_tokens(image_sizes[i])`` image token ids (:meth:`ChatTokenizer.encode`)."""
+    messages = [Message("user", user_text(prompt, len(image_sizes)))]
+    return chat.encode(messages, image_sizes=image_sizes, add_generation_prompt=True).input_ids.tolist()
 
 
 def image_size(path: str) -> tuple[int, int]:
@@ -139,13 +129,8 @@ def build_batch(rows: Sequence[Prepared], max_tiles: int = 0, multiple: int = 1)
     image's most tiles, so a run compiles few shapes); rows are zero-padded
     behind their tiles.
     """
-    needed = max(len(row.tiles) for row in rows)
-    axis = max_tiles or -(-needed // multiple) * multiple
-    if needed > axis:
-        raise ValueError(f"a sample's images need {needed} tiles, more than generate.max_tiles={max_tiles}")
-    pixel_values = np.zeros((len(rows), axis, *rows[0].tiles.shape[1:]), np.float32)
-    for b, row in enumerate(rows):
-        pixel_values[b, :len(row.tiles)] = row.tiles
+    pixel_values = pad_tiles([row.tiles for row in rows], tiles=max_tiles, multiple=multiple,
+                             limit_name=f"generate.max_tiles={max_tiles}")
     return [row.ids for row in rows], pixel_values, [row.sizes for row in rows]
 
 
@@ -169,26 +154,26 @@ def model_name(config) -> str:
 
 
 class Generator:
-    """A model, its chat tokenizer and decode settings; ``generator(requests)`` -> [(text, failure)]."""
+    """A model answering VLRMBench requests: ``generator(requests)`` -> [(text, failure)].
 
-    def __init__(self, model, chat: ChatTokenizer, *, name: str, batch_size: int, max_new_tokens: int,
-                 max_tiles: int = 0, bucket_min: int = 64, bucket_step: int = 1024, temperature: float = 0.0):
-        if chat.image_token_id != model.cfg.image_token_id:
-            raise ValueError(f"tokenizer <image> id {chat.image_token_id} != model image_token_id "
-                             f"{model.cfg.image_token_id}")
+    Generation is the student's and the teacher's (:class:`fire_jax.infer.agents.Agent`, every call padded to
+    ``batch_size`` rows); what is VLRMBench's own is the multi-image prompt and the per-request failures.
+    """
+
+    def __init__(self, model, chat: ChatTokenizer, *, name: str, batch_size: int, decode: DecodeConfig,
+                 max_tiles: int = 0):
+        self.agent = Agent(model, chat, decode, batch_size=batch_size)
         self.model, self.chat, self.name = model, chat, name
         self.batch_size, self.max_tiles = batch_size, max_tiles
-        self.decode = DecodeConfig(max_new_tokens=max_new_tokens, stop_ids=(chat.eot_id, chat.eos_id),
-                                   pad_id=chat.pad_id, bucket_min=bucket_min, bucket_step=bucket_step,
-                                   temperature=temperature)
+        self.decode = self.agent.config
 
     def variant(self, *, name: str | None = None, batch_size: int | None = None, max_new_tokens: int | None = None,
                 temperature: float | None = None) -> "Generator":
         """The same model with other decode settings (the judge, the voting sampler)."""
+        changes = {k: v for k, v in dict(max_new_tokens=max_new_tokens, temperature=temperature).items()
+                   if v is not None}
         return Generator(self.model, self.chat, name=name or self.name, batch_size=batch_size or self.batch_size,
-                         max_new_tokens=max_new_tokens or self.decode.max_new_tokens, max_tiles=self.max_tiles,
-                         bucket_min=self.decode.bucket_min, bucket_step=self.decode.bucket_step,
-                         temperature=self.decode.temperature if temperature is None else temperature)
+                         decode=dataclasses.replace(self.decode, **changes), max_tiles=self.max_tiles)
 
     @classmethod
     def from_config(cls, config, generate_config, *, name: str, max_new_tokens: int) -> "Generator | ApiGenerator":
@@ -202,8 +187,8 @@ class Generator:
         loaded = load(config, config.get("checkpoint") or None)
         print(f"{name}: {loaded.description}")
         return cls(loaded.model, loaded.chat, name=name, batch_size=generate_config.batch_size,
-                   max_new_tokens=max_new_tokens, max_tiles=generate_config.max_tiles,
-                   bucket_min=generate_config.bucket_min, bucket_step=generate_config.bucket_step)
+                   decode=DecodeConfig.from_config(generate_config, max_new_tokens=max_new_tokens),
+                   max_tiles=generate_config.max_tiles)
 
     @property
     def geometry(self):
@@ -245,12 +230,7 @@ class Generator:
         return results
 
     def _generate(self, rows: Sequence[Prepared], rng=None) -> list[str]:
-        prompts, pixel_values, sizes = build_batch(rows, self.max_tiles, self.geometry.max_tiles)
-        # Inactive padding rows keep one batch shape (no recompile for a short last batch) without
-        # keeping the decode loop running.
-        out = generate(self.model, prompts, pixel_values=pixel_values, image_sizes=sizes, config=self.decode,
-                       rng=rng, tokenizer=self.chat.tokenizer, pad_rows=self.batch_size)
-        return out.texts[:len(rows)]
+        return self.agent.generate_ids(*build_batch(rows, self.max_tiles, self.geometry.max_tiles), rng)
 
 
 class ApiGenerator:
