@@ -169,7 +169,7 @@ def main(argv=None, print_fn=print) -> dict:
         history = args.teacher_history or config.data.get("teacher_history", "full")
         decode = DecodeConfig.from_config(args)
         agents, descriptions = load_agents(config, {args.role: args.checkpoint}, decode, teacher_history=history,
-                                           concurrency=args.concurrency)
+                                           concurrency=args.concurrency, batch_size=args.batch_size)
         agent = agents[args.role]
         print_fn(f"{args.role}: {descriptions[args.role]}")
         key = jax.random.key(args.seed)
@@ -185,11 +185,8 @@ def main(argv=None, print_fn=print) -> dict:
                         continue
                     batch.append(prompt)
                 if batch:
-                    # A short batch is padded with its last prompt: one compiled shape for the whole job
-                    # (an endpoint needs no padding).
-                    pad = 0 if is_api_spec(args.checkpoint) else args.batch_size - len(batch)
-                    results = generate_batch(agent, args.role, batch + [batch[-1]] * pad, images + [images[-1]] * pad,
-                                             jax.random.fold_in(key, start))[:len(batch)]
+                    # The agent pads a short batch with inactive rows: one compiled shape for the whole job.
+                    results = generate_batch(agent, args.role, batch, images, jax.random.fold_in(key, start))
                     for prompt, result in zip(batch, results):
                         store.add({"id": prompt.id, **result})
                     written += len(batch)

@@ -65,7 +65,9 @@ def eval_stage(base, workdir: str, *, student: dict, teacher: dict, baseline_res
     print(f"\n== {config.setting} dialogues: student {student['name']}, teacher {teacher['name']} -> {workdir}")
     agents = None
     if teacher.get("init") == EXACT_TEACHER["init"]:
-        agents = (load_agent(config, config.student).agent("student", DecodeConfig.from_config(config.decode)), ExactTeacher())
+        student = load_agent(config, config.student).agent("student", DecodeConfig.from_config(config.decode),
+                                                           batch_size=config.decode.batch_size)
+        agents = (student, ExactTeacher())
     return evaluate(config, workdir, agents=agents)
 
 

@@ -253,3 +253,17 @@ def test_workdir_written_before_the_params_item_still_loads(config, tmp_path):
         np.testing.assert_array_equal(ours, theirs)
     resumed, data_state, step = Checkpointer(str(tmp_path / "checkpoints")).restore(trainer.initial_state)
     assert (step, int(resumed.step), data_state) == (5, 5, {"i": 3})
+
+
+def test_display_name_is_the_one_naming_rule():
+    """fire_bench's agent names and VLRMBench's row names come from loading.display_name."""
+    from fire_jax.eval.fire_bench import agent_name
+
+    assert loading.display_name(name="ours", checkpoint="/runs/x/export/peft_adapter") == "ours"
+    assert loading.display_name(checkpoint="/runs/fd_run/export/peft_adapter/") == "fd_run"
+    assert loading.display_name(checkpoint="/ckpt/llava-hf") == "llava-hf"
+    assert loading.display_name(init="/data/llama3-llava-next-8b-hf") == "llama3-llava-next-8b-hf"
+    assert loading.display_name(checkpoint="api:http://127.0.0.1:8000/v1#gpt-x") == "gpt-x (http://127.0.0.1:8000/v1)"
+    assert loading.display_name() == "random init"
+    assert agent_name({"adapter": "/runs/fire/export/peft_adapter", "init": "/base"}) == "fire"
+    assert agent_name({"init": "/base/hf", "adapter": ""}) == "hf" and agent_name({}) == "random init"

@@ -100,10 +100,11 @@ def test_free_dialogue_stopping_rules_batched_with_drop_out():
     got = {d.item.id: (d.scores, d.stop) for d in finished}
     assert got == {name: (scores, stop) for name, (_, scores, stop) in FREE_CASES.items()}
     assert len(finished) == len(FREE_CASES)
-    # Every call carries the full batch; the rows are the dialogues' turns plus the padding of short batches.
+    # Each call carries the live dialogues (at most 3): the rows are exactly the dialogues' turns (the agents,
+    # not the loop, pad a short call with inactive rows).
     turns = sum(len(scores) for _, scores, _ in FREE_CASES.values())
     assert student.calls == teacher.calls == steps
-    assert len(teacher.rows) == 3 * steps and turns <= 3 * steps < turns + 3 * 3
+    assert len(teacher.rows) == len(student.rows) == turns and turns <= 3 * steps < turns + 3 * 3
     assert all(answer.endswith(f"#{k}") for (_, _, k), answer in zip(teacher.rows, teacher.answers))  # scores r_k
     for d in finished:
         assert [t.response for t in d.turns] == [f"Thought: turn {k}.\nAnswer: {d.item.id} #{k}"

@@ -394,3 +394,29 @@ def test_decode_config_from_any_config_section():
     flags = argparse.Namespace(max_new_tokens=7, temperature=0.0, top_p=1.0, config="configs/tiny.py", seed=None)
     assert DecodeConfig.from_config(flags) == DecodeConfig(max_new_tokens=7)
     assert DecodeConfig.from_config({"max_new_tokens": 9}).max_new_tokens == 9
+
+
+def test_agent_pads_a_short_call_with_inactive_rows(monkeypatch):
+    """An agent built with batch_size pads every call to that many rows through generate's pad_rows (inactive
+    rows: one compiled shape), and returns the real rows' texts only."""
+    from fire_jax.config import DEFAULT_CONFIG, load_config
+    from fire_jax.infer import agents
+    from fire_jax.infer.loading import load
+
+    seen = []
+    real = agents.generate
+
+    def spy(model, prompts, **kwargs):
+        seen.append((len(prompts), kwargs["pad_rows"]))
+        return real(model, prompts, **kwargs)
+
+    monkeypatch.setattr(agents, "generate", spy)
+    loaded = load(load_config(DEFAULT_CONFIG))
+    student = loaded.agent("student", DecodeConfig(max_new_tokens=3), batch_size=4)
+    image = Image.new("RGB", (40, 30), "red")
+    one = student.respond([image], ["What colour?"])
+    three = student.respond([image] * 3, ["What colour?", "Which shape?", "How many?"])
+    assert seen == [(1, 4), (3, 4)] and len(one) == 1 and len(three) == 3
+    assert three[0] == one[0]  # the same prompt, greedy: padding rows change nothing
+    unpadded = loaded.agent("student", DecodeConfig(max_new_tokens=3))
+    assert unpadded.respond([image], ["What colour?"]) == one and seen[-1] == (1, 0)

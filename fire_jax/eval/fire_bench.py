@@ -63,16 +63,10 @@ def load_agent(config, agent: Mapping[str, Any]):
 
 
 def agent_name(agent: Mapping[str, Any]) -> str:
-    """``name``, else the adapter's (or init's) folder name, else "random init"."""
-    if agent.get("name"):
-        return agent["name"]
-    for key in ("adapter", "init"):
-        if agent.get(key):
-            path = os.path.normpath(agent[key])
-            if path.endswith(os.path.join("export", "peft_adapter")):  # a training workdir's export: its name
-                path = os.path.dirname(os.path.dirname(path))
-            return os.path.basename(path)
-    return "random init"
+    """An agent section's name in tables: :func:`fire_jax.infer.loading.display_name` of its name / adapter / init."""
+    from fire_jax.infer.loading import display_name
+
+    return display_name(name=agent.get("name") or "", checkpoint=agent.get("adapter") or "", init=agent.get("init") or "")
 
 
 def build_agents(config, teacher_history: str):
@@ -85,13 +79,14 @@ def build_agents(config, teacher_history: str):
     for role in ("student", "teacher"):
         if specs[role] not in loaded and not is_api_spec(specs[role][0]):
             loaded[specs[role]] = load_agent(config, config[role])
-    decode = DecodeConfig.from_config(config.decode)
+    decode, rows = DecodeConfig.from_config(config.decode), config.decode.batch_size
     if is_api_spec(specs["student"][0]) or is_api_spec(specs["teacher"][0]):
         agent = lambda role, **kw: (api_agent(specs[role][0], role, decode, seed=config.seed, **kw)
-                                    if is_api_spec(specs[role][0]) else loaded[specs[role]].agent(role, decode, **kw))
+                                    if is_api_spec(specs[role][0])
+                                    else loaded[specs[role]].agent(role, decode, batch_size=rows, **kw))
         return agent("student"), agent("teacher", teacher_history=teacher_history)
-    return (loaded[specs["student"]].agent("student", decode),
-            loaded[specs["teacher"]].agent("teacher", decode, teacher_history=teacher_history))
+    return (loaded[specs["student"]].agent("student", decode, batch_size=rows),
+            loaded[specs["teacher"]].agent("teacher", decode, teacher_history=teacher_history, batch_size=rows))
 
 
 # ----------------------------------------------------------------------------

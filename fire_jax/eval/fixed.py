@@ -83,9 +83,9 @@ def run_fixed(turns: Sequence[FixedTurn], student, teacher, path: str, *, batch_
               rng=None) -> list[dict]:
     """Generate every turn not yet in the JSONL file ``path``; returns all turn records in ``turns`` order.
 
-    Batches hold one role and always ``batch_size`` rows (a short one is
-    padded with copies whose outputs are dropped). ``rng``: a JAX key for
-    sampling, folded with the batch index (None for greedy decoding).
+    Batches hold one role and at most ``batch_size`` rows (agents built with that ``batch_size`` pad a
+    short one with inactive rows: one compiled shape). ``rng``: a JAX key for sampling, folded with the
+    batch index (None for greedy decoding).
     """
     from tqdm.auto import tqdm
 
@@ -98,8 +98,7 @@ def run_fixed(turns: Sequence[FixedTurn], student, teacher, path: str, *, batch_
                   dynamic_ncols=True) as progress:
             for index, batch in enumerate(batches):
                 key = None if rng is None else _fold(rng, index)
-                padded = batch + [batch[0]] * (batch_size - len(batch))
-                for turn, (text, score) in zip(batch, _generate(padded, student, teacher, key)):
+                for turn, (text, score) in zip(batch, _generate(batch, student, teacher, key), strict=True):
                     store.add(turn_record(turn, text, score))
                 progress.update(len(batch))
         return [store[t.key] for t in turns]

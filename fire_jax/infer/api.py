@@ -215,12 +215,13 @@ def api_agent(spec: str, role: str, decode: DecodeConfig = DecodeConfig(), *, te
 
 
 def load_agents(config, specs: dict[str, str | None], decode: DecodeConfig = DecodeConfig(), *,
-                init: str | None = None, teacher_history: str = "latest", concurrency: int = 32):
+                init: str | None = None, teacher_history: str = "latest", concurrency: int = 32, batch_size: int = 0):
     """({role: agent}, {role: description}) for the roles of ``specs`` ("student", "teacher").
 
     A spec is a checkpoint (HF directory, PEFT adapter, train workdir: :func:`fire_jax.infer.loading.load`),
     None or "random" (the config's own model), or ``api:<base_url>#<model>``. ``init`` is the base HF
-    checkpoint of PEFT adapters. Roles naming the same local checkpoint share one loaded model.
+    checkpoint of PEFT adapters. Roles naming the same local checkpoint share one loaded model. In-process agents
+    pad every call to ``batch_size`` rows (0: no padding); an endpoint needs none.
     """
     import copy
 
@@ -238,6 +239,6 @@ def load_agents(config, specs: dict[str, str | None], decode: DecodeConfig = Dec
             if init:
                 model_config.init = dict(hf_checkpoint=init)
             loaded[spec] = load(model_config, spec)
-        agents[role] = loaded[spec].agent(role, decode, teacher_history=teacher_history)
+        agents[role] = loaded[spec].agent(role, decode, teacher_history=teacher_history, batch_size=batch_size)
         descriptions[role] = loaded[spec].description
     return agents, descriptions

@@ -83,11 +83,6 @@ class Dialogue:
         return [turn.score for turn in self.turns]
 
 
-def _fill(values: list, size: int) -> list:
-    """``values`` padded to ``size`` with copies of its first entry (one compiled batch shape per run)."""
-    return values + [values[0]] * (size - len(values))
-
-
 def run_dialogues(items: Iterable[Item], student, teacher, rule: StopRule, *, batch_size: int,
                   on_finish: Callable[[Dialogue], None], rng=None) -> int:
     """Talk about every item until :func:`stop_reason` stops it; returns the number of steps.
@@ -95,8 +90,8 @@ def run_dialogues(items: Iterable[Item], student, teacher, rule: StopRule, *, ba
     ``student.respond(images, questions, histories)`` gives r_k and
     ``teacher.feedback(images, questions, groundtruths, answers, histories)``
     gives f_k with its score (:class:`fire_jax.infer.Student` / ``Teacher``).
-    Calls always carry ``batch_size`` rows (a short batch is padded with
-    copies, whose outputs are dropped). ``on_finish`` gets each dialogue as it ends.
+    Calls carry the live dialogues, at most ``batch_size`` (agents built with that ``batch_size`` pad a
+    short call with inactive rows: one compiled shape). ``on_finish`` gets each dialogue as it ends.
     ``rng``: a JAX key for sampling, folded with the step (None: greedy decoding needs none).
     """
     if batch_size < 1:
@@ -106,13 +101,13 @@ def run_dialogues(items: Iterable[Item], student, teacher, rule: StopRule, *, ba
         active += [Dialogue(item) for item in _take(pending, batch_size - len(active))]
         if not active:
             return step
-        images = _fill([d.item.image for d in active], batch_size)
-        questions = _fill([d.item.question for d in active], batch_size)
-        histories = _fill([list(d.turns) for d in active], batch_size)
+        images = [d.item.image for d in active]
+        questions = [d.item.question for d in active]
+        histories = [list(d.turns) for d in active]
         keys = (None, None) if rng is None else _step_keys(rng, step)
         responses = student.respond(images, questions, histories, rng=keys[0])
-        feedbacks = teacher.feedback(images, questions, _fill([d.item.groundtruth for d in active], batch_size),
-                                     responses, histories, rng=keys[1])
+        feedbacks = teacher.feedback(images, questions, [d.item.groundtruth for d in active], responses, histories,
+                                     rng=keys[1])
         for dialogue, response, feedback in zip(active, responses, feedbacks):
             dialogue.turns.append(Turn(response, feedback.text, feedback.score))
             dialogue.stop = stop_reason(dialogue.scores, rule)

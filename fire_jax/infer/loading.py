@@ -46,13 +46,34 @@ class Loaded:
     description: str
 
     def agent(self, role: str, decode: DecodeConfig = DecodeConfig(), *, teacher_history: str = "latest",
-              mesh=None) -> Student | Teacher:
-        """The model as a :class:`Student` or :class:`Teacher`."""
+              mesh=None, batch_size: int = 0) -> Student | Teacher:
+        """The model as a :class:`Student` or :class:`Teacher`; ``batch_size`` > 0 pads every call to that many
+        rows (inactive ones): one compiled shape for a run."""
         if role == "student":
-            return Student(self.model, self.chat, decode, mesh=mesh)
+            return Student(self.model, self.chat, decode, mesh=mesh, batch_size=batch_size)
         if role == "teacher":
-            return Teacher(self.model, self.chat, decode, history=teacher_history, mesh=mesh)
+            return Teacher(self.model, self.chat, decode, history=teacher_history, mesh=mesh, batch_size=batch_size)
         raise ValueError(f"role must be 'student' or 'teacher', got {role!r}")
+
+
+def display_name(*, name: str = "", checkpoint: str = "", init: str = "", fallback: str = "random init") -> str:
+    """What a model is called in tables and logs: ``name``; else an endpoint's "model (base_url)"; else the
+    checkpoint's training run (``RUN/export/peft_adapter`` -> ``RUN``) or folder; else the init checkpoint's
+    folder; else ``fallback``."""
+    from fire_jax.infer.api import is_api_spec, parse_spec
+
+    if name:
+        return name
+    for path in (checkpoint, init):
+        if is_api_spec(path):
+            base_url, model = parse_spec(path)
+            return f"{model} ({base_url})"
+        if path:
+            path = os.path.normpath(path)
+            if path.endswith(os.path.join("export", "peft_adapter")):  # a training workdir's export: its run
+                path = os.path.dirname(os.path.dirname(path))
+            return os.path.basename(path)
+    return fallback
 
 
 def checkpoint_kind(path: str) -> str:

@@ -66,9 +66,9 @@ from fire_jax.data.chat import SYSTEM, ChatTokenizer, Message
 from fire_jax.data.images import load_image, pad_tiles, preprocess
 from fire_jax.data.records import IMAGE_PLACEHOLDER
 from fire_jax.infer.agents import Agent
-from fire_jax.infer.api import ApiAgent, ApiError, image_url, is_api_spec, parse_spec
+from fire_jax.infer.api import ApiAgent, ApiError, image_url, is_api_spec
 from fire_jax.infer.decode import DecodeConfig
-from fire_jax.infer.loading import load
+from fire_jax.infer.loading import display_name, load
 from fire_jax.results import ResultStore, check_settings
 from fire_jax.vlrmbench.data import Sample, TaskData, load_task
 from fire_jax.vlrmbench.score import ACCOUNTINGS, TaskResult, results_table, score_both, theme_average
@@ -139,18 +139,10 @@ def build_batch(rows: Sequence[Prepared], max_tiles: int = 0, multiple: int = 1)
 # ----------------------------------------------------------------------------
 
 def model_name(config) -> str:
-    """``config.name``, else the checkpoint's training run (or folder), the HF checkpoint, or "random init"."""
-    if config.get("name"):
-        return config.name
-    if is_api_spec(config.get("checkpoint")):
-        base_url, model = parse_spec(config.checkpoint)
-        return f"{model} ({base_url})"
-    if config.get("checkpoint"):
-        parts = Path(config.checkpoint).parts
-        return parts[-3] if parts[-2:] == ("export", "peft_adapter") else parts[-1]  # the training run's workdir
-    if config.get("init", {}).get("hf_checkpoint"):
-        return Path(config.init.hf_checkpoint).name
-    return "fire_jax (random init)"
+    """The evaluated model's row name: :func:`fire_jax.infer.loading.display_name` of ``config.name`` /
+    ``config.checkpoint`` / ``config.init.hf_checkpoint``."""
+    return display_name(name=config.get("name") or "", checkpoint=config.get("checkpoint") or "",
+                        init=config.get("init", {}).get("hf_checkpoint") or "", fallback="fire_jax (random init)")
 
 
 class Generator:
