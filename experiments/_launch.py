@@ -7,7 +7,7 @@ import os
 
 from fire_jax.config import load_config
 
-PIPELINE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "pipeline.py")
+PIPELINE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "main_job.py")
 
 
 def parse(description: str, default_workdir: str, **extra) -> tuple[argparse.Namespace, object]:

@@ -8,7 +8,7 @@ two tokens, with no marginal signal for gradient descent to follow. This script 
                Is the answer the same as the groundtruth?
     assistant: Yes.  |  No. The groundtruth comes later on its scale.  |  ... earlier ...
 
-(text only, about 60 tokens instead of the teacher's 370), trains the main job's LLM (configs/pipeline.py's
+(text only, about 60 tokens instead of the teacher's 370), trains the main job's LLM (configs/main_job.py's
 PIPELINE_LLM, tiny tokenizer, every weight, AdamW + warm-up + cosine, as the main job trains) from scratch with
 fire_jax's own trainer, and scores greedy answers on held-out items. ``--trainers`` adds a transformers
 LlamaForCausalLM of the same shape on the same token ids with the same schedule, the reference: if both sit at
@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from fire_jax.data.synthetic import TASKS, _parse_value  # noqa: E402
 
-CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "pipeline.py")
+CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "main_job.py")
 QUESTION = "Is the answer the same as the groundtruth?"
 
 

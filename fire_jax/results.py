@@ -2,7 +2,7 @@
 
 Every job that can be killed and rerun (fixed and free FIRE-Bench dialogues,
 VQA, VLRMBench tasks and analyses, FIRE-1M-style data generation,
-``fire_jax.generate``) writes through these:
+``fire_jax.batch_infer``) writes through these:
 
 - :class:`ResultStore`: an append-only JSONL file of finished units keyed by
   one field, flushed as it goes, so a killed run loses at most the unit in

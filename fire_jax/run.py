@@ -1,11 +1,11 @@
 """The main job: the FIRE pipeline end to end on the built-in tiny default (or, by config, at 8B).
 
     python -m fire_jax.run                                              # tiny, shipped synthetic data, CPU
-    python -m fire_jax.run --config configs/pipeline.py:8b --workdir DIR
+    python -m fire_jax.run --config configs/main_job.py:8b --workdir DIR
     python -m fire_jax.run --config.student_train.train.total_steps=50  # any field overridable
 
 Trains the teacher (FD) and the student (FIRE), evaluates the untrained baseline and the trained student in
-fixed and free dialogues, and prints the tables and the paths of the plots (see fire_jax/pipeline.py).
+fixed and free dialogues, and prints the tables and the paths of the plots (see fire_jax/main_job.py).
 """
 
 import os
@@ -13,8 +13,8 @@ import os
 from absl import app, flags
 from ml_collections import config_flags
 
-_DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "pipeline.py")
-_CONFIG = config_flags.DEFINE_config_file("config", os.path.normpath(_DEFAULT), "pipeline config (configs/pipeline.py)")
+_DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "main_job.py")
+_CONFIG = config_flags.DEFINE_config_file("config", os.path.normpath(_DEFAULT), "the main job's config (configs/main_job.py)")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/tiny", "where models, evaluations and the summary go")
 
 
@@ -24,7 +24,7 @@ def main(argv):
 
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint at INFO
-    from fire_jax.pipeline import run
+    from fire_jax.main_job import run
 
     run(_CONFIG.value, _WORKDIR.value)
 

@@ -49,8 +49,8 @@ def _violations(paths, forbidden: tuple[str, ...]) -> list[str]:
 
 
 UPPER = ("fire_jax.data", "fire_jax.train", "fire_jax.infer", "fire_jax.eval", "fire_jax.vlrmbench",
-         "fire_jax.pipeline", "fire_jax.run", "fire_jax.serve", "fire_jax.demo", "fire_jax.chat",
-         "fire_jax.generate", "fire_jax.evaluate", "fire_jax.evaluate_vlrm", "fire_jax.generate_fire100k")
+         "fire_jax.main_job", "fire_jax.run", "fire_jax.serve", "fire_jax.demo", "fire_jax.chat",
+         "fire_jax.batch_infer", "fire_jax.evaluate", "fire_jax.evaluate_vlrm", "fire_jax.make_fire100k")
 
 
 @pytest.mark.parametrize("layer, forbidden", [
@@ -60,8 +60,8 @@ UPPER = ("fire_jax.data", "fire_jax.train", "fire_jax.infer", "fire_jax.eval", "
     ("sharding.py", UPPER + ("fire_jax.checkpoint",)),
     ("data", ("fire_jax.models", "fire_jax.train", "fire_jax.infer", "fire_jax.eval", "fire_jax.vlrmbench",
               "fire_jax.checkpoint", "fire_jax.convert")),
-    ("infer", ("fire_jax.train", "fire_jax.eval", "fire_jax.vlrmbench", "fire_jax.pipeline")),
-    ("train", ("fire_jax.infer", "fire_jax.eval", "fire_jax.vlrmbench", "fire_jax.pipeline")),
+    ("infer", ("fire_jax.train", "fire_jax.eval", "fire_jax.vlrmbench", "fire_jax.main_job")),
+    ("train", ("fire_jax.infer", "fire_jax.eval", "fire_jax.vlrmbench", "fire_jax.main_job")),
 ])
 def test_layers_import_only_downwards(layer, forbidden):
     path = os.path.join(PACKAGE, layer)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fire_jax import chat, generate
+from fire_jax import batch_infer, chat
 from fire_jax.config import DEFAULT_CONFIG, load_config
 from fire_jax.convert.hf import save_hf_checkpoint, save_peft_adapter
 from fire_jax.data.records import BadRecordError, Turn
@@ -122,7 +122,7 @@ def test_generate_skips_bad_lines_and_resumes(image_root, monkeypatch):
     args = ["--input", str(source), "--output", str(output), "--image-root", str(image_root), "--batch-size", "2",
             *FAST]
     out = []
-    summary = generate.main(args, print_fn=out.append)
+    summary = batch_infer.main(args, print_fn=out.append)
     assert summary == {"written": 3, "already_done": 0,
                        "bad": {"invalid_json": 1, "missing_field": 1, "missing_image": 1}}
     assert [r["id"] for r in _read(output)] == ["p0", "p1", "p2"]
@@ -132,14 +132,14 @@ def test_generate_skips_bad_lines_and_resumes(image_root, monkeypatch):
     _write_prompts(source, [*good, dict(id="p3", image="red.png", question="Question 3?"),
                             dict(id="p4", image="red.png", question="Question 4?")])
     calls = _record_calls(monkeypatch, Student, "respond")
-    summary = generate.main(args, print_fn=out.append)
+    summary = batch_infer.main(args, print_fn=out.append)
     assert summary == {"written": 2, "already_done": 3, "bad": {}}
     assert [q for call in calls for q in call[1]] == ["Question 3?", "Question 4?"]
     assert [r["id"] for r in _read(output)] == ["p0", "p1", "p2", "p3", "p4"]
 
     _write_prompts(source, [good[0], json.dumps(dict(id="x", image="red.png", question=""))])
     with pytest.raises(BadRecordError, match=r"in.jsonl:2 \(id 'x'\): field 'question'"):
-        generate.main([*args, "--on-bad-record", "error"], print_fn=out.append)
+        batch_infer.main([*args, "--on-bad-record", "error"], print_fn=out.append)
 
 
 def test_generate_teacher_writes_scores(image_root, monkeypatch):
@@ -148,7 +148,7 @@ def test_generate_teacher_writes_scores(image_root, monkeypatch):
     _write_prompts(source, [dict(id=7, image="red.png", question="What colour is it?", groundtruth="Red.",
                                  answer="Answer: blue"),
                             dict(id=8, image="red.png", question="What colour is it?", answer="Answer: red")])
-    summary = generate.main(["--input", str(source), "--output", str(output), "--image-root", str(image_root),
+    summary = batch_infer.main(["--input", str(source), "--output", str(output), "--image-root", str(image_root),
                              "--role", "teacher", "--batch-size", "1", *FAST], print_fn=lambda *_: None)
     assert summary["written"] == 1 and summary["bad"] == {"missing_field": 1}
     (record,) = _read(output)

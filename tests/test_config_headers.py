@@ -77,7 +77,7 @@ def test_every_config_header_command_parses():
 def test_a_bad_header_command_is_caught():
     """The check can fail: an unknown flag, an unknown config arg and an unknown override are reported."""
     bad = [["--config", "configs/tiny.py", "--workdir", "DIR", "--hf-checkpoint", "X"],
-           ["--config", "configs/pipeline.py:nonsense"],
+           ["--config", "configs/main_job.py:nonsense"],
            ["--config", "configs/eval_free.py", "--config.teacher.no_such_field=1"]]
     modules = ["fire_jax.train.__main__", "fire_jax.run", "fire_jax.evaluate"]
     for module, argv in zip(modules, bad):

@@ -12,7 +12,7 @@ from fire_jax.data import tfds_fire
 from fire_jax.data import pipeline as pipeline_lib
 from fire_jax.data.records import Conversation, load_records
 from fire_jax.data.sources import geometry_from_model_config
-from fire_jax.data.synthetic import generate
+from fire_jax.data.synthetic import synthesize
 from fire_jax.geometry import ImageGeometry, unpadded_size
 
 ROOT = os.path.dirname(os.path.dirname(__file__))
@@ -137,7 +137,7 @@ def test_mixing_ratio():
 
 
 def test_length_policy(tmp_path):
-    one_turn, images = generate(3, seed=1, split="x")
+    one_turn, images = synthesize(3, seed=1, split="x")
     for record in one_turn:
         record["conversations"] = record["conversations"][:2]
     for name, image in images.items():
@@ -173,7 +173,7 @@ def test_length_policy(tmp_path):
 
 
 def test_instruction_source_with_text_only_records(tmp_path):
-    generate(1, seed=0, split="i")[1]["i_00000.png"].save(tmp_path / "a.png")
+    synthesize(1, seed=0, split="i")[1]["i_00000.png"].save(tmp_path / "a.png")
     (tmp_path / "llava.json").write_text(json.dumps([
         {"id": "img", "image": "a.png", "conversations": [{"from": "human", "value": "<image>\nWhat?"},
                                                           {"from": "gpt", "value": "Shapes."}]},
@@ -271,10 +271,10 @@ def test_build_tool(tmp_path):
 
 
 def test_synthetic_data():
-    records, images = generate(12, seed=3, split="train")
-    again, images_again = generate(12, seed=3, split="train")
+    records, images = synthesize(12, seed=3, split="train")
+    again, images_again = synthesize(12, seed=3, split="train")
     assert records == again and all(images[k].tobytes() == images_again[k].tobytes() for k in images)
-    assert records != generate(12, seed=4, split="train")[0]
+    assert records != synthesize(12, seed=4, split="train")[0]
     shipped, bad = load_records(os.path.join(ASSETS_DIR, "synthetic_fire", "train.json"),
                                 os.path.join(ASSETS_DIR, "synthetic_fire", "images"), on_bad_record="error")
     assert len(shipped) == 720 and not bad

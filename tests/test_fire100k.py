@@ -1,4 +1,4 @@
-"""python -m fire_jax.generate_fire100k against a loopback fire_jax.serve scripted model (issue 17.3-4):
+"""python -m fire_jax.make_fire100k against a loopback fire_jax.serve scripted model (issue 17.3-4):
 the strict parse, every filter and drop reason, sharding, resume after a kill, and the Fig. 5 statistics."""
 
 import json
@@ -12,7 +12,7 @@ import pytest
 
 from fire_jax.data.records import load_records
 from fire_jax.demo import EXAMPLES_DIR
-from fire_jax.generate_fire100k import Malformed, drop_reason, main, parse_conversation
+from fire_jax.make_fire100k import Malformed, drop_reason, main, parse_conversation
 from loopback import get_json, server
 
 IMAGE_ROOT = os.path.join(EXAMPLES_DIR, "images")
@@ -95,7 +95,7 @@ def test_generate_kill_resume_filters_and_statistics(triplets, model, tmp_path, 
     before = counts()  # the fixture's model is shared by the module's tests
     served = lambda: {rule: n - before[rule] for rule, n in counts().items()}  # requests made by this test
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    process = subprocess.Popen([sys.executable, "-m", "fire_jax.generate_fire100k",
+    process = subprocess.Popen([sys.executable, "-m", "fire_jax.make_fire100k",
                                 *args(triplets, model, out, "--concurrency", "1")],
                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     written = lambda: sum(len(p.read_text().splitlines()) for p in (out, tmp_path / "fire100k.jsonl.dropped.jsonl")

@@ -14,7 +14,7 @@ from fire_jax.eval import fixed, free, plots, report
 from fire_jax.eval.fire_bench import build_agents, evaluate, load_agent, split_statistics
 from fire_jax.infer import dialogue
 from fire_jax.infer.agents import Feedback
-from fire_jax.infer.dialogue import generate_records
+from fire_jax.infer.dialogue import make_fire_records
 from fire_jax.results import ResultStore
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
@@ -298,7 +298,7 @@ def test_generated_fire_1m_records_load_with_zero_bad_records(tmp_path):
     scripts = [[3, 9], [9], [3, 3, 3], [None], [2, 4, 5], [4, 2, 6]]
     script = {item.question: s for item, s in zip(items, scripts)}
     out = str(tmp_path / "fire_1m.jsonl")
-    kept, dropped = generate_records(items, ScriptedStudent(), ScriptedTeacher(script), out, image_root=IMAGES,
+    kept, dropped = make_fire_records(items, ScriptedStudent(), ScriptedTeacher(script), out, image_root=IMAGES,
                                      batch_size=4)
     assert kept == 3 and dict(dropped) == {"no_improvement": 2, "no_score": 1}
     records, bad = load_records(out, IMAGES, on_bad_record="error")
@@ -307,7 +307,7 @@ def test_generated_fire_1m_records_load_with_zero_bad_records(tmp_path):
     assert all(r.split == "fire_1m" and not os.path.isabs(r.image) for r in records)
     assert records[0].turns[0].feedback_text == "look again (1)."
     again = ScriptedTeacher(script)
-    assert generate_records(items, ScriptedStudent(), again, out, image_root=IMAGES)[0] == 3 and again.calls == 0
+    assert make_fire_records(items, ScriptedStudent(), again, out, image_root=IMAGES)[0] == 3 and again.calls == 0
 
 
 def test_data_statistics_and_plots(tmp_path):

@@ -17,7 +17,7 @@ from fire_jax.data.chat import ChatTokenizer
 from fire_jax.data.images import preprocess
 from fire_jax.data.records import Turn, parse_score
 from fire_jax.infer.agents import Student, Teacher
-from fire_jax.infer.decode import TRACE_COUNTS, DecodeConfig, bucket_length, generate, left_pad, sample_token
+from fire_jax.infer.decode import TRACE_COUNTS, DecodeConfig, prompt_bucket, generate, left_pad, sample_token
 from fire_jax.infer.forward import image_inputs, normalise_sizes
 from hf_reference import hf_logits, make_batch, rel_err, tiny_hf_model
 
@@ -195,7 +195,7 @@ def test_sample_token_filters():
 def test_compilations_bounded_by_buckets(pair):
     model = pair[1]
     config = DecodeConfig(max_new_tokens=3, stop_ids=())  # a config no other test compiles
-    assert [bucket_length(n) for n in (1, 64, 65, 1000, 1025, 3000)] == [64, 64, 128, 1024, 2048, 3072]
+    assert [prompt_bucket(n) for n in (1, 64, 65, 1000, 1025, 3000)] == [64, 64, 128, 1024, 2048, 3072]
 
     def traces_for(lengths):
         before = dict(TRACE_COUNTS)

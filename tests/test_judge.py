@@ -130,7 +130,7 @@ def test_synthetic_task_has_no_surface_shortcut():
 
 def test_shortcut_check_catches_a_task_with_one():
     """The check must be able to fail: the previous task (wrong first answers, right refinements) had one."""
-    records, _ = synthetic.generate(300, seed=1, split="train")
+    records, _ = synthetic.synthesize(300, seed=1, split="train")
     leaky = []
     for record in records:
         gt = record["groundtruth"]["value"]
@@ -143,7 +143,7 @@ def test_shortcut_check_catches_a_task_with_one():
 
 
 def test_synthetic_dialogues_step_towards_the_truth():
-    records, _ = synthetic.generate(60, seed=2, split="train")
+    records, _ = synthetic.synthesize(60, seed=2, split="train")
     for record in records:
         scores = record["score"]
         assert scores[-1] == 10 and all(a < b for a, b in zip(scores, scores[1:]))  # every refinement scores higher
@@ -158,7 +158,7 @@ def test_synthetic_dialogues_step_towards_the_truth():
 
 def test_exact_teacher_is_the_generators_rule():
     """The exact teacher reproduces every feedback of generated dialogues, and its verdict is the judge's."""
-    records, _ = synthetic.generate(90, seed=4, split="train")
+    records, _ = synthetic.synthesize(90, seed=4, split="train")
     teacher = judge.ExactTeacher()
     for record in records:
         gt = record["groundtruth"]["value"]

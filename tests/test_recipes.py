@@ -13,7 +13,7 @@ from flax import nnx
 
 from fire_jax.config import load_config
 from fire_jax.data.pipeline import InputPipeline
-from fire_jax.data.synthetic import generate
+from fire_jax.data.synthetic import synthesize
 from fire_jax.models import LlavaNext, LlavaNextConfig
 from fire_jax.sharding import make_mesh
 from fire_jax.train import loop
@@ -64,18 +64,18 @@ def test_pipeline_8b_and_the_ablation_source():
     fire = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fire)
     ABLATION_SOURCE = fire.ABLATION_SOURCE
-    config = _recipe("pipeline.py", "8b")
+    config = _recipe("main_job.py", "8b")
     for stage in (config.teacher_train, config.student_train):
         assert stage.data.sources.llava_665k.num_examples == 665_298
     # The Fig. 6 ablation subsamples FIRE-1M, named by key (sorted order would pick the instruction data).
     assert ABLATION_SOURCE == "fire_1m" and config.student_train.data.sources[ABLATION_SOURCE].split == "fire_1m"
     assert sorted(config.student_train.data.sources)[-1] == "llava_665k"
-    options = _recipe("pipeline.py", "8b,llava_n=7,released=True")
+    options = _recipe("main_job.py", "8b,llava_n=7,released=True")
     assert options.student_train.data.sources.llava_665k.max_examples == 7
     assert options.teacher_train.data.sources.llava_665k.max_examples == 7
     assert options.student_train.loss.student_first_turn and not options.teacher_train.loss.student_first_turn
     with pytest.raises(ValueError):
-        _recipe("pipeline.py", "tiny,llava_n=7")
+        _recipe("main_job.py", "tiny,llava_n=7")
 
 
 def test_released_reproduces_the_release():
@@ -95,7 +95,7 @@ def test_released_reproduces_the_release():
 def dirty_data(tmp_path_factory):
     """45 synthetic dialogues (all with >= 2 turns) and 6 injected bad records, as one JSON file."""
     directory = tmp_path_factory.mktemp("dirty")
-    records, images = generate(160, seed=3, split="dirty")
+    records, images = synthesize(160, seed=3, split="dirty")
     for name, image in images.items():
         image.save(directory / name)
     good = [r for r in records if len(r["conversations"]) >= 4][:45]

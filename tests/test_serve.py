@@ -239,7 +239,7 @@ def test_free_dialogues_through_api_specs_equal_in_process(checkpoint, server, t
     from test_fire_bench import eval_config
 
     from fire_jax.data.items import item_of, load_conversations
-    from fire_jax.infer.dialogue import generate_records
+    from fire_jax.infer.dialogue import make_fire_records
     from fire_jax.infer.dialogue import StopRule
 
     runs, generated = {}, {}
@@ -252,11 +252,11 @@ def test_free_dialogues_through_api_specs_equal_in_process(checkpoint, server, t
         results = evaluate(config, str(tmp_path / kind), agents=agents)
         with open(results["outputs"]) as f:
             runs[kind] = [json.loads(line) for line in f]
-        # FIRE-1M-style generation (tools/generate_fire1m.py) with the same agents, every dialogue kept or dropped
+        # FIRE-1M-style generation (tools/make_fire1m.py) with the same agents, every dialogue kept or dropped
         items = [item_of(record, image) for record, image in load_conversations(eval_config("free",
                                                                                            max_examples=6).test)]
         out = tmp_path / kind / "fire_1m.jsonl"
-        kept, dropped = generate_records(items, *agents, str(out), rule=StopRule(max_turns=3, threshold=11,
+        kept, dropped = make_fire_records(items, *agents, str(out), rule=StopRule(max_turns=3, threshold=11,
                                                                                   stop_on_no_increase=False),
                                          batch_size=config.decode.batch_size)
         assert kept + sum(dropped.values()) == 6
@@ -277,8 +277,8 @@ def test_free_dialogues_through_api_specs_equal_in_process(checkpoint, server, t
 
 
 def test_chat_and_batch_generation_through_api_specs_equal_in_process(checkpoint, server, tmp_path):
-    """python -m fire_jax.chat --auto and python -m fire_jax.generate (student and teacher) with api: specs."""
-    from fire_jax import chat, generate
+    """python -m fire_jax.chat --auto and python -m fire_jax.batch_infer (student and teacher) with api: specs."""
+    from fire_jax import batch_infer, chat
 
     spec = f"api:{server[1]}/v1#tiny"
     dialogues = {}
@@ -301,7 +301,7 @@ def test_chat_and_batch_generation_through_api_specs_equal_in_process(checkpoint
         outputs = {}
         for kind, model in (("in_process", checkpoint), ("api", spec)):
             path = tmp_path / f"{role}_{kind}.jsonl"
-            summary = generate.main(["--input", str(prompts), "--output", str(path), "--image-root", str(tmp_path),
+            summary = batch_infer.main(["--input", str(prompts), "--output", str(path), "--image-root", str(tmp_path),
                                      "--role", role, "--checkpoint", model, "--batch-size", "2", "--max-new-tokens",
                                      "6"], print_fn=lambda *_: None)
             assert summary == {"written": 5, "already_done": 0, "bad": {}}

@@ -101,7 +101,7 @@ def full_run(bench, tmp_path_factory):
 # ---------------------------------------------------------------- several images per sample
 
 def test_two_images_two_placeholder_blocks_and_their_tiles(bench):
-    generator = runner.Generator.from_config(tiny_config(), tiny_config().generate, name="tiny", max_new_tokens=8)
+    generator = runner.Responder.from_config(tiny_config(), tiny_config().generate, name="tiny", max_new_tokens=8)
     chat, geometry, n = generator.chat, generator.geometry, generator.geometry.tokens_per_tile
     assert runner.user_text("Q", 2) == "<image>\n<image>\nQ"
 
@@ -268,14 +268,14 @@ def test_failed_generations_are_recorded_counted_and_retried(bench, full_run, tm
 
 def test_trained_checkpoint_is_evaluated(tmp_path):
     config = tiny_config()
-    model = runner.Generator.from_config(config, config.generate, name="base", max_new_tokens=8).model
+    model = runner.Responder.from_config(config, config.generate, name="base", max_new_tokens=8).model
     for layer in model.language_model.model.layers:
         for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
             proj.lora_b[...] = jax.random.normal(jax.random.key(1), proj.lora_b[...].shape)
     save_peft_adapter(model, str(tmp_path / "fd_run" / "export" / "peft_adapter"))
     config.checkpoint = str(tmp_path / "fd_run" / "export" / "peft_adapter")
     assert runner.model_name(config) == "fd_run"
-    loaded = runner.Generator.from_config(config, config.generate, name="fd_run", max_new_tokens=8).model
+    loaded = runner.Responder.from_config(config, config.generate, name="fd_run", max_new_tokens=8).model
     np.testing.assert_array_equal(loaded.language_model.model.layers[1].self_attn.k_proj.lora_b[...],
                                   model.language_model.model.layers[1].self_attn.k_proj.lora_b[...])
     config.judge.checkpoint = config.checkpoint
@@ -332,7 +332,7 @@ class Scripted:
 
 def test_runner_with_scripted_agents_gives_exact_figures(bench, tmp_path, monkeypatch):
     scripted = Scripted()
-    monkeypatch.setattr(runner.Generator, "from_config", classmethod(lambda cls, *a, **k: scripted))
+    monkeypatch.setattr(runner.Responder, "from_config", classmethod(lambda cls, *a, **k: scripted))
     config = tiny_config()
     config.analyses.shots.k = "0,1,2"
     results = runner.evaluate(config, str(bench), str(tmp_path), tasks="SC,MJ,FF,ERA,EC",

@@ -263,8 +263,8 @@ def test_official_step_parser_quirks_and_robust_reading():
     assert vb.parse_step_labels(restated, 3) == [0, 0, 1]
 
     assert vb.parse_step_labels("STEP 10: 1\n**Step 2**: 1", 10) == [0, 1] + [0] * 7 + [1]
-    assert vb.parse_step_labels_ex("[0, 0, 1, 0]", 4, parser="official") == ([0, 0, 1, 0], True)
-    assert vb.parse_step_labels_ex("[1, 0, 0, 1]", 4) == ([1, 0, 0, 1], True)
+    assert vb.try_parse_step_labels("[0, 0, 1, 0]", 4, parser="official") == ([0, 0, 1, 0], True)
+    assert vb.try_parse_step_labels("[1, 0, 0, 1]", 4) == ([1, 0, 0, 1], True)
 
 
 # Step-label outputs as models write them: the form the prompt asks for, the shipped records' "STEPk:"
@@ -306,31 +306,31 @@ STEP_LABEL_FORMS = {
 
 @pytest.mark.parametrize("form", list(STEP_LABEL_FORMS))
 def test_robust_parser_reads_real_output_forms(form):
-    assert vb.parse_step_labels_ex(STEP_LABEL_FORMS[form], 3) == ([0, 1, 0], True)
+    assert vb.try_parse_step_labels(STEP_LABEL_FORMS[form], 3) == ([0, 1, 0], True)
 
 
 def test_robust_parser_form_count_and_the_full_stop_bug():
     assert len(STEP_LABEL_FORMS) >= 15 and len(set(STEP_LABEL_FORMS.values())) == len(STEP_LABEL_FORMS)
     # The misreading of issue 13: a label followed by a full stop was rejected and pooled as zeros.
-    assert vb.parse_step_labels_ex("STEP 1: 0.\nSTEP 2: 1.\nSTEP 3: 0.", 3) == ([0, 1, 0], True)
+    assert vb.try_parse_step_labels("STEP 1: 0.\nSTEP 2: 1.\nSTEP 3: 0.", 3) == ([0, 1, 0], True)
     # The official parser is the release's: every integer is a label, whatever the form.
-    assert vb.parse_step_labels_ex("STEP 1: 0.\nSTEP 2: 1.\nSTEP 3: 0.", 3, parser="official") == ([1, 0, 1], True)
-    assert vb.parse_step_labels_ex("Step 1 - correct\nStep 2 - incorrect\nStep 3 - correct", 3,
+    assert vb.try_parse_step_labels("STEP 1: 0.\nSTEP 2: 1.\nSTEP 3: 0.", 3, parser="official") == ([1, 0, 1], True)
+    assert vb.try_parse_step_labels("Step 1 - correct\nStep 2 - incorrect\nStep 3 - correct", 3,
                                    parser="official") == ([1, 1, 1], True)
-    assert vb.parse_step_labels_ex("1) Correct.\n2) Wrong.", 3, parser="official") == ([1, 1, 0], False)
+    assert vb.try_parse_step_labels("1) Correct.\n2) Wrong.", 3, parser="official") == ([1, 1, 0], False)
     # Not labels: a decimal, a step 10 read as step 1, a numbered list of prose.
-    assert vb.parse_step_labels_ex("STEP 1: 0.5\nSTEP 2: 1.5", 2) == ([0, 0], False)
-    assert vb.parse_step_labels_ex("There are 3 steps.\n1. The first step counts.", 3) == ([0, 0, 0], False)
+    assert vb.try_parse_step_labels("STEP 1: 0.5\nSTEP 2: 1.5", 2) == ([0, 0], False)
+    assert vb.try_parse_step_labels("There are 3 steps.\n1. The first step counts.", 3) == ([0, 0, 0], False)
 
 
 def test_step_parser_failures():
-    assert vb.parse_step_labels_ex(None, 3) == ([0, 0, 0], False)
-    assert vb.parse_step_labels_ex(None, 3, parser="official") == ([0, 0, 0], False)
-    assert vb.parse_step_labels_ex("I cannot tell.", 2) == ([0, 0], False)
-    assert vb.parse_step_labels_ex("I cannot tell.", 2, parser="official") == ([0, 0], False)
-    assert vb.parse_step_labels_ex("[1]", 3) == ([1, 0, 0], False)  # too short: padded, a failure
-    assert vb.parse_step_labels_ex("[1, 0, 1, 1]", 3) == ([1, 0, 1], False)  # too long: cut, a failure
-    assert vb.parse_step_labels_ex("STEP 1: 1, STEP 3: 1", 3) == ([1, 0, 1], False)  # step 2 missing
+    assert vb.try_parse_step_labels(None, 3) == ([0, 0, 0], False)
+    assert vb.try_parse_step_labels(None, 3, parser="official") == ([0, 0, 0], False)
+    assert vb.try_parse_step_labels("I cannot tell.", 2) == ([0, 0], False)
+    assert vb.try_parse_step_labels("I cannot tell.", 2, parser="official") == ([0, 0], False)
+    assert vb.try_parse_step_labels("[1]", 3) == ([1, 0, 0], False)  # too short: padded, a failure
+    assert vb.try_parse_step_labels("[1, 0, 1, 1]", 3) == ([1, 0, 1], False)  # too long: cut, a failure
+    assert vb.try_parse_step_labels("STEP 1: 1, STEP 3: 1", 3) == ([1, 0, 1], False)  # step 2 missing
     with pytest.raises(ValueError, match="parser"):
         vb.parse_step_labels("[0]", 1, parser="lenient")
 
@@ -343,9 +343,9 @@ def test_score_parsers():
     assert vb.parse_scores(spelled, parser="official") == (6, 10)
     assert vb.parse_scores(spelled) == (8, 6)
     assert vb.parse_scores('["Score for Response 1", "Score for Response 2"]\n[7.5, 9/10]') == (7.5, 9)
-    assert vb.parse_scores_ex("7", parser="official") == ((7, 0), False)
-    assert vb.parse_scores_ex("no idea") == ((0, 0), False)
-    assert vb.parse_scores_ex(None, parser="official") == ((0, 0), False)
+    assert vb.try_parse_scores("7", parser="official") == ((7, 0), False)
+    assert vb.try_parse_scores("no idea") == ((0, 0), False)
+    assert vb.try_parse_scores(None, parser="official") == ((0, 0), False)
 
 
 def test_foresight_parser_on_hedged_answers():

@@ -126,7 +126,7 @@ class Preprocessor:
         return {"dropped": error.reason, "example_id": error.where}
 
 
-def bucket_length(length: int, buckets: Sequence[int]) -> int:
+def batch_length(length: int, buckets: Sequence[int]) -> int:
     """The smallest bucket that holds ``length`` tokens."""
     for bucket in sorted(buckets):
         if length <= bucket:
@@ -137,7 +137,7 @@ def bucket_length(length: int, buckets: Sequence[int]) -> int:
 def collate(examples: Sequence[Mapping[str, Any]], *, batch_size: int, buckets: Sequence[int], pad_id: int,
             image_token_id: int, geometry: ImageGeometry) -> dict[str, np.ndarray]:
     """Fixed-shape batch of ``batch_size`` rows (missing rows are padding) from per-example dicts."""
-    length = bucket_length(max(len(e["input_ids"]) for e in examples), buckets)
+    length = batch_length(max(len(e["input_ids"]) for e in examples), buckets)
     max_tiles, t = geometry.max_tiles, geometry.tile_size
     batch = {
         "input_ids": np.full((batch_size, length), pad_id, np.int32),

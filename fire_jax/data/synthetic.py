@@ -232,7 +232,7 @@ def dialogue(task: Task, truth: int, offset: int, rng: random.Random) -> list[tu
         thought, value = task.refined_thought(up), value + (1 if up else -1)
 
 
-def generate(num: int, seed: int, split: str) -> tuple[list[dict], dict[str, Image.Image]]:
+def synthesize(num: int, seed: int, split: str) -> tuple[list[dict], dict[str, Image.Image]]:
     """``num`` raw FIRE records (released schema) and their images, keyed by file name."""
     rng = random.Random(f"{seed}/{split}")
     records, images = [], {}
@@ -265,7 +265,7 @@ def write_synthetic_fire(out_dir: str, *, num_train: int = 720, num_test: int = 
     os.makedirs(os.path.join(out_dir, "images"), exist_ok=True)
     paths = {}
     for split, num in (("train", num_train), ("test", num_test)):
-        records, images = generate(num, seed, split)
+        records, images = synthesize(num, seed, split)
         for name, image in images.items():
             image.save(os.path.join(out_dir, "images", name), optimize=True)
         paths[split] = os.path.join(out_dir, f"{split}.json")

@@ -18,9 +18,9 @@ text on as it arrives (the demo shows it growing).
 A spec is accepted wherever a model is loaded: FIRE-Bench fixed and free
 dialogues and FIRE-1M-style generation (``student.init`` / ``teacher.init``,
 :func:`fire_jax.eval.fire_bench.build_agents`), the VLRMBench model and
-ERA/EC judge (:class:`fire_jax.vlrmbench.runner.ApiGenerator`),
+ERA/EC judge (:class:`fire_jax.vlrmbench.runner.ApiResponder`),
 ``python -m fire_jax.chat`` / ``.generate`` / ``.demo`` (:func:`load_agents`)
-and ``python -m fire_jax.generate_fire100k``.
+and ``python -m fire_jax.make_fire100k``.
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ class Generation:
         return (self.tokens >= 0).sum(axis=1)
 
 
-def bucket_length(n: int, bucket_min: int = 64, bucket_step: int = 1024) -> int:
+def prompt_bucket(n: int, bucket_min: int = 64, bucket_step: int = 1024) -> int:
     """Padded prompt length: next power of two >= ``bucket_min`` up to ``bucket_step``, then multiples of it."""
     length = bucket_min
     while length < min(n, bucket_step):
@@ -276,7 +276,7 @@ def generate(model, prompts: Sequence[Sequence[int]], *, pixel_values: np.ndarra
     rows = rows if mesh is None else -(-rows // mesh.shape["data"]) * mesh.shape["data"]
     prompts = list(prompts) + [[config.pad_id]] * (rows - batch)  # dead rows: fixed batch, the mesh's data axis
     sizes = sizes + [[] for _ in range(rows - batch)]
-    bucket = bucket_length(max(map(len, prompts)), config.bucket_min, config.bucket_step)
+    bucket = prompt_bucket(max(map(len, prompts)), config.bucket_min, config.bucket_step)
     input_ids, attention_mask, positions = left_pad(prompts, bucket, config.pad_id)
     lengths = attention_mask.sum(axis=1).astype(np.int32)
     live = np.arange(rows) < batch

@@ -16,7 +16,7 @@ step is one batched student call and one batched teacher call over the live
 dialogues, each at its own turn; a finished dialogue leaves the batch and the
 next item takes its place.
 
-:func:`generate_records` is FIRE-1M-style generation: :data:`FIRE_1M_GENERATION`'s
+:func:`make_fire_records` is FIRE-1M-style generation: :data:`FIRE_1M_GENERATION`'s
 rule (stop at 8 or after 3 turns, no "no_increase" stop); a dialogue is kept
 only if its last score is higher than its first (dialogues solved at once
 teach no refinement); each kept one is written as a raw record in the schema
@@ -168,7 +168,7 @@ def drop_reason(dialogue: Dialogue, record: dict) -> BadRecordError | None:
     return None
 
 
-def generate_records(items: Sequence[Item], student, teacher, out_path: str, *, image_root: str = "",
+def make_fire_records(items: Sequence[Item], student, teacher, out_path: str, *, image_root: str = "",
                      split: str = "fire_1m", rule: StopRule = FIRE_1M_GENERATION, batch_size: int = 8,
                      rng=None) -> tuple[int, BadRecords]:
     """Talk about every item not yet done; returns (records kept in total, dropped dialogues by reason).

@@ -31,7 +31,7 @@ reproducible whatever runs beside it), stop ids and stop strings.
 Compiled shapes, all known up front: a decode chunk per width (the first 1, 2,
 4, ... ``slots`` slots, enough for the live ones: a lone request decodes as a
 batch of one), one cache shift, and one prefill per (prompt bucket, image-tile bucket),
-buckets as in :func:`fire_jax.infer.decode.bucket_length` (or multiples of
+buckets as in :func:`fire_jax.infer.decode.prompt_bucket` (or multiples of
 ``bucket_min`` near the end of the context) and at most ``cache_len``.
 """
 
@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from fire_jax.infer.decode import LLAMA3_STOP_IDS, TRACE_COUNTS, bucket_length, left_pad
+from fire_jax.infer.decode import LLAMA3_STOP_IDS, TRACE_COUNTS, prompt_bucket, left_pad
 from fire_jax.infer.forward import image_inputs
 from fire_jax.models.llama import KVCache
 
@@ -243,10 +243,10 @@ class Engine:
     # -- requests ---------------------------------------------------------------------------------
 
     def bucket(self, request: Request) -> int:
-        """Prompt bucket: :func:`bucket_length`, else (when that leaves too little room for max_tokens) the
+        """Prompt bucket: :func:`prompt_bucket`, else (when that leaves too little room for max_tokens) the
         prompt length rounded up to a multiple of ``bucket_min``; so at most cache_len / bucket_min more shapes."""
         n = len(request.prompt)
-        bucket = bucket_length(n, self.bucket_min, self.bucket_step)
+        bucket = prompt_bucket(n, self.bucket_min, self.bucket_step)
         if bucket + request.max_tokens > self.cache_len:
             bucket = -(-n // self.bucket_min) * self.bucket_min
         return bucket

@@ -23,6 +23,6 @@ from fire_jax.vlrmbench.tasks import (  # noqa: F401
 from fire_jax.vlrmbench.data import (  # noqa: F401
     count_steps, Sample, BadRecord, TaskData, load_task)
 from fire_jax.vlrmbench.parse import (  # noqa: F401
-    PARSERS, parse_step_labels_ex, parse_step_labels, parse_scores_ex, parse_scores, parse_foresight)
+    PARSERS, try_parse_step_labels, parse_step_labels, try_parse_scores, parse_scores, parse_foresight)
 from fire_jax.vlrmbench.score import (  # noqa: F401
     ACCOUNTINGS, FAILURE_REASONS, PAPER_RESULTS, PAPER_MODELS, PAPER_JUDGE, f1_per_class, weighted_f1, weighted_average, TaskResult, score_task, score_both, theme_average, load_paper_results, results_table)

@@ -43,7 +43,7 @@ from typing import Any, Mapping, Sequence
 
 from fire_jax.results import ResultStore, check_settings
 from fire_jax.vlrmbench.data import Sample, TaskData
-from fire_jax.vlrmbench.parse import parse_foresight, parse_scores_ex, parse_step_labels_ex
+from fire_jax.vlrmbench.parse import parse_foresight, try_parse_scores, try_parse_step_labels
 from fire_jax.vlrmbench.score import ACCOUNTINGS, load_paper_results, score_both
 from fire_jax.vlrmbench.tasks import TASK_PROMPTS, task_info
 
@@ -124,7 +124,7 @@ def positional(samples: Sequence[Sample], outputs: Mapping[str, Any], parser: st
         read, correct, failed = [], 0, 0
         for sample in samples:
             text = outputs.get(sample.id, (None, None))[order]
-            (first, second), ok = parse_scores_ex(text, parser)
+            (first, second), ok = try_parse_scores(text, parser)
             if not ok:
                 failed += 1
                 continue
@@ -271,7 +271,7 @@ def vote(task: str, sample: Sample, texts: Sequence[Sequence[str | None]], parse
     """
     info = task_info(task)
     if info.theme == "step":
-        read = [labels for labels, ok in (parse_step_labels_ex(t[0], len(sample.task_gt), parser) for t in texts)
+        read = [labels for labels, ok in (try_parse_step_labels(t[0], len(sample.task_gt), parser) for t in texts)
                 if ok]
         return str(majority_labels(read)) if read else None
     if info.file == "foresight":
@@ -281,7 +281,7 @@ def vote(task: str, sample: Sample, texts: Sequence[Sequence[str | None]], parse
     if info.file == "multi_solution":
         verdicts = []
         for first_text, second_text in texts:
-            (first, first_ok), (second, second_ok) = parse_scores_ex(first_text, parser), parse_scores_ex(
+            (first, first_ok), (second, second_ok) = try_parse_scores(first_text, parser), try_parse_scores(
                 second_text, parser)
             if first_ok and second_ok:
                 good, bad = first[0] + second[1], first[1] + second[0]

@@ -71,7 +71,7 @@ def _numbered_labels(pattern: re.Pattern, text: str) -> dict[int, int]:
 
 
 def _step_readings(text: str) -> Iterator[list[int] | dict[int, int]]:
-    """The ways a text can hold step labels, in order of trust (see parse_step_labels_ex)."""
+    """The ways a text can hold step labels, in order of trust (see try_parse_step_labels)."""
     for pattern in (_BRACKETED, _PARENTHESISED):
         lists = _bracketed_lists(text, _LABEL_ITEM, pattern)
         yield from ([int(i) for i in items] for items in reversed(lists))  # the last list first
@@ -81,7 +81,7 @@ def _step_readings(text: str) -> Iterator[list[int] | dict[int, int]]:
         yield [int(i) for i in re.findall(r"[01]", line)]
 
 
-def parse_step_labels_ex(text: str | None, num_steps: int, parser: str = "robust") -> tuple[list[int], bool]:
+def try_parse_step_labels(text: str | None, num_steps: int, parser: str = "robust") -> tuple[list[int], bool]:
     """Per-step labels (1 = erroneous) read from a step-task output, and whether reading succeeded.
 
     official (the release): every integer in the text is a label, values > 1
@@ -119,11 +119,11 @@ def parse_step_labels_ex(text: str | None, num_steps: int, parser: str = "robust
 
 
 def parse_step_labels(text: str | None, num_steps: int, parser: str = "robust") -> list[int]:
-    """Per-step labels read from a step-task output; see parse_step_labels_ex."""
-    return parse_step_labels_ex(text, num_steps, parser)[0]
+    """Per-step labels read from a step-task output; see try_parse_step_labels."""
+    return try_parse_step_labels(text, num_steps, parser)[0]
 
 
-def parse_scores_ex(text: str | None, parser: str = "robust") -> tuple[tuple[float, float], bool]:
+def try_parse_scores(text: str | None, parser: str = "robust") -> tuple[tuple[float, float], bool]:
     """The two scores (response 1, response 2) of an MJ or judge output, and whether reading succeeded.
 
     official (the release): the last two integers, padded with 0 when fewer
@@ -153,8 +153,8 @@ def parse_scores_ex(text: str | None, parser: str = "robust") -> tuple[tuple[flo
 
 
 def parse_scores(text: str | None, parser: str = "robust") -> tuple[float, float]:
-    """The two scores of an MJ or judge output; see parse_scores_ex."""
-    return parse_scores_ex(text, parser)[0]
+    """The two scores of an MJ or judge output; see try_parse_scores."""
+    return try_parse_scores(text, parser)[0]
 
 
 def parse_foresight(text: str | None, parser: str = "robust") -> frozenset[bool]:

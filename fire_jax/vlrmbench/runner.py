@@ -21,7 +21,7 @@ a multiple of one image's most tiles (few compiled shapes).
 **API models.** ``config.checkpoint`` (the evaluated model) and
 ``config.judge.checkpoint`` (the ERA/EC judge) may be ``api:<base_url>#<model>``:
 any OpenAI-compatible endpoint, e.g. GPT-4o or ``python -m fire_jax.serve``
-(:class:`ApiGenerator`; a served fire_jax model answers exactly as in process).
+(:class:`ApiResponder`; a served fire_jax model answers exactly as in process).
 
 **Generation.** Greedy, batched through :func:`fire_jax.infer.decode.generate`;
 a short last batch is filled with one-token dummy rows so every call has
@@ -145,7 +145,7 @@ def model_name(config) -> str:
                         init=config.get("init", {}).get("hf_checkpoint") or "", fallback="fire_jax (random init)")
 
 
-class Generator:
+class Responder:
     """A model answering VLRMBench requests: ``generator(requests)`` -> [(text, failure)].
 
     Generation is the student's and the teacher's (:class:`fire_jax.infer.agents.Agent`, every call padded to
@@ -160,21 +160,21 @@ class Generator:
         self.decode = self.agent.config
 
     def variant(self, *, name: str | None = None, batch_size: int | None = None, max_new_tokens: int | None = None,
-                temperature: float | None = None) -> "Generator":
+                temperature: float | None = None) -> "Responder":
         """The same model with other decode settings (the judge, the voting sampler)."""
         changes = {k: v for k, v in dict(max_new_tokens=max_new_tokens, temperature=temperature).items()
                    if v is not None}
-        return Generator(self.model, self.chat, name=name or self.name, batch_size=batch_size or self.batch_size,
+        return Responder(self.model, self.chat, name=name or self.name, batch_size=batch_size or self.batch_size,
                          decode=dataclasses.replace(self.decode, **changes), max_tiles=self.max_tiles)
 
     @classmethod
-    def from_config(cls, config, generate_config, *, name: str, max_new_tokens: int) -> "Generator | ApiGenerator":
+    def from_config(cls, config, generate_config, *, name: str, max_new_tokens: int) -> "Responder | ApiResponder":
         """The model of ``config``: ``config.checkpoint`` (HF / PEFT adapter / train workdir, see
         :func:`fire_jax.infer.loading.load`, or an ``api:<base_url>#<model>`` endpoint: an
-        :class:`ApiGenerator`), else ``config.init.hf_checkpoint``, else random weights."""
+        :class:`ApiResponder`), else ``config.init.hf_checkpoint``, else random weights."""
         if is_api_spec(config.get("checkpoint")):
             print(f"{name}: endpoint {config.checkpoint}")
-            return ApiGenerator(config.checkpoint, name=name, batch_size=generate_config.batch_size,
+            return ApiResponder(config.checkpoint, name=name, batch_size=generate_config.batch_size,
                                 max_new_tokens=max_new_tokens, seed=config.seed)
         loaded = load(config, config.get("checkpoint") or None)
         print(f"{name}: {loaded.description}")
@@ -225,8 +225,8 @@ class Generator:
         return self.agent.generate_ids(*build_batch(rows, self.max_tiles, self.geometry.max_tiles), rng)
 
 
-class ApiGenerator:
-    """An OpenAI-compatible endpoint (``api:<base_url>#<model>``) in the place of a :class:`Generator`.
+class ApiResponder:
+    """An OpenAI-compatible endpoint (``api:<base_url>#<model>``) in the place of a :class:`Responder`.
 
     A request becomes fire_jax's system prompt and one user message: an
     ``image_url`` part (a PNG ``data:`` URI) per image, in order, then the
@@ -253,15 +253,15 @@ class ApiGenerator:
         return self.agent.failures
 
     def variant(self, *, name: str | None = None, batch_size: int | None = None, max_new_tokens: int | None = None,
-                temperature: float | None = None) -> "ApiGenerator":
+                temperature: float | None = None) -> "ApiResponder":
         c = self.agent.config
-        return ApiGenerator(self.spec, name=name or self.name, batch_size=batch_size or self.batch_size,
+        return ApiResponder(self.spec, name=name or self.name, batch_size=batch_size or self.batch_size,
                             max_new_tokens=max_new_tokens or c.max_new_tokens, seed=self.seed,
                             temperature=c.temperature if temperature is None else temperature,
                             concurrency=self.concurrency)
 
     def __call__(self, requests: Sequence[Request], rng=None) -> list[tuple[str | None, str | None]]:
-        """(text, failure) per request, as :meth:`Generator.__call__`. ``rng``: request i samples with seed
+        """(text, failure) per request, as :meth:`Responder.__call__`. ``rng``: request i samples with seed
         (a number drawn from rng) + i, so repeated prompts of one call (voting) draw apart."""
         results: list[tuple[str | None, str | None]] = [(None, None)] * len(requests)
         ready, messages, uris = [], [], {}
@@ -319,7 +319,7 @@ def _reason(failure: str) -> str:
     return failure.split(":", 1)[0]
 
 
-def run_task(data: TaskData, generator: Generator | ApiGenerator, judge: Generator | ApiGenerator | None, path: Path,
+def run_task(data: TaskData, generator: Responder | ApiResponder, judge: Responder | ApiResponder | None, path: Path,
              *, render: str, retry_failed: bool = False, prompt: PromptFn | None = None) -> int:
     """Generate every sample of ``data`` not yet in ``path``; returns the number of samples generated now.
 
@@ -348,7 +348,7 @@ def run_task(data: TaskData, generator: Generator | ApiGenerator, judge: Generat
 PromptFn = Callable[[Sample, int], str]
 
 
-def _generate_group(samples: Sequence[Sample], task: str, generator: Generator, judge: Generator | None,
+def _generate_group(samples: Sequence[Sample], task: str, generator: Responder, judge: Responder | None,
                     render: str, prompt: PromptFn | None = None) -> list[dict]:
     info = task_info(task)
     orders = num_orders(task)
@@ -433,11 +433,11 @@ def judge_name(config) -> str:
     return config.judge.name or (model_name(config) + " (self)" if other is None else model_name(other))
 
 
-def _build_judge(config, generator: Generator) -> Generator:
+def _build_judge(config, generator: Responder) -> Responder:
     other = judge_config(config)
     if other is None:
         return generator.variant(name=judge_name(config), max_new_tokens=config.judge.max_new_tokens)
-    return Generator.from_config(other, config.generate, name=judge_name(config),
+    return Responder.from_config(other, config.generate, name=judge_name(config),
                                  max_new_tokens=config.judge.max_new_tokens)
 
 
@@ -495,7 +495,7 @@ def evaluate(config, data_dir: str, workdir: str, *, image_root: str | None = No
     for data in datasets.values():
         print(data.describe())
     _check_settings(workdir_path, config, files)
-    generator = Generator.from_config(config, config.generate, name=model_name(config),
+    generator = Responder.from_config(config, config.generate, name=model_name(config),
                                       max_new_tokens=config.generate.max_new_tokens)
     _check_tiles(datasets, generator)
     judge = _build_judge(config, generator) if any(task_info(f).theme == "criticism" for f in files) else None
@@ -508,7 +508,7 @@ def evaluate(config, data_dir: str, workdir: str, *, image_root: str | None = No
                                 render=config.vlrm.render, retry_failed=retry_failed)
     tqdm.write(f"generated {sum(generated.values())} samples now, "
                f"{sum(len(d) for d in datasets.values()) - sum(generated.values())} reused from earlier runs")
-    for who in dict.fromkeys(g for g in (generator, judge) if isinstance(g, ApiGenerator)):
+    for who in dict.fromkeys(g for g in (generator, judge) if isinstance(g, ApiResponder)):
         tqdm.write(f"{who.spec}: failed tries by reason (retried ones included): {dict(who.failures) or 'none'}")
     results = score(datasets, workdir_path, model=generator.name, judge=judge_name(config),
                     parser=config.vlrm.parser, render=config.vlrm.render, accounting=config.vlrm.accounting)
@@ -517,7 +517,7 @@ def evaluate(config, data_dir: str, workdir: str, *, image_root: str | None = No
     return results
 
 
-def _check_tiles(datasets: dict[str, TaskData], generator: Generator) -> None:
+def _check_tiles(datasets: dict[str, TaskData], generator: Responder) -> None:
     """Stop before generating when a sample needs more tiles than ``generate.max_tiles``."""
     if not generator.max_tiles:
         return

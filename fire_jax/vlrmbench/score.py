@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from fire_jax.vlrmbench.data import Sample
-from fire_jax.vlrmbench.parse import PARSERS, parse_foresight, parse_scores_ex, parse_step_labels_ex
+from fire_jax.vlrmbench.parse import PARSERS, parse_foresight, try_parse_scores, try_parse_step_labels
 from fire_jax.vlrmbench.tasks import TASKS, check_choice, task_info
 
 
@@ -160,7 +160,7 @@ def score_task(task: str, samples: Sequence[Sample], outputs: Mapping[str, Any],
         labels, predictions = [], []
         for sample in samples:
             text = outputs.get(sample.id)
-            predicted, ok = parse_step_labels_ex(text, len(sample.task_gt), parser)
+            predicted, ok = try_parse_step_labels(text, len(sample.task_gt), parser)
             failures += not ok
             reason = _failure([text], [ok], "generation_failed")
             if reason:
@@ -196,7 +196,7 @@ def score_task(task: str, samples: Sequence[Sample], outputs: Mapping[str, Any],
         counts = collections.Counter()
         for sample in samples:
             texts = _pair(outputs, sample.id)
-            (first, first_ok), (second, second_ok) = (parse_scores_ex(text, parser) for text in texts)
+            (first, first_ok), (second, second_ok) = (try_parse_scores(text, parser) for text in texts)
             failures += (not first_ok) + (not second_ok)
             reason = _failure(texts, [first_ok, second_ok],
                               "generation_failed" if info.file == "multi_solution" else "judge_failed")

@@ -1,8 +1,8 @@
 # The whole FIRE pipeline: train FD (teacher) and FIRE (student), evaluate the untrained baseline and the
 # trained student in fixed and free dialogues, print the paper-shaped tables.
 #   python -m fire_jax.run                                                   # tiny, CPU, ~5 minutes
-#   python -m fire_jax.run --config configs/pipeline.py:8b --workdir /runs/fire_8b
-#   python -m fire_jax.run --config configs/pipeline.py:8b,llava_n=100000 --workdir /runs/fire_8b   (configs/fire.py options)
+#   python -m fire_jax.run --config configs/main_job.py:8b --workdir /runs/fire_8b
+#   python -m fire_jax.run --config configs/main_job.py:8b,llava_n=100000 --workdir /runs/fire_8b   (configs/fire.py options)
 """Pipeline config: one training config per role and the two evaluation settings.
 
 arg "tiny" (default): configs/tiny.py's model on the shipped synthetic FIRE set. A base model is first trained
@@ -53,7 +53,7 @@ def _tiny_train(role: str):
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
     size, _, options = (arg or "tiny").partition(",")
     if size not in ("tiny", "8b") or (options and size == "tiny"):
-        raise ValueError(f"configs/pipeline.py: arg must be 'tiny' or '8b[,key=value...]', got {arg!r}")
+        raise ValueError(f"configs/main_job.py: arg must be 'tiny' or '8b[,key=value...]', got {arg!r}")
     config = ml_collections.ConfigDict()
     if size == "tiny":
         # The base model: single-turn instruction data (question -> first answer), like LLaVA-NeXT before FIRE.

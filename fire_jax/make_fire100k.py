@@ -1,6 +1,6 @@
 """FIRE-100K-style data: one API-model call writes a whole student-teacher conversation (SPEC 6, Fig. 3a, Sec. 3.2).
 
-    python -m fire_jax.generate_fire100k --model api:https://api.openai.com/v1#gpt-4o \\
+    python -m fire_jax.make_fire100k --model api:https://api.openai.com/v1#gpt-4o \\
         --input triplets.jsonl --image-root DIR --out fire100k_new.jsonl [--concurrency 16] \\
         [--process-index I --process-count N] [--max-items N] [--max-turns 6]
 
@@ -167,7 +167,7 @@ def shard_path(out: str, index: int, count: int) -> str:
     return f"{stem}-{index:05d}-of-{count:05d}{ext or '.jsonl'}"
 
 
-def generate(items, agent: ApiAgent, out: str, *, image_root: str, split: str = "fire_100k",
+def make_records(items, agent: ApiAgent, out: str, *, image_root: str, split: str = "fire_100k",
              max_turns: int = MAX_TURNS, concurrency: int = 16) -> collections.Counter:
     """Ask for a conversation per triplet not yet done; returns this run's api_error count (as a Counter)."""
     from tqdm.auto import tqdm
@@ -274,7 +274,7 @@ def main(argv=None) -> dict:
         print(f"process {args.process_index} of {args.process_count}: {len(items)} triplets -> {out}")
     agent = ApiAgent(args.model, DecodeConfig(max_new_tokens=args.max_tokens, temperature=args.temperature),
                      concurrency=args.concurrency, retries=args.retries, timeout=args.timeout, seed=args.seed)
-    failed = generate(items, agent, out, image_root=image_root, split=args.split, max_turns=args.max_turns,
+    failed = make_records(items, agent, out, image_root=image_root, split=args.split, max_turns=args.max_turns,
                       concurrency=args.concurrency)
     if agent.failures:
         print(f"request failures (retries included): {dict(agent.failures)}")

@@ -9,13 +9,13 @@ import pytest
 
 from fire_jax.config import load_config
 from fire_jax.eval import judge
-from fire_jax.pipeline import JUDGED, SUMMARY, data_size_ablation, eval_stage, run, train_stage
+from fire_jax.main_job import JUDGED, SUMMARY, data_size_ablation, eval_stage, run, train_stage
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 
 def reduced_config(steps=12):
-    config = load_config(os.path.join(ROOT, "configs", "pipeline.py"))
+    config = load_config(os.path.join(ROOT, "configs", "main_job.py"))
     for stage in (config.base_train, config.teacher_train, config.student_train):
         stage.train.total_steps = steps
         stage.train.checkpoint_every = 100
@@ -165,7 +165,7 @@ def test_accuracy_by_turn_launcher(pipeline_run, tmp_path):
 
 def test_8b_ablation_subsamples_fire_1m():
     """At 8B the Fig. 6 ablation names FIRE-1M, a source of the student's data, not whatever sorts last."""
-    config = load_config(os.path.join(ROOT, "configs", "pipeline.py:8b"))
+    config = load_config(os.path.join(ROOT, "configs", "main_job.py:8b"))
     sources = config.student_train.data.sources
     assert config.ablation_source == "fire_1m" and "fire_1m" in sources
     assert sorted(sources)[-1] != "fire_1m"  # the old rule (last in sort order) would have picked another source

@@ -1,7 +1,7 @@
 """Batch generation: student responses or teacher feedback for a JSONL file of prompts.
 
-    python -m fire_jax.generate --input prompts.jsonl --output out.jsonl            # tiny default, student
-    python -m fire_jax.generate --config configs/fire_teacher.py --checkpoint WORKDIR --role teacher \\
+    python -m fire_jax.batch_infer --input prompts.jsonl --output out.jsonl            # tiny default, student
+    python -m fire_jax.batch_infer --config configs/fire_teacher.py --checkpoint WORKDIR --role teacher \\
         --input prompts.jsonl --image-root /data/fire/images --output feedback.jsonl --batch-size 16
 
 Input, one JSON object a line: ``id``, ``image`` (path under --image-root),
@@ -117,7 +117,7 @@ def read_prompts(path: str, role: str, image_root: str, *, skip_ids=frozenset(),
     return prompts
 
 
-def generate_batch(agent, role: str, prompts: Sequence[Prompt], images, rng) -> list[dict]:
+def infer_batch(agent, role: str, prompts: Sequence[Prompt], images, rng) -> list[dict]:
     questions, histories = [p.question for p in prompts], [p.history for p in prompts]
     if role == "student":
         return [{"output": text} for text in agent.respond(images, questions, histories, rng=rng)]
@@ -186,7 +186,7 @@ def main(argv=None, print_fn=print) -> dict:
                     batch.append(prompt)
                 if batch:
                     # The agent pads a short batch with inactive rows: one compiled shape for the whole job.
-                    results = generate_batch(agent, args.role, batch, images, jax.random.fold_in(key, start))
+                    results = infer_batch(agent, args.role, batch, images, jax.random.fold_in(key, start))
                     for prompt, result in zip(batch, results):
                         store.add({"id": prompt.id, **result})
                     written += len(batch)

@@ -1,6 +1,6 @@
 """Generate FIRE-1M-style dialogues: a student and a teacher talk about (I, q, gt) triplets (SPEC 6, Fig. 3b).
 
-    python tools/generate_fire1m.py --config configs/eval_free.py --input triplets.json --image-root DIR \\
+    python tools/make_fire1m.py --config configs/eval_free.py --input triplets.json --image-root DIR \\
         --out fire_1m_generated.jsonl [--max-items N] [--split fire_1m] [--config.teacher.adapter=FD_LLAVA ...]
 
 The agents, decoding and score threshold come from the evaluation config
@@ -32,7 +32,7 @@ def main(argv):
         logging.set_verbosity(logging.WARNING)
     from fire_jax.data.records import BadRecords, load_records
     from fire_jax.data.items import load_triplets
-    from fire_jax.infer.dialogue import generate_records
+    from fire_jax.infer.dialogue import make_fire_records
     from fire_jax.eval.fire_bench import build_agents
     from fire_jax.infer.dialogue import StopRule
 
@@ -49,7 +49,7 @@ def main(argv):
         import jax
 
         rng = jax.random.key(config.seed)
-    kept, dropped = generate_records(items, student, teacher, _OUT.value, image_root=_IMAGE_ROOT.value,
+    kept, dropped = make_fire_records(items, student, teacher, _OUT.value, image_root=_IMAGE_ROOT.value,
                                      split=_SPLIT.value, rule=rule, batch_size=config.decode.batch_size, rng=rng)
     print(f"{kept} records kept in {_OUT.value}")
     print(dropped.report("dialogues dropped"))
