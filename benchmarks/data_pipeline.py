@@ -1,6 +1,6 @@
 """Host input pipeline throughput at LLaVA-NeXT-8B shapes, against what training needs.
 
-    python benchmarks/data_pipeline.py [--batch-size 64] [--batches 3] [--role student]
+    python benchmarks/data_pipeline.py [--batch_size 64] [--batches 3] [--role student]
 
 The full host path (JPEG decode, anyres tiles at 336 px, chat rendering,
 tokenisation, batching to [B, 5, 3, 336, 336] + buckets up to 3072 tokens) on
@@ -98,7 +98,7 @@ def stage_times(data, geometry, records_path, image_root, n=40):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--batches", type=int, default=3, help="timed batches per setting (after one warm-up)")
     parser.add_argument("--role", default="student", choices=("student", "teacher"))
     args = parser.parse_args()

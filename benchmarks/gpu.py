@@ -34,7 +34,7 @@ import json
 import os
 import time
 
-#: Dense bf16 peak FLOP/s by device kind (substring match), for MFU; --peak-tflops overrides.
+#: Dense bf16 peak FLOP/s by device kind (substring match), for MFU; --peak_tflops overrides.
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -92,12 +92,12 @@ def main(argv=None, print_fn=print) -> list[dict]:
     parser.add_argument("--tiny", action="store_true", help="configs/tiny.py on any backend (CPU test)")
     parser.add_argument("--seq", type=int, default=None, help="train sequence length (3072; tiny 64)")
     parser.add_argument("--micro", default=None, help="micro-batch sizes (1,2,4; tiny 1,2)")
-    parser.add_argument("--decode-batches", default=None, help="decode batch sizes (1,16,64; tiny 1,2)")
+    parser.add_argument("--decode_batches", default=None, help="decode batch sizes (1,16,64; tiny 1,2)")
     parser.add_argument("--prompt", type=int, default=None, help="prompt tokens per row (1024; tiny 16)")
     parser.add_argument("--new", type=int, default=None, help="new tokens per row (128; tiny 4)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--attention", default="cudnn", choices=("cudnn", "xla"), help="GPU attention kernel")
-    parser.add_argument("--peak-tflops", type=float, default=None, help="device bf16 peak, for MFU")
+    parser.add_argument("--peak_tflops", type=float, default=None, help="device bf16 peak, for MFU")
     parser.add_argument("--out", default=None, help="write the rows as JSON here after each one (a partial run keeps them)")
     parser.add_argument("--deadline", type=float, default=None,
                         help="seconds from the start after which no new row is begun (the rows done are printed)")

@@ -1,7 +1,7 @@
 """Continuous batching vs fixed batches vs transformers generate, at 1 / 8 / 32 concurrent clients (issue 16).
 
     python benchmarks/serve.py                          # dim 256 x 4 layers, vocab 32000 (as benchmarks/decode.py)
-    python benchmarks/serve.py --clients 32 --repeats 3 [--no-hf] [--dim 512 --layers 8]
+    python benchmarks/serve.py --clients 32 --repeats 3 [--no_hf] [--dim 512 --layers 8]
     python benchmarks/serve.py --runner                 # a batch runner's calls: fixed batches vs the engine
 
 The same mixed workload (``--requests`` text prompts of 16..400 tokens,
@@ -174,7 +174,7 @@ def main():
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--no-hf", action="store_true")
+    parser.add_argument("--no_hf", action="store_true")
     parser.add_argument("--runner", action="store_true", help="the batch runners' comparison instead")
     args = parser.parse_args()
 

@@ -237,7 +237,7 @@ def main():
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--scan-layers", action="store_true", help="speed: fire_jax with stacked, scanned layers")
+    parser.add_argument("--scan_layers", action="store_true", help="speed: fire_jax with stacked, scanned layers")
     parser.add_argument("--remat", default="none", help="speed: fire_jax's remat policy")
     parser.add_argument("--dtype", default=None, help="memory part: override the 8B config's bfloat16")
     args = parser.parse_args()

@@ -1,11 +1,11 @@
 # VLRMBench with a fire_jax model (SPEC section 7). Dry run, tiny random model (CPU, seconds):
-#   python -m fire_jax.evaluate_vlrm --config configs/eval_vlrm.py --data-dir DIR --workdir /tmp/vlrm_tiny
+#   python -m fire_jax.evaluate_vlrm --config configs/eval_vlrm.py --data_dir DIR --workdir /tmp/vlrm_tiny
 # LLaVA-NeXT-8B, or a FIRE model (a trained PEFT adapter on it), judged by the base model:
-#   python -m fire_jax.evaluate_vlrm --config configs/eval_vlrm.py:8b --data-dir /data/vlrmbench \
-#     --image-root /data/vlrmbench/images --workdir DIR \
+#   python -m fire_jax.evaluate_vlrm --config configs/eval_vlrm.py:8b --data_dir /data/vlrmbench \
+#     --image_root /data/vlrmbench/images --workdir DIR \
 #     --config.checkpoint=RUN/export/peft_adapter --config.judge.checkpoint=/data/llama3-llava-next-8b-hf
 # The paper's analyses (Tables 4-7, Fig. 4) after the tasks they read:
-#   python -m fire_jax.evaluate_vlrm --config configs/eval_vlrm.py:8b --data-dir /data/vlrmbench --workdir DIR \
+#   python -m fire_jax.evaluate_vlrm --config configs/eval_vlrm.py:8b --data_dir /data/vlrmbench --workdir DIR \
 #     --analyses=positional,voting,shots,length,correction --config.analyses.correction.data=/data/mathvista.jsonl \
 #     --config.analyses.correction.image_root=/data/mathvista/images
 """Evaluation config: the model (tiny by default; arg "8b" for LLaVA-NeXT-8B), VLRMBench settings, decoding, judge.

@@ -15,7 +15,7 @@ LlamaForCausalLM of the same shape on the same token ids with the same schedule,
 the majority answer, the plateau is the task's, not a fire_jax bug.
 
     python experiments/compare_plateau.py --steps 1500 --batch 8                 # both trainers, as the main job
-    python experiments/compare_plateau.py --steps 3000 --batch 32 --lr 1e-3 --max-filler 0 --trainers transformers
+    python experiments/compare_plateau.py --steps 3000 --batch 32 --lr 1e-3 --max_filler 0 --trainers transformers
 """
 
 import argparse
@@ -165,9 +165,9 @@ def main():
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--num-train", type=int, default=2160)
-    parser.add_argument("--num-test", type=int, default=64)
-    parser.add_argument("--max-filler", type=int, default=4, help="unrelated questions between the two (0: none)")
+    parser.add_argument("--num_train", type=int, default=2160)
+    parser.add_argument("--num_test", type=int, default=64)
+    parser.add_argument("--max_filler", type=int, default=4, help="unrelated questions between the two (0: none)")
     parser.add_argument("--trainers", default="fire_jax,transformers",
                         help="comma-separated: fire_jax (this repo's trainer), transformers (the reference)")
     parser.add_argument("--out", default="runs/compare_plateau")

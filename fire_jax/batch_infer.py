@@ -2,9 +2,9 @@
 
     python -m fire_jax.batch_infer --input prompts.jsonl --output out.jsonl            # tiny default, student
     python -m fire_jax.batch_infer --config configs/fire_teacher.py --checkpoint WORKDIR --role teacher \\
-        --input prompts.jsonl --image-root /data/fire/images --output feedback.jsonl --batch-size 16
+        --input prompts.jsonl --image_root /data/fire/images --output feedback.jsonl --batch_size 16
 
-Input, one JSON object a line: ``id``, ``image`` (path under --image-root),
+Input, one JSON object a line: ``id``, ``image`` (path under --image_root),
 ``question``, optional ``history`` ([{"response", "feedback"}, ...], the earlier
 turns); for the teacher also ``groundtruth`` and ``answer`` (the response r_k
 to judge). Output, one line per prompt: ``{"id", "output"}``, plus ``"score"``
@@ -20,10 +20,12 @@ batch whose rows still fail stops the job, which a rerun resumes.
 Resumable: ids already in --output are skipped, results are appended batch by
 batch. Bad input lines (invalid_json, missing_field, missing_image,
 unreadable_image, duplicate_id) are skipped and counted by reason, or raise
-naming file, line and field with --on-bad-record error.
+naming file, line and field with --on_bad_record error.
 """
 
 from __future__ import annotations
+
+import sys
 
 import argparse
 import dataclasses
@@ -33,8 +35,8 @@ from typing import Sequence
 
 import jax
 
-from fire_jax.config import load_config, resolve_path
-from fire_jax.config import DEFAULT_CONFIG
+from fire_jax.cli import input_errors_end_in_one_line
+from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, resolve_path, split_overrides
 from fire_jax.data.images import load_image
 from fire_jax.data.records import BadRecordError, BadRecords, Turn, parse_score
 from fire_jax.infer.api import is_api_spec, load_agents
@@ -128,21 +130,22 @@ def infer_batch(agent, role: str, prompts: Sequence[Prompt], images, rng) -> lis
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help="config file[:arg] (default: configs/tiny.py)")
+    parser.add_argument("--config", default=DEFAULT_CONFIG,
+                        help="config file[:arg] (default: configs/tiny.py); --config.<field>=<value> sets a field")
     parser.add_argument("--checkpoint", help="HF checkpoint dir, PEFT adapter dir, train workdir or "
                                              "api:<base_url>#<model>")
     parser.add_argument("--input", required=True, help="JSONL of prompts")
     parser.add_argument("--output", required=True, help="JSONL of results (appended; existing ids are skipped)")
-    parser.add_argument("--image-root", default="", help="image paths in --input are relative to it")
+    parser.add_argument("--image_root", default="", help="image paths in --input are relative to it")
     parser.add_argument("--role", choices=ROLES, default="student")
-    parser.add_argument("--teacher-history", choices=("full", "latest"), default=None,
+    parser.add_argument("--teacher_history", choices=("full", "latest"), default=None,
                         help="what earlier turns the teacher sees (default: config.data.teacher_history)")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--batch_size", type=int, default=8)
+    parser.add_argument("--max_new_tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top_p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--on-bad-record", choices=("skip", "error"), default="skip")
+    parser.add_argument("--on_bad_record", choices=("skip", "error"), default="skip")
     parser.add_argument("--concurrency", type=int, default=32, help="requests in flight to an api: endpoint")
     args = parser.parse_args(argv)
     if not is_api_spec(args.checkpoint):
@@ -154,8 +157,9 @@ def main(argv=None, print_fn=print) -> dict:
     """Run the job; returns {"written", "already_done", "bad": {reason: count}}."""
     from tqdm.auto import tqdm
 
+    argv, overrides = split_overrides(sys.argv[1:] if argv is None else list(argv))
     args = parse_args(argv)
-    config = load_config(args.config)
+    config = apply_overrides(load_config(args.config), overrides)
     store = ResultStore(args.output, key_field="id")  # resume: ids already written are skipped
     done = {str(record["id"]) for record in store}
     bad = BadRecords()
@@ -180,8 +184,8 @@ def main(argv=None, print_fn=print) -> dict:
                     try:
                         images.append(load_image(prompt.image))
                     except Exception as e:  # an unreadable file fails its line, not the job
-                        bad.handle(BadRecordError("unreadable_image", prompt.where, "image", f"{type(e).__name__}: {e}"),
-                                   args.on_bad_record)
+                        error = BadRecordError("unreadable_image", prompt.where, "image", f"{type(e).__name__}: {e}")
+                        bad.handle(error, args.on_bad_record)
                         continue
                     batch.append(prompt)
                 if batch:
@@ -197,4 +201,4 @@ def main(argv=None, print_fn=print) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    input_errors_end_in_one_line("fire_jax.batch_infer")(main)()

@@ -13,19 +13,21 @@ model is used. With a teacher, each answer is scored (the teacher
 sees the question, the groundtruth and the latest answer, SPEC Fig. A14); in
 --auto mode its feedback goes to the student, else you type the feedback
 (an empty line takes the teacher's). Stops on "quit" / end of input, when the
-teacher's score reaches --solved (8) in --auto mode, or after --max-turns (5).
+teacher's score reaches --solved (8) in --auto mode, or after --max_turns (5).
 The student sees the feedback without its score line (SPEC section 3).
 """
 
 from __future__ import annotations
+
+import sys
 
 import argparse
 
 import jax
 from PIL import Image, ImageDraw
 
-from fire_jax.config import load_config
-from fire_jax.config import DEFAULT_CONFIG
+from fire_jax.cli import input_errors_end_in_one_line
+from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, split_overrides
 from fire_jax.data.records import Turn, parse_score
 from fire_jax.infer.api import is_api_spec, load_agents
 from fire_jax.infer.decode import DecodeConfig
@@ -48,7 +50,8 @@ def demo_image() -> Image.Image:
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help="config file[:arg] (default: configs/tiny.py)")
+    parser.add_argument("--config", default=DEFAULT_CONFIG,
+                        help="config file[:arg] (default: configs/tiny.py); --config.<field>=<value> sets a field")
     parser.add_argument("--image", help="image file (default: a drawn demo image)")
     parser.add_argument("--question", help="asked for when --image is given without it")
     parser.add_argument("--groundtruth", help="what the teacher compares against; asked for when needed")
@@ -56,11 +59,11 @@ def parse_args(argv):
                                           "api:<base_url>#<model>")
     parser.add_argument("--teacher", help="the teacher, as --student (implied by --auto: the config's model)")
     parser.add_argument("--auto", action="store_true", help="the teacher gives the feedback")
-    parser.add_argument("--max-turns", type=int, default=5)
+    parser.add_argument("--max_turns", type=int, default=5)
     parser.add_argument("--solved", type=float, default=8.0, help="--auto stops at this score")
-    parser.add_argument("--max-new-tokens", type=int, default=160)
+    parser.add_argument("--max_new_tokens", type=int, default=160)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top_p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     for flag, spec in (("--student", args.student), ("--teacher", args.teacher)):
@@ -79,8 +82,9 @@ def _ask(input_fn, prompt: str) -> str | None:
 
 def main(argv=None, input_fn=input, print_fn=print) -> list[Turn]:
     """Run one dialogue; returns its turns (the last one's feedback is empty if the dialogue stopped there)."""
+    argv, overrides = split_overrides(sys.argv[1:] if argv is None else list(argv))
     args = parse_args(argv)
-    config = load_config(args.config)
+    config = apply_overrides(load_config(args.config), overrides)
     image = demo_image() if args.image is None else args.image
     question = args.question or (DEMO_QUESTION if args.image is None else _ask(input_fn, "question> "))
     use_teacher = args.auto or args.teacher is not None
@@ -134,4 +138,4 @@ def main(argv=None, input_fn=input, print_fn=print) -> list[Turn]:
 
 
 if __name__ == "__main__":
-    main()
+    input_errors_end_in_one_line("fire_jax.chat")(main)()

@@ -75,6 +75,9 @@ def trainable_filter(train_cfg):
 
 
 class Checkpointer:
+    """A train workdir's orbax checkpoints (items ``params``, ``optimizer``, ``data``, ``config``; older ones
+    hold ``state`` instead of the first two)."""
+
     def __init__(self, directory: str, keep: int = 3, async_save: bool = True):
         self.directory = os.path.abspath(directory)
         preservation = policies.AnyPreservationPolicy([

@@ -30,6 +30,11 @@ CONFIGS_DIR = os.path.join(REPO_DIR, "configs")
 DEFAULT_CONFIG = os.path.join(CONFIGS_DIR, "tiny.py")
 
 
+class InputError(ValueError):
+    """Input the user can fix (a config field, a flag, a file, a record), as opposed to a bug; its message
+    names what and where. CLIs end on it with one line (:mod:`fire_jax.cli`)."""
+
+
 def resolve_path(path: str) -> str:
     """``assets:x`` -> ``fire_jax/assets/x``; other paths with ``~`` expanded."""
     if path.startswith("assets:"):
@@ -96,6 +101,57 @@ def parse_arg(arg: str, *, where: str, names: tuple[str, ...] = (), **defaults) 
             except ValueError:
                 raise ValueError(f"{where}: option {key}={value!r}: expected {kind.__name__}") from None
     return name, options
+
+
+def apply_overrides(config, overrides, *, where: str = "--config"):
+    """Set ``--config.a.b=value`` overrides (as ``config_flags`` does for the absl CLIs) on a loaded config.
+
+    ``overrides``: "a.b=value" strings. A value is read as a Python literal when it parses as one (``8``,
+    ``0.5``, ``True``, ``(1, 2)``, ``'x'``), else taken as a string; the field must exist, and ml_collections
+    refuses a value of another type. Errors name the override: ``--config.train.lrr=1: no field 'lrr' in
+    train (known: ...)``.
+    """
+    import ast
+
+    for override in overrides:
+        path, eq, text = override.partition("=")
+        if not eq or not path:
+            raise InputError(f"{where}.{override}: expected --config.<field>=<value>")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        *parents, name = path.split(".")
+        node = config
+        for i, key in enumerate(parents):
+            if not hasattr(node, "keys") or key not in node:
+                raise InputError(f"{where}.{override}: no field {'.'.join(parents[:i + 1])!r}")
+            node = node[key]
+        if not hasattr(node, "keys") or name not in node:
+            known = sorted(node.keys()) if hasattr(node, "keys") else []
+            raise InputError(f"{where}.{override}: no field {name!r} in {'.'.join(parents) or 'the config'}"
+                             + (f" (known: {', '.join(known)})" if known else ""))
+        current = node[name]
+        if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if isinstance(current, str) and not isinstance(value, str):
+            value = text
+        try:
+            node[name] = value
+        except (TypeError, ValueError) as e:
+            raise InputError(f"{where}.{override}: {e}") from None
+    return config
+
+
+def split_overrides(argv) -> tuple[list[str], list[str]]:
+    """(the other arguments, the ``--config.x=y`` overrides without their ``--config.`` prefix)."""
+    rest, overrides = [], []
+    for arg in argv:
+        if arg.startswith("--config.") and "=" in arg:
+            overrides.append(arg[len("--config."):])
+        else:
+            rest.append(arg)
+    return rest, overrides
 
 
 #: Fields of ``config.data`` besides the required ``tokenizer`` and ``sources``, with their defaults.

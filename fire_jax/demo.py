@@ -34,6 +34,8 @@ page.
 
 from __future__ import annotations
 
+import sys
+
 import argparse
 import asyncio
 import itertools
@@ -46,8 +48,8 @@ from typing import Callable
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, StreamingResponse
 
-from fire_jax.config import load_config
-from fire_jax.config import DEFAULT_CONFIG
+from fire_jax.cli import input_errors_end_in_one_line
+from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, split_overrides
 from fire_jax.data.images import preprocess
 from fire_jax.data.records import BadRecordError, Turn, parse_record, parse_score
 from fire_jax.infer.api import ApiAgent, chat_messages, load_agents as load_role_agents
@@ -480,23 +482,25 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=7860)
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help="config file[:arg] (default: configs/tiny.py)")
+    parser.add_argument("--config", default=DEFAULT_CONFIG,
+                        help="config file[:arg] (default: configs/tiny.py); --config.<field>=<value> sets a field")
     parser.add_argument("--student", help="HF dir, PEFT adapter, train workdir, 'random' or api:<base_url>#<model> "
                                           "(default: runs/tiny/student if present, else random)")
     parser.add_argument("--teacher", help="as --student (default: runs/tiny/teacher if present, else random)")
     parser.add_argument("--init", help="base HF checkpoint for PEFT adapters (default: runs/tiny's base, or the config's)")
-    parser.add_argument("--max-new-tokens", type=int, default=160, help="as in the free dialogues")
+    parser.add_argument("--max_new_tokens", type=int, default=160, help="as in the free dialogues")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top_p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cache-len", type=int, default=2048,
-                        help="context of an in-process model's engine: prompt (bucketed) + --max-new-tokens")
+    parser.add_argument("--cache_len", type=int, default=2048,
+                        help="context of an in-process model's engine: prompt (bucketed) + --max_new_tokens")
     return parser.parse_args(argv)
 
 
 def main(argv=None):
     import uvicorn
 
+    argv, overrides = split_overrides(sys.argv[1:] if argv is None else list(argv))
     args = parse_args(argv)
     student_spec, teacher_spec, init = args.student, args.teacher, args.init
     if student_spec is None or teacher_spec is None:
@@ -506,7 +510,8 @@ def main(argv=None):
         init = init or base
         print(f"default models: {why}", flush=True)
     decode = DecodeConfig.from_config(args)
-    student, teacher, descriptions = load_agents(load_config(args.config), student_spec, teacher_spec, init, decode)
+    config = apply_overrides(load_config(args.config), overrides)
+    student, teacher, descriptions = load_agents(config, student_spec, teacher_spec, init, decode)
     for role, description in descriptions.items():
         print(f"{role}: {description}", flush=True)
     student, teacher = streaming_agents(student, teacher, decode, seed=args.seed, cache_len=args.cache_len)
@@ -516,4 +521,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    input_errors_end_in_one_line("fire_jax.demo")(main)()

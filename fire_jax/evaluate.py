@@ -2,16 +2,16 @@
 
     python -m fire_jax.evaluate --config configs/eval_fixed.py [--workdir OUT] [--config.student.adapter=DIR ...]
     python -m fire_jax.evaluate --config configs/eval_free.py [--workdir OUT] [--config.free.baseline_results=...]
-    python -m fire_jax.evaluate --data-stats FIRE-train-100K.json [--image-root DIR] [--workdir OUT]
-    python -m fire_jax.evaluate --vqa gqa.jsonl --image-root DIR --benchmark GQA --config configs/eval_fixed.py:8b
+    python -m fire_jax.evaluate --data_stats FIRE-train-100K.json [--image_root DIR] [--workdir OUT]
+    python -m fire_jax.evaluate --vqa gqa.jsonl --image_root DIR --benchmark GQA --config configs/eval_fixed.py:8b
 
 The first two run fixed dialogues (Tables 2-3) or free dialogues (Tables
 4-6, Fig. 7) as ``config.setting`` says, appending every finished turn or
 dialogue to OUT/<setting>_outputs.jsonl (a rerun resumes), then write
 OUT/results.json, OUT/results.md (the paper's rows beside ours) and PNG plots.
-``--data-stats`` plots Fig. 5 (first-turn scores, score gain per turn, turns
+``--data_stats`` plots Fig. 5 (first-turn scores, score gain per turn, turns
 per dialogue) of any FIRE records file to OUT/data_statistics.png; with
-``--image-root`` records whose image is missing are counted and left out.
+``--image_root`` records whose image is missing are counted and left out.
 ``--vqa`` scores ``config.student``'s single-turn answers on a JSONL of {image, question, answers} (Table 1's
 forgetting check, resumable, the paper's row for ``--benchmark`` beside ours; fire_jax/eval/vqa.py).
 See fire_jax/eval/fire_bench.py.
@@ -22,11 +22,13 @@ from __future__ import annotations
 from absl import app, flags
 from ml_collections import config_flags
 
+from fire_jax.cli import input_errors_end_in_one_line
+
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/eval_fixed.py", "config file (get_config(arg)); path:arg")
 _WORKDIR = flags.DEFINE_string("workdir", "fire_eval", "outputs, results.json, results.md and plots go here")
-_DATA_STATS = flags.DEFINE_string("data-stats", None, "plot the statistics of this FIRE records file (JSON/JSONL) "
+_DATA_STATS = flags.DEFINE_string("data_stats", None, "plot the statistics of this FIRE records file (JSON/JSONL) "
                                   "instead of evaluating")
-_IMAGE_ROOT = flags.DEFINE_string("image-root", None, "with --data-stats: check the records' images under it; "
+_IMAGE_ROOT = flags.DEFINE_string("image_root", None, "with --data_stats: check the records' images under it; "
                                   "with --vqa: the images' root")
 _VQA = flags.DEFINE_string("vqa", None, "score single-turn answers of config.student on this JSONL of "
                            "{image, question, answers[, choices]} (Table 1)")
@@ -54,4 +56,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(input_errors_end_in_one_line("fire_jax.evaluate")(main))

@@ -1,7 +1,7 @@
 """Evaluate a fire_jax model on VLRMBench (SPEC section 7).
 
-    python -m fire_jax.evaluate_vlrm --config configs/eval_vlrm.py --data-dir DIR [--image-root DIR] \\
-        [--tasks SC,IC,...] [--workdir OUT] [--retry-failed] [--config.generate.batch_size=8 ...] \\
+    python -m fire_jax.evaluate_vlrm --config configs/eval_vlrm.py --data_dir DIR [--image_root DIR] \\
+        [--tasks SC,IC,...] [--workdir OUT] [--retry_failed] [--config.generate.batch_size=8 ...] \\
         [--analyses=positional,voting,shots,length,correction]
 
 Runs the chosen tasks (default: all 12, or config.vlrm.tasks), appending each
@@ -16,14 +16,16 @@ fire_jax/vlrmbench/runner.py for how prompts, images and the judge work.
 from absl import app, flags
 from ml_collections import config_flags
 
+from fire_jax.cli import input_errors_end_in_one_line
+
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/eval_vlrm.py", "config file (get_config(arg)); path:arg")
-_DATA_DIR = flags.DEFINE_string("data-dir", None, "folder with the task files <task>.jsonl", required=True)
-_IMAGE_ROOT = flags.DEFINE_string("image-root", None, "the records' image paths are relative to it (default: data-dir)")
+_DATA_DIR = flags.DEFINE_string("data_dir", None, "folder with the task files <task>.jsonl", required=True)
+_IMAGE_ROOT = flags.DEFINE_string("image_root", None, "the records' image paths are relative to it (default: data-dir)")
 _TASKS = flags.DEFINE_string("tasks", None, "comma-separated tasks, short or file names (default: config.vlrm.tasks)")
 _WORKDIR = flags.DEFINE_string("workdir", "vlrm_eval", "outputs, results.json and results.md go here")
 _ANALYSES = flags.DEFINE_string("analyses", None, "comma-separated paper analyses to run after the tasks: "
                                 "positional, voting, shots, length, correction (or all)")
-_RETRY_FAILED = flags.DEFINE_bool("retry-failed", False, "generate again the samples whose earlier generation failed")
+_RETRY_FAILED = flags.DEFINE_bool("retry_failed", False, "generate again the samples whose earlier generation failed")
 
 
 def main(argv):
@@ -40,4 +42,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(input_errors_end_in_one_line("fire_jax.evaluate_vlrm")(main))

@@ -17,6 +17,8 @@ from typing import Any
 
 import ml_collections
 
+from fire_jax.results import write_json
+
 #: Columns of the summary: (label, setting, role or None, metric key).
 SUMMARY = (("student BLEU-4", "fixed", "student", "BLEU-4"), ("student CIDEr", "fixed", "student", "CIDEr"),
            ("teacher CIDEr", "fixed", "teacher", "CIDEr"), ("teacher MAE", "fixed", "teacher", "MAE"),
@@ -104,8 +106,7 @@ def run(config, workdir: str) -> dict[str, Any]:
     summary["figures"] = sorted(os.path.relpath(p, workdir) for p in figures)
     table = summary_table(summary)
     # summary.json holds results only (no timings or absolute paths), so reruns can be compared byte for byte.
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    write_json(os.path.join(workdir, "summary.json"), summary)
     with open(os.path.join(workdir, "summary.md"), "w") as f:
         f.write(table)
     minutes = (time.perf_counter() - start) / 60

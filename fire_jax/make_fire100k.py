@@ -1,8 +1,8 @@
 """FIRE-100K-style data: one API-model call writes a whole student-teacher conversation (SPEC 6, Fig. 3a, Sec. 3.2).
 
     python -m fire_jax.make_fire100k --model api:https://api.openai.com/v1#gpt-4o \\
-        --input triplets.jsonl --image-root DIR --out fire100k_new.jsonl [--concurrency 16] \\
-        [--process-index I --process-count N] [--max-items N] [--max-turns 6]
+        --input triplets.jsonl --image_root DIR --out fire100k_new.jsonl [--concurrency 16] \\
+        [--process_index I --process_count N] [--max_items N] [--max_turns 6]
 
 Inputs: (image, instruction, groundtruth, source) triplets, as plain
 ``{"id"?, "image", "question", "groundtruth", "source"?}`` objects or FIRE
@@ -17,11 +17,11 @@ JSON, ``{"turns": [{"thought", "answer", "score", "feedback"}, ...]}``.
 response ``"Thought: ...\\nAnswer: ..."``, the teacher's feedback
 ``"Score: N.\\nFeedback: ..."``; the record is then checked with
 :func:`fire_jax.data.records.parse_record`. Kept: conversations that parse,
-have at most --max-turns (6) turns and whose last score is higher than the
+have at most --max_turns (6) turns and whose last score is higher than the
 first (the paper's two filters). Every drop is counted by reason
 (:data:`DROP_REASONS`).
 
-Outputs (``--process-count N`` > 1 writes ``OUT-<i>-of-<N>.jsonl`` per process,
+Outputs (``--process_count N`` > 1 writes ``OUT-<i>-of-<N>.jsonl`` per process,
 each taking the triplets ``i, i + N, ...``):
 
 - ``OUT``: kept records, SPEC section 3 raw schema (``tools/build_dataset.py --json OUT``);
@@ -45,6 +45,7 @@ import math
 import os
 import re
 
+from fire_jax.cli import input_errors_end_in_one_line
 from fire_jax.config import resolve_path
 from fire_jax.data.items import Item, load_triplets
 from fire_jax.data.records import BadRecordError, BadRecords, Turn, load_records, parse_record
@@ -52,7 +53,7 @@ from fire_jax.infer.api import ApiAgent, ApiError, image_url
 from fire_jax.infer.decode import DecodeConfig
 from fire_jax.infer.dialogue import fire_record
 from fire_jax.infer.dialogue import Dialogue
-from fire_jax.results import ResultStore
+from fire_jax.results import ResultStore, write_json
 
 MAX_TURNS = 6  # the paper drops conversations with more turns
 #: Why a conversation is not kept: malformed output (not_json, bad_structure, bad_score, empty_text, or a
@@ -229,8 +230,7 @@ def report(items, out: str, image_root: str, failed: collections.Counter, plot: 
     print("  mean score gain by turn: " + ", ".join(f"turn {k}: {v:+.2f} (n={statistics['gain_count'][k]})"
                                                     for k, v in statistics["score_gain"].items()))
     print("  dialogues by turns: " + ", ".join(f"{k}: {v}" for k, v in statistics["turns"].items()))
-    with open(out + ".stats.json", "w") as f:
-        json.dump(stats, f, indent=1)
+    write_json(out + ".stats.json", stats, indent=1)
     return stats
 
 
@@ -239,15 +239,15 @@ def parse_args(argv=None):
     parser.add_argument("--model", required=True, help="api:<base_url>#<model> (key from FIRE_JAX_API_KEY / "
                                                        "OPENAI_API_KEY)")
     parser.add_argument("--input", action="append", required=True, help="triplets or FIRE records (repeatable)")
-    parser.add_argument("--image-root", required=True, help="the inputs' image paths are relative to it")
+    parser.add_argument("--image_root", required=True, help="the inputs' image paths are relative to it")
     parser.add_argument("--out", required=True, help="JSONL of kept FIRE records")
     parser.add_argument("--split", default="fire_100k", help="the records' split field")
-    parser.add_argument("--max-items", type=int, default=0, help="a fixed random subset of this many (0: all)")
-    parser.add_argument("--max-turns", type=int, default=MAX_TURNS, help="drop conversations with more turns")
+    parser.add_argument("--max_items", type=int, default=0, help="a fixed random subset of this many (0: all)")
+    parser.add_argument("--max_turns", type=int, default=MAX_TURNS, help="drop conversations with more turns")
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--process-index", type=int, default=0)
-    parser.add_argument("--process-count", type=int, default=1)
-    parser.add_argument("--max-tokens", type=int, default=2048)
+    parser.add_argument("--process_index", type=int, default=0)
+    parser.add_argument("--process_count", type=int, default=1)
+    parser.add_argument("--max_tokens", type=int, default=2048)
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--retries", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
@@ -257,7 +257,7 @@ def parse_args(argv=None):
     if not args.model.startswith("api:"):
         parser.error(f"--model {args.model!r}: expected api:<base_url>#<model>")
     if not 0 <= args.process_index < args.process_count:
-        parser.error(f"--process-index {args.process_index} must be in [0, --process-count {args.process_count})")
+        parser.error(f"--process_index {args.process_index} must be in [0, --process_count {args.process_count})")
     return args
 
 
@@ -272,7 +272,7 @@ def main(argv=None) -> dict:
     out = shard_path(args.out, args.process_index, args.process_count)
     if args.process_count > 1:
         print(f"process {args.process_index} of {args.process_count}: {len(items)} triplets -> {out}")
-    agent = ApiAgent(args.model, DecodeConfig(max_new_tokens=args.max_tokens, temperature=args.temperature),
+    agent = ApiAgent(args.model, DecodeConfig.from_config(args, max_new_tokens=args.max_tokens),
                      concurrency=args.concurrency, retries=args.retries, timeout=args.timeout, seed=args.seed)
     failed = make_records(items, agent, out, image_root=image_root, split=args.split, max_turns=args.max_turns,
                       concurrency=args.concurrency)
@@ -282,4 +282,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    input_errors_end_in_one_line("fire_jax.make_fire100k")(main)()

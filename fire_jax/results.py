@@ -108,6 +108,18 @@ class ResultStore:
         self.close()
 
 
+def read_json(path: str | os.PathLike) -> Any:
+    """A JSON file's value; a file that is not JSON raises :class:`fire_jax.config.InputError` naming the file,
+    line and column (a CLI then ends in that one line)."""
+    from fire_jax.config import InputError
+
+    with open(path, encoding="utf-8") as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{path}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+
+
 def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value))  # tuples -> lists, as read back
 
@@ -152,9 +164,9 @@ def finite(value: Any) -> Any:
     return value
 
 
-def write_json(path: str | os.PathLike, value: Any) -> Any:
-    """Write ``finite(value)`` as indented strict JSON; returns what was written."""
+def write_json(path: str | os.PathLike, value: Any, *, indent: int = 2) -> Any:
+    """Write ``finite(value)`` as indented strict JSON (the results of every job); returns what was written."""
     value = finite(value)
     with open(path, "w") as f:
-        json.dump(value, f, indent=2, allow_nan=False)
+        json.dump(value, f, indent=indent, allow_nan=False)
     return value

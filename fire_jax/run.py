@@ -13,6 +13,8 @@ import os
 from absl import app, flags
 from ml_collections import config_flags
 
+from fire_jax.cli import input_errors_end_in_one_line
+
 _DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "main_job.py")
 _CONFIG = config_flags.DEFINE_config_file("config", os.path.normpath(_DEFAULT), "the main job's config (configs/main_job.py)")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/tiny", "where models, evaluations and the summary go")
@@ -30,4 +32,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(input_errors_end_in_one_line("fire_jax.run")(main))

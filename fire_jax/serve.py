@@ -36,6 +36,8 @@ for a flaky endpoint. ``/health`` counts the requests each rule got.
 
 from __future__ import annotations
 
+import sys
+
 import argparse
 import asyncio
 import base64
@@ -55,8 +57,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from fire_jax.config import load_config
-from fire_jax.config import DEFAULT_CONFIG
+from fire_jax.cli import input_errors_end_in_one_line
+from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, split_overrides
 from fire_jax.data.chat import Message
 from fire_jax.data.images import load_image, preprocess
 from fire_jax.infer.engine import Engine, Request
@@ -441,17 +443,18 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help="config file[:arg] (default: configs/tiny.py)")
+    parser.add_argument("--config", default=DEFAULT_CONFIG,
+                        help="config file[:arg] (default: configs/tiny.py); --config.<field>=<value> sets a field")
     parser.add_argument("--model", action="append", default=[], metavar="NAME=CHECKPOINT",
                         help="a served model: an HF dir, a PEFT adapter, a train workdir, 'random', or scripted:FILE.json "
                              "(fixed replies, for tests) (repeatable)")
     parser.add_argument("--init", help="base HF checkpoint for PEFT adapters (default: the config's init)")
     parser.add_argument("--slots", type=int, default=32, help="decode slots per model")
-    parser.add_argument("--cache-len", type=int, default=1024, help="cache columns per slot: prompt bucket + max_tokens")
-    parser.add_argument("--prefill-batch", type=int, default=4)
+    parser.add_argument("--cache_len", type=int, default=1024, help="cache columns per slot: prompt bucket + max_tokens")
+    parser.add_argument("--prefill_batch", type=int, default=4)
     parser.add_argument("--chunk", type=int, default=16, help="decode steps per dispatch at most")
-    parser.add_argument("--max-queue", type=int, default=256, help="requests in flight per model before 503")
-    parser.add_argument("--max-image-bytes", type=int, default=8 << 20)
+    parser.add_argument("--max_queue", type=int, default=256, help="requests in flight per model before 503")
+    parser.add_argument("--max_image_bytes", type=int, default=8 << 20)
     args = parser.parse_args(argv)
     for spec in args.model:
         if "=" not in spec:
@@ -462,8 +465,9 @@ def parse_args(argv=None):
 def main(argv=None):
     import uvicorn
 
+    argv, overrides = split_overrides(sys.argv[1:] if argv is None else list(argv))
     args = parse_args(argv)
-    config = load_config(args.config)
+    config = apply_overrides(load_config(args.config), overrides)
     if args.model:
         specs = {name: (None if path == "random" else path) for name, path in (s.split("=", 1) for s in args.model)}
         init = args.init
@@ -480,4 +484,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    input_errors_end_in_one_line("fire_jax.serve")(main)()

@@ -15,7 +15,7 @@ from fire_jax.data.records import BadRecordError, Turn
 from fire_jax.infer import loading
 from fire_jax.infer.agents import Feedback, Student, Teacher
 
-FAST = ["--max-new-tokens", "4"]
+FAST = ["--max_new_tokens", "4"]
 
 
 def _scripted(lines):
@@ -66,7 +66,7 @@ def test_chat_two_turns_of_user_feedback(monkeypatch):
 
 def test_chat_auto_scores_every_turn():
     out = []
-    turns = chat.main(["--auto", "--max-turns", "2", *FAST], input_fn=_scripted([]), print_fn=out.append)
+    turns = chat.main(["--auto", "--max_turns", "2", *FAST], input_fn=_scripted([]), print_fn=out.append)
     text = "\n".join(out)
     assert len(turns) == 2 and text.count("teacher: score ") == 2 and "stopped after 2 turns" in text
     assert "groundtruth: There are 3 red squares." in text
@@ -119,7 +119,7 @@ def test_generate_skips_bad_lines_and_resumes(image_root, monkeypatch):
                                                                                     question="Q?"))]
     source, output = image_root / "in.jsonl", image_root / "out.jsonl"
     _write_prompts(source, [good[0], bad[0], good[1], bad[1], bad[2], good[2]])
-    args = ["--input", str(source), "--output", str(output), "--image-root", str(image_root), "--batch-size", "2",
+    args = ["--input", str(source), "--output", str(output), "--image_root", str(image_root), "--batch_size", "2",
             *FAST]
     out = []
     summary = batch_infer.main(args, print_fn=out.append)
@@ -139,7 +139,7 @@ def test_generate_skips_bad_lines_and_resumes(image_root, monkeypatch):
 
     _write_prompts(source, [good[0], json.dumps(dict(id="x", image="red.png", question=""))])
     with pytest.raises(BadRecordError, match=r"in.jsonl:2 \(id 'x'\): field 'question'"):
-        batch_infer.main([*args, "--on-bad-record", "error"], print_fn=out.append)
+        batch_infer.main([*args, "--on_bad_record", "error"], print_fn=out.append)
 
 
 def test_generate_teacher_writes_scores(image_root, monkeypatch):
@@ -148,8 +148,8 @@ def test_generate_teacher_writes_scores(image_root, monkeypatch):
     _write_prompts(source, [dict(id=7, image="red.png", question="What colour is it?", groundtruth="Red.",
                                  answer="Answer: blue"),
                             dict(id=8, image="red.png", question="What colour is it?", answer="Answer: red")])
-    summary = batch_infer.main(["--input", str(source), "--output", str(output), "--image-root", str(image_root),
-                             "--role", "teacher", "--batch-size", "1", *FAST], print_fn=lambda *_: None)
+    summary = batch_infer.main(["--input", str(source), "--output", str(output), "--image_root", str(image_root),
+                             "--role", "teacher", "--batch_size", "1", *FAST], print_fn=lambda *_: None)
     assert summary["written"] == 1 and summary["bad"] == {"missing_field": 1}
     (record,) = _read(output)
     assert record["id"] == "7" and set(record) == {"id", "output", "score"}

@@ -85,3 +85,16 @@ def test_a_bad_header_command_is_caught():
                                 capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]
         assert len(json.loads(result.stdout.strip().splitlines()[-1])) == 1, (module, argv, result.stdout)
+
+
+def test_every_header_cli_runs_with_help():
+    """Each CLI a header names runs as a program (``python -m MODULE --help``: absl prints the module's flags and
+    exits 1 by design), and its help lists every flag the headers pass it."""
+    for module, entries in header_commands().items():
+        result = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode in (0, 1) and "Traceback" not in result.stderr, (module, result.stderr[-2000:])
+        used = {word.split("=")[0] for _, argv in entries for word in argv
+                if word.startswith("--") and not word.startswith("--config.")}
+        missing = sorted(flag for flag in used if f"{flag}:" not in result.stdout + result.stderr)
+        assert used and not missing, (module, missing)

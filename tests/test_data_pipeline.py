@@ -264,7 +264,7 @@ def test_build_tool(tmp_path):
 
     out = subprocess.run(
         [sys.executable, os.path.join(ROOT, "tools", "build_dataset.py"), "--json", FIXTURE_FILES[1],
-         "--image-root", os.path.join(FIXTURES, "images"), "--split", "fire_1m", "--out", str(tmp_path)],
+         "--image_root", os.path.join(FIXTURES, "images"), "--split", "fire_1m", "--out", str(tmp_path)],
         capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert "split fire_1m: 94 examples" in out and "missing_image             1" in out
     assert "gqa                      19" in out

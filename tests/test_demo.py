@@ -35,7 +35,7 @@ def demo(tmp_path_factory):
     script.write_text(json.dumps({"rules": [{"contains": "Groundtruth: There are 2.", "reply": TEACHER_REPLY}]}))
     with server("fire_jax.serve", ["--model", f"teacher=scripted:{script}"], "/health") as (_, teacher_base):
         with server("fire_jax.demo", ["--student", "random", "--teacher", f"api:{teacher_base}/v1#teacher",
-                                      "--max-new-tokens", "12"], "/api/settings") as (_, base):
+                                      "--max_new_tokens", "12"], "/api/settings") as (_, base):
             yield base, teacher_base
 
 

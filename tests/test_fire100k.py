@@ -85,7 +85,7 @@ def model(triplets):
 
 
 def args(triplets, model, out, *extra):
-    return ["--model", f"api:{model}/v1#scripted", "--input", str(triplets / "triplets.jsonl"), "--image-root",
+    return ["--model", f"api:{model}/v1#scripted", "--input", str(triplets / "triplets.jsonl"), "--image_root",
             IMAGE_ROOT, "--out", str(out), "--concurrency", "4", *extra]
 
 
@@ -150,7 +150,7 @@ def test_shards_split_the_triplets(triplets, model, tmp_path):
     out = tmp_path / "sharded.jsonl"
     done = []
     for index in range(2):
-        main(args(triplets, model, out, "--process-index", str(index), "--process-count", "2", "--timeout", "1",
+        main(args(triplets, model, out, "--process_index", str(index), "--process_count", "2", "--timeout", "1",
                   "--retries", "0"))
         path = tmp_path / f"sharded-{index:05d}-of-00002.jsonl"
         done.append({json.loads(line)["id"] for p in (path, f"{path}.dropped.jsonl") for line in open(p)})

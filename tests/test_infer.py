@@ -242,8 +242,8 @@ def test_hf_generate_tool(pair, batch, stop, tmp_path):
     image_sizes = np.array([s or (0, 0) for s in SIZES])
     np.savez(tmp_path / "in.npz", input_ids=ids, attention_mask=mask, pixel_values=pixel_values,
              image_sizes=image_sizes)
-    _load_tool("hf_generate").main(["--model", directory, "--inputs", str(tmp_path / "in.npz"), "--max-new-tokens",
-                                    str(NEW), "--stop-ids", str(stop_id), "--out", str(tmp_path / "out.npz")])
+    _load_tool("hf_generate").main(["--model", directory, "--inputs", str(tmp_path / "in.npz"), "--max_new_tokens",
+                                    str(NEW), "--stop_ids", str(stop_id), "--out", str(tmp_path / "out.npz")])
     np.testing.assert_array_equal(np.load(tmp_path / "out.npz")["generated_ids"], expected)
 
 

@@ -74,7 +74,7 @@ def server(checkpoint):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     process = subprocess.Popen(
         [sys.executable, "-m", "fire_jax.serve", "--port", str(port), "--model", f"tiny={checkpoint}",
-         "--cache-len", "512", "--max-queue", str(MAX_QUEUE), "--max-image-bytes", str(MAX_IMAGE_BYTES)],
+         "--cache_len", "512", "--max_queue", str(MAX_QUEUE), "--max_image_bytes", str(MAX_IMAGE_BYTES)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
@@ -284,7 +284,7 @@ def test_chat_and_batch_generation_through_api_specs_equal_in_process(checkpoint
     dialogues = {}
     for kind, model in (("in_process", checkpoint), ("api", spec)):
         out = []
-        dialogues[kind] = chat.main(["--auto", "--max-turns", "3", "--solved", "11", "--max-new-tokens", "6",
+        dialogues[kind] = chat.main(["--auto", "--max_turns", "3", "--solved", "11", "--max_new_tokens", "6",
                                      "--student", model, "--teacher", model], print_fn=out.append)
         assert out[0] == ("student: endpoint " + spec if kind == "api" else f"student: HF checkpoint {checkpoint}")
     assert len(dialogues["api"]) == 3 and dialogues["api"] == dialogues["in_process"]
@@ -301,8 +301,8 @@ def test_chat_and_batch_generation_through_api_specs_equal_in_process(checkpoint
         outputs = {}
         for kind, model in (("in_process", checkpoint), ("api", spec)):
             path = tmp_path / f"{role}_{kind}.jsonl"
-            summary = batch_infer.main(["--input", str(prompts), "--output", str(path), "--image-root", str(tmp_path),
-                                     "--role", role, "--checkpoint", model, "--batch-size", "2", "--max-new-tokens",
+            summary = batch_infer.main(["--input", str(prompts), "--output", str(path), "--image_root", str(tmp_path),
+                                     "--role", role, "--checkpoint", model, "--batch_size", "2", "--max_new_tokens",
                                      "6"], print_fn=lambda *_: None)
             assert summary == {"written": 5, "already_done": 0, "bad": {}}
             outputs[kind] = [json.loads(line) for line in path.read_text().splitlines()]

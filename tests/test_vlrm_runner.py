@@ -428,7 +428,7 @@ def served():
     """The config's random tiny model behind ``python -m fire_jax.serve`` on a loopback port."""
     from loopback import server
 
-    with server("fire_jax.serve", ["--config", CONFIG, "--model", "tiny=random", "--cache-len", "1024",
+    with server("fire_jax.serve", ["--config", CONFIG, "--model", "tiny=random", "--cache_len", "1024",
                                    "--slots", "8"], "/health") as (_, base):
         yield base
 

@@ -60,7 +60,7 @@ def test_runner_scores_resumes_and_prints_the_paper_rows(tmp_path, capsys):
 
 def test_cli_with_a_tiny_model(tmp_path):
     path = _write(tmp_path)
-    out = subprocess.run([sys.executable, "-m", "fire_jax.evaluate", "--vqa", path, "--image-root", IMAGES,
+    out = subprocess.run([sys.executable, "-m", "fire_jax.evaluate", "--vqa", path, "--image_root", IMAGES,
                           "--benchmark", "GQA", "--config", os.path.join(ROOT, "configs", "eval_fixed.py"),
                           "--config.decode.max_new_tokens=4", "--workdir", str(tmp_path / "cli")],
                          capture_output=True, text=True, cwd=ROOT, timeout=600)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from fire_jax.cli import input_errors_end_in_one_line  # noqa: E402
 from fire_jax.vlrmbench.audit import audit_file, audit_json, audit_report  # noqa: E402
 
 
@@ -41,4 +42,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    input_errors_end_in_one_line("audit_vlrmbench")(main)()

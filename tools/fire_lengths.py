@@ -1,7 +1,7 @@
 """Sequence lengths of the shipped real FIRE records at 8B: Llama 3's tokenizer, LLaVA-NeXT-8B's image tokens.
 
     python tools/fire_lengths.py                         # builds the tokenizer if needed (tools/llama3_tokenizer.py)
-    python tools/fire_lengths.py --max-len 2048,3072,4096 --json lengths.json
+    python tools/fire_lengths.py --max_len 2048,3072,4096 --json lengths.json
 
 For the 189 records of tests/fixtures/fire (the public FIRE demo subset, 94 of FIRE-100K and 95 of FIRE-1M), the
 student and the teacher training sequence of each (SPEC 3: chat template, labels on r_i, i >= 2 / on every f_i),
@@ -97,7 +97,7 @@ def main():
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokenizer", help="a Llama-3 tokenizer.json (default: build it, tools/llama3_tokenizer.py)")
-    parser.add_argument("--max-len", default="2048,3072,4096", help="comma-separated max_len values to report")
+    parser.add_argument("--max_len", default="2048,3072,4096", help="comma-separated max_len values to report")
     parser.add_argument("--json", help="write the summary rows here")
     args = parser.parse_args()
     max_lens = [int(m) for m in args.max_len.split(",")]

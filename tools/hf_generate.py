@@ -1,9 +1,9 @@
 """Greedy generation from a Hugging Face LLaVA-NeXT checkpoint with fire_jax (to set beside HF ``generate``).
 
-    python tools/hf_generate.py --model DIR --inputs IN.npz --max-new-tokens N --out OUT.npz
+    python tools/hf_generate.py --model DIR --inputs IN.npz --max_new_tokens N --out OUT.npz
 
 IN.npz as for ``tools/hf_logits.py`` (``input_ids`` padded on either side, with
-``attention_mask``). Stops on ``--stop-ids`` (default: the checkpoint's
+``attention_mask``). Stops on ``--stop_ids`` (default: the checkpoint's
 generation_config.json ``eos_token_id``, else Llama-3's 128009, 128001).
 OUT.npz gets ``generated_ids [B, N]`` int32: the stop token kept, -1 after it,
 and ``logprobs [B, N]`` of the generated tokens.
@@ -32,9 +32,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="HF checkpoint directory (config.json + safetensors)")
     parser.add_argument("--inputs", required=True, help="input .npz")
-    parser.add_argument("--max-new-tokens", type=int, required=True)
+    parser.add_argument("--max_new_tokens", type=int, required=True)
     parser.add_argument("--out", required=True, help="output .npz")
-    parser.add_argument("--stop-ids", type=lambda s: tuple(int(i) for i in s.split(",") if i), default=None,
+    parser.add_argument("--stop_ids", type=lambda s: tuple(int(i) for i in s.split(",") if i), default=None,
                         help="comma-separated stop token ids ('' for none)")
     parser.add_argument("--dtype", default="float32", help="weights and compute dtype (float32, bfloat16)")
     args = parser.parse_args(argv)

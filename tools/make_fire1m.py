@@ -1,21 +1,23 @@
 """Generate FIRE-1M-style dialogues: a student and a teacher talk about (I, q, gt) triplets (SPEC 6, Fig. 3b).
 
-    python tools/make_fire1m.py --config configs/eval_free.py --input triplets.json --image-root DIR \\
-        --out fire_1m_generated.jsonl [--max-items N] [--split fire_1m] [--config.teacher.adapter=FD_LLAVA ...]
+    python tools/make_fire1m.py --config configs/eval_free.py --input triplets.json --image_root DIR \\
+        --out fire_1m_generated.jsonl [--max_items N] [--split fire_1m] [--config.teacher.adapter=FD_LLAVA ...]
 
 The agents, decoding and score threshold come from the evaluation config
 (``student``, ``teacher``, ``decode``, ``free.threshold``, ``free.teacher_history``).
 Inputs: FIRE records (their conversations ignored) or plain {"image",
 "question", "groundtruth", "source"?, "id"?} objects, JSON array or JSONL.
-Dialogues stop at a score >= 8 or after --max-turns (3); those whose score
+Dialogues stop at a score >= 8 or after --max_turns (3); those whose score
 did not improve are dropped. Kept records (SPEC 3 schema, image paths
-relative to --image-root) are appended to --out, dropped ones to
+relative to --image_root) are appended to --out, dropped ones to
 <out>.dropped.jsonl; a rerun continues. At the end the output is read back
 through fire_jax.data.records and its bad records (expected: none) printed.
 """
 
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from fire_jax.cli import input_errors_end_in_one_line
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/eval_free.py", "evaluation config (agents, decoding)")
 _INPUT = flags.DEFINE_multi_string("input", None, "triplet or FIRE records file (repeatable)", required=True)
@@ -59,4 +61,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(input_errors_end_in_one_line("make_fire1m")(main))

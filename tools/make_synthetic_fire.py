@@ -16,11 +16,11 @@ from fire_jax.data.tokenizer import train_tokenizer
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="directory for train.json, test.json and images/")
-    parser.add_argument("--num-train", type=int, default=720)
-    parser.add_argument("--num-test", type=int, default=90)
+    parser.add_argument("--num_train", type=int, default=720)
+    parser.add_argument("--num_test", type=int, default=90)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tokenizer", help="also train a byte-level BPE on train.json and write it here")
-    parser.add_argument("--vocab-size", type=int, default=512, help="tokenizer size; <image> gets the last id")
+    parser.add_argument("--vocab_size", type=int, default=512, help="tokenizer size; <image> gets the last id")
     args = parser.parse_args()
     paths = write_synthetic_fire(args.out, num_train=args.num_train, num_test=args.num_test, seed=args.seed)
     for split, path in paths.items():

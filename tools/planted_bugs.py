@@ -180,7 +180,7 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", default=(), help="run the bugs whose name contains one of these")
     parser.add_argument("--check", action="store_true", help="only check that every patch applies")
     parser.add_argument("--list", action="store_true")
-    parser.add_argument("--no-baseline", action="store_true", help="skip the unpatched run of the test files")
+    parser.add_argument("--no_baseline", action="store_true", help="skip the unpatched run of the test files")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per test run")
     args = parser.parse_args()
     bugs = [b for b in BUGS if not args.only or any(s in b.name for s in args.only)]

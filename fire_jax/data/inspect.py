@@ -12,7 +12,8 @@ import sys
 
 import numpy as np
 
-from fire_jax.config import load_config
+from fire_jax.cli import input_errors_end_in_one_line
+from fire_jax.config import apply_overrides, load_config, split_overrides
 from fire_jax.data.chat import Encoded
 from fire_jax.data.pipeline import Preprocessor
 from fire_jax.data.records import BadRecords
@@ -21,14 +22,16 @@ from fire_jax.data.sources import geometry_from_model_config, open_source
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="config file, e.g. configs/tiny.py[:arg]")
+    parser.add_argument("--config", required=True,
+                        help="config file, e.g. configs/tiny.py[:arg]; --config.<field>=<value> sets a field")
     parser.add_argument("--index", type=int, default=0, help="record index within the source")
     parser.add_argument("--role", choices=("student", "teacher"), help="default: config.data.role")
     parser.add_argument("--source", help="name in config.data.sources (default: the first)")
     parser.add_argument("--color", action="store_true", help="colour labelled spans (ANSI) instead of [[...]]")
+    argv, overrides = split_overrides(sys.argv[1:] if argv is None else list(argv))
     args = parser.parse_args(argv)
 
-    config = load_config(args.config)
+    config = apply_overrides(load_config(args.config), overrides)
     data = config.data
     name = args.source or sorted(data.sources)[0]
     bad = BadRecords()
@@ -62,4 +65,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    input_errors_end_in_one_line("fire_jax.data.inspect")(main)()

@@ -23,6 +23,8 @@ from typing import Any, Iterator, Sequence
 
 from PIL import Image
 
+from fire_jax.config import InputError
+
 # Reasons a record is skipped at parse time: invalid_json, missing_field, missing_image, unreadable_image,
 # bad_turn_order, empty_text, and no_score where scores are required (the teacher's data, the evaluations);
 # the pipeline adds image_cut, no_labelled_token (and no_score for a teacher reading a built split).
@@ -72,7 +74,7 @@ class Instruction:
 Record = Conversation | Instruction
 
 
-class BadRecordError(ValueError):
+class BadRecordError(InputError):
     """A record that cannot be used, under ``on_bad_record="error"``."""
 
     def __init__(self, reason: str, where: str, field: str, detail: str = ""):

@@ -25,6 +25,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
 
+from fire_jax.config import InputError
 from fire_jax.data.records import BadRecords, Conversation, Instruction, Record, Turn, image_size_of, iter_records
 
 SPLITS = ("fire_100k", "fire_1m", "fire_bench", "instruct")
@@ -85,6 +86,12 @@ class Fire(tfds.core.GeneratorBasedBuilder):
             self.source_counts[record.source] += 1
             yield key, to_example(record, image)
             key += 1
+        if not key:  # tensorflow-datasets would stop with "No examples were yielded"
+            reasons = ", ".join(f"{reason}: {n}" for reason, n in sorted(self.bad.items()))
+            example = next(iter(self.bad.first.values()), "")
+            raise InputError(f"no usable record in split {self.builder_config.name!r} of {self._json_files}: "
+                             f"{sum(self.bad.values())} bad records dropped"
+                             + (f" ({reasons}; e.g. {example})" if reasons else " (the files hold no records)"))
         self.info.metadata["source_counts"] = dict(self.source_counts)
         self.info.metadata["bad_records"] = dict(self.bad)
 

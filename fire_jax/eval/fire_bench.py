@@ -30,7 +30,7 @@ from fire_jax.data.records import BadRecords
 from fire_jax.eval import fixed, free, judge, plots, report
 from fire_jax.infer import dialogue
 from fire_jax.infer.decode import DecodeConfig
-from fire_jax.results import check_settings, finite
+from fire_jax.results import check_settings, write_json
 
 SETTINGS = ("fixed", "free")
 
@@ -178,9 +178,7 @@ def evaluate(config, workdir: str, *, agents=None) -> dict:
                 figures["judged_accuracy_by_turn"],
                 title=f"accuracy by turn, judged two ways ({results['student']['name']})")
     results["figures"] = figures
-    results = finite(results)
-    with open(os.path.join(workdir, "results.json"), "w") as f:
-        json.dump(results, f, indent=2)
+    results = write_json(os.path.join(workdir, "results.json"), results)
     title = f"# FIRE-Bench, {setting} dialogues\n\n"
     with open(os.path.join(workdir, "results.md"), "w") as f:
         f.write(title + markdown)

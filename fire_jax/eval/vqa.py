@@ -1,6 +1,6 @@
 """Table 1's forgetting check: single-turn answers on any VQA-style JSONL, scored, the paper's rows beside ours.
 
-    python -m fire_jax.evaluate --vqa gqa_testdev.jsonl --image-root /data/gqa/images --benchmark GQA \
+    python -m fire_jax.evaluate --vqa gqa_testdev.jsonl --image_root /data/gqa/images --benchmark GQA \
         --config configs/eval_fixed.py:8b --config.student.adapter=FIRE_LLAVA --workdir OUT
 
 One JSON object per line: ``{"id"?, "image", "question", "answers"}`` with ``answers`` a list of human answers
@@ -22,7 +22,7 @@ from typing import Any
 from fire_jax.data.items import read_objects
 from fire_jax.data.records import BadRecordError, BadRecords
 from fire_jax.eval import metrics
-from fire_jax.results import ResultStore
+from fire_jax.results import ResultStore, write_json
 
 SHORT_ANSWER = "Answer the question using a single word or phrase."
 LETTER_ANSWER = "Answer with the option's letter from the given choices directly."
@@ -112,8 +112,7 @@ def run_vqa(path: str, workdir: str, student, *, name: str = "student", image_ro
     accuracy = sum(r["accuracy"] for r in done) / max(len(done), 1)
     results = dict(benchmark=benchmark, model=name, items=len(done), accuracy=accuracy,
                    bad_records=dict(bad), paper=paper_rows(benchmark))
-    with open(os.path.join(workdir, "vqa_results.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    results = write_json(os.path.join(workdir, "vqa_results.json"), results, indent=1)
     markdown = table(benchmark, {name: accuracy})
     with open(os.path.join(workdir, "vqa_results.md"), "w") as f:
         f.write(markdown + "\n")

@@ -32,6 +32,7 @@ from fire_jax.convert.hf import load_peft_adapter, peft_lora_config
 from fire_jax.data.chat import ChatTokenizer
 from fire_jax.infer.agents import Student, Teacher
 from fire_jax.infer.decode import DecodeConfig
+from fire_jax.results import read_json
 
 CHECKPOINT_KINDS = ("hf", "peft", "workdir")
 
@@ -158,5 +159,4 @@ def workdir_config(workdir: str):
     """The resolved config a train run wrote to ``workdir/config.json``."""
     import ml_collections
 
-    with open(os.path.join(workdir, "config.json")) as f:
-        return ml_collections.ConfigDict(json.load(f))
+    return ml_collections.ConfigDict(read_json(os.path.join(workdir, "config.json")))

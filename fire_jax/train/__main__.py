@@ -11,6 +11,8 @@ Multi-host: run the same command on every host with ``--coordinator HOST:PORT
 from absl import app, flags
 from ml_collections import config_flags
 
+from fire_jax.cli import input_errors_end_in_one_line
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "config file (get_config(arg)); path:arg for sweeps")
 _WORKDIR = flags.DEFINE_string("workdir", None, "checkpoints, metrics and exports go here", required=True)
 _COORDINATOR = flags.DEFINE_string("coordinator", None, "jax.distributed coordinator address HOST:PORT")
@@ -40,4 +42,4 @@ def main(argv):
 
 if __name__ == "__main__":
     flags.mark_flag_as_required("config")
-    app.run(main)
+    app.run(input_errors_end_in_one_line("fire_jax.train")(main))

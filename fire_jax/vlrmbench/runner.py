@@ -54,7 +54,6 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -69,7 +68,7 @@ from fire_jax.infer.agents import Agent
 from fire_jax.infer.api import ApiAgent, ApiError, image_url, is_api_spec
 from fire_jax.infer.decode import DecodeConfig
 from fire_jax.infer.loading import display_name, load
-from fire_jax.results import ResultStore, check_settings
+from fire_jax.results import ResultStore, check_settings, write_json
 from fire_jax.vlrmbench.data import Sample, TaskData, load_task
 from fire_jax.vlrmbench.score import ACCOUNTINGS, TaskResult, results_table, score_both, theme_average
 from fire_jax.vlrmbench.tasks import TASKS, build_judge_prompt, build_prompt, num_orders, task_info
@@ -573,8 +572,7 @@ def score(datasets: dict[str, TaskData], workdir: Path, *, model: str, judge: st
     for theme in ("step", "outcome"):
         summary[f"{theme}_w_avg"] = theme_average(results[accounting], theme)
         summary[f"{theme}_w_avg_by_accounting"] = {a: theme_average(results[a], theme) for a in ACCOUNTINGS}
-    with open(workdir / "results.json", "w") as f:
-        json.dump(summary, f, indent=2)
+    write_json(workdir / "results.json", summary)
     with open(workdir / "results.md", "w") as f:
         f.write(table)
     print(table)

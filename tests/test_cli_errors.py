@@ -1,0 +1,70 @@
+"""Bad input ends a CLI with one line naming what and where, exit 2, no traceback (issue 14.6)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+from fire_jax.config import InputError, apply_overrides, load_config, split_overrides
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(*argv):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("FIRE_JAX_TRACEBACK", None)
+    return subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_config_overrides_on_argparse_clis():
+    """--config.x=y works as for the absl CLIs: typed like the field, unknown fields named with the known ones."""
+    argv, overrides = split_overrides(["--input", "a.jsonl", "--config.model.llm.dim=64", "--config.data.pad_token=<x>"])
+    assert argv == ["--input", "a.jsonl"] and overrides == ["model.llm.dim=64", "data.pad_token=<x>"]
+    config = apply_overrides(load_config("configs/tiny.py"), overrides + ["train.lr=1", "data.buckets=(64, 128)"])
+    assert config.model.llm.dim == 64 and config.data.pad_token == "<x>"
+    assert config.train.lr == 1.0 and isinstance(config.train.lr, float) and tuple(config.data.buckets) == (64, 128)
+    with pytest.raises(InputError, match=r"--config.model.llm.dimm=3: no field 'dimm' in model.llm \(known: .*dim"):
+        apply_overrides(config, ["model.llm.dimm=3"])
+    with pytest.raises(InputError, match=r"--config.modell.x=3: no field 'modell'"):
+        apply_overrides(config, ["modell.x=3"])
+    with pytest.raises(InputError, match=r"--config.model.llm.dim=abc"):
+        apply_overrides(config, ["model.llm.dim=abc"])
+
+
+def test_bad_input_ends_in_one_line(tmp_path):
+    # A split in which every record is bad: how many were dropped and why, not tensorflow-datasets' assertion.
+    records = tmp_path / "bad.json"
+    records.write_text(json.dumps([{"id": "a", "image": "x.png"}, {"id": "b"}, 7]))
+    built = run("tools/build_dataset.py", "--json", str(records), "--image_root", str(tmp_path), "--split", "fire_100k",
+                "--out", str(tmp_path / "out"))
+    last = built.stderr.strip().splitlines()[-1]
+    assert built.returncode == 2 and "Traceback" not in built.stderr, built.stderr[-2000:]
+    assert "build_dataset: error: no usable record in split 'fire_100k'" in last
+    assert "3 bad records dropped (missing_field: 3; e.g." in last and "bad.json: record 0 (id 'a')" in last
+
+    # A config typo and a missing input file in an argparse CLI.
+    typo = run("-m", "fire_jax.batch_infer", "--input", str(records), "--output", str(tmp_path / "o.jsonl"),
+               "--config.model.llm.dimm=3")
+    assert typo.returncode == 2 and "Traceback" not in typo.stderr
+    assert typo.stderr.strip().splitlines()[-1].startswith(
+        "fire_jax.batch_infer: error: --config.model.llm.dimm=3: no field 'dimm' in model.llm (known:")
+    missing = run("-m", "fire_jax.data.inspect", "--config", "configs/nope.py")
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert missing.stderr.strip().splitlines()[-1].startswith("fire_jax.data.inspect: error: config file 'configs/nope.py'")
+
+    # A config file that is not valid JSON where JSON is read: a train workdir's config.json.
+    workdir = tmp_path / "run"
+    (workdir / "checkpoints").mkdir(parents=True)
+    (workdir / "config.json").write_text("{not json")
+    Image.new("RGB", (8, 8), "red").save(tmp_path / "red.png")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "p1", "image": "red.png", "question": "What colour?"}) + "\n")
+    broken = run("-m", "fire_jax.batch_infer", "--input", str(prompts), "--output", str(tmp_path / "o.jsonl"),
+                 "--image_root", str(tmp_path), "--checkpoint", str(workdir))
+    assert broken.returncode == 2 and "Traceback" not in broken.stderr, broken.stderr[-2000:]
+    assert broken.stderr.strip().splitlines()[-1] == (
+        f"fire_jax.batch_infer: error: {workdir / 'config.json'}: not valid JSON: Expecting property name enclosed "
+        "in double quotes at line 1 column 2")
