@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from fire_jax.data.images import pad_tiles
 from fire_jax.infer.decode import LLAMA3_STOP_IDS, TRACE_COUNTS, prompt_bucket, left_pad
 from fire_jax.infer.forward import image_inputs
 from fire_jax.models.llama import KVCache
@@ -379,10 +380,8 @@ class Engine:
         input_ids, attention_mask, positions = left_pad(prompts, bucket, self.pad_id)
         pixel_values, image_index = None, None
         if tiles:
-            geometry = self.model.cfg.geometry
-            pixel_values = np.zeros((rows, tiles, 3, geometry.tile_size, geometry.tile_size), np.float32)
-            for b, r in enumerate(requests):
-                pixel_values[b, :len(r.pixel_values)] = r.pixel_values
+            pixel_values = pad_tiles([r.pixel_values for r in requests], tiles=tiles, batch=rows,
+                                     tile_size=self.model.cfg.geometry.tile_size)
             sizes = [[tuple(s) for s in r.image_sizes] for r in requests] + [[] for _ in range(rows - len(group))]
             pixel_values, image_index = image_inputs(self.model, input_ids, pixel_values, sizes)
         settings = self._settings(requests, rows)
