@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-from fire_jax.config import InputError
+from fire_jax.config import InputError, config_path, load_config
 
 
 #: What a CLI reports in one line (:class:`fire_jax.data.records.BadRecordError` is an InputError).
@@ -46,3 +46,64 @@ def input_errors_end_in_one_line(prog: str):
         return guarded
 
     return wrap
+
+
+def config_argv(argv: list[str]) -> list[str]:
+    """``argv`` with its ``--config PATH[:ARG]`` made absolute when PATH is not under the current directory but
+    under the repository (``configs/x.py`` from anywhere, as :func:`fire_jax.config.load_config` reads it); the
+    absl CLIs call this on ``sys.argv`` before ``app.run``, since ml_collections reads the file itself."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--config" and i + 1 < len(out):
+            at, value, prefix = i + 1, out[i + 1], ""
+        elif arg.startswith("--config="):
+            at, value, prefix = i, arg[len("--config="):], "--config="
+        else:
+            continue
+        path, colon, rest = value.partition(":")
+        if path and not os.path.exists(path):
+            try:
+                out[at] = prefix + config_path(path) + colon + rest
+            except FileNotFoundError:
+                pass  # ml_collections reports the missing file itself
+    return out
+
+
+def check_override_fields(argv: list[str], default_config: str | None = None) -> None:
+    """Raise :class:`InputError` when a ``--config.a.b`` override of ``argv`` names no field of the config
+    (ml_collections would end the absl CLI with a traceback); values are left to ml_collections."""
+    names = [a[len("--config."):].partition("=")[0] for a in argv if a.startswith("--config.")]
+    if not names:
+        return
+    spec = default_config
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            spec = argv[i + 1]
+        elif arg.startswith("--config="):
+            spec = arg[len("--config="):]
+    if spec is None:
+        return  # no config given: absl says so
+    config = load_config(spec)
+    for name in names:
+        node, parts = config, name.split(".")
+        for depth, key in enumerate(parts):
+            if not hasattr(node, "keys") or key not in node:
+                where = ".".join(parts[:depth]) or "the config"
+                known = f" (known: {', '.join(sorted(node.keys()))})" if hasattr(node, "keys") else ""
+                raise InputError(f"--config.{name}: no field {key!r} in {where} of {spec}{known}")
+            node = node[key]
+
+
+def prepare_absl_argv(prog: str, default_config: str | None = None) -> None:
+    """Before an absl CLI defines its ``--config`` flag (ml_collections loads the file and applies the
+    ``--config.x`` overrides while defining it): resolve the ``--config`` path like load_config, and end with
+    one line on an override that names no field."""
+    sys.argv = config_argv(sys.argv)
+    input_errors_end_in_one_line(prog)(check_override_fields)(sys.argv, default_config)
+
+
+def run_absl(main, prog: str) -> None:
+    """``app.run(main)``, input errors ending in one line (:func:`input_errors_end_in_one_line`)."""
+    from absl import app
+
+    app.run(input_errors_end_in_one_line(prog)(main))

@@ -19,12 +19,19 @@ See fire_jax/eval/fire_bench.py.
 
 from __future__ import annotations
 
-from absl import app, flags
+import os
+
+from absl import flags
 from ml_collections import config_flags
 
-from fire_jax.cli import input_errors_end_in_one_line
+from fire_jax.cli import prepare_absl_argv, run_absl
+from fire_jax.config import CONFIGS_DIR
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/eval_fixed.py", "config file (get_config(arg)); path:arg")
+_DEFAULT_CONFIG = os.path.join(CONFIGS_DIR, "eval_fixed.py")
+if __name__ == "__main__":  # ml_collections applies --config.x overrides while it defines the flag
+    prepare_absl_argv("fire_jax.evaluate", _DEFAULT_CONFIG)
+_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG,
+                                          "config file (get_config(arg)); path:arg")
 _WORKDIR = flags.DEFINE_string("workdir", "fire_eval", "outputs, results.json, results.md and plots go here")
 _DATA_STATS = flags.DEFINE_string("data_stats", None, "plot the statistics of this FIRE records file (JSON/JSONL) "
                                   "instead of evaluating")
@@ -56,4 +63,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(input_errors_end_in_one_line("fire_jax.evaluate")(main))
+    run_absl(main, "fire_jax.evaluate")

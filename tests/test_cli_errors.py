@@ -68,3 +68,33 @@ def test_bad_input_ends_in_one_line(tmp_path):
     assert broken.stderr.strip().splitlines()[-1] == (
         f"fire_jax.batch_infer: error: {workdir / 'config.json'}: not valid JSON: Expecting property name enclosed "
         "in double quotes at line 1 column 2")
+
+
+def test_absl_clis_find_repo_configs_from_any_directory(tmp_path):
+    """`--config configs/x.py` means the repository's file from any directory (as load_config reads it), for the
+    absl CLIs too; the default configs are absolute paths."""
+    from fire_jax.cli import config_argv
+    from fire_jax.config import CONFIGS_DIR
+
+    os.chdir(tmp_path)
+    try:
+        assert config_argv(["prog", "--config", "configs/eval_fixed.py:8b", "--workdir", "configs/x"]) == [
+            "prog", "--config", os.path.join(ROOT, "configs", "eval_fixed.py") + ":8b", "--workdir", "configs/x"]
+        assert config_argv(["prog", "--config=configs/tiny.py"]) == ["prog", f"--config={CONFIGS_DIR}/tiny.py"]
+        assert config_argv(["prog", "--config", "nope.py"]) == ["prog", "--config", "nope.py"]
+    finally:
+        os.chdir(ROOT)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+    missing = str(tmp_path / "missing.json")
+    result = subprocess.run([sys.executable, "-m", "fire_jax.evaluate", "--config", "configs/eval_fixed.py",
+                             "--data_stats", missing, "--workdir", str(tmp_path / "out")], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("fire_jax.evaluate: error:") and "missing.json" in last, last
+    typo = subprocess.run([sys.executable, "-m", "fire_jax.train", "--config", "configs/tiny.py", "--workdir",
+                           str(tmp_path / "w"), "--config.train.lrr=1"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert typo.returncode == 2 and "Traceback" not in typo.stderr, typo.stderr[-2000:]
+    assert typo.stderr.strip().splitlines()[-1].startswith(
+        f"fire_jax.train: error: --config.train.lrr: no field 'lrr' in train of {ROOT}/configs/tiny.py (known: ")

@@ -14,12 +14,19 @@ relative to --image_root) are appended to --out, dropped ones to
 through fire_jax.data.records and its bad records (expected: none) printed.
 """
 
-from absl import app, flags, logging
+import os
+
+from absl import flags, logging
 from ml_collections import config_flags
 
-from fire_jax.cli import input_errors_end_in_one_line
+from fire_jax.cli import prepare_absl_argv, run_absl
+from fire_jax.config import CONFIGS_DIR
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/eval_free.py", "evaluation config (agents, decoding)")
+_DEFAULT_CONFIG = os.path.join(CONFIGS_DIR, "eval_free.py")
+if __name__ == "__main__":  # ml_collections applies --config.x overrides while it defines the flag
+    prepare_absl_argv("make_fire1m", _DEFAULT_CONFIG)
+_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG,
+                                          "evaluation config (agents, decoding)")
 _INPUT = flags.DEFINE_multi_string("input", None, "triplet or FIRE records file (repeatable)", required=True)
 _IMAGE_ROOT = flags.DEFINE_string("image-root", None, "the inputs' image paths are relative to it", required=True)
 _OUT = flags.DEFINE_string("out", None, "JSONL of generated FIRE records", required=True)
@@ -61,4 +68,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(input_errors_end_in_one_line("make_fire1m")(main))
+    run_absl(main, "make_fire1m")

@@ -8,12 +8,17 @@ Multi-host: run the same command on every host with ``--coordinator HOST:PORT
 ``jax.distributed.initialize()`` detects on TPU pods / SLURM).
 """
 
-from absl import app, flags
+
+from absl import flags
 from ml_collections import config_flags
 
-from fire_jax.cli import input_errors_end_in_one_line
+from fire_jax.cli import prepare_absl_argv, run_absl
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "config file (get_config(arg)); path:arg for sweeps")
+_DEFAULT_CONFIG = None
+if __name__ == "__main__":  # ml_collections applies --config.x overrides while it defines the flag
+    prepare_absl_argv("fire_jax.train", _DEFAULT_CONFIG)
+_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG,
+                                          "config file (get_config(arg)); path:arg for sweeps")
 _WORKDIR = flags.DEFINE_string("workdir", None, "checkpoints, metrics and exports go here", required=True)
 _COORDINATOR = flags.DEFINE_string("coordinator", None, "jax.distributed coordinator address HOST:PORT")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "number of processes (multi-host)")
@@ -42,4 +47,4 @@ def main(argv):
 
 if __name__ == "__main__":
     flags.mark_flag_as_required("config")
-    app.run(input_errors_end_in_one_line("fire_jax.train")(main))
+    run_absl(main, "fire_jax.train")
