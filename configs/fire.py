@@ -25,7 +25,7 @@ arg: ``<recipe>[,key=value...]`` with recipe one of fire100k_student, fire_stude
 
 import os
 
-from fire_jax.config import load_config, loss_config, mesh_config, parse_arg, train_config
+from fire_jax.config import InputError, load_config, loss_config, mesh_config, parse_arg, train_config
 
 RECIPES = ("fire100k_student", "fire_student", "fire_teacher")
 # Release sizes: FIRE-100K, FIRE-1M (the paper), llava_v1_5_mix665k.json (LLaVA-1.5's instruction mix).
@@ -51,10 +51,10 @@ OPTIONS = dict(data_dir="/data/fire_tfds", llava="", images="/data/llava/images"
 def recipe_options(arg: str) -> tuple[str, dict]:
     """``<recipe>[,key=value...]`` -> (recipe, options); the recipe is required."""
     if not arg or "=" in arg.split(",")[0]:
-        raise ValueError(f"configs/fire.py: the argument starts with a recipe, one of {RECIPES}; got {arg!r}")
+        raise InputError(f"configs/fire.py: the argument starts with a recipe, one of {RECIPES}; got {arg!r}")
     recipe, options = parse_arg(arg, where="configs/fire.py", names=RECIPES, **OPTIONS)
     if "llava_n=" in arg and "llava_ratio=" in arg:
-        raise ValueError("configs/fire.py: give llava_n (a count) or llava_ratio (per FIRE example), not both")
+        raise InputError("configs/fire.py: give llava_n (a count) or llava_ratio (per FIRE example), not both")
     return recipe, options
 
 

@@ -18,7 +18,7 @@ import os
 
 import ml_collections
 
-from fire_jax.config import load_config
+from fire_jax.config import InputError, load_config
 
 CONFIGS = os.path.dirname(os.path.abspath(__file__))
 
@@ -53,7 +53,7 @@ def _tiny_train(role: str):
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
     size, _, options = (arg or "tiny").partition(",")
     if size not in ("tiny", "8b") or (options and size == "tiny"):
-        raise ValueError(f"configs/main_job.py: arg must be 'tiny' or '8b[,key=value...]', got {arg!r}")
+        raise InputError(f"configs/main_job.py: arg must be 'tiny' or '8b[,key=value...]', got {arg!r}")
     config = ml_collections.ConfigDict()
     if size == "tiny":
         # The base model: single-turn instruction data (question -> first answer), like LLaVA-NeXT before FIRE.

@@ -134,8 +134,15 @@ class Checkpointer:
         if "params" in self._items(step):
             restored = self.manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))
             return restored.params, step
-        # An older workdir: the whole train state in one item; read it as saved and keep its params.
-        restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+        # An older workdir: the whole train state in one item. Restored onto one device from its own metadata
+        # (without a target orbax would place arrays by the saved shardings, which need the training topology),
+        # then its params are kept.
+        metadata = ocp.StandardCheckpointer().metadata(os.path.join(self.directory, str(step), "state"))
+        tree = getattr(metadata, "item_metadata", metadata)
+        tree = getattr(tree, "tree", tree)
+        one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        saved = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one_device), tree)
+        restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(saved)))
         return _like(target, restored.state["params"]), step
 
     def wait(self) -> None:

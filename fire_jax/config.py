@@ -79,27 +79,27 @@ def parse_arg(arg: str, *, where: str, names: tuple[str, ...] = (), **defaults) 
     name = names[0] if names else None
     if parts and "=" not in parts[0]:
         if not names:
-            raise ValueError(f"{where}: takes only key=value options, got {parts[0]!r}; known: {sorted(defaults)}")
+            raise InputError(f"{where}: takes only key=value options, got {parts[0]!r}; known: {sorted(defaults)}")
         name = parts.pop(0)
         if name not in names:
-            raise ValueError(f"{where}: {name!r} unknown; choose from {list(names)}")
+            raise InputError(f"{where}: {name!r} unknown; choose from {list(names)}")
     options = dict(defaults)
     for part in parts:
         key, eq, value = part.partition("=")
         if not eq:
-            raise ValueError(f"{where}: expected key=value, got {part!r}")
+            raise InputError(f"{where}: expected key=value, got {part!r}")
         if key not in defaults:
-            raise ValueError(f"{where}: option {key!r} unknown; known: {sorted(defaults)}")
+            raise InputError(f"{where}: option {key!r} unknown; known: {sorted(defaults)}")
         kind = type(defaults[key])
         if kind is bool:
             if value.lower() not in ("1", "true", "yes", "0", "false", "no"):
-                raise ValueError(f"{where}: option {key}={value!r}: expected true or false")
+                raise InputError(f"{where}: option {key}={value!r}: expected true or false")
             options[key] = value.lower() in ("1", "true", "yes")
         else:
             try:
                 options[key] = kind(value)
             except ValueError:
-                raise ValueError(f"{where}: option {key}={value!r}: expected {kind.__name__}") from None
+                raise InputError(f"{where}: option {key}={value!r}: expected {kind.__name__}") from None
     return name, options
 
 
@@ -132,6 +132,8 @@ def apply_overrides(config, overrides, *, where: str = "--config"):
             raise InputError(f"{where}.{override}: no field {name!r} in {'.'.join(parents) or 'the config'}"
                              + (f" (known: {', '.join(known)})" if known else ""))
         current = node[name]
+        if isinstance(current, bool) and text.lower() in ("1", "true", "yes", "0", "false", "no"):
+            value = text.lower() in ("1", "true", "yes")
         if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if isinstance(current, str) and not isinstance(value, str):
@@ -177,7 +179,7 @@ def data_config(tokenizer: str, sources: Mapping[str, Mapping[str, Any]], **fiel
     """A ``config.data`` ConfigDict: the defaults above, the tokenizer.json path, the sources, overrides."""
     unknown = set(fields) - set(DATA_DEFAULTS)
     if unknown:
-        raise ValueError(f"unknown data config field(s) {sorted(unknown)}; known: {sorted(DATA_DEFAULTS)}")
+        raise InputError(f"unknown data config field(s) {sorted(unknown)}; known: {sorted(DATA_DEFAULTS)}")
     return ml_collections.ConfigDict({**DATA_DEFAULTS, "tokenizer": tokenizer, "sources": dict(sources), **fields})
 
 

@@ -27,7 +27,7 @@ if __name__ == "__main__":  # ml_collections applies --config.x overrides while 
 _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG,
                                           "config file (get_config(arg)); path:arg")
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "folder with the task files <task>.jsonl", required=True)
-_IMAGE_ROOT = flags.DEFINE_string("image_root", None, "the records' image paths are relative to it (default: data-dir)")
+_IMAGE_ROOT = flags.DEFINE_string("image_root", None, "the records' image paths are relative to it (default: --data_dir)")
 _TASKS = flags.DEFINE_string("tasks", None, "comma-separated tasks, short or file names (default: config.vlrm.tasks)")
 _WORKDIR = flags.DEFINE_string("workdir", "vlrm_eval", "outputs, results.json and results.md go here")
 _ANALYSES = flags.DEFINE_string("analyses", None, "comma-separated paper analyses to run after the tasks: "

@@ -61,6 +61,15 @@ UPPER = ("fire_jax.data", "fire_jax.train", "fire_jax.infer", "fire_jax.eval", "
     ("data", ("fire_jax.models", "fire_jax.train", "fire_jax.infer", "fire_jax.eval", "fire_jax.vlrmbench",
               "fire_jax.checkpoint", "fire_jax.convert")),
     ("infer", ("fire_jax.train", "fire_jax.eval", "fire_jax.vlrmbench", "fire_jax.main_job")),
+    ("geometry.py", ("fire_jax.config", "fire_jax.results", "fire_jax.cli") + ("fire_jax.models", "fire_jax.data", "fire_jax.convert", "fire_jax.checkpoint", "fire_jax.sharding") + UPPER),
+    ("results.py", ("fire_jax.geometry", "fire_jax.cli") + ("fire_jax.models", "fire_jax.data", "fire_jax.convert", "fire_jax.checkpoint", "fire_jax.sharding") + UPPER),
+    ("cli.py", ("fire_jax.geometry", "fire_jax.results") + ("fire_jax.models", "fire_jax.data", "fire_jax.convert", "fire_jax.checkpoint", "fire_jax.sharding") + UPPER),
+    ("eval", ("fire_jax.vlrmbench", "fire_jax.main_job", "fire_jax.run", "fire_jax.serve", "fire_jax.demo",
+              "fire_jax.chat", "fire_jax.batch_infer", "fire_jax.evaluate", "fire_jax.evaluate_vlrm",
+              "fire_jax.make_fire100k")),
+    ("vlrmbench", ("fire_jax.eval", "fire_jax.main_job", "fire_jax.run", "fire_jax.serve", "fire_jax.demo",
+              "fire_jax.chat", "fire_jax.batch_infer", "fire_jax.evaluate", "fire_jax.evaluate_vlrm",
+              "fire_jax.make_fire100k")),
     ("train", ("fire_jax.infer", "fire_jax.eval", "fire_jax.vlrmbench", "fire_jax.main_job")),
 ])
 def test_layers_import_only_downwards(layer, forbidden):

@@ -32,6 +32,13 @@ def test_config_overrides_on_argparse_clis():
         apply_overrides(config, ["modell.x=3"])
     with pytest.raises(InputError, match=r"--config.model.llm.dim=abc"):
         apply_overrides(config, ["model.llm.dim=abc"])
+    assert apply_overrides(config, ["train.export=false"]).train.export is False  # as config_flags reads bools
+    assert apply_overrides(config, ["train.export=True"]).train.export is True
+    # A config file's argument is input too: one syntax, errors an InputError (a CLI ends on it in one line).
+    with pytest.raises(InputError, match=r"configs/eval_fixed.py: '9b' unknown; choose from \['tiny', '8b'\]"):
+        load_config("configs/eval_fixed.py:9b")
+    with pytest.raises(InputError, match=r"configs/fire.py: option 'lava_n' unknown"):
+        load_config("configs/fire_student.py:lava_n=3")
 
 
 def test_bad_input_ends_in_one_line(tmp_path):

@@ -28,10 +28,10 @@ if __name__ == "__main__":  # ml_collections applies --config.x overrides while 
 _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG,
                                           "evaluation config (agents, decoding)")
 _INPUT = flags.DEFINE_multi_string("input", None, "triplet or FIRE records file (repeatable)", required=True)
-_IMAGE_ROOT = flags.DEFINE_string("image-root", None, "the inputs' image paths are relative to it", required=True)
+_IMAGE_ROOT = flags.DEFINE_string("image_root", None, "the inputs' image paths are relative to it", required=True)
 _OUT = flags.DEFINE_string("out", None, "JSONL of generated FIRE records", required=True)
-_MAX_ITEMS = flags.DEFINE_integer("max-items", 0, "a fixed random subset of this many triplets (0: all)")
-_MAX_TURNS = flags.DEFINE_integer("max-turns", 3, "turns at most per dialogue")
+_MAX_ITEMS = flags.DEFINE_integer("max_items", 0, "a fixed random subset of this many triplets (0: all)")
+_MAX_TURNS = flags.DEFINE_integer("max_turns", 3, "turns at most per dialogue")
 _SPLIT = flags.DEFINE_string("split", "fire_1m", "the records' split field")
 
 

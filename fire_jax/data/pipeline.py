@@ -201,7 +201,7 @@ class InputPipeline:
         missing = {"tokenizer", "sources"} - set(given) - set(overrides)
         if unknown or missing:
             raise ValueError(f"data config: unknown field(s) {sorted(unknown)}, missing {sorted(missing)}; "
-                             f"see fire_jax.data.sources.DATA_DEFAULTS")
+                             f"see fire_jax.config.DATA_DEFAULTS")
         cfg = {**DATA_DEFAULTS, **given, **overrides}
         self.config, self.geometry = cfg, geometry
         if cfg["batch_size"] % process_count:

@@ -126,8 +126,9 @@ def evaluate_vqa(config, path: str, workdir: str, *, image_root: str = "", bench
     from fire_jax.eval.fire_bench import agent_name, load_agent
     from fire_jax.infer.decode import DecodeConfig
 
+    rows = config.decode.get("batch_size", 16)
     student = load_agent(config, config.student).agent("student", DecodeConfig.from_config(config.decode),
-                                                       batch_size=config.decode.batch_size)
+                                                       batch_size=rows)
     return run_vqa(path, workdir, student, name=agent_name(config.student), image_root=image_root,
-                   benchmark=benchmark, batch_size=config.decode.get("batch_size", 16))
+                   benchmark=benchmark, batch_size=rows)
 

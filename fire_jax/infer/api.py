@@ -19,7 +19,7 @@ A spec is accepted wherever a model is loaded: FIRE-Bench fixed and free
 dialogues and FIRE-1M-style generation (``student.init`` / ``teacher.init``,
 :func:`fire_jax.eval.fire_bench.build_agents`), the VLRMBench model and
 ERA/EC judge (:class:`fire_jax.vlrmbench.runner.ApiResponder`),
-``python -m fire_jax.chat`` / ``.generate`` / ``.demo`` (:func:`load_agents`)
+``python -m fire_jax.chat`` / ``.batch_infer`` / ``.demo`` (:func:`load_agents`)
 and ``python -m fire_jax.make_fire100k``.
 """
 

@@ -439,7 +439,8 @@ def correction(config, generator, workdir: Path) -> dict:
                              "reward_model": generator.name})
     loaded = load(student_config, settings.student_checkpoint or student_config.get("checkpoint") or None)
     student = Student(loaded.model, loaded.chat,
-                      DecodeConfig.from_config(config.generate, max_new_tokens=settings.max_new_tokens))
+                      DecodeConfig.from_config(config.generate, max_new_tokens=settings.max_new_tokens),
+                      batch_size=config.generate.batch_size)
     items = load_triplets(settings.data, settings.image_root, max_examples=settings.max_examples)
     teacher = RewardModelTeacher(generator.variant(max_new_tokens=settings.max_new_tokens))
     rule = StopRule(max_turns=2, threshold=8, stop_on_no_increase=False)
