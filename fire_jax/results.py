@@ -59,7 +59,8 @@ class ResultStore:
                         continue
                     raise ValueError(f"{self.path}: line {line_number} is not a result record ({e}); "
                                      "remove it or use another workdir") from None
-        self._file = None
+        # A writer's file exists from the start (an empty run leaves an empty file); a reader's is not created.
+        self._file = open(self.path, "a", encoding="utf-8") if repair else None
 
     @classmethod
     def read(cls, path: str | os.PathLike, key_field: str = "key", *, unreadable: str = "skip") -> dict[str, dict]:

@@ -105,3 +105,19 @@ def test_absl_clis_find_repo_configs_from_any_directory(tmp_path):
     assert typo.returncode == 2 and "Traceback" not in typo.stderr, typo.stderr[-2000:]
     assert typo.stderr.strip().splitlines()[-1].startswith(
         f"fire_jax.train: error: --config.train.lrr: no field 'lrr' in train of {ROOT}/configs/tiny.py (known: ")
+
+
+def test_make_fire1m_cli_runs_and_resumes(tmp_path):
+    """tools/make_fire1m.py end to end on the tiny random models (its flags as its docstring spells them): every
+    triplet ends kept or dropped, and a rerun has nothing left to do."""
+    assets = os.path.join(ROOT, "fire_jax", "assets", "synthetic_fire")
+    out = str(tmp_path / "gen.jsonl")
+    argv = ["tools/make_fire1m.py", "--config", "configs/eval_free.py", "--input", os.path.join(assets, "test.json"),
+            "--image_root", os.path.join(assets, "images"), "--out", out, "--max_items", "4", "--max_turns", "2",
+            "--config.decode.max_new_tokens=6"]
+    first = run(*argv)
+    assert first.returncode == 0, first.stderr[-3000:]
+    done = [json.loads(line) for path in (out, out + ".dropped.jsonl") if os.path.exists(path) for line in open(path)]
+    assert len(done) == 4 and len({r["id"] for r in done}) == 4
+    again = run(*argv)
+    assert again.returncode == 0 and "0 to run" in again.stdout, again.stdout[-2000:]

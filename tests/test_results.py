@@ -36,7 +36,9 @@ def test_store_unreadable_line_stops_or_is_counted(tmp_path):
     assert (sorted(store.records), store.unreadable) == (["x"], 2)
     with pytest.raises(ValueError, match="unreadable must be"):
         ResultStore(path, unreadable="ignore")
-    assert ResultStore.read(tmp_path / "missing.jsonl") == {}
+    assert ResultStore.read(tmp_path / "missing.jsonl") == {} and not (tmp_path / "missing.jsonl").exists()
+    ResultStore(tmp_path / "empty.jsonl").close()  # a writer with nothing to write still leaves its (empty) file
+    assert (tmp_path / "empty.jsonl").read_text() == ""
 
 
 def test_check_settings_whole_file_and_per_key(tmp_path):
