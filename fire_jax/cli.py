@@ -102,6 +102,22 @@ def prepare_absl_argv(prog: str, default_config: str | None = None) -> None:
     input_errors_end_in_one_line(prog)(check_override_fields)(sys.argv, default_config)
 
 
+def define_config_flag(module: str, prog: str, default: str | None, help_text: str):
+    """An absl CLI's ``--config`` flag (``ml_collections.config_flags``). When ``module`` is ``"__main__"`` the
+    command line is first prepared (:func:`prepare_absl_argv`): ml_collections loads the file and applies the
+    ``--config.x`` overrides while it defines the flag."""
+    from ml_collections import config_flags
+
+    from absl import flags
+
+    if module == "__main__":
+        prepare_absl_argv(prog, default)
+    holder = config_flags.DEFINE_config_file("config", default, help_text)
+    # A key flag of the CLI's own module (absl names the main module by sys.argv[0]), so its --help lists it.
+    flags.FLAGS.register_key_flag_for_module(sys.argv[0] if module == "__main__" else module, flags.FLAGS["config"])
+    return holder
+
+
 def run_absl(main, prog: str) -> None:
     """``app.run(main)``, input errors ending in one line (:func:`input_errors_end_in_one_line`)."""
     from absl import app

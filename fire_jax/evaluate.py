@@ -22,16 +22,12 @@ from __future__ import annotations
 import os
 
 from absl import flags
-from ml_collections import config_flags
 
-from fire_jax.cli import prepare_absl_argv, run_absl
+from fire_jax.cli import define_config_flag, run_absl
 from fire_jax.config import CONFIGS_DIR
 
-_DEFAULT_CONFIG = os.path.join(CONFIGS_DIR, "eval_fixed.py")
-if __name__ == "__main__":  # ml_collections applies --config.x overrides while it defines the flag
-    prepare_absl_argv("fire_jax.evaluate", _DEFAULT_CONFIG)
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG,
-                                          "config file (get_config(arg)); path:arg")
+_CONFIG = define_config_flag(__name__, "fire_jax.evaluate", os.path.join(CONFIGS_DIR, "eval_fixed.py"),
+                             "config file (get_config(arg)); path:arg")
 _WORKDIR = flags.DEFINE_string("workdir", "fire_eval", "outputs, results.json, results.md and plots go here")
 _DATA_STATS = flags.DEFINE_string("data_stats", None, "plot the statistics of this FIRE records file (JSON/JSONL) "
                                   "instead of evaluating")

@@ -16,16 +16,12 @@ fire_jax/vlrmbench/runner.py for how prompts, images and the judge work.
 import os
 
 from absl import flags
-from ml_collections import config_flags
 
-from fire_jax.cli import prepare_absl_argv, run_absl
+from fire_jax.cli import define_config_flag, run_absl
 from fire_jax.config import CONFIGS_DIR
 
-_DEFAULT_CONFIG = os.path.join(CONFIGS_DIR, "eval_vlrm.py")
-if __name__ == "__main__":  # ml_collections applies --config.x overrides while it defines the flag
-    prepare_absl_argv("fire_jax.evaluate_vlrm", _DEFAULT_CONFIG)
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG,
-                                          "config file (get_config(arg)); path:arg")
+_CONFIG = define_config_flag(__name__, "fire_jax.evaluate_vlrm", os.path.join(CONFIGS_DIR, "eval_vlrm.py"),
+                             "config file (get_config(arg)); path:arg")
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "folder with the task files <task>.jsonl", required=True)
 _IMAGE_ROOT = flags.DEFINE_string("image_root", None, "the records' image paths are relative to it (default: --data_dir)")
 _TASKS = flags.DEFINE_string("tasks", None, "comma-separated tasks, short or file names (default: config.vlrm.tasks)")

@@ -11,16 +11,12 @@ fixed and free dialogues, and prints the tables and the paths of the plots (see 
 import os
 
 from absl import flags
-from ml_collections import config_flags
 
-from fire_jax.cli import prepare_absl_argv, run_absl
+from fire_jax.cli import define_config_flag, run_absl
 
 _DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "main_job.py")
-_DEFAULT_CONFIG = os.path.normpath(_DEFAULT)
-if __name__ == "__main__":  # ml_collections applies --config.x overrides while it defines the flag
-    prepare_absl_argv("fire_jax.run", _DEFAULT_CONFIG)
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG,
-                                          "the main job's config (configs/main_job.py)")
+_CONFIG = define_config_flag(__name__, "fire_jax.run", os.path.normpath(_DEFAULT),
+                             "the main job's config (configs/main_job.py)")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/tiny", "where models, evaluations and the summary go")
 
 

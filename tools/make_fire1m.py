@@ -17,16 +17,12 @@ through fire_jax.data.records and its bad records (expected: none) printed.
 import os
 
 from absl import flags, logging
-from ml_collections import config_flags
 
-from fire_jax.cli import prepare_absl_argv, run_absl
+from fire_jax.cli import define_config_flag, run_absl
 from fire_jax.config import CONFIGS_DIR
 
-_DEFAULT_CONFIG = os.path.join(CONFIGS_DIR, "eval_free.py")
-if __name__ == "__main__":  # ml_collections applies --config.x overrides while it defines the flag
-    prepare_absl_argv("make_fire1m", _DEFAULT_CONFIG)
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG,
-                                          "evaluation config (agents, decoding)")
+_CONFIG = define_config_flag(__name__, "make_fire1m", os.path.join(CONFIGS_DIR, "eval_free.py"),
+                             "evaluation config (agents, decoding)")
 _INPUT = flags.DEFINE_multi_string("input", None, "triplet or FIRE records file (repeatable)", required=True)
 _IMAGE_ROOT = flags.DEFINE_string("image_root", None, "the inputs' image paths are relative to it", required=True)
 _OUT = flags.DEFINE_string("out", None, "JSONL of generated FIRE records", required=True)

@@ -10,15 +10,11 @@ Multi-host: run the same command on every host with ``--coordinator HOST:PORT
 
 
 from absl import flags
-from ml_collections import config_flags
 
-from fire_jax.cli import prepare_absl_argv, run_absl
+from fire_jax.cli import define_config_flag, run_absl
 
-_DEFAULT_CONFIG = None
-if __name__ == "__main__":  # ml_collections applies --config.x overrides while it defines the flag
-    prepare_absl_argv("fire_jax.train", _DEFAULT_CONFIG)
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG,
-                                          "config file (get_config(arg)); path:arg for sweeps")
+_CONFIG = define_config_flag(__name__, "fire_jax.train", None,
+                             "config file (get_config(arg)); path:arg for sweeps")
 _WORKDIR = flags.DEFINE_string("workdir", None, "checkpoints, metrics and exports go here", required=True)
 _COORDINATOR = flags.DEFINE_string("coordinator", None, "jax.distributed coordinator address HOST:PORT")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "number of processes (multi-host)")
