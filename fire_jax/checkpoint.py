@@ -35,26 +35,23 @@ def build_model(config, mesh=None, rules=None) -> LlavaNext:
     With ``mesh``, random weights are created already sharded by ``rules`` (each device makes only its
     shard: nothing lands on one device first); a Hugging Face checkpoint is read and then placed.
     """
+    from fire_jax.sharding import DEFAULT_RULES, state_shardings
+
     init = config.get("init", {})
     checkpoint = init.get("hf_checkpoint") if init else None
     cfg = LlavaNextConfig.from_dict(config.model)
-    if checkpoint:
-        from fire_jax.convert.hf import load_hf_checkpoint
-
-        overrides = {k: v for k, v in config.model.items() if k in _RUNTIME_FIELDS}
-        model = load_hf_checkpoint(checkpoint, cfg.lora, seed=config.seed, **overrides)
-    elif mesh is None:
-        return LlavaNext(cfg, rngs=nnx.Rngs(config.seed))
-    else:
-        from fire_jax.sharding import DEFAULT_RULES, state_shardings
-
+    if not checkpoint:
+        if mesh is None:
+            return LlavaNext(cfg, rngs=nnx.Rngs(config.seed))
         graphdef, abstract = nnx.split(nnx.eval_shape(lambda: LlavaNext(cfg, rngs=nnx.Rngs(config.seed))))
         shardings = state_shardings(abstract, mesh, rules or DEFAULT_RULES)
         state = jax.jit(lambda: nnx.state(LlavaNext(cfg, rngs=nnx.Rngs(config.seed))), out_shardings=shardings)()
         return nnx.merge(graphdef, state)
-    if mesh is not None:
-        from fire_jax.sharding import DEFAULT_RULES, state_shardings
+    from fire_jax.convert.hf import load_hf_checkpoint
 
+    overrides = {k: v for k, v in config.model.items() if k in _RUNTIME_FIELDS}
+    model = load_hf_checkpoint(checkpoint, cfg.lora, seed=config.seed, **overrides)
+    if mesh is not None:
         state = nnx.state(model)
         nnx.update(model, jax.device_put(state, state_shardings(state, mesh, rules or DEFAULT_RULES)))
     return model

@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-from fire_jax.config import InputError, config_path, load_config
+from fire_jax.config import InputError, config_path, load_config, override_target
 
 
 #: What a CLI reports in one line (:class:`fire_jax.data.records.BadRecordError` is an InputError).
@@ -48,18 +48,21 @@ def input_errors_end_in_one_line(prog: str):
     return wrap
 
 
+def _config_args(argv: list[str]):
+    """(position, value, prefix) of each ``--config VALUE`` / ``--config=VALUE`` in ``argv``."""
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            yield i + 1, argv[i + 1], ""
+        elif arg.startswith("--config="):
+            yield i, arg[len("--config="):], "--config="
+
+
 def config_argv(argv: list[str]) -> list[str]:
     """``argv`` with its ``--config PATH[:ARG]`` made absolute when PATH is not under the current directory but
     under the repository (``configs/x.py`` from anywhere, as :func:`fire_jax.config.load_config` reads it); the
     absl CLIs call this on ``sys.argv`` before ``app.run``, since ml_collections reads the file itself."""
     out = list(argv)
-    for i, arg in enumerate(out):
-        if arg == "--config" and i + 1 < len(out):
-            at, value, prefix = i + 1, out[i + 1], ""
-        elif arg.startswith("--config="):
-            at, value, prefix = i, arg[len("--config="):], "--config="
-        else:
-            continue
+    for at, value, prefix in _config_args(out):
         path, colon, rest = value.partition(":")
         if path and not os.path.exists(path):
             try:
@@ -75,23 +78,15 @@ def check_override_fields(argv: list[str], default_config: str | None = None) ->
     names = [a[len("--config."):].partition("=")[0] for a in argv if a.startswith("--config.")]
     if not names:
         return
-    spec = default_config
-    for i, arg in enumerate(argv):
-        if arg == "--config" and i + 1 < len(argv):
-            spec = argv[i + 1]
-        elif arg.startswith("--config="):
-            spec = arg[len("--config="):]
+    spec = ([value for _, value, _ in _config_args(argv)] or [default_config])[-1]
     if spec is None:
         return  # no config given: absl says so
     config = load_config(spec)
     for name in names:
-        node, parts = config, name.split(".")
-        for depth, key in enumerate(parts):
-            if not hasattr(node, "keys") or key not in node:
-                where = ".".join(parts[:depth]) or "the config"
-                known = f" (known: {', '.join(sorted(node.keys()))})" if hasattr(node, "keys") else ""
-                raise InputError(f"--config.{name}: no field {key!r} in {where} of {spec}{known}")
-            node = node[key]
+        try:
+            override_target(config, name, source=f" of {spec}")
+        except InputError as e:
+            raise InputError(f"--config.{name}: {e}") from None
 
 
 def prepare_absl_argv(prog: str, default_config: str | None = None) -> None:

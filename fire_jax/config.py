@@ -103,6 +103,20 @@ def parse_arg(arg: str, *, where: str, names: tuple[str, ...] = (), **defaults) 
     return name, options
 
 
+def override_target(config, path: str, *, source: str = ""):
+    """(the ConfigDict holding field ``path`` = "a.b.c", the field's name); :class:`InputError` when a part of the
+    path names no field: ``no field 'c' in a.b{source} (known: ...)``."""
+    *parents, name = path.split(".")
+    node = config
+    for depth, key in enumerate([*parents, name]):
+        if not hasattr(node, "keys") or key not in node:
+            known = f" (known: {', '.join(sorted(node.keys()))})" if hasattr(node, "keys") else ""
+            raise InputError(f"no field {key!r} in {'.'.join(parents[:depth]) or 'the config'}{source}{known}")
+        if depth < len(parents):
+            node = node[key]
+    return node, name
+
+
 def apply_overrides(config, overrides, *, where: str = "--config"):
     """Set ``--config.a.b=value`` overrides (as ``config_flags`` does for the absl CLIs) on a loaded config.
 
@@ -121,16 +135,10 @@ def apply_overrides(config, overrides, *, where: str = "--config"):
             value = ast.literal_eval(text)
         except (ValueError, SyntaxError):
             value = text
-        *parents, name = path.split(".")
-        node = config
-        for i, key in enumerate(parents):
-            if not hasattr(node, "keys") or key not in node:
-                raise InputError(f"{where}.{override}: no field {'.'.join(parents[:i + 1])!r}")
-            node = node[key]
-        if not hasattr(node, "keys") or name not in node:
-            known = sorted(node.keys()) if hasattr(node, "keys") else []
-            raise InputError(f"{where}.{override}: no field {name!r} in {'.'.join(parents) or 'the config'}"
-                             + (f" (known: {', '.join(known)})" if known else ""))
+        try:
+            node, name = override_target(config, path)
+        except InputError as e:
+            raise InputError(f"{where}.{override}: {e}") from None
         current = node[name]
         if isinstance(current, bool) and text.lower() in ("1", "true", "yes", "0", "false", "no"):
             value = text.lower() in ("1", "true", "yes")
