@@ -101,7 +101,10 @@ def test_generate_kill_resume_filters_and_statistics(triplets, model, tmp_path, 
     written = lambda: sum(len(p.read_text().splitlines()) for p in (out, tmp_path / "fire100k.jsonl.dropped.jsonl")
                           if p.exists())
     deadline = time.time() + 60
-    while written() < len(CASES):  # poll: every fast triplet is done, the slow one is in flight
+    # poll: every fast triplet is done and the slow one has reached the model (in flight); the client writes the
+    # last fast result before it sends the slow request, so waiting on the files alone can kill it too early
+    in_flight = lambda: served().get("Question: Q-slow\n", 0) == 1
+    while written() < len(CASES) or not in_flight():
         assert process.poll() is None and time.time() < deadline, "generation stopped early"
         time.sleep(0.1)
     process.send_signal(signal.SIGKILL)
