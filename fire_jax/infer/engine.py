@@ -49,7 +49,8 @@ import numpy as np
 from flax import nnx
 
 from fire_jax.data.images import pad_tiles
-from fire_jax.infer.decode import LLAMA3_STOP_IDS, TRACE_COUNTS, prompt_bucket, left_pad
+from fire_jax.infer.decode import (LLAMA3_STOP_IDS, TRACE_COUNTS, greedy_token, left_pad, prompt_bucket,
+                                   token_logprob)
 from fire_jax.infer.forward import image_inputs
 from fire_jax.models.llama import KVCache
 
@@ -114,7 +115,7 @@ def _pick_rows(logits, seeds, counts, temperature, top_k, top_p):
     logits ``[rows, vocab]``; the rest ``[rows]``. Returns (token, log p(token) under the raw logits).
     """
     logits = logits.astype(jnp.float32)
-    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    greedy = greedy_token(logits)
 
     def sampled():
         vocab = logits.shape[-1]
@@ -132,8 +133,7 @@ def _pick_rows(logits, seeds, counts, temperature, top_k, top_p):
         return jnp.where(temperature > 0, drawn, greedy)
 
     token = jax.lax.cond(jnp.any(temperature > 0), sampled, lambda: greedy)
-    logprob = jnp.take_along_axis(jax.nn.log_softmax(logits), token[:, None], axis=-1)[:, 0]
-    return token, logprob
+    return token, token_logprob(logits, token)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("cache",))
