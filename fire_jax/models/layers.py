@@ -106,23 +106,31 @@ class Embed(nnx.Module):
 #: Query positions per block in the memory-bounded attention path (non-GPU backends).
 QUERY_CHUNK = 512
 
+#: Query positions per block of causal self-attention on non-GPU backends: block i attends only to the
+#: keys up to its end, so the masked upper triangle is (mostly) never computed.
+CAUSAL_BLOCK = 128
+
 #: ``implementation`` of ``jax.nn.dot_product_attention`` on GPUs: None (JAX's choice, today XLA's
 #: generic kernel, which holds the [batch, heads, q, kv] scores) or "cudnn" (the fused flash kernel,
 #: bf16/fp16 only; benchmarks/gpu.py selects it).
 GPU_ATTENTION: str | None = None
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None) -> jax.Array:
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, causal: bool = False) -> jax.Array:
     """Scaled dot-product attention, grouped-query aware.
 
     q ``[batch, q_len, heads, head_dim]``, k/v ``[batch, kv_len, kv_heads, head_dim]``,
-    mask bool broadcastable to ``[batch, heads, q_len, kv_len]``.
+    mask bool broadcastable to ``[batch, heads, q_len, kv_len]``. ``causal``: the mask hides every
+    key after its query's position, counting both from the start (training, a prefill into a
+    fresh cache), so blocks of queries may skip the keys after them.
 
     - a single query (a decode step): an einsum that reads the KV cache in place;
     - on GPUs: ``jax.nn.dot_product_attention`` with :data:`GPU_ATTENTION` as its implementation;
-    - elsewhere: :func:`_grouped_attention` (its backward written out); sequences longer than
-      :data:`QUERY_CHUNK` in blocks of queries, each rematerialised, so scores never exist for
-      the whole sequence at once (``[batch, heads, seq, seq]`` float32 per layer otherwise).
+    - elsewhere: :func:`_grouped_attention` (its backward written out); causal self-attention in
+      blocks of :data:`CAUSAL_BLOCK` queries, each over the keys up to its end (about half the
+      work); other sequences longer than :data:`QUERY_CHUNK` in blocks of queries. Beyond
+      :data:`QUERY_CHUNK` queries each block is rematerialised, so scores never exist for the
+      whole sequence at once (``[batch, heads, seq, seq]`` float32 per layer otherwise).
     """
     scale = q.shape[-1] ** -0.5
     b, t, heads, d = q.shape
@@ -130,6 +138,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None) 
         return _single_query(q, k, v, mask, scale)
     if jax.default_backend() == "gpu":
         return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation=GPU_ATTENTION)
+    if causal and k.shape[1] == t and t > CAUSAL_BLOCK:
+        return _causal_blocks(q, k, v, _full_mask(mask, q, k), scale)
     if t <= QUERY_CHUNK or t % QUERY_CHUNK:
         return _grouped_attention(q, k, v, _full_mask(mask, q, k), scale)
     n = t // QUERY_CHUNK
@@ -146,6 +156,19 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None) 
 
     out = jax.lax.map(block, (blocks, mask_blocks))
     return out.swapaxes(0, 1).reshape(b, t, heads, d)
+
+
+def _causal_blocks(q, k, v, mask, scale):
+    """Causal self-attention, block i of :data:`CAUSAL_BLOCK` queries over keys ``[0, end_i)``: the keys
+    after a block are masked for all of its queries, so leaving them out changes nothing but rows that
+    see no key at all (padding), whose output nobody reads."""
+    t = q.shape[1]
+    block = _grouped_attention if t <= QUERY_CHUNK else jax.checkpoint(_grouped_attention, static_argnums=(4,))
+    outs = []
+    for start in range(0, t, CAUSAL_BLOCK):
+        end = min(t, start + CAUSAL_BLOCK)
+        outs.append(block(q[:, start:end], k[:, :end], v[:, :end], mask[:, :, start:end, :end], scale))
+    return jnp.concatenate(outs, axis=1)
 
 
 def _full_mask(mask, q, k):

@@ -105,7 +105,7 @@ class Attention(nnx.Module):
             v_all = jax.lax.dynamic_update_slice(cache_kv[1], v.astype(cache_kv[1].dtype), (0, cache_index, 0, 0))
             cache_kv = (k_all, v_all)
             k, v = k_all.astype(x.dtype), v_all.astype(x.dtype)
-        out = attention(q, k, v, mask)
+        out = attention(q, k, v, mask, causal=True)
         return self.o_proj(out.reshape(b, t, c.heads * c.head_dim), rngs[3]), cache_kv
 
 
