@@ -313,15 +313,20 @@ def test_blocked_and_single_query_attention_equal_the_reference():
     valid = jnp.asarray(np.arange(t)[None, :] < np.array([[t], [t - 100]]))
     mask = (jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :])[:, None]
     ref = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=d ** -0.5)
-    np.testing.assert_allclose(layers.attention(q, k, v, mask), ref, rtol=1e-5, atol=1e-5)
-    last = layers.attention(q[:, -1:], k, v, mask[:, :, -1:])  # one decode step over the whole cache
+    kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # the cache layout attention() takes
+    np.testing.assert_allclose(layers.attention(q, kh, vh, mask), ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(layers.attention(q, kh, vh, mask, causal=True), ref, rtol=1e-5, atol=1e-5)
+    last = layers.attention(q[:, -1:], kh, vh, mask[:, :, -1:])  # one decode step over the whole cache
     np.testing.assert_allclose(last, ref[:, -1:], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("t,mask_heads", [(48, 1), (48, 4), (1024, 1)], ids=["short", "per-head-mask", "blocked"])
-def test_cpu_attention_gradients_equal_the_reference(t, mask_heads):
+@pytest.mark.parametrize("t,mask_heads,causal", [(48, 1, False), (48, 4, False), (1024, 1, False), (300, 1, True),
+                                                (1024, 4, True)],
+                         ids=["short", "per-head-mask", "blocked", "causal-blocks", "causal-blocks-remat"])
+def test_cpu_attention_gradients_equal_the_reference(t, mask_heads, causal):
     """The CPU attention's hand-written backward (grouped queries, a padding + causal mask) against autodiff of
-    jax.nn.dot_product_attention, for q, k and v."""
+    jax.nn.dot_product_attention, for q, k and v; ``causal``: in blocks of CAUSAL_BLOCK queries over the keys up
+    to each block's end (300: a partial last block; 1024: each block rematerialised)."""
     rng = np.random.default_rng(1)
     b, heads, kv_heads, d = 2, 4, 2, 8
     q, k, v = (jnp.asarray(rng.standard_normal((b, t, n, d)), jnp.float32) for n in (heads, kv_heads, kv_heads))
@@ -329,13 +334,18 @@ def test_cpu_attention_gradients_equal_the_reference(t, mask_heads):
     mask = jnp.tril(jnp.ones((t, t), bool))[None, None] & valid[:, None, None, :]
     mask = mask & jnp.asarray(rng.random((1, mask_heads, t, t)) < 0.9).at[..., 0].set(True)
     weights = jnp.asarray(rng.standard_normal((b, t, heads, d)), jnp.float32)
+    # queries that see no key (row 1's padding) give an output nobody reads, which the causal blocks
+    # average over fewer keys: out of the loss, as a padded position is out of the training loss
+    weights = weights * jnp.any(mask, axis=-1).transpose(0, 2, 1)[..., None]
 
     def loss(fn):
         return lambda q, k, v: jnp.sum(weights * fn(q, k, v))
 
     from fire_jax.models import layers
 
-    ours = jax.grad(loss(lambda q, k, v: layers.attention(q, k, v, mask)), (0, 1, 2))(q, k, v)
+    heads_major = lambda x: x.transpose(0, 2, 1, 3)
+    ours = jax.grad(loss(lambda q, k, v: layers.attention(q, heads_major(k), heads_major(v), mask, causal=causal)),
+                    (0, 1, 2))(q, k, v)
     ref = jax.grad(loss(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask, scale=d ** -0.5)),
                    (0, 1, 2))(q, k, v)
     for a, r in zip(ours, ref):

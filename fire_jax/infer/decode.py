@@ -208,7 +208,7 @@ def _cache_shardings(mesh: Mesh | None, kv_heads: int):
     if mesh is None:
         return None
     heads = "tensor" if "tensor" in mesh.axis_names and kv_heads % mesh.shape["tensor"] == 0 else None
-    kv = NamedSharding(mesh, P("data", None, heads, None))
+    kv = NamedSharding(mesh, P("data", heads, None, None))
     return kv, NamedSharding(mesh, P("data", None)), NamedSharding(mesh, P())
 
 
@@ -256,8 +256,9 @@ def _decode(graphdef, state, cache, token, logprob, done, lengths, key, *, confi
     def loop(carry, end):
         """Steps writing columns up to ``end`` (exclusive) into a cache grown to ``end`` columns."""
         step, token, cache, tokens, logprobs, done = carry
-        grow = lambda x: jnp.pad(x, [(0, 0), (0, end - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
-        cache = KVCache(*jax.tree.map(grow, (cache.k, cache.v, cache.mask)), cache.index)
+        grow = lambda x, axis: jnp.pad(x, [(0, end - x.shape[axis]) if a == axis else (0, 0) for a in range(x.ndim)])
+        kv = lambda xs: tuple(grow(x, 2) for x in xs)  # [batch, kv_heads, columns, head_dim]
+        cache = KVCache(kv(cache.k), kv(cache.v), grow(cache.mask, 1), cache.index)
         carry = step, token, cache, tokens, logprobs, done
 
         def keep_going(carry):

@@ -148,7 +148,9 @@ def _admit(graphdef, state, cache: KVCache, input_ids, attention_mask, positions
     hidden, fresh = model.hidden_states(input_ids, pixel_values, image_index, attention_mask, positions, fresh)
     token, logprob = _pick_rows(model.logits(hidden[:, -1]), seeds, jnp.zeros_like(seeds), temperature, top_k, top_p)
     columns = column - bucket + jnp.arange(bucket)  # [bucket]
-    write = lambda c, f: c.at[slots[:, None], columns[None, :]].set(f.astype(c.dtype), mode="drop")
+    # c [slots, kv_heads, cache_len, head_dim]; indexed [rows, bucket, kv_heads, head_dim] (advanced indices first)
+    write = lambda c, f: c.at[slots[:, None], :, columns[None, :]].set(f.transpose(0, 2, 1, 3).astype(c.dtype),
+                                                                     mode="drop")
     row_mask = jnp.zeros((rows, cache.mask.shape[1]), bool).at[:, columns].set(fresh.mask)  # clears the old occupant
     return (KVCache(tuple(map(write, cache.k, fresh.k)), tuple(map(write, cache.v, fresh.v)),
                     cache.mask.at[slots].set(row_mask, mode="drop"), cache.index), token, logprob)
@@ -157,8 +159,9 @@ def _admit(graphdef, state, cache: KVCache, input_ids, attention_mask, positions
 @functools.partial(jax.jit, donate_argnames=("cache",))
 def _shift(cache: KVCache, shift) -> KVCache:
     """Every slot's cache row moved ``shift`` columns to the right (negative: left), wrapping around."""
-    roll = lambda x: jnp.roll(x, shift, axis=1)
-    return KVCache(tuple(map(roll, cache.k)), tuple(map(roll, cache.v)), roll(cache.mask), cache.index)
+    roll = lambda x, axis: jnp.roll(x, shift, axis=axis)
+    kv = lambda xs: tuple(roll(x, 2) for x in xs)  # [slots, kv_heads, cache_len, head_dim]
+    return KVCache(kv(cache.k), kv(cache.v), roll(cache.mask, 1), cache.index)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "steps"), donate_argnames=("cache",))

@@ -33,7 +33,8 @@ class CLIPAttention(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         b, t, w = x.shape
         split = lambda y: y.reshape(b, t, self.heads, w // self.heads)  # [batch, tokens, heads, head_dim]
-        out = attention(split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x)), None)
+        heads_major = lambda y: split(y).transpose(0, 2, 1, 3)  # [batch, heads, seq, head_dim]
+        out = attention(split(self.q_proj(x)), heads_major(self.k_proj(x)), heads_major(self.v_proj(x)), None)
         return self.out_proj(out.reshape(b, t, w))
 
 

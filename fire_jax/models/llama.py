@@ -29,7 +29,8 @@ REMAT_POLICIES = {
 
 
 class KVCache(NamedTuple):
-    """Fixed-size cache. k, v: one ``[batch, max_len, kv_heads, head_dim]`` per layer.
+    """Fixed-size cache. k, v: one ``[batch, kv_heads, max_len, head_dim]`` per layer (a head's keys
+    contiguous: the layout :func:`fire_jax.models.layers.attention` reads in place).
 
     ``mask`` ``[batch, max_len]`` marks filled, non-padding slots; ``index`` is
     the next slot to write (shared by the batch: prompts are left-padded).
@@ -42,7 +43,7 @@ class KVCache(NamedTuple):
 
     @classmethod
     def init(cls, cfg: LlamaConfig, batch: int, max_len: int, dtype) -> "KVCache":
-        shape = (batch, max_len, cfg.kv_heads, cfg.head_dim)
+        shape = (batch, cfg.kv_heads, max_len, cfg.head_dim)
         zeros = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.layers))
         return cls(zeros, zeros, jnp.zeros((batch, max_len), bool), jnp.zeros((), jnp.int32))
 
@@ -100,9 +101,10 @@ class Attention(nnx.Module):
         v = self.v_proj(x, rngs[2]).reshape(b, t, c.kv_heads, c.head_dim)
         inv_freq = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling)  # numpy, a trace-time constant
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [batch, kv_heads, seq, head_dim]
         if cache_kv is not None:
-            k_all = jax.lax.dynamic_update_slice(cache_kv[0], k.astype(cache_kv[0].dtype), (0, cache_index, 0, 0))
-            v_all = jax.lax.dynamic_update_slice(cache_kv[1], v.astype(cache_kv[1].dtype), (0, cache_index, 0, 0))
+            k_all = jax.lax.dynamic_update_slice(cache_kv[0], k.astype(cache_kv[0].dtype), (0, 0, cache_index, 0))
+            v_all = jax.lax.dynamic_update_slice(cache_kv[1], v.astype(cache_kv[1].dtype), (0, 0, cache_index, 0))
             cache_kv = (k_all, v_all)
             k, v = k_all.astype(x.dtype), v_all.astype(x.dtype)
         out = attention(q, k, v, mask, causal=True)
