@@ -1,5 +1,6 @@
 """Decoding (SPEC section 5) against transformers' generate and against our own full forward."""
 
+import dataclasses
 import importlib.util
 import os
 
@@ -153,6 +154,41 @@ def test_cached_decode_equals_full_forward_every_step(pair, batch, free_run):
     np.testing.assert_array_equal(predicting.argmax(-1), tokens)
     assert np.abs(picked - free_run.logprobs).max() < 1e-4
     assert len({tuple(r) for r in tokens}) == len(tokens) and all(len(set(r)) > 3 for r in tokens)
+
+
+def test_length_buckets_change_no_token(pair, batch, free_run, stop):
+    """The decode loop attends over a cache grown per length bucket: with buckets of 1, 2, 4 and 8 new slots
+    (and a stop mid-bucket) the tokens and log-probs equal one loop over the whole cache."""
+    from fire_jax.infer.decode import kv_buckets
+
+    assert kv_buckets(512, 128, 64) == [576, 640] and kv_buckets(512, 48, 64) == [560]
+    assert kv_buckets(2048, 1024, 64) == [2112, 2176, 2304, 2560, 3072] and kv_buckets(64, 12, 0) == [76]
+    assert kv_buckets(64, NEW, 1) == [65, 66, 68, 72, 76]
+    prompts, pixel_values = batch
+    whole = generate(pair[1], prompts, pixel_values=pixel_values, image_sizes=SIZES,
+                     config=dataclasses.replace(GREEDY, kv_block=0))
+    bucketed = generate(pair[1], prompts, pixel_values=pixel_values, image_sizes=SIZES,
+                        config=dataclasses.replace(GREEDY, kv_block=1))
+    for out in (whole, bucketed):
+        np.testing.assert_array_equal(out.tokens, free_run.tokens)
+        np.testing.assert_allclose(out.logprobs, free_run.logprobs, rtol=1e-5, atol=1e-6)
+    stop_id, expected = stop
+    stopped = generate(pair[1], prompts, pixel_values=pixel_values, image_sizes=SIZES,
+                       config=DecodeConfig(max_new_tokens=NEW, stop_ids=(stop_id,), kv_block=1))
+    np.testing.assert_array_equal(stopped.tokens, expected)
+
+
+def test_greedy_token_is_argmax_and_logprob_is_log_softmax():
+    from fire_jax.infer.decode import greedy_token, token_logprob
+
+    logits = jnp.asarray(np.random.default_rng(0).standard_normal((4, 1000)), jnp.float32)
+    logits = logits.at[1, 7].set(9.0).at[1, 500].set(9.0)  # a tie: the first index wins, as argmax
+    np.testing.assert_array_equal(greedy_token(logits), jnp.argmax(logits, axis=-1))
+    assert int(greedy_token(logits)[1]) == 7
+    token = jnp.asarray([3, 7, 999, 0])
+    np.testing.assert_allclose(token_logprob(logits, token),
+                               jnp.take_along_axis(jax.nn.log_softmax(logits), token[:, None], axis=-1)[:, 0],
+                               rtol=1e-6, atol=1e-6)
 
 
 def test_sampling_reproducible_and_greedy_limits(pair, batch, free_run):
