@@ -212,15 +212,15 @@ def _cache_shardings(mesh: Mesh | None, kv_heads: int):
     return kv, NamedSharding(mesh, P("data", None)), NamedSharding(mesh, P())
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "cache_len", "config", "mesh"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "config", "mesh"))
 def _prefill(graphdef, state, input_ids, attention_mask, positions, pixel_values, image_index, live, key, *,
-             cache_len: int, config: DecodeConfig, mesh: Mesh | None):
-    """Prompt ``[batch, bucket]`` into a fresh cache of ``cache_len`` columns (:func:`_decode` grows it); the
+             config: DecodeConfig, mesh: Mesh | None):
+    """Prompt ``[batch, bucket]`` into a fresh cache of ``bucket`` columns (:func:`_decode` grows it); the
     first new token, its log-prob, done flags."""
     TRACE_COUNTS["prefill"] += 1
     model = nnx.merge(graphdef, state)
     cfg = model.cfg.llm
-    cache = KVCache.init(cfg, input_ids.shape[0], cache_len, model.dtype)
+    cache = KVCache.init(cfg, *input_ids.shape, model.dtype)
     shardings = _cache_shardings(mesh, cfg.kv_heads)
     if shardings is not None:
         kv, mask, index = shardings
@@ -256,9 +256,8 @@ def _decode(graphdef, state, cache, token, logprob, done, lengths, key, *, confi
     def loop(carry, end):
         """Steps writing columns up to ``end`` (exclusive) into a cache grown to ``end`` columns."""
         step, token, cache, tokens, logprobs, done = carry
-        grow = lambda x, axis: jnp.pad(x, [(0, end - x.shape[axis]) if a == axis else (0, 0) for a in range(x.ndim)])
-        kv = lambda xs: tuple(grow(x, 2) for x in xs)  # [batch, kv_heads, columns, head_dim]
-        cache = KVCache(kv(cache.k), kv(cache.v), grow(cache.mask, 1), cache.index)
+        cache = cache.map_columns(lambda x, axis: jnp.pad(
+            x, [(0, end - x.shape[axis]) if a == axis else (0, 0) for a in range(x.ndim)]))
         carry = step, token, cache, tokens, logprobs, done
 
         def keep_going(carry):
@@ -340,10 +339,9 @@ def generate(model, prompts: Sequence[Sequence[int]], *, pixel_values: np.ndarra
     graphdef, state = nnx.split(model)
     state = _state_on_mesh(state, mesh)
     batch_args = _place((input_ids, attention_mask, positions, pixel_values, image_index, live), mesh, P("data"))
-    cache, token, logprob, done = _prefill(graphdef, state, *batch_args, rng, cache_len=bucket,
-                                           config=config, mesh=mesh)
-    tokens, logprobs = _decode(graphdef, state, cache, token, logprob, done, _place(lengths, mesh, P("data")),
-                                  rng, config=config)
+    cache, token, logprob, done = _prefill(graphdef, state, *batch_args, rng, config=config, mesh=mesh)
+    tokens, logprobs = _decode(graphdef, state, cache, token, logprob, done, _place(lengths, mesh, P("data")), rng,
+                               config=config)
     tokens, logprobs = np.asarray(tokens)[:batch], np.asarray(logprobs)[:batch]
     texts = None
     if tokenizer is not None:

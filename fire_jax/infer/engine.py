@@ -159,9 +159,7 @@ def _admit(graphdef, state, cache: KVCache, input_ids, attention_mask, positions
 @functools.partial(jax.jit, donate_argnames=("cache",))
 def _shift(cache: KVCache, shift) -> KVCache:
     """Every slot's cache row moved ``shift`` columns to the right (negative: left), wrapping around."""
-    roll = lambda x, axis: jnp.roll(x, shift, axis=axis)
-    kv = lambda xs: tuple(roll(x, 2) for x in xs)  # [slots, kv_heads, cache_len, head_dim]
-    return KVCache(kv(cache.k), kv(cache.v), roll(cache.mask, 1), cache.index)
+    return cache.map_columns(lambda x, axis: jnp.roll(x, shift, axis=axis))
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "steps"), donate_argnames=("cache",))

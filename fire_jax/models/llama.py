@@ -47,6 +47,11 @@ class KVCache(NamedTuple):
         zeros = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.layers))
         return cls(zeros, zeros, jnp.zeros((batch, max_len), bool), jnp.zeros((), jnp.int32))
 
+    def map_columns(self, fn) -> "KVCache":
+        """``fn(array, axis)`` applied along the column (slot) axis: 2 for every k and v, 1 for the mask."""
+        return KVCache(tuple(fn(x, 2) for x in self.k), tuple(fn(x, 2) for x in self.v), fn(self.mask, 1),
+                       self.index)
+
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> np.ndarray:
     """RoPE inverse frequencies; ``scaling`` is Llama-3.1's "llama3" rule or None."""
