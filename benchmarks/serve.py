@@ -61,10 +61,10 @@ def best(run, repeats: int):
     return max((run() for _ in range(repeats)), key=lambda r: r[0])
 
 
-def engine_path(model, requests, clients: int, slots: int, repeats: int):
+def engine_path(model, requests, clients: int, slots: int, repeats: int, **engine_kwargs):
     from fire_jax.infer.engine import Engine, Request
 
-    engine = Engine(model, slots=slots, cache_len=576, prefill_batch=min(4, slots), chunk=16, stop_ids=()).start()
+    engine = Engine(model, slots=slots, cache_len=576, chunk=16, stop_ids=(), **engine_kwargs).start()
 
     def run():
         todo, lock, latencies, tokens = list(requests), threading.Lock(), [], [0]
@@ -135,14 +135,14 @@ def hf_path(hf, requests, clients: int, repeats: int):
     return best(run, repeats)
 
 
-def runner_paths(model, batch: int, n: int, repeats: int) -> dict:
+def runner_paths(model, batch: int, n: int, repeats: int, **engine_kwargs) -> dict:
     """tokens/s of n requests in calls of ``batch``: fixed batches, one engine call per batch, one engine call."""
     from fire_jax.infer.decode import DecodeConfig, generate
     from fire_jax.infer.engine import Engine, Request
 
     requests = workload(n, model.cfg.llm.vocab_size - 1, seed=1)
     tokens = sum(m for _, m in requests)
-    engine = Engine(model, slots=batch, cache_len=576, prefill_batch=min(4, batch), chunk=16, stop_ids=())
+    engine = Engine(model, slots=batch, cache_len=576, chunk=16, stop_ids=(), **engine_kwargs)
     as_requests = lambda group: [Request(p, max_tokens=m, stop_ids=()) for p, m in group]
     paths = {
         "fixed batches (generate)": lambda: [
@@ -176,7 +176,10 @@ def main():
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--no_hf", action="store_true")
     parser.add_argument("--runner", action="store_true", help="the batch runners' comparison instead")
+    parser.add_argument("--prefill_batch", type=int, help="the engine's rows per prefill (default: the Engine's)")
+    parser.add_argument("--bucket_step", type=int, help="the engine's prompt buckets (default: the Engine's)")
     args = parser.parse_args()
+    engine_kwargs = {k: getattr(args, k) for k in ("prefill_batch", "bucket_step") if getattr(args, k) is not None}
 
     import jax
     import torch
@@ -195,7 +198,7 @@ def main():
               f"{args.repeats} after a warm-up run\n")
         print("| calls of | requests | path | tokens/s | vs fixed |\n|---:|---:|---|---:|---:|")
         for batch in (8, 32):
-            rates = runner_paths(model, batch, args.requests, args.repeats)
+            rates = runner_paths(model, batch, args.requests, args.repeats, **engine_kwargs)
             fixed = rates["fixed batches (generate)"]
             for name, rate in rates.items():
                 print(f"| {batch} | {args.requests} | {name} | {rate:.0f} | {rate / fixed:.2f}x |", flush=True)
@@ -209,9 +212,11 @@ def main():
     print("| clients | path | tokens/s | p50 s | p95 s | vs fixed | vs transformers |")
     print("|---:|---|---:|---:|---:|---:|---:|")
     for clients in map(int, args.clients.split(",")):
-        rows = {f"engine ({clients} slots)": engine_path(model, requests, clients, clients, args.repeats)}
+        rows = {f"engine ({clients} slots)": engine_path(model, requests, clients, clients, args.repeats,
+                                                         **engine_kwargs)}
         if clients < 32:
-            rows["engine (32 slots, the server's default)"] = engine_path(model, requests, clients, 32, args.repeats)
+            rows["engine (32 slots, the server's default)"] = engine_path(model, requests, clients, 32, args.repeats,
+                                                                          **engine_kwargs)
         rows["fixed"] = fixed_path(model, requests, clients, args.repeats)
         if not args.no_hf:
             rows["transformers"] = hf_path(hf, requests, clients, args.repeats)

@@ -451,7 +451,8 @@ def parse_args(argv=None):
     parser.add_argument("--init", help="base HF checkpoint for PEFT adapters (default: the config's init)")
     parser.add_argument("--slots", type=int, default=32, help="decode slots per model")
     parser.add_argument("--cache_len", type=int, default=1024, help="cache columns per slot: prompt bucket + max_tokens")
-    parser.add_argument("--prefill_batch", type=int, default=4)
+    parser.add_argument("--prefill_batch", type=int, default=1,
+                        help="rows per prefill (1 on CPU; on an accelerator, 4-8 may pay for short prompts)")
     parser.add_argument("--chunk", type=int, default=16, help="decode steps per dispatch at most")
     parser.add_argument("--max_queue", type=int, default=256, help="requests in flight per model before 503")
     parser.add_argument("--max_image_bytes", type=int, default=8 << 20)

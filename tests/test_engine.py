@@ -77,14 +77,19 @@ def test_few_slots_reuse_freed_slots(loaded, requests, together):
     assert small.stats["requests"] == len(short) and small.stats["prefills"] >= len(short) // 3  # through 3 slots
 
 
-def test_rows_moved_by_a_cache_shift_generate_as_alone(loaded):
-    """2 slots, 128 columns: the fourth request (40 tokens) finds the shared write column too near the end,
-    so the cache shifts left under the third, still running; every request still equals generate."""
+def test_requests_that_fill_the_context_run_in_freed_slots_as_alone(loaded):
+    """2 slots of 128 columns: prompts of 40 tokens (bucket 64) and up to 64 new tokens fill a slot's whole
+    row. Each slot writes its own columns, so a request goes in as soon as a slot is free, whatever its
+    neighbour's length: four requests, three prefills (the first two together), and every request equals
+    generate."""
     rng = np.random.default_rng(1)
-    requests = [Request(rng.integers(1, 500, 40).tolist(), max_tokens=m, stop_ids=()) for m in (8, 30, 40, 40)]
+    requests = [Request(rng.integers(1, 500, 40).tolist(), max_tokens=m, stop_ids=()) for m in (8, 64, 64, 30)]
     engine = Engine(loaded.model, slots=2, cache_len=128, prefill_batch=2, chunk=4, pad_id=loaded.chat.pad_id)
     results = engine.generate(requests)
-    assert engine.stats["cache_shifts"] == 1 and engine.stats["requests"] == 4
+    assert engine.stats["requests"] == 4 and engine.stats["prefills"] == 3
+    # Decode steps: the first request's 7 (two chunks of 4: 8); the third goes into its slot at once,
+    # and the second's last 55 steps run beside it; then the fourth's 29 beside the third's last 8.
+    assert engine.stats["decode_steps"] == 8 + 55 + 29
     for request, result in zip(requests, results):
         ref = generate(loaded.model, [request.prompt], config=DecodeConfig(max_new_tokens=request.max_tokens,
                                                                            stop_ids=()))

@@ -8,21 +8,23 @@ length bucket, written into the slots' cache rows), and a request that stops
 frees its slot at the next chunk boundary; while requests wait, a chunk ends
 early as soon as enough rows have finished for a whole prefill group.
 
-**One write column for all slots.** Every decode step writes all slots'
-keys at one shared cache column ``c`` and then ``c + 1``, so the step is the
-model's ordinary batched one-token forward (the fixed path's own step: a
-per-slot column, the one-token forward ``vmap``-ed over slots, measured 3-5x
-slower per step on CPU). An admitted prompt, left-padded to its bucket B as
-``generate`` lays it out, is written just left of ``c``, in columns
-``[c - B, c)``; positions are per slot (RoPE is applied before caching), so a
-row's keys may sit anywhere in its cache row. When ``c`` gets too close to
-the end for a new request's ``max_tokens`` (or too close to the start for
-its prompt), the whole cache is shifted along the column axis (one copy,
-every few hundred steps), keeping every live row's columns; a request that
-does not fit yet waits for rows to finish. Masked columns weigh exactly zero
-in attention, so a request's greedy tokens are the same alone or among 31
-others, and equal to ``generate``'s (tested). Prefill batches are always
-``prefill_batch`` rows (dead rows padded) for the same reason.
+**A write column per slot.** An admitted prompt, left-padded to its bucket B
+as ``generate`` lays it out, fills columns ``[0, B)`` of its slot's cache
+row, and its decode steps write columns B, B + 1, ...: each row of the cache
+looks like a one-row ``generate``'s. A decode step is the model's ordinary
+batched one-token forward; only the cache write is a scatter (one column per
+row, :func:`fire_jax.models.llama.write_columns`) instead of a slice. So a
+request runs as soon as a slot is free, whatever its neighbours' lengths
+(``bucket + max_tokens <= cache_len`` is checked on submit). Masked columns
+weigh exactly zero in attention, so a request's greedy tokens are the same
+alone or among 31 others, and equal to ``generate``'s (tested). Prefill
+batches are always ``prefill_batch`` rows (dead rows padded) for the same
+reason. One row by default: on CPU a prefill costs its padded tokens however
+they are grouped (measured: 64 requests in 18 prefills of 4 rows or in 64 of
+one, 1.34 vs 1.33 s), and one row pads nothing and keeps no request waiting
+for a group (``benchmarks/serve.py``: 1.34x the fixed path at 8 clients
+against 0.96x with groups of 4). On an accelerator, where a short prompt's
+prefill reads all the weights for few tokens, groups of 4-8 may pay.
 
 Per request: ``max_tokens``, temperature / top-k / top-p with its own seed
 (the key of token t is ``fold_in(key(seed), t)``, so a sampled request is
@@ -30,7 +32,7 @@ reproducible whatever runs beside it), stop ids and stop strings.
 
 Compiled shapes, all known up front: a decode chunk per width (the first 1, 2,
 4, ... ``slots`` slots, enough for the live ones: a lone request decodes as a
-batch of one), one cache shift, and one prefill per (prompt bucket, image-tile bucket),
+batch of one) and one prefill per (prompt bucket, image-tile bucket),
 buckets as in :func:`fire_jax.infer.decode.prompt_bucket` (or multiples of
 ``bucket_min`` near the end of the context) and at most ``cache_len``.
 """
@@ -138,28 +140,19 @@ def _pick_rows(logits, seeds, counts, temperature, top_k, top_p):
 
 @functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("cache",))
 def _admit(graphdef, state, cache: KVCache, input_ids, attention_mask, positions, pixel_values, image_index, slots,
-           column, seeds, temperature, top_k, top_p):
+           seeds, temperature, top_k, top_p):
     """Prefill ``[prefill_batch, bucket]`` prompts into cache rows ``slots`` (out of range: a dead row), columns
-    ``[column - bucket, column)``. Returns the cache, each row's first token and its log-prob."""
+    ``[0, bucket)``. Returns the cache, each row's first token and its log-prob."""
     TRACE_COUNTS["engine_admit"] += 1
     model = nnx.merge(graphdef, state)
     rows, bucket = input_ids.shape
     fresh = KVCache.init(model.cfg.llm, rows, bucket, model.dtype)
     hidden, fresh = model.hidden_states(input_ids, pixel_values, image_index, attention_mask, positions, fresh)
     token, logprob = _pick_rows(model.logits(hidden[:, -1]), seeds, jnp.zeros_like(seeds), temperature, top_k, top_p)
-    columns = column - bucket + jnp.arange(bucket)  # [bucket]
-    # c [slots, kv_heads, cache_len, head_dim]; indexed [rows, bucket, kv_heads, head_dim] (advanced indices first)
-    write = lambda c, f: c.at[slots[:, None], :, columns[None, :]].set(f.transpose(0, 2, 1, 3).astype(c.dtype),
-                                                                     mode="drop")
-    row_mask = jnp.zeros((rows, cache.mask.shape[1]), bool).at[:, columns].set(fresh.mask)  # clears the old occupant
+    write = lambda c, f: c.at[slots, :, :bucket].set(f.astype(c.dtype), mode="drop")
+    row_mask = jnp.zeros((rows, cache.mask.shape[1]), bool).at[:, :bucket].set(fresh.mask)  # clears the old occupant
     return (KVCache(tuple(map(write, cache.k, fresh.k)), tuple(map(write, cache.v, fresh.v)),
                     cache.mask.at[slots].set(row_mask, mode="drop"), cache.index), token, logprob)
-
-
-@functools.partial(jax.jit, donate_argnames=("cache",))
-def _shift(cache: KVCache, shift) -> KVCache:
-    """Every slot's cache row moved ``shift`` columns to the right (negative: left), wrapping around."""
-    return cache.map_columns(lambda x, axis: jnp.roll(x, shift, axis=axis))
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "steps"), donate_argnames=("cache",))
@@ -168,7 +161,7 @@ def _decode_chunk(graphdef, state, cache: KVCache, column, token, position, coun
     """Up to ``steps`` one-token steps of the first ``width`` slots (the ``[width]`` arguments; the cache has
     ``slots >= width`` rows, the rest idle), in one ``while_loop``.
 
-    Step i feeds slot s's ``token[s]`` at ``position[s] + i`` into the shared cache column ``column + i``;
+    Step i feeds slot s's ``token[s]`` at ``position[s] + i`` into its cache column ``column[s] + i``;
     ``count[s]`` tokens are generated so far, of at most ``budget[s]``. Stops when every row is done, or
     as soon as ``wanted`` rows (> 0) have finished in it, to take waiting requests. Returns the cache, the
     steps taken, and tokens and log-probs ``[width, steps]`` (-1 / 0 where none).
@@ -194,11 +187,11 @@ def _decode_chunk(graphdef, state, cache: KVCache, column, token, position, coun
         return step + 1, new, cache, (tokens_out, logprobs_out), done | stopped, finished + stopped.sum()
 
     out = (jnp.full((slots, steps), -1, jnp.int32), jnp.zeros((slots, steps), jnp.float32))
-    cache = KVCache(cache.k, cache.v, cache.mask, jnp.asarray(column, jnp.int32))
+    cache = KVCache(cache.k, cache.v, cache.mask, column)
     carry = (jnp.zeros((), jnp.int32), token, cache, out, ~live, jnp.zeros((), jnp.int32))
     taken, _, cache, (tokens, logprobs), _, _ = jax.lax.while_loop(keep_going, one_token, carry)
     put = lambda w, x: jax.lax.dynamic_update_slice_in_dim(w, x, 0, axis=0)
-    cache = KVCache(*jax.tree.map(put, (whole.k, whole.v, whole.mask), (cache.k, cache.v, cache.mask)), column)
+    cache = KVCache(*jax.tree.map(put, (whole.k, whole.v, whole.mask), (cache.k, cache.v, cache.mask)), whole.index)
     return cache, taken, tokens, logprobs
 
 
@@ -213,18 +206,18 @@ class Engine:
       tokenizer: anything with ``decode(ids, skip_special_tokens=True)``; needed for stop strings and text.
       stop_ids: the default stop ids of a request (the stop token is kept in ``tokens``).
       pad_id: fills prompts' left padding (masked; any id but the image token).
-      prefill_batch: rows of every prefill (admitted requests of one bucket, dead rows padded).
+      prefill_batch: rows of every prefill (admitted requests of one bucket, dead rows padded); at most ``slots``.
       chunk: decode steps per dispatch at most (fewer when rows finish while requests wait).
       max_images: images per request (bounds the tile buckets).
     """
 
-    def __init__(self, model, *, tokenizer=None, slots: int = 32, cache_len: int = 1024, prefill_batch: int = 4,
+    def __init__(self, model, *, tokenizer=None, slots: int = 32, cache_len: int = 1024, prefill_batch: int = 1,
                  chunk: int = 16, stop_ids: Sequence[int] = LLAMA3_STOP_IDS, pad_id: int = 0, bucket_min: int = 64,
                  bucket_step: int = 1024, max_images: int = 4):
         if pad_id == model.cfg.image_token_id:
             raise ValueError(f"pad_id {pad_id} is the image token id")
         self.model, self.tokenizer = model, tokenizer
-        self.slots, self.cache_len, self.prefill_batch, self.chunk = slots, cache_len, prefill_batch, chunk
+        self.slots, self.cache_len, self.prefill_batch, self.chunk = slots, cache_len, min(prefill_batch, slots), chunk
         self.stop_ids, self.pad_id = tuple(int(i) for i in stop_ids), pad_id
         self.bucket_min, self.bucket_step, self.max_images = bucket_min, bucket_step, max_images
         self.graphdef, self.state = nnx.split(model)
@@ -233,8 +226,7 @@ class Engine:
         self.occupant: list[Ticket | None] = [None] * slots
         self.token = np.zeros(slots, np.int32)  # the last generated token, fed next
         self.position = np.zeros(slots, np.int32)  # its position (prompt length + generated - 1)
-        self.first_column = np.zeros(slots, np.int32)  # the left end of the slot request's bucket in the cache
-        self.column = 0  # the shared write column of the next decode step
+        self.column = np.zeros(slots, np.int32)  # the cache column the slot's next token is written at
         self.waiting: collections.deque[Ticket] = collections.deque()
         self.lock = threading.Condition()
         self.accepting = True
@@ -344,8 +336,6 @@ class Engine:
             key = (self.bucket(first.request), self._tiles(first.request))
             group = [t for t in self.waiting if (self.bucket(t.request), self._tiles(t.request)) == key]
             group = group[:min(len(free), self.prefill_batch)]
-            if not self._make_room(key[0], max(t.request.max_tokens for t in group)):
-                return False  # the head of the queue waits for rows to finish
             for t in group:
                 self.waiting.remove(t)
         try:
@@ -353,25 +343,6 @@ class Engine:
         except Exception as e:  # a request the model cannot run fails alone; the engine keeps serving
             for t in group:
                 self._finish_error(t, e)
-        return True
-
-    def _make_room(self, bucket: int, max_tokens: int) -> bool:
-        """Put the shared write column where a prompt of ``bucket`` columns fits on its left and ``max_tokens``
-        steps on its right, shifting the cache if need be (every live row keeps its columns and its room for
-        the rest of its tokens). False when that has to wait for live rows to finish."""
-        live = [(s, t) for s, t in enumerate(self.occupant) if t is not None]
-        if bucket <= self.column and self.column + max_tokens <= self.cache_len:
-            return True
-        span = max([self.column - int(self.first_column[s]) for s, _ in live], default=0)
-        ahead = max([t.request.max_tokens - len(t.tokens) for _, t in live] + [max_tokens])
-        target = max(bucket, span)
-        if target + ahead > self.cache_len:
-            return False
-        if live and target != self.column:
-            self.cache = _shift(self.cache, np.int32(target - self.column))
-            self.first_column += target - self.column
-            self.stats["cache_shifts"] += 1
-        self.column = target
         return True
 
     def _prefill(self, group: list[Ticket], slots: list[int], bucket: int, tiles: int) -> None:
@@ -388,7 +359,7 @@ class Engine:
         settings = self._settings(requests, rows)
         slot_ids = np.asarray(slots + [self.slots] * (rows - len(group)), np.int32)  # out of range: dropped
         self.cache, token, logprob = _admit(self.graphdef, self.state, self.cache, input_ids, attention_mask,
-                                            positions, pixel_values, image_index, slot_ids, np.int32(self.column),
+                                            positions, pixel_values, image_index, slot_ids,
                                             settings["seeds"], settings["temperature"], settings["top_k"],
                                             settings["top_p"])
         token, logprob = np.asarray(token), np.asarray(logprob)
@@ -396,7 +367,7 @@ class Engine:
         for b, (ticket, slot) in enumerate(zip(group, slots)):
             n = len(ticket.request.prompt)
             self.occupant[slot] = ticket
-            self.token[slot], self.position[slot], self.first_column[slot] = token[b], n, self.column - bucket
+            self.token[slot], self.position[slot], self.column[slot] = token[b], n, bucket
             self._emit(slot, [int(token[b])], [float(logprob[b])])
 
     def _settings(self, requests: Sequence[Request], rows: int) -> dict:
@@ -430,11 +401,10 @@ class Engine:
             free = sum(t is None for t in self.occupant)
             wanted = max(1, min(len(self.waiting), self.prefill_batch) - free) if self.waiting else 0
         self.cache, taken, tokens, logprobs = _decode_chunk(
-            self.graphdef, self.state, self.cache, np.int32(self.column), self.token[:width], self.position[:width],
+            self.graphdef, self.state, self.cache, self.column[:width], self.token[:width], self.position[:width],
             count, settings["budget"], live, settings["stop_ids"], settings["seeds"], settings["temperature"],
             settings["top_k"], settings["top_p"], np.int32(wanted), steps=self.chunk)
         tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
-        self.column += int(taken)
         self.stats["decode_chunks"] += 1
         self.stats["decode_steps"] += int((tokens >= 0).any(axis=0).sum())
         for slot, ticket in enumerate(occupant):
@@ -443,6 +413,7 @@ class Engine:
             n = int((tokens[slot] >= 0).sum())
             self.token[slot] = tokens[slot, n - 1]
             self.position[slot] += n
+            self.column[slot] += n
             self._emit(slot, tokens[slot, :n].tolist(), logprobs[slot, :n].tolist())
 
     def _emit(self, slot: int, tokens: list[int], logprobs: list[float]) -> None:

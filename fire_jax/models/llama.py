@@ -33,7 +33,9 @@ class KVCache(NamedTuple):
     contiguous: the layout :func:`fire_jax.models.layers.attention` reads in place).
 
     ``mask`` ``[batch, max_len]`` marks filled, non-padding slots; ``index`` is
-    the next slot to write (shared by the batch: prompts are left-padded).
+    the next slot to write: a scalar shared by the batch (``generate``: prompts
+    are left-padded to one bucket), or ``[batch]``, a write column per row
+    (the continuous-batching engine: each slot's request at its own length).
     """
 
     k: tuple[jax.Array, ...]
@@ -51,6 +53,17 @@ class KVCache(NamedTuple):
         """``fn(array, axis)`` applied along the column (slot) axis: 2 for every k and v, 1 for the mask."""
         return KVCache(tuple(fn(x, 2) for x in self.k), tuple(fn(x, 2) for x in self.v), fn(self.mask, 1),
                        self.index)
+
+
+def write_columns(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
+    """``new`` ``[batch, kv_heads, seq, head_dim]`` written into ``cache`` ``[batch, kv_heads, len, head_dim]``
+    from column ``index``: a scalar (one slice, in place) or one column per row ``[batch]`` (a scatter; columns
+    past the end are dropped, so a finished row may keep stepping)."""
+    if jnp.ndim(index) == 0:
+        return jax.lax.dynamic_update_slice(cache, new, (0, 0, index, 0))
+    b, _, t, _ = new.shape
+    columns = index[:, None] + jnp.arange(t)  # [batch, seq]
+    return cache.at[jnp.arange(b)[:, None], :, columns].set(new.transpose(0, 2, 1, 3), mode="drop")
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> np.ndarray:
@@ -108,8 +121,7 @@ class Attention(nnx.Module):
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [batch, kv_heads, seq, head_dim]
         if cache_kv is not None:
-            k_all = jax.lax.dynamic_update_slice(cache_kv[0], k.astype(cache_kv[0].dtype), (0, 0, cache_index, 0))
-            v_all = jax.lax.dynamic_update_slice(cache_kv[1], v.astype(cache_kv[1].dtype), (0, 0, cache_index, 0))
+            k_all, v_all = (write_columns(c, x.astype(c.dtype), cache_index) for c, x in zip(cache_kv, (k, v)))
             cache_kv = (k_all, v_all)
             k, v = k_all.astype(x.dtype), v_all.astype(x.dtype)
         out = attention(q, k, v, mask, causal=True)
@@ -222,10 +234,14 @@ class LlamaModel(nnx.Module):
             index, key_valid, q_idx = 0, attention_mask, jnp.arange(t)
         else:
             index = cache.index
-            key_valid = jax.lax.dynamic_update_slice(cache.mask, attention_mask, (0, index))
-            q_idx = index + jnp.arange(t)
+            if jnp.ndim(index) == 0:
+                key_valid = jax.lax.dynamic_update_slice(cache.mask, attention_mask, (0, index))
+            else:  # a write column per row
+                key_valid = cache.mask.at[jnp.arange(b)[:, None], index[:, None] + jnp.arange(t)].set(
+                    attention_mask, mode="drop")
+            q_idx = jnp.broadcast_to(index[..., None] + jnp.arange(t), (b, t))  # [batch, seq]
         k_idx = jnp.arange(key_valid.shape[1])
-        mask = (k_idx[None, None, :] <= q_idx[None, :, None]) & key_valid[:, None, :]  # [batch, seq, kv_len]
+        mask = (k_idx[None, None, :] <= q_idx[..., None]) & key_valid[:, None, :]  # [batch, seq, kv_len]
         mask = mask[:, None]  # broadcast over heads
 
         policy = REMAT_POLICIES[self.remat]
