@@ -176,6 +176,7 @@ def main():
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--no_hf", action="store_true")
     parser.add_argument("--runner", action="store_true", help="the batch runners' comparison instead")
+    parser.add_argument("--calls", default="8,16,32", help="--runner: rows per call")
     parser.add_argument("--prefill_batch", type=int, help="the engine's rows per prefill (default: the Engine's)")
     parser.add_argument("--bucket_step", type=int, help="the engine's prompt buckets (default: the Engine's)")
     args = parser.parse_args()
@@ -197,7 +198,7 @@ def main():
         print(f"load average {load[0]:.2f} at start; model dim {args.dim}, {args.layers} layers; best of "
               f"{args.repeats} after a warm-up run\n")
         print("| calls of | requests | path | tokens/s | vs fixed |\n|---:|---:|---|---:|---:|")
-        for batch in (8, 32):
+        for batch in map(int, args.calls.split(",")):
             rates = runner_paths(model, batch, args.requests, args.repeats, **engine_kwargs)
             fixed = rates["fixed batches (generate)"]
             for name, rate in rates.items():

@@ -155,11 +155,14 @@ def _admit(graphdef, state, cache: KVCache, input_ids, attention_mask, positions
                     cache.mask.at[slots].set(row_mask, mode="drop"), cache.index), token, logprob)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "steps"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("graphdef", "steps", "window"), donate_argnames=("cache",))
 def _decode_chunk(graphdef, state, cache: KVCache, column, token, position, count, budget, live, stop_ids, seeds,
-                  temperature, top_k, top_p, wanted, *, steps: int):
+                  temperature, top_k, top_p, wanted, *, steps: int, window: int):
     """Up to ``steps`` one-token steps of the first ``width`` slots (the ``[width]`` arguments; the cache has
-    ``slots >= width`` rows, the rest idle), in one ``while_loop``.
+    ``slots >= width`` rows, the rest idle), in one ``while_loop``, attending over the first ``window``
+    columns: the host picks a window past every live row's last column in this chunk, so a step reads the
+    filled part of the cache, not all ``cache_len`` columns. The window is cut out once before the loop and
+    written back once after it (cutting it inside the loop would copy it per layer per step on XLA:CPU).
 
     Step i feeds slot s's ``token[s]`` at ``position[s] + i`` into its cache column ``column[s] + i``;
     ``count[s]`` tokens are generated so far, of at most ``budget[s]``. Stops when every row is done, or
@@ -169,7 +172,9 @@ def _decode_chunk(graphdef, state, cache: KVCache, column, token, position, coun
     TRACE_COUNTS["engine_decode"] += 1
     model = nnx.merge(graphdef, state)
     slots = token.shape[0]
-    whole, cache = cache, KVCache(*jax.tree.map(lambda x: x[:slots], (cache.k, cache.v, cache.mask)), cache.index)
+    whole = cache
+    cache = KVCache(tuple(x[:slots, :, :window] for x in cache.k), tuple(x[:slots, :, :window] for x in cache.v),
+                    cache.mask[:slots, :window], cache.index)
 
     def keep_going(carry):
         step, _, _, _, done, finished = carry
@@ -190,7 +195,7 @@ def _decode_chunk(graphdef, state, cache: KVCache, column, token, position, coun
     cache = KVCache(cache.k, cache.v, cache.mask, column)
     carry = (jnp.zeros((), jnp.int32), token, cache, out, ~live, jnp.zeros((), jnp.int32))
     taken, _, cache, (tokens, logprobs), _, _ = jax.lax.while_loop(keep_going, one_token, carry)
-    put = lambda w, x: jax.lax.dynamic_update_slice_in_dim(w, x, 0, axis=0)
+    put = lambda w, x: jax.lax.dynamic_update_slice(w, x, (0,) * w.ndim)
     cache = KVCache(*jax.tree.map(put, (whole.k, whole.v, whole.mask), (cache.k, cache.v, cache.mask)), whole.index)
     return cache, taken, tokens, logprobs
 
@@ -390,6 +395,13 @@ class Engine:
         # lowest first): one request alone costs a 1-row step, not a `slots`-row one.
         width = 1 << max(s for s, t in enumerate(self.occupant) if t is not None).bit_length()
         width = min(width, self.slots)
+        # The window: the next length bucket (64 * 2^j columns) past every live row's last column in this chunk.
+        need = max(int(self.column[s]) + min(self.chunk, t.request.max_tokens - len(t.tokens))
+                   for s, t in enumerate(self.occupant) if t is not None)
+        window = self.bucket_min
+        while window < need:
+            window *= 2
+        window = min(window, self.cache_len)
         occupant = self.occupant[:width]
         requests = [t.request if t is not None else Request([0], max_tokens=1) for t in occupant]
         settings = self._settings(requests, width)
@@ -403,7 +415,7 @@ class Engine:
         self.cache, taken, tokens, logprobs = _decode_chunk(
             self.graphdef, self.state, self.cache, self.column[:width], self.token[:width], self.position[:width],
             count, settings["budget"], live, settings["stop_ids"], settings["seeds"], settings["temperature"],
-            settings["top_k"], settings["top_p"], np.int32(wanted), steps=self.chunk)
+            settings["top_k"], settings["top_p"], np.int32(wanted), steps=self.chunk, window=window)
         tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
         self.stats["decode_chunks"] += 1
         self.stats["decode_steps"] += int((tokens >= 0).any(axis=0).sum())
