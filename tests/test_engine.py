@@ -48,11 +48,17 @@ def engine(loaded):
 
 
 @pytest.fixture(scope="module")
-def together(engine, requests):
+def traces_before(loaded):
+    """Compiles counted before this module's engine ran (other modules' engines count too)."""
+    return dict(TRACE_COUNTS)
+
+
+@pytest.fixture(scope="module")
+def together(traces_before, engine, requests):
     return engine.generate(requests)
 
 
-def test_greedy_alone_equals_among_31_others_and_generate(loaded, engine, requests, together):
+def test_greedy_alone_equals_among_31_others_and_generate(loaded, engine, requests, together, traces_before):
     assert len(set(len(r.prompt) for r in requests)) > 20
     for request, result in zip(requests, together):
         alone = engine.generate([request])[0]
@@ -64,8 +70,10 @@ def test_greedy_alone_equals_among_31_others_and_generate(loaded, engine, reques
         assert result.tokens == ref.tokens[0, :request.max_tokens].tolist()
         np.testing.assert_allclose(result.logprobs, ref.logprobs[0, :request.max_tokens], atol=1e-4)
     assert len({t for r in together for t in r.tokens}) > 50  # outputs vary: the comparison can fail
-    # A decode shape per width (1, 2, 4, ..., 32 slots); prefills per (bucket 64/128/256 text, image bucket).
-    assert TRACE_COUNTS["engine_decode"] <= 6 and TRACE_COUNTS["engine_admit"] <= 5
+    # Decode shapes per (width 1, 2, 4, ..., 32 slots; window 64 * 2^j columns or all 320) met; prefills per
+    # (bucket 64/128/256 text, image bucket).
+    compiled = {k: TRACE_COUNTS[k] - traces_before.get(k, 0) for k in ("engine_decode", "engine_admit")}
+    assert compiled["engine_decode"] <= 6 and compiled["engine_admit"] <= 5
 
 
 def test_few_slots_reuse_freed_slots(loaded, requests, together):

@@ -432,9 +432,44 @@ def test_decode_config_from_any_config_section():
     assert DecodeConfig.from_config({"max_new_tokens": 9}).max_new_tokens == 9
 
 
+def test_agent_on_the_engine_writes_what_generate_writes():
+    """Greedy agents without a mesh generate on the continuous-batching engine by default: the same texts as on
+    generate for one call of image prompts of several lengths (more rows than batch_size: the engine gets a
+    slot per row); a longer call gets a longer cache. Sampling stays on generate (draws keyed by the rng)."""
+    from fire_jax.config import DEFAULT_CONFIG, load_config
+    from fire_jax.infer.loading import load
+
+    loaded = load(load_config(DEFAULT_CONFIG))
+    embed = loaded.model.language_model.model.embed_tokens.embedding
+    embed.set_value(embed.get_value() * 50)  # unit-scale embeddings: greedy outputs vary instead of repeating
+    decode = DecodeConfig(max_new_tokens=12)
+    on_engine = loaded.agent("student", decode, batch_size=4)
+    on_generate = loaded.agent("student", decode, batch_size=4, engine=False)
+    assert on_engine.use_engine and not on_generate.use_engine
+    rng = np.random.default_rng(3)
+    images = [Image.fromarray(rng.integers(0, 255, (h, w, 3), np.uint8)) for h, w in
+              [(40, 70), (64, 64), (30, 90), (50, 50), (70, 40), (32, 32)]]
+    questions = ["What colour?", "How many shapes are there, and which one is the largest of them all?",
+                 "Which shape?", "Where is it?", "Count them.", "What is this?"]
+    turn = Turn("Thought: I count them.\nAnswer: 3", "Look again at the left side.\nScore: 4", 4.0)
+    histories = [(), (turn,), (), (turn, turn), (), (turn, turn, turn)]
+    texts = on_engine.respond(images, questions, histories)
+    assert texts == on_generate.respond(images, questions, histories)
+    engine = on_engine._engine
+    assert engine.slots == 6 and engine.stats["requests"] == 6
+    # Chat prompts end alike, so this random model answers them alike; random token prompts vary.
+    prompts = [rng.integers(1, 500, n).tolist() for n in (5, 70, 130, 20, 250, 9)]
+    texts = on_engine.generate_ids(prompts, None, None)
+    assert texts == on_generate.generate_ids(prompts, None, None) and len(set(texts)) > 4
+    long = on_engine.respond(images[:1], questions[:1], [(turn,) * 12])
+    assert on_engine._engine.cache_len > engine.cache_len
+    assert long == on_generate.respond(images[:1], questions[:1], [(turn,) * 12])
+    assert not loaded.agent("student", DecodeConfig(max_new_tokens=4, temperature=1.0)).use_engine
+
+
 def test_agent_pads_a_short_call_with_inactive_rows(monkeypatch):
-    """An agent built with batch_size pads every call to that many rows through generate's pad_rows (inactive
-    rows: one compiled shape), and returns the real rows' texts only."""
+    """An agent on generate (engine=False) built with batch_size pads every call to that many rows through
+    generate's pad_rows (inactive rows: one compiled shape), and returns the real rows' texts only."""
     from fire_jax.config import DEFAULT_CONFIG, load_config
     from fire_jax.infer import agents
     from fire_jax.infer.loading import load
@@ -448,11 +483,11 @@ def test_agent_pads_a_short_call_with_inactive_rows(monkeypatch):
 
     monkeypatch.setattr(agents, "generate", spy)
     loaded = load(load_config(DEFAULT_CONFIG))
-    student = loaded.agent("student", DecodeConfig(max_new_tokens=3), batch_size=4)
+    student = loaded.agent("student", DecodeConfig(max_new_tokens=3), batch_size=4, engine=False)
     image = Image.new("RGB", (40, 30), "red")
     one = student.respond([image], ["What colour?"])
     three = student.respond([image] * 3, ["What colour?", "Which shape?", "How many?"])
     assert seen == [(1, 4), (3, 4)] and len(one) == 1 and len(three) == 3
     assert three[0] == one[0]  # the same prompt, greedy: padding rows change nothing
-    unpadded = loaded.agent("student", DecodeConfig(max_new_tokens=3))
+    unpadded = loaded.agent("student", DecodeConfig(max_new_tokens=3), engine=False)
     assert unpadded.respond([image], ["What colour?"]) == one and seen[-1] == (1, 0)

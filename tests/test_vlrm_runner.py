@@ -66,25 +66,27 @@ def all_records(workdir):
 
 
 class CountingGenerate:
-    """Wraps decode.generate: counts real prompts (not the dummy rows of a short batch), can interrupt or fail."""
+    """Wraps Agent.generate_ids, every in-process agent's one generation path (the engine or generate):
+    counts calls and prompts, can interrupt or fail a call or blank its texts. ``install`` puts it in place."""
 
     def __init__(self, interrupt_at=None, fail=None, blank=None):
-        self.real = agents.generate
+        self.real = agents.Agent.generate_ids
         self.calls, self.prompts = 0, 0
         self.interrupt_at, self.fail, self.blank = interrupt_at, fail, blank
 
-    def __call__(self, model, prompts, **kwargs):
+    def install(self, monkeypatch) -> "CountingGenerate":
+        monkeypatch.setattr(agents.Agent, "generate_ids", lambda agent, *args, **kwargs: self(agent, *args, **kwargs))
+        return self
+
+    def __call__(self, agent, prompts, *args, **kwargs):
         self.calls += 1
         if self.calls == self.interrupt_at:
             raise KeyboardInterrupt
-        real = sum(1 for p in prompts if len(p) > 1)
         if self.fail and self.fail(prompts):
             raise RuntimeError("device fell over")
-        self.prompts += real
-        out = self.real(model, prompts, **kwargs)
-        if self.blank and self.blank(prompts):
-            out.texts = [""] * len(out.texts)
-        return out
+        self.prompts += len(prompts)
+        texts = self.real(agent, prompts, *args, **kwargs)
+        return [""] * len(texts) if self.blank and self.blank(prompts) else texts
 
 
 @pytest.fixture(scope="module")
@@ -138,8 +140,7 @@ def test_two_images_two_placeholder_blocks_and_their_tiles(bench):
 
 
 def test_tile_cap_stops_before_generating(bench, tmp_path, monkeypatch):
-    counting = CountingGenerate()
-    monkeypatch.setattr(agents, "generate", counting)
+    counting = CountingGenerate().install(monkeypatch)
     with pytest.raises(ValueError, match=r"image_ref_error.jsonl:2 \(id IC-1\): its 2 image\(s\) need 9 tiles"):
         runner.evaluate(tiny_config(max_tiles=5), str(bench), str(tmp_path), tasks="IC")
     assert counting.calls == 0
@@ -185,16 +186,14 @@ def test_all_tasks_end_to_end(full_run):
 
 def test_rerun_resumes_without_redoing_or_losing_samples(bench, full_run, tmp_path, monkeypatch):
     workdir = tmp_path / "run"
-    interrupted = CountingGenerate(interrupt_at=6)
-    monkeypatch.setattr(agents, "generate", interrupted)
+    interrupted = CountingGenerate(interrupt_at=6).install(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         runner.evaluate(tiny_config(), str(bench), str(workdir))
     before = all_records(workdir)
     lines_before = {f: (workdir / "outputs" / f"{f}.jsonl").read_text() for f in before if before[f]}
     assert 0 < sum(map(len, before.values())) < 36
 
-    resumed = CountingGenerate()
-    monkeypatch.setattr(agents, "generate", resumed)
+    resumed = CountingGenerate().install(monkeypatch)
     results = runner.evaluate(tiny_config(), str(bench), str(workdir))
     after = all_records(workdir)
     expected = sum(prompts_of(task, record) for task, records in after.items() for i, record in records.items()
@@ -211,16 +210,14 @@ def test_rerun_resumes_without_redoing_or_losing_samples(bench, full_run, tmp_pa
     path = workdir / "outputs" / "multi_solution.jsonl"
     text = path.read_text()
     path.write_text(text[:len(text) - 20])
-    again = CountingGenerate()
-    monkeypatch.setattr(agents, "generate", again)
+    again = CountingGenerate().install(monkeypatch)
     runner.evaluate(tiny_config(), str(bench), str(workdir), tasks="SC,MJ")
     assert again.prompts == 2  # MJ-2 in both orders
     assert sorted(runner.read_records(path)[0]) == ["MJ-0", "MJ-1", "MJ-2"]
     assert len(path.read_text().splitlines()) == 3
 
     # Nothing left to do: no generation, and other settings for the same outputs are refused.
-    nothing = CountingGenerate()
-    monkeypatch.setattr(agents, "generate", nothing)
+    nothing = CountingGenerate().install(monkeypatch)
     runner.evaluate(tiny_config(), str(bench), str(workdir))
     assert nothing.calls == 0
     config = tiny_config()
@@ -238,8 +235,8 @@ def test_failed_generations_are_recorded_counted_and_retried(bench, full_run, tm
     for task in ("step_correctness", "foresight", "error_reason_analysis"):
         (workdir / "outputs" / f"{task}.jsonl").unlink()
     shutil.copy(full_run[0] / "settings.json", workdir / "settings.json")
-    failing = CountingGenerate(fail=lambda prompts: failing.calls == 1, blank=lambda prompts: failing.calls == 3)
-    monkeypatch.setattr(agents, "generate", failing)
+    failing = CountingGenerate(fail=lambda prompts: failing.calls == 1,
+                               blank=lambda prompts: failing.calls == 3).install(monkeypatch)
     results = runner.evaluate(tiny_config(), str(data), str(workdir), tasks="SC,FF,ERA")
     sc, ff, era = results["tasks"]["SC"], results["tasks"]["FF"], results["tasks"]["ERA"]
     assert ff["generation_failures"] == {"input": 1} and failing.prompts == 2 + 3  # FF-1, FF-2; ERA candidates
@@ -257,8 +254,7 @@ def test_failed_generations_are_recorded_counted_and_retried(bench, full_run, tm
     record = runner.read_records(workdir / "outputs" / "step_correctness.jsonl")[0]["SC-0"]
     assert record["outputs"] == [None] and record["failures"][0].startswith("exception: RuntimeError: device fell")
 
-    retry = CountingGenerate()
-    monkeypatch.setattr(agents, "generate", retry)
+    retry = CountingGenerate().install(monkeypatch)
     results = runner.evaluate(tiny_config(), str(data), str(workdir), tasks="SC,ERA", retry_failed=True)
     assert retry.prompts == 3 + 3 + 2 * (3 - results["tasks"]["ERA"]["generation_failures"].get("empty", 0))
     assert "exception" not in results["tasks"]["SC"]["generation_failures"]
@@ -410,11 +406,9 @@ def test_analyses_on_the_tiny_model_write_tables_and_resume(bench, full_run, tmp
     assert first["correction"]["overall"]["items"] == 3
 
     # A rerun generates nothing: every analysis resumes from its files.
-    counting, student_calls = CountingGenerate(), []
-    monkeypatch.setattr(agents, "generate", counting)
-    monkeypatch.setattr(agents, "generate", lambda *a, **k: student_calls.append(1))
+    counting = CountingGenerate().install(monkeypatch)
     again = runner.evaluate(config, str(bench), str(workdir), tasks="SC,MJ", analyses="all")["analyses"]
-    assert counting.calls == 0 and not student_calls
+    assert counting.calls == 0
     assert {k: v["table"] for k, v in again.items()} == {k: v["table"] for k, v in first.items()}
     config.analyses.voting.temperature = 0.5
     with pytest.raises(ValueError, match=r"analyses/voting: its outputs were generated with other settings"):

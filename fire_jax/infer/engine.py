@@ -214,17 +214,20 @@ class Engine:
       prefill_batch: rows of every prefill (admitted requests of one bucket, dead rows padded); at most ``slots``.
       chunk: decode steps per dispatch at most (fewer when rows finish while requests wait).
       max_images: images per request (bounds the tile buckets).
+      min_width: a decode chunk covers at least this many slots (fewer compiled shapes: a batch job that
+        fills every slot gains little from narrower chunks in its tail, and compiles each width it meets).
     """
 
     def __init__(self, model, *, tokenizer=None, slots: int = 32, cache_len: int = 1024, prefill_batch: int = 1,
                  chunk: int = 16, stop_ids: Sequence[int] = LLAMA3_STOP_IDS, pad_id: int = 0, bucket_min: int = 64,
-                 bucket_step: int = 1024, max_images: int = 4):
+                 bucket_step: int = 1024, max_images: int = 4, min_width: int = 1):
         if pad_id == model.cfg.image_token_id:
             raise ValueError(f"pad_id {pad_id} is the image token id")
         self.model, self.tokenizer = model, tokenizer
         self.slots, self.cache_len, self.prefill_batch, self.chunk = slots, cache_len, min(prefill_batch, slots), chunk
         self.stop_ids, self.pad_id = tuple(int(i) for i in stop_ids), pad_id
         self.bucket_min, self.bucket_step, self.max_images = bucket_min, bucket_step, max_images
+        self.min_width = min(max(min_width, 1), slots)
         self.graphdef, self.state = nnx.split(model)
         k, v, mask, index = KVCache.init(model.cfg.llm, slots, cache_len, model.dtype)
         self.cache = KVCache(k, tuple(jnp.zeros_like(x) for x in v), mask, index)  # distinct buffers: donated
@@ -394,7 +397,7 @@ class Engine:
         # Decode only the first `width` slots (a power of two past the last live one; free slots are taken
         # lowest first): one request alone costs a 1-row step, not a `slots`-row one.
         width = 1 << max(s for s, t in enumerate(self.occupant) if t is not None).bit_length()
-        width = min(width, self.slots)
+        width = min(max(width, self.min_width), self.slots)
         # The window: the next length bucket (64 * 2^j columns) past every live row's last column in this chunk.
         need = max(int(self.column[s]) + min(self.chunk, t.request.max_tokens - len(t.tokens))
                    for s, t in enumerate(self.occupant) if t is not None)

@@ -47,13 +47,14 @@ class Loaded:
     description: str
 
     def agent(self, role: str, decode: DecodeConfig = DecodeConfig(), *, teacher_history: str = "latest",
-              mesh=None, batch_size: int = 0) -> Student | Teacher:
-        """The model as a :class:`Student` or :class:`Teacher`; ``batch_size`` > 0 pads every call to that many
-        rows (inactive ones): one compiled shape for a run."""
+              mesh=None, batch_size: int = 0, engine: bool | None = None) -> Student | Teacher:
+        """The model as a :class:`Student` or :class:`Teacher`; ``batch_size`` and ``engine`` as in
+        :class:`fire_jax.infer.agents.Agent`."""
+        kwargs = dict(mesh=mesh, batch_size=batch_size, engine=engine)
         if role == "student":
-            return Student(self.model, self.chat, decode, mesh=mesh, batch_size=batch_size)
+            return Student(self.model, self.chat, decode, **kwargs)
         if role == "teacher":
-            return Teacher(self.model, self.chat, decode, history=teacher_history, mesh=mesh, batch_size=batch_size)
+            return Teacher(self.model, self.chat, decode, history=teacher_history, **kwargs)
         raise ValueError(f"role must be 'student' or 'teacher', got {role!r}")
 
 
