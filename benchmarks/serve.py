@@ -24,11 +24,11 @@ beyond its max_tokens are not counted) over wall time; latency = from a
 request's submission to its answer (for a fixed batch, the batch's time).
 
 ``--runner`` asks whether the batch runners (free dialogues, FIRE-1M
-generation, VLRMBench: calls of ``batch`` prompts) would gain from the
-engine underneath: the same requests as fixed batches, as one engine call
-per batch (what the runners' batch API allows), and given to the engine all
-at once (what a runner could do with requests that do not depend on each
-other, e.g. one VLRMBench task).
+generation, VLRMBench: calls of ``--calls`` prompts) gain from the engine
+underneath: the same requests as fixed batches (``decode.generate``), as one
+engine call per batch (what a greedy ``Agent`` does: a slot per row, one
+decode width), and given to the engine all at once (what a runner could do
+with requests that do not depend on each other, e.g. one VLRMBench task).
 """
 
 from __future__ import annotations
@@ -64,7 +64,9 @@ def best(run, repeats: int):
 def engine_path(model, requests, clients: int, slots: int, repeats: int, **engine_kwargs):
     from fire_jax.infer.engine import Engine, Request
 
-    engine = Engine(model, slots=slots, cache_len=576, chunk=16, stop_ids=(), **engine_kwargs).start()
+    engine = Engine(model, slots=slots, cache_len=576, chunk=16, stop_ids=(), **engine_kwargs)
+    engine.warm_up()  # which (width, window) shapes a run meets depends on the threads' timing
+    engine.start()
 
     def run():
         todo, lock, latencies, tokens = list(requests), threading.Lock(), [], [0]
@@ -142,7 +144,7 @@ def runner_paths(model, batch: int, n: int, repeats: int, **engine_kwargs) -> di
 
     requests = workload(n, model.cfg.llm.vocab_size - 1, seed=1)
     tokens = sum(m for _, m in requests)
-    engine = Engine(model, slots=batch, cache_len=576, chunk=16, stop_ids=(), **engine_kwargs)
+    engine = Engine(model, slots=batch, cache_len=576, chunk=16, stop_ids=(), min_width=batch, **engine_kwargs)
     as_requests = lambda group: [Request(p, max_tokens=m, stop_ids=()) for p, m in group]
     paths = {
         "fixed batches (generate)": lambda: [

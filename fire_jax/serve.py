@@ -419,7 +419,8 @@ def default_models(root: str = ".") -> tuple[dict[str, str | None], str | None, 
     return {"tiny-random": None}, None, f"a random tiny model ({paths['student']} does not exist)"
 
 
-def load_models(config, specs: dict[str, str | None], init: str | None, engine_kwargs: dict) -> dict[str, Served]:
+def load_models(config, specs: dict[str, str | None], init: str | None, engine_kwargs: dict,
+                warm_up: bool = False) -> dict[str, Served]:
     out = {}
     for name, checkpoint in specs.items():
         if checkpoint is not None and checkpoint.startswith(SCRIPTED_PREFIX):
@@ -436,6 +437,10 @@ def load_models(config, specs: dict[str, str | None], init: str | None, engine_k
                         pad_id=chat.pad_id, **engine_kwargs)
         out[name] = Served(name, loaded.description, loaded, engine)
         print(f"serving {name!r}: {loaded.description}", flush=True)
+        if warm_up:
+            start = time.perf_counter()
+            shapes = engine.warm_up()
+            print(f"  {shapes} decode shapes compiled in {time.perf_counter() - start:.0f} s", flush=True)
     return out
 
 
@@ -454,6 +459,9 @@ def parse_args(argv=None):
     parser.add_argument("--prefill_batch", type=int, default=1,
                         help="rows per prefill (1 on CPU; on an accelerator, 4-8 may pay for short prompts)")
     parser.add_argument("--chunk", type=int, default=16, help="decode steps per dispatch at most")
+    parser.add_argument("--warm_up", action="store_true",
+                        help="compile every decode shape (widths x cache windows) before serving, so no request "
+                             "waits for one (about 1.4 s each for the tiny model on CPU)")
     parser.add_argument("--max_queue", type=int, default=256, help="requests in flight per model before 503")
     parser.add_argument("--max_image_bytes", type=int, default=8 << 20)
     args = parser.parse_args(argv)
@@ -478,7 +486,7 @@ def main(argv=None):
         print(f"no --model: serving {why}", flush=True)
     engine_kwargs = dict(slots=args.slots, cache_len=args.cache_len, prefill_batch=args.prefill_batch,
                          chunk=args.chunk)
-    app = create_app(load_models(config, specs, init, engine_kwargs), max_queue=args.max_queue,
+    app = create_app(load_models(config, specs, init, engine_kwargs, args.warm_up), max_queue=args.max_queue,
                      max_image_bytes=args.max_image_bytes)
     print(f"listening on http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=None)

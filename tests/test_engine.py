@@ -104,6 +104,20 @@ def test_requests_that_fill_the_context_run_in_freed_slots_as_alone(loaded):
         assert result.tokens == ref.tokens[0].tolist()
 
 
+def test_warm_up_compiles_every_decode_shape_a_run_can_meet(loaded, requests, together):
+    """4 slots of 128 columns: widths 1, 2, 4 x windows 64, 128. After warm_up, a run of requests arriving
+    in any order compiles no decode chunk, and its tokens are unchanged."""
+    engine = Engine(loaded.model, slots=4, cache_len=128, chunk=8, pad_id=loaded.chat.pad_id)
+    assert engine.widths_and_windows() == [(w, c) for w in (1, 2, 4) for c in (64, 128)]
+    before = TRACE_COUNTS["engine_decode"]
+    assert engine.warm_up() == 6 and TRACE_COUNTS["engine_decode"] - before <= 6
+    short = [k for k, r in enumerate(requests) if len(r.prompt) <= 64 and r.pixel_values is None][:6]
+    assert len(short) == 6
+    compiled = TRACE_COUNTS["engine_decode"]
+    assert [r.tokens for r in engine.generate([requests[k] for k in short])] == [together[k].tokens for k in short]
+    assert TRACE_COUNTS["engine_decode"] == compiled
+
+
 def test_stop_ids_strings_and_sampling(engine, requests, together):
     base = requests[0]
     tokens = together[0].tokens

@@ -186,7 +186,7 @@ def test_all_tasks_end_to_end(full_run):
 
 def test_rerun_resumes_without_redoing_or_losing_samples(bench, full_run, tmp_path, monkeypatch):
     workdir = tmp_path / "run"
-    interrupted = CountingGenerate(interrupt_at=6).install(monkeypatch)
+    CountingGenerate(interrupt_at=6).install(monkeypatch)  # the sixth call raises KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt):
         runner.evaluate(tiny_config(), str(bench), str(workdir))
     before = all_records(workdir)

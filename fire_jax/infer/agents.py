@@ -82,19 +82,21 @@ class Agent:
                        rng=rng, tokenizer=self.chat.tokenizer, mesh=self.mesh, pad_rows=self.batch_size)
         return out.texts[:len(prompts)]
 
-    def engine(self, prompts: Sequence[Sequence[int]]) -> Engine:
-        """The agent's engine: ``max(batch_size, rows)`` slots, and cache rows long enough for every prompt's
-        bucket + max_new_tokens (a power of two; built anew, larger, when a call needs more)."""
+    def engine(self, prompts: Sequence[Sequence[int]], images: int = 0) -> Engine:
+        """The agent's engine: ``max(batch_size, rows)`` slots, cache rows long enough for every prompt's
+        bucket + max_new_tokens (a power of two), at least ``images`` images per request; built anew, larger,
+        when a call needs more."""
         c = self.config
         need = max(prompt_bucket(len(p), c.bucket_min, c.bucket_step) for p in prompts) + c.max_new_tokens
         slots = max(self.batch_size, len(prompts))
-        if self._engine is None or self._engine.cache_len < need or self._engine.slots < slots:
+        if (self._engine is None or self._engine.cache_len < need or self._engine.slots < slots
+                or self._engine.max_images < images):
             cache_len = 256
             while cache_len < need:
                 cache_len *= 2
             self._engine = Engine(self.model, tokenizer=self.chat.tokenizer, slots=slots, cache_len=cache_len,
                                   stop_ids=c.stop_ids, pad_id=c.pad_id, bucket_min=c.bucket_min,
-                                  bucket_step=c.bucket_step, min_width=slots)
+                                  bucket_step=c.bucket_step, min_width=slots, max_images=max(4, images))
         return self._engine
 
     def _engine_texts(self, prompts, pixel_values, image_sizes) -> list[str]:
@@ -102,7 +104,12 @@ class Agent:
         requests = [Request(list(prompt), max_tokens=self.config.max_new_tokens, stop_ids=self.config.stop_ids,
                             pixel_values=None if not sizes[b] else np.asarray(pixel_values[b], np.float32),
                             image_sizes=sizes[b]) for b, prompt in enumerate(prompts)]
-        return [result.text for result in self.engine(prompts).generate(requests)]
+        try:
+            engine = self.engine(prompts, max(map(len, sizes)))
+            return [result.text for result in engine.generate(requests)]
+        except BaseException:  # an interrupted or failed call leaves requests in the engine: start afresh
+            self._engine = None
+            raise
 
     def _generate(self, images, prompts: Sequence[Encoded], rng) -> list[str]:
         pixel_values = pad_tiles([preprocess(image, self.model.cfg.geometry)[0] for image in images])

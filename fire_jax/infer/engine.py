@@ -30,9 +30,11 @@ Per request: ``max_tokens``, temperature / top-k / top-p with its own seed
 (the key of token t is ``fold_in(key(seed), t)``, so a sampled request is
 reproducible whatever runs beside it), stop ids and stop strings.
 
-Compiled shapes, all known up front: a decode chunk per width (the first 1, 2,
-4, ... ``slots`` slots, enough for the live ones: a lone request decodes as a
-batch of one) and one prefill per (prompt bucket, image-tile bucket),
+Compiled shapes, all known up front: a decode chunk per (width, window): the
+first 1, 2, 4, ... ``slots`` slots, enough for the live ones (a lone request
+decodes as a batch of one; at least ``min_width``), over the first 64, 128,
+256, ... columns or all ``cache_len``, enough for the live rows' columns; and
+one prefill per (prompt bucket, image-tile bucket),
 buckets as in :func:`fire_jax.infer.decode.prompt_bucket` (or multiples of
 ``bucket_min`` near the end of the context) and at most ``cache_len``.
 """
@@ -307,6 +309,29 @@ class Engine:
             self.step()
         return [t.wait(0) for t in tickets]
 
+    def widths_and_windows(self) -> list[tuple[int, int]]:
+        """Every (width, window) a decode chunk may take: which ones a run meets depends on when requests
+        arrive and finish."""
+        widths = sorted({min(max(1 << k, self.min_width), self.slots) for k in range(self.slots.bit_length() + 1)})
+        windows, window = [], self.bucket_min
+        while window < self.cache_len:
+            windows.append(window)
+            window *= 2
+        return [(w, c) for w in widths for c in windows + [self.cache_len]]
+
+    def warm_up(self) -> int:
+        """Compile every decode chunk shape now (each runs zero steps: no live rows), so no request waits for
+        a compile mid-run; prefills still compile on their first (bucket, tiles). Returns the shapes."""
+        shapes = self.widths_and_windows()
+        for width, window in shapes:
+            settings = self._settings([], width)
+            zeros = np.zeros(width, np.int32)
+            self.cache, *_ = _decode_chunk(
+                self.graphdef, self.state, self.cache, zeros, zeros, zeros, zeros, settings["budget"],
+                np.zeros(width, bool), settings["stop_ids"], settings["seeds"], settings["temperature"],
+                settings["top_k"], settings["top_p"], np.int32(0), steps=self.chunk, window=window)
+        return len(shapes)
+
     def busy(self) -> bool:
         return bool(self.waiting) or any(t is not None for t in self.occupant)
 
@@ -415,7 +440,7 @@ class Engine:
             # costs its prefill_batch rows however few are real, an idle slot 1/slots of a step.
             free = sum(t is None for t in self.occupant)
             wanted = max(1, min(len(self.waiting), self.prefill_batch) - free) if self.waiting else 0
-        self.cache, taken, tokens, logprobs = _decode_chunk(
+        self.cache, _, tokens, logprobs = _decode_chunk(
             self.graphdef, self.state, self.cache, self.column[:width], self.token[:width], self.position[:width],
             count, settings["budget"], live, settings["stop_ids"], settings["seeds"], settings["temperature"],
             settings["top_k"], settings["top_p"], np.int32(wanted), steps=self.chunk, window=window)
