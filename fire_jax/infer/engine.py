@@ -242,7 +242,7 @@ class Engine:
         self.accepting = True
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self.stats = collections.Counter()  # prefills, decode chunks / steps, cache shifts, tokens, requests, cancelled
+        self.stats = collections.Counter()  # prefills, decode chunks / steps, tokens, requests, cancelled
 
     # -- requests ---------------------------------------------------------------------------------
 
