@@ -168,8 +168,8 @@ def _decode_chunk(graphdef, state, cache: KVCache, column, token, position, coun
 
     Step i feeds slot s's ``token[s]`` at ``position[s] + i`` into its cache column ``column[s] + i``;
     ``count[s]`` tokens are generated so far, of at most ``budget[s]``. Stops when every row is done, or
-    as soon as ``wanted`` rows (> 0) have finished in it, to take waiting requests. Returns the cache, the
-    steps taken, and tokens and log-probs ``[width, steps]`` (-1 / 0 where none).
+    as soon as ``wanted`` rows (> 0) have finished in it, to take waiting requests. Returns the cache, and
+    tokens and log-probs ``[width, steps]`` (-1 / 0 where none).
     """
     TRACE_COUNTS["engine_decode"] += 1
     model = nnx.merge(graphdef, state)
@@ -196,10 +196,10 @@ def _decode_chunk(graphdef, state, cache: KVCache, column, token, position, coun
     out = (jnp.full((slots, steps), -1, jnp.int32), jnp.zeros((slots, steps), jnp.float32))
     cache = KVCache(cache.k, cache.v, cache.mask, column)
     carry = (jnp.zeros((), jnp.int32), token, cache, out, ~live, jnp.zeros((), jnp.int32))
-    taken, _, cache, (tokens, logprobs), _, _ = jax.lax.while_loop(keep_going, one_token, carry)
+    _, _, cache, (tokens, logprobs), _, _ = jax.lax.while_loop(keep_going, one_token, carry)
     put = lambda w, x: jax.lax.dynamic_update_slice(w, x, (0,) * w.ndim)
     cache = KVCache(*jax.tree.map(put, (whole.k, whole.v, whole.mask), (cache.k, cache.v, cache.mask)), whole.index)
-    return cache, taken, tokens, logprobs
+    return cache, tokens, logprobs
 
 
 class Engine:
@@ -235,8 +235,8 @@ class Engine:
         self.cache = KVCache(k, tuple(jnp.zeros_like(x) for x in v), mask, index)  # distinct buffers: donated
         self.occupant: list[Ticket | None] = [None] * slots
         self.token = np.zeros(slots, np.int32)  # the last generated token, fed next
-        self.position = np.zeros(slots, np.int32)  # its position (prompt length + generated - 1)
         self.column = np.zeros(slots, np.int32)  # the cache column the slot's next token is written at
+        self.padding = np.zeros(slots, np.int32)  # left padding of its prompt: its position is column - padding
         self.waiting: collections.deque[Ticket] = collections.deque()
         self.lock = threading.Condition()
         self.accepting = True
@@ -309,15 +309,23 @@ class Engine:
             self.step()
         return [t.wait(0) for t in tickets]
 
+    def _width(self, last_slot: int) -> int:
+        """Slots a decode chunk covers: a power of two past the highest live slot, at least ``min_width``."""
+        return min(max(1 << last_slot.bit_length(), self.min_width), self.slots)
+
+    def _window(self, columns: int) -> int:
+        """Cache columns a decode chunk attends over: ``bucket_min * 2^j`` >= ``columns``, at most all."""
+        window = self.bucket_min
+        while window < columns:
+            window *= 2
+        return min(window, self.cache_len)
+
     def widths_and_windows(self) -> list[tuple[int, int]]:
         """Every (width, window) a decode chunk may take: which ones a run meets depends on when requests
         arrive and finish."""
-        widths = sorted({min(max(1 << k, self.min_width), self.slots) for k in range(self.slots.bit_length() + 1)})
-        windows, window = [], self.bucket_min
-        while window < self.cache_len:
-            windows.append(window)
-            window *= 2
-        return [(w, c) for w in widths for c in windows + [self.cache_len]]
+        widths = sorted({self._width(slot) for slot in range(self.slots)})
+        windows = sorted({self._window(self.bucket_min << j) for j in range(self.cache_len.bit_length())})
+        return [(w, c) for w in widths for c in windows]
 
     def warm_up(self) -> int:
         """Compile every decode chunk shape now (each runs zero steps: no live rows), so no request waits for
@@ -400,7 +408,7 @@ class Engine:
         for b, (ticket, slot) in enumerate(zip(group, slots)):
             n = len(ticket.request.prompt)
             self.occupant[slot] = ticket
-            self.token[slot], self.position[slot], self.column[slot] = token[b], n, bucket
+            self.token[slot], self.column[slot], self.padding[slot] = token[b], bucket, bucket - n
             self._emit(slot, [int(token[b])], [float(logprob[b])])
 
     def _settings(self, requests: Sequence[Request], rows: int) -> dict:
@@ -419,17 +427,12 @@ class Engine:
             stop_ids=stop_ids)
 
     def _decode(self) -> None:
-        # Decode only the first `width` slots (a power of two past the last live one; free slots are taken
-        # lowest first): one request alone costs a 1-row step, not a `slots`-row one.
-        width = 1 << max(s for s, t in enumerate(self.occupant) if t is not None).bit_length()
-        width = min(max(width, self.min_width), self.slots)
-        # The window: the next length bucket (64 * 2^j columns) past every live row's last column in this chunk.
-        need = max(int(self.column[s]) + min(self.chunk, t.request.max_tokens - len(t.tokens))
-                   for s, t in enumerate(self.occupant) if t is not None)
-        window = self.bucket_min
-        while window < need:
-            window *= 2
-        window = min(window, self.cache_len)
+        # Decode only the first `width` slots (free slots are taken lowest first): one request alone costs a
+        # 1-row step, not a `slots`-row one; over a window past every live row's last column in this chunk.
+        live_slots = [s for s, t in enumerate(self.occupant) if t is not None]
+        width = self._width(live_slots[-1])
+        window = self._window(max(int(self.column[s]) + min(self.chunk, self.occupant[s].request.max_tokens
+                                                            - len(self.occupant[s].tokens)) for s in live_slots))
         occupant = self.occupant[:width]
         requests = [t.request if t is not None else Request([0], max_tokens=1) for t in occupant]
         settings = self._settings(requests, width)
@@ -440,8 +443,9 @@ class Engine:
             # costs its prefill_batch rows however few are real, an idle slot 1/slots of a step.
             free = sum(t is None for t in self.occupant)
             wanted = max(1, min(len(self.waiting), self.prefill_batch) - free) if self.waiting else 0
-        self.cache, _, tokens, logprobs = _decode_chunk(
-            self.graphdef, self.state, self.cache, self.column[:width], self.token[:width], self.position[:width],
+        self.cache, tokens, logprobs = _decode_chunk(
+            self.graphdef, self.state, self.cache, self.column[:width], self.token[:width],
+            self.column[:width] - self.padding[:width],
             count, settings["budget"], live, settings["stop_ids"], settings["seeds"], settings["temperature"],
             settings["top_k"], settings["top_p"], np.int32(wanted), steps=self.chunk, window=window)
         tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
@@ -452,7 +456,6 @@ class Engine:
                 continue
             n = int((tokens[slot] >= 0).sum())
             self.token[slot] = tokens[slot, n - 1]
-            self.position[slot] += n
             self.column[slot] += n
             self._emit(slot, tokens[slot, :n].tolist(), logprobs[slot, :n].tolist())
 

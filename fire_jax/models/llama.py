@@ -55,15 +55,17 @@ class KVCache(NamedTuple):
                        self.index)
 
 
-def write_columns(cache: jax.Array, new: jax.Array, index: jax.Array) -> jax.Array:
-    """``new`` ``[batch, kv_heads, seq, head_dim]`` written into ``cache`` ``[batch, kv_heads, len, head_dim]``
-    from column ``index``: a scalar (one slice, in place) or one column per row ``[batch]`` (a scatter; columns
-    past the end are dropped, so a finished row may keep stepping)."""
+def write_columns(cache: jax.Array, new: jax.Array, index: jax.Array, axis: int) -> jax.Array:
+    """``new`` written into ``cache`` (batch first, the same shape but ``seq`` columns on ``axis``: 2 for
+    k / v ``[batch, kv_heads, len, head_dim]``, 1 for the mask ``[batch, len]``) from column ``index``: a
+    scalar (one slice, in place) or one column per row ``[batch]`` (a scatter; columns past the end are
+    dropped, so a finished row may keep stepping)."""
     if jnp.ndim(index) == 0:
-        return jax.lax.dynamic_update_slice(cache, new, (0, 0, index, 0))
-    b, _, t, _ = new.shape
+        return jax.lax.dynamic_update_slice(cache, new, tuple(index if a == axis else 0 for a in range(cache.ndim)))
+    b, t = new.shape[0], new.shape[axis]
     columns = index[:, None] + jnp.arange(t)  # [batch, seq]
-    return cache.at[jnp.arange(b)[:, None], :, columns].set(new.transpose(0, 2, 1, 3), mode="drop")
+    where = (jnp.arange(b)[:, None],) + (slice(None),) * (axis - 1) + (columns,)
+    return cache.at[where].set(jnp.moveaxis(new, axis, 1), mode="drop")  # indexed: [batch, seq, ...]
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> np.ndarray:
@@ -121,7 +123,7 @@ class Attention(nnx.Module):
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [batch, kv_heads, seq, head_dim]
         if cache_kv is not None:
-            k_all, v_all = (write_columns(c, x.astype(c.dtype), cache_index) for c, x in zip(cache_kv, (k, v)))
+            k_all, v_all = (write_columns(c, x.astype(c.dtype), cache_index, 2) for c, x in zip(cache_kv, (k, v)))
             cache_kv = (k_all, v_all)
             k, v = k_all.astype(x.dtype), v_all.astype(x.dtype)
         out = attention(q, k, v, mask, causal=True)
@@ -234,11 +236,7 @@ class LlamaModel(nnx.Module):
             index, key_valid, q_idx = 0, attention_mask, jnp.arange(t)
         else:
             index = cache.index
-            if jnp.ndim(index) == 0:
-                key_valid = jax.lax.dynamic_update_slice(cache.mask, attention_mask, (0, index))
-            else:  # a write column per row
-                key_valid = cache.mask.at[jnp.arange(b)[:, None], index[:, None] + jnp.arange(t)].set(
-                    attention_mask, mode="drop")
+            key_valid = write_columns(cache.mask, attention_mask, index, 1)
             q_idx = jnp.broadcast_to(index[..., None] + jnp.arange(t), (b, t))  # [batch, seq]
         k_idx = jnp.arange(key_valid.shape[1])
         mask = (k_idx[None, None, :] <= q_idx[..., None]) & key_valid[:, None, :]  # [batch, seq, kv_len]
