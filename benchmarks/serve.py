@@ -61,10 +61,20 @@ def best(run, repeats: int):
     return max((run() for _ in range(repeats)), key=lambda r: r[0])
 
 
+def cache_len(requests, bucket_step: int | None = None, **_) -> int:
+    """The shortest cache (a multiple of 64) that holds every request's prompt bucket + max_tokens."""
+    from fire_jax.infer.decode import prompt_bucket
+    from fire_jax.infer.engine import fine_bucket
+
+    bucket = fine_bucket if bucket_step is None else lambda n: prompt_bucket(n, 64, bucket_step)
+    return -(-max(bucket(len(p)) + m for p, m in requests) // 64) * 64
+
+
 def engine_path(model, requests, clients: int, slots: int, repeats: int, **engine_kwargs):
     from fire_jax.infer.engine import Engine, Request
 
-    engine = Engine(model, slots=slots, cache_len=576, chunk=16, stop_ids=(), **engine_kwargs)
+    engine = Engine(model, slots=slots, cache_len=cache_len(requests, **engine_kwargs), chunk=16,
+                    stop_ids=(), **engine_kwargs)
     engine.warm_up()  # which (width, window) shapes a run meets depends on the threads' timing
     engine.start()
 
@@ -144,7 +154,9 @@ def runner_paths(model, batch: int, n: int, repeats: int, **engine_kwargs) -> di
 
     requests = workload(n, model.cfg.llm.vocab_size - 1, seed=1)
     tokens = sum(m for _, m in requests)
-    engine = Engine(model, slots=batch, cache_len=576, chunk=16, stop_ids=(), min_width=batch, **engine_kwargs)
+    engine_kwargs = {"bucket_step": 1024, **engine_kwargs}  # an Agent's engine pads prompts as generate does
+    engine = Engine(model, slots=batch, cache_len=cache_len(requests, **engine_kwargs), chunk=16,
+                    stop_ids=(), min_width=batch, **engine_kwargs)
     as_requests = lambda group: [Request(p, max_tokens=m, stop_ids=()) for p, m in group]
     paths = {
         "fixed batches (generate)": lambda: [
@@ -179,10 +191,14 @@ def main():
     parser.add_argument("--no_hf", action="store_true")
     parser.add_argument("--runner", action="store_true", help="the batch runners' comparison instead")
     parser.add_argument("--calls", default="8,16,32", help="--runner: rows per call")
-    parser.add_argument("--prefill_batch", type=int, help="the engine's rows per prefill (default: the Engine's)")
-    parser.add_argument("--bucket_step", type=int, help="the engine's prompt buckets (default: the Engine's)")
+    parser.add_argument("--prefill_batch", type=int, help="the engine's rows per prefill at most (default: the Engine's)")
+    parser.add_argument("--prefill_tokens", type=int, help="the engine's padded tokens per prefill at most (default: "
+                        "the Engine's)")
+    parser.add_argument("--bucket_step", type=int, help="the engine's prompt buckets: decode.prompt_bucket's "
+                        "(default: the Engine's fine_bucket; --runner: 1024, as an Agent's engine)")
     args = parser.parse_args()
-    engine_kwargs = {k: getattr(args, k) for k in ("prefill_batch", "bucket_step") if getattr(args, k) is not None}
+    engine_kwargs = {k: getattr(args, k) for k in ("prefill_batch", "prefill_tokens", "bucket_step")
+                     if getattr(args, k) is not None}
 
     import jax
     import torch

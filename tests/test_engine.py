@@ -71,9 +71,12 @@ def test_greedy_alone_equals_among_31_others_and_generate(loaded, engine, reques
         np.testing.assert_allclose(result.logprobs, ref.logprobs[0, :request.max_tokens], atol=1e-4)
     assert len({t for r in together for t in r.tokens}) > 50  # outputs vary: the comparison can fail
     # Decode shapes per (width 1, 2, 4, ..., 32 slots; window 64 * 2^j columns or all 320) met; prefills per
-    # (bucket 64/128/256 text, image bucket).
+    # (bucket, image tiles) x rows 1, 2, 4, ... of at most prefill_tokens.
     compiled = {k: TRACE_COUNTS[k] - traces_before.get(k, 0) for k in ("engine_decode", "engine_admit")}
-    assert compiled["engine_decode"] <= 6 and compiled["engine_admit"] <= 5
+    keys = {(engine.bucket(r), engine._tiles(r)) for r in requests}
+    assert sorted(b for b, tiles in keys if not tiles) == [64, 128, 192, 256]  # fine buckets
+    rows = lambda bucket: [n for n in (1, 2, 4) if n == 1 or n * bucket <= engine.prefill_tokens]
+    assert compiled["engine_decode"] <= 6 and compiled["engine_admit"] <= sum(len(rows(b)) for b, _ in keys)
 
 
 def test_few_slots_reuse_freed_slots(loaded, requests, together):
@@ -104,6 +107,47 @@ def test_requests_that_fill_the_context_run_in_freed_slots_as_alone(loaded):
         assert result.tokens == ref.tokens[0].tolist()
 
 
+def test_rows_left_running_move_down_to_a_narrower_width(loaded):
+    """4 slots: four prompts of one bucket go in as one 4-row prefill; when the first three finish, the
+    fourth (slot 3) moves to slot 0 and decodes as a batch of one, and still equals generate."""
+    rng = np.random.default_rng(2)
+    requests = [Request(rng.integers(1, 500, 40).tolist(), max_tokens=m, stop_ids=()) for m in (5, 5, 5, 30)]
+    engine = Engine(loaded.model, slots=4, cache_len=128, chunk=4, pad_id=loaded.chat.pad_id)
+    widths = []
+    decode = engine._decode
+    engine._decode = lambda: (widths.append(engine._width(max(s for s, t in enumerate(engine.occupant) if t))),
+                              decode())
+    results = engine.generate(requests)
+    assert engine.stats["prefills"] == 1 and engine.stats["moved_rows"] == 1
+    assert widths == [4] + [1] * 7  # 4 steps of 4 rows, then the last 25 of one row
+    for request, result in zip(requests, results):
+        ref = generate(loaded.model, [request.prompt], config=DecodeConfig(max_new_tokens=request.max_tokens,
+                                                                           stop_ids=()))
+        assert result.tokens == ref.tokens[0].tolist()
+
+
+def test_a_server_waits_a_moment_for_answered_clients_to_send_again(loaded):
+    """A started engine: when a request finishes, its client's next request goes in before the next decode
+    chunk (the engine waits up to admit_wait for it) instead of a chunk later. (When no request comes, the
+    engine decodes on after admit_wait, 2 ms by default; stopping the engine ends the wait at once.)"""
+    rng = np.random.default_rng(3)
+    prompt = lambda: rng.integers(1, 500, 30).tolist()
+    engine = Engine(loaded.model, slots=2, cache_len=128, chunk=4, pad_id=loaded.chat.pad_id, admit_wait=60.0)
+    engine.start()
+    try:
+        seen = {}
+        long = engine.submit(Request(prompt(), max_tokens=40, stop_ids=()))
+        first = engine.submit(Request(prompt(), max_tokens=3, stop_ids=()),
+                              on_update=lambda t, d, reason: reason and seen.setdefault("first", len(long.tokens)))
+        first.wait(60)
+        second = engine.submit(Request(prompt(), max_tokens=3, stop_ids=()),
+                               on_update=lambda t, d, reason: seen.setdefault("second", len(long.tokens)))
+        assert len(second.wait(60).tokens) == 3
+    finally:
+        engine.stop()  # drains: the long request runs to its end
+    assert seen["second"] == seen["first"] < 40 and len(long.wait(0).tokens) == 40  # no chunk ran in between
+
+
 def test_warm_up_compiles_every_decode_shape_a_run_can_meet(loaded, requests, together):
     """4 slots of 128 columns: widths 1, 2, 4 x windows 64, 128. After warm_up, a run of requests arriving
     in any order compiles no decode chunk, and its tokens are unchanged."""
@@ -113,9 +157,9 @@ def test_warm_up_compiles_every_decode_shape_a_run_can_meet(loaded, requests, to
     assert engine.warm_up() == 6 and TRACE_COUNTS["engine_decode"] - before <= 6
     short = [k for k, r in enumerate(requests) if len(r.prompt) <= 64 and r.pixel_values is None][:6]
     assert len(short) == 6
-    compiled = TRACE_COUNTS["engine_decode"]
+    compiled = TRACE_COUNTS["engine_decode"], TRACE_COUNTS["engine_move"]
     assert [r.tokens for r in engine.generate([requests[k] for k in short])] == [together[k].tokens for k in short]
-    assert TRACE_COUNTS["engine_decode"] == compiled
+    assert (TRACE_COUNTS["engine_decode"], TRACE_COUNTS["engine_move"]) == compiled
 
 
 def test_stop_ids_strings_and_sampling(engine, requests, together):

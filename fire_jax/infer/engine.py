@@ -17,14 +17,15 @@ row, :func:`fire_jax.models.llama.write_columns`) instead of a slice. So a
 request runs as soon as a slot is free, whatever its neighbours' lengths
 (``bucket + max_tokens <= cache_len`` is checked on submit). Masked columns
 weigh exactly zero in attention, so a request's greedy tokens are the same
-alone or among 31 others, and equal to ``generate``'s (tested). Prefill
-batches are always ``prefill_batch`` rows (dead rows padded) for the same
-reason. One row by default: on CPU a prefill costs its padded tokens however
-they are grouped (measured: 64 requests in 18 prefills of 4 rows or in 64 of
-one, 1.34 vs 1.33 s), and one row pads nothing and keeps no request waiting
-for a group (``benchmarks/serve.py``: 1.34x the fixed path at 8 clients
-against 0.96x with groups of 4). On an accelerator, where a short prompt's
-prefill reads all the weights for few tokens, groups of 4-8 may pay.
+alone or among 31 others, and equal to ``generate``'s (tested). A prefill
+takes the waiting requests of the first one's bucket, as many as fit: a power
+of two of rows, at most ``prefill_batch`` rows and ``prefill_tokens`` padded
+tokens (one row at least), never a dead row. Short prompts gain from company
+(on CPU, ms per row at dim 256: bucket 64 8.1 alone, 4.3 in 4 rows; 128: 11.2,
+7.5; 448: no gain), and no request waits for a group to fill. A request's cache
+rows are bit-identical however many rows its prefill has (its first token's
+log-prob may differ in the last bit: a one-row product of the last position
+and the LM head runs another kernel, as between decode widths).
 
 Per request: ``max_tokens``, temperature / top-k / top-p with its own seed
 (the key of token t is ``fold_in(key(seed), t)``, so a sampled request is
@@ -34,9 +35,11 @@ Compiled shapes, all known up front: a decode chunk per (width, window): the
 first 1, 2, 4, ... ``slots`` slots, enough for the live ones (a lone request
 decodes as a batch of one; at least ``min_width``), over the first 64, 128,
 256, ... columns or all ``cache_len``, enough for the live rows' columns; and
-one prefill per (prompt bucket, image-tile bucket),
-buckets as in :func:`fire_jax.infer.decode.prompt_bucket` (or multiples of
-``bucket_min`` near the end of the context) and at most ``cache_len``.
+one prefill per (prompt bucket, image-tile bucket), buckets from
+:func:`fine_bucket` (multiples of 64 up to 512, then coarser: about 8 + 4
+log2(cache_len / 512) of them), or as :func:`fire_jax.infer.decode.prompt_bucket`
+when ``bucket_step`` is given (the batch runners, which write what ``generate``
+writes), at most ``cache_len``.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import collections
 import dataclasses
 import functools
 import threading
+import time
 from typing import Callable, Sequence
 
 import jax
@@ -143,7 +147,7 @@ def _pick_rows(logits, seeds, counts, temperature, top_k, top_p):
 @functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("cache",))
 def _admit(graphdef, state, cache: KVCache, input_ids, attention_mask, positions, pixel_values, image_index, slots,
            seeds, temperature, top_k, top_p):
-    """Prefill ``[prefill_batch, bucket]`` prompts into cache rows ``slots`` (out of range: a dead row), columns
+    """Prefill ``[rows, bucket]`` prompts into cache rows ``slots``, columns
     ``[0, bucket)``. Returns the cache, each row's first token and its log-prob."""
     TRACE_COUNTS["engine_admit"] += 1
     model = nnx.merge(graphdef, state)
@@ -202,6 +206,26 @@ def _decode_chunk(graphdef, state, cache: KVCache, column, token, position, coun
     return cache, tokens, logprobs
 
 
+def fine_bucket(n: int, step: int = 64, per_octave: int = 8) -> int:
+    """The engine's padded prompt length: a multiple of ``step`` up to ``per_octave * step`` tokens, then of
+    ``2 * step`` up to twice that, and so on. A prompt pads less than ``2 / per_octave`` of its length (power
+    of two buckets: up to all of it), and a context of C columns has ``per_octave`` buckets up to
+    ``per_octave * step`` and ``per_octave / 2`` per doubling after that. On CPU a prefill costs its padded
+    tokens: on the serve benchmark's prompts (16..400 tokens) these buckets prefill 15,744 columns where
+    power-of-two ones prefill 20,096."""
+    while n > per_octave * step:
+        step *= 2
+    return -(-n // step) * step
+
+
+@functools.partial(jax.jit, donate_argnames=("cache",))
+def _move_rows(cache: KVCache, source, target) -> KVCache:
+    """Cache row ``source[i]`` copied to row ``target[i]`` (out of range: nothing) for every i."""
+    TRACE_COUNTS["engine_move"] += 1
+    move = lambda x: x.at[target].set(x[source], mode="drop")
+    return KVCache(tuple(map(move, cache.k)), tuple(map(move, cache.v)), move(cache.mask), cache.index)
+
+
 class Engine:
     """Continuous batching over ``slots`` decode slots of ``cache_len`` cache columns each.
 
@@ -213,20 +237,30 @@ class Engine:
       tokenizer: anything with ``decode(ids, skip_special_tokens=True)``; needed for stop strings and text.
       stop_ids: the default stop ids of a request (the stop token is kept in ``tokens``).
       pad_id: fills prompts' left padding (masked; any id but the image token).
-      prefill_batch: rows of every prefill (admitted requests of one bucket, dead rows padded); at most ``slots``.
+      prefill_batch, prefill_tokens: a prefill's rows (waiting requests of one bucket, a power of two) and
+        padded tokens at most (one row whatever its bucket).
       chunk: decode steps per dispatch at most (fewer when rows finish while requests wait).
+      admit_wait: on a started engine (a server), seconds to wait after a chunk that finished requests for
+        as many new ones to arrive before the next chunk: closed-loop clients send their next request as soon
+        as they are answered, and a request that misses the chunk waits a whole chunk for a slot.
+      bucket_min: the shortest prompt bucket and decode window (columns).
+      bucket_step: None: :func:`fine_bucket` prompt buckets; else :func:`fire_jax.infer.decode.prompt_bucket`
+        ones, as ``generate`` pads (the batch runners' agents pass their DecodeConfig's).
       max_images: images per request (bounds the tile buckets).
       min_width: a decode chunk covers at least this many slots (fewer compiled shapes: a batch job that
         fills every slot gains little from narrower chunks in its tail, and compiles each width it meets).
     """
 
-    def __init__(self, model, *, tokenizer=None, slots: int = 32, cache_len: int = 1024, prefill_batch: int = 1,
+    def __init__(self, model, *, tokenizer=None, slots: int = 32, cache_len: int = 1024, prefill_batch: int = 8,
+                 prefill_tokens: int = 512,
                  chunk: int = 16, stop_ids: Sequence[int] = LLAMA3_STOP_IDS, pad_id: int = 0, bucket_min: int = 64,
-                 bucket_step: int = 1024, max_images: int = 4, min_width: int = 1):
+                 bucket_step: int | None = None, max_images: int = 4, min_width: int = 1, admit_wait: float = 0.002):
         if pad_id == model.cfg.image_token_id:
             raise ValueError(f"pad_id {pad_id} is the image token id")
         self.model, self.tokenizer = model, tokenizer
-        self.slots, self.cache_len, self.prefill_batch, self.chunk = slots, cache_len, min(prefill_batch, slots), chunk
+        self.slots, self.cache_len, self.chunk = slots, cache_len, chunk
+        self.prefill_batch, self.prefill_tokens = max(1, min(prefill_batch, slots)), prefill_tokens
+        self.admit_wait = admit_wait
         self.stop_ids, self.pad_id = tuple(int(i) for i in stop_ids), pad_id
         self.bucket_min, self.bucket_step, self.max_images = bucket_min, bucket_step, max_images
         self.min_width = min(max(min_width, 1), slots)
@@ -242,15 +276,19 @@ class Engine:
         self.accepting = True
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._freed = 0  # requests the last decode chunk finished
         self.stats = collections.Counter()  # prefills, decode chunks / steps, tokens, requests, cancelled
 
     # -- requests ---------------------------------------------------------------------------------
 
     def bucket(self, request: Request) -> int:
-        """Prompt bucket: :func:`prompt_bucket`, else (when that leaves too little room for max_tokens) the
-        prompt length rounded up to a multiple of ``bucket_min``; so at most cache_len / bucket_min more shapes."""
+        """Prompt bucket: :func:`fine_bucket` or :func:`prompt_bucket`, else (when that leaves too little room
+        for max_tokens) the prompt length rounded up to a multiple of ``bucket_min``."""
         n = len(request.prompt)
-        bucket = prompt_bucket(n, self.bucket_min, self.bucket_step)
+        if self.bucket_step is None:
+            bucket = fine_bucket(n, self.bucket_min)
+        else:
+            bucket = prompt_bucket(n, self.bucket_min, self.bucket_step)
         if bucket + request.max_tokens > self.cache_len:
             bucket = -(-n // self.bucket_min) * self.bucket_min
         return bucket
@@ -313,12 +351,20 @@ class Engine:
         """Slots a decode chunk covers: a power of two past the highest live slot, at least ``min_width``."""
         return min(max(1 << last_slot.bit_length(), self.min_width), self.slots)
 
-    def _window(self, columns: int) -> int:
-        """Cache columns a decode chunk attends over: ``bucket_min * 2^j`` >= ``columns``, at most all."""
+    def _window(self, columns: int, steps: int | None = None) -> int:
+        """Cache columns a decode chunk attends over: ``bucket_min * 2^j`` >= ``columns``, or all of them.
+
+        Cutting a window out before the chunk and writing it back after copies it twice (a read and a write
+        each time), where each of the chunk's ``steps`` saves reading the ``cache_len - window`` columns past
+        it: so a window only when ``steps * (cache_len - window) > 4 * window``. (On the serve benchmark a
+        window of 512 out of 576 columns, cut for chunks of 1-4 steps, cost 25-40 ms a chunk and made its
+        decode 1.5x slower.) ``steps`` None: every window that may be taken."""
         window = self.bucket_min
         while window < columns:
             window *= 2
-        return min(window, self.cache_len)
+        if window >= self.cache_len or (steps is not None and steps * (self.cache_len - window) <= 4 * window):
+            return self.cache_len
+        return window
 
     def widths_and_windows(self) -> list[tuple[int, int]]:
         """Every (width, window) a decode chunk may take: which ones a run meets depends on when requests
@@ -328,8 +374,11 @@ class Engine:
         return [(w, c) for w in widths for c in windows]
 
     def warm_up(self) -> int:
-        """Compile every decode chunk shape now (each runs zero steps: no live rows), so no request waits for
-        a compile mid-run; prefills still compile on their first (bucket, tiles). Returns the shapes."""
+        """Compile every decode chunk shape (each runs zero steps: no live rows) and the row move (moving
+        nothing) now, so no request waits for a compile mid-run; prefills still compile on their first
+        (bucket, rows, tiles). Returns the decode shapes."""
+        half = self.slots // 2
+        self.cache = _move_rows(self.cache, np.zeros(half, np.int32), np.full(half, self.slots, np.int32))
         shapes = self.widths_and_windows()
         for width, window in shapes:
             settings = self._settings([], width)
@@ -358,7 +407,30 @@ class Engine:
         while self._admit_waiting():  # fill every free slot before decoding: the chunk runs them all
             pass
         if any(t is not None for t in self.occupant):
+            self._compact()
             self._decode()
+
+    def _compact(self) -> None:
+        """Move the live rows above the narrowest width that holds them all into free slots below it, when
+        that at least halves the decode width for 4 or more steps. Free slots are taken lowest first, but
+        the rows left running when the queue runs dry sit wherever their requests came in: at 32 clients
+        on the serve benchmark the last 45 of ~100 steps decoded 2-16 live rows as 32. Moving a row copies
+        its cache row (at most ``slots / 2`` rows, one compiled shape), about a step's reading."""
+        live = [s for s, t in enumerate(self.occupant) if t is not None]
+        width, narrow = self._width(live[-1]), self._width(len(live) - 1)
+        left = max(self.occupant[s].request.max_tokens - len(self.occupant[s].tokens) for s in live)
+        if narrow > width // 2 or left < 4:
+            return
+        moves = list(zip([s for s in live if s >= narrow], [s for s in range(narrow) if self.occupant[s] is None]))
+        half = self.slots // 2
+        source, target = np.zeros(half, np.int32), np.full(half, self.slots, np.int32)
+        source[:len(moves)], target[:len(moves)] = zip(*moves)
+        self.cache = _move_rows(self.cache, source, target)
+        for a, b in moves:
+            self.occupant[b], self.occupant[a] = self.occupant[a], None
+            for array in (self.token, self.column, self.padding):
+                array[b] = array[a]
+        self.stats["moved_rows"] += len(moves)
 
     def _tiles(self, request: Request) -> int:
         """Tile bucket: a multiple of ``geometry.max_tiles`` (0 without images)."""
@@ -376,7 +448,8 @@ class Engine:
             first = self.waiting[0]
             key = (self.bucket(first.request), self._tiles(first.request))
             group = [t for t in self.waiting if (self.bucket(t.request), self._tiles(t.request)) == key]
-            group = group[:min(len(free), self.prefill_batch)]
+            fit = min(len(group), len(free), self.prefill_batch, max(1, self.prefill_tokens // key[0]))
+            group = group[:1 << (fit.bit_length() - 1)]
             for t in group:
                 self.waiting.remove(t)
         try:
@@ -387,18 +460,16 @@ class Engine:
         return True
 
     def _prefill(self, group: list[Ticket], slots: list[int], bucket: int, tiles: int) -> None:
-        rows = self.prefill_batch
         requests = [t.request for t in group]
-        prompts = [list(r.prompt) for r in requests] + [[self.pad_id]] * (rows - len(group))
-        input_ids, attention_mask, positions = left_pad(prompts, bucket, self.pad_id)
+        input_ids, attention_mask, positions = left_pad([list(r.prompt) for r in requests], bucket, self.pad_id)
         pixel_values, image_index = None, None
         if tiles:
-            pixel_values = pad_tiles([r.pixel_values for r in requests], tiles=tiles, batch=rows,
+            pixel_values = pad_tiles([r.pixel_values for r in requests], tiles=tiles, batch=len(group),
                                      tile_size=self.model.cfg.geometry.tile_size)
-            sizes = [[tuple(s) for s in r.image_sizes] for r in requests] + [[] for _ in range(rows - len(group))]
+            sizes = [[tuple(s) for s in r.image_sizes] for r in requests]
             pixel_values, image_index = image_inputs(self.model, input_ids, pixel_values, sizes)
-        settings = self._settings(requests, rows)
-        slot_ids = np.asarray(slots + [self.slots] * (rows - len(group)), np.int32)  # out of range: dropped
+        settings = self._settings(requests, len(group))
+        slot_ids = np.asarray(slots, np.int32)
         self.cache, token, logprob = _admit(self.graphdef, self.state, self.cache, input_ids, attention_mask,
                                             positions, pixel_values, image_index, slot_ids,
                                             settings["seeds"], settings["temperature"], settings["top_k"],
@@ -431,18 +502,17 @@ class Engine:
         # 1-row step, not a `slots`-row one; over a window past every live row's last column in this chunk.
         live_slots = [s for s, t in enumerate(self.occupant) if t is not None]
         width = self._width(live_slots[-1])
-        window = self._window(max(int(self.column[s]) + min(self.chunk, self.occupant[s].request.max_tokens
-                                                            - len(self.occupant[s].tokens)) for s in live_slots))
         occupant = self.occupant[:width]
+        left = {s: self.occupant[s].request.max_tokens - len(self.occupant[s].tokens) for s in live_slots}
+        with self.lock:
+            wanted = 1 if self.waiting else 0  # end the chunk as soon as a waiting request can go in
+        # The chunk's steps, as far as the host can tell: to the first finishing row when it ends there.
+        steps = min(self.chunk, sorted(left.values())[wanted - 1] if wanted else max(left.values()))
+        window = self._window(max(int(self.column[s]) + min(self.chunk, left[s]) for s in live_slots), steps)
         requests = [t.request if t is not None else Request([0], max_tokens=1) for t in occupant]
         settings = self._settings(requests, width)
         live = np.asarray([t is not None for t in occupant])
         count = np.asarray([len(t.tokens) if t is not None else 0 for t in occupant], np.int32)
-        with self.lock:
-            # End the chunk once enough rows finish to prefill a whole group of waiting requests: a prefill
-            # costs its prefill_batch rows however few are real, an idle slot 1/slots of a step.
-            free = sum(t is None for t in self.occupant)
-            wanted = max(1, min(len(self.waiting), self.prefill_batch) - free) if self.waiting else 0
         self.cache, tokens, logprobs = _decode_chunk(
             self.graphdef, self.state, self.cache, self.column[:width], self.token[:width],
             self.column[:width] - self.padding[:width],
@@ -458,6 +528,7 @@ class Engine:
             self.token[slot] = tokens[slot, n - 1]
             self.column[slot] += n
             self._emit(slot, tokens[slot, :n].tolist(), logprobs[slot, :n].tolist())
+        self._freed = sum(t is not None and self.occupant[s] is None for s, t in enumerate(occupant))
 
     def _emit(self, slot: int, tokens: list[int], logprobs: list[float]) -> None:
         """Append a slot's new tokens; finish its request (freeing the slot) on a stop or its budget."""
@@ -525,6 +596,14 @@ class Engine:
                     self.lock.wait()
                 if self._stopping and not self.busy():
                     return
+                # The clients of requests that just finished may be sending their next ones: wait a moment
+                # (at most admit_wait seconds) for as many as finished, rather than leave their slots idle
+                # for a whole chunk.
+                deadline = time.perf_counter() + self.admit_wait
+                while (self._freed and len(self.waiting) < self._freed and not self._stopping
+                       and (left := deadline - time.perf_counter()) > 0):
+                    self.lock.wait(left)
+                self._freed = 0
             try:
                 self.step()
             except Exception as e:  # a failed decode fails the requests in the slots, never the thread
