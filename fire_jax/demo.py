@@ -155,7 +155,7 @@ def streaming_agents(student, teacher, decode: DecodeConfig, *, seed: int, cache
             chat = agent.chat
             engines[id(agent.model)] = Engine(agent.model, tokenizer=chat.tokenizer, slots=slots, cache_len=cache_len,
                                               prefill_batch=1, chunk=STREAM_CHUNK, stop_ids=(chat.eot_id, chat.eos_id),
-                                              pad_id=chat.pad_id).start()
+                                              pad_id=chat.pad_id, logprobs=False).start()
     return tuple(Streaming(agent, None if isinstance(agent, ApiAgent) else engines[id(agent.model)], decode, seed)
                  for agent in (student, teacher))
 

@@ -434,7 +434,7 @@ def load_models(config, specs: dict[str, str | None], init: str | None, engine_k
         loaded = load(model_config, checkpoint)
         chat = loaded.chat
         engine = Engine(loaded.model, tokenizer=chat.tokenizer, stop_ids=(chat.eot_id, chat.eos_id),
-                        pad_id=chat.pad_id, **engine_kwargs)
+                        pad_id=chat.pad_id, logprobs=False, **engine_kwargs)  # the API returns none
         out[name] = Served(name, loaded.description, loaded, engine)
         print(f"serving {name!r}: {loaded.description}", flush=True)
         if warm_up:

@@ -97,7 +97,8 @@ class Agent:
                 cache_len *= 2
             self._engine = Engine(self.model, tokenizer=self.chat.tokenizer, slots=slots, cache_len=cache_len,
                                   stop_ids=c.stop_ids, pad_id=c.pad_id, bucket_min=c.bucket_min,
-                                  bucket_step=c.bucket_step, min_width=slots, max_images=max(4, images))
+                                  bucket_step=c.bucket_step, min_width=slots, max_images=max(4, images),
+                                  logprobs=False)  # agents read texts
         return self._engine
 
     def _engine_texts(self, prompts, pixel_values, image_sizes) -> list[str]:
