@@ -11,7 +11,9 @@ sides), greedy, no stop ids. ``clients`` closed-loop clients: each sends its
 next request when its last one is answered.
 
 - engine: the clients' threads submit to :class:`fire_jax.infer.engine.Engine`
-  (``clients`` slots, and the server's default of 32 slots when fewer clients);
+  (``clients`` slots, and the server's default of 32 slots when fewer clients;
+  built as ``fire_jax.serve`` builds it: no log-probs, the shortest cache that
+  holds the workload);
 - fixed: the clients' requests in batches of ``clients`` through
   :func:`fire_jax.infer.decode.generate` (every row waits for the longest; a
   client waits for its batch);
@@ -74,7 +76,7 @@ def engine_path(model, requests, clients: int, slots: int, repeats: int, **engin
     from fire_jax.infer.engine import Engine, Request
 
     engine = Engine(model, slots=slots, cache_len=cache_len(requests, **engine_kwargs), chunk=16,
-                    stop_ids=(), **engine_kwargs)
+                    stop_ids=(), logprobs=False, **engine_kwargs)  # as fire_jax.serve builds it
     engine.warm_up()  # which (width, window) shapes a run meets depends on the threads' timing
     engine.start()
 
@@ -156,7 +158,7 @@ def runner_paths(model, batch: int, n: int, repeats: int, **engine_kwargs) -> di
     tokens = sum(m for _, m in requests)
     engine_kwargs = {"bucket_step": 1024, **engine_kwargs}  # an Agent's engine pads prompts as generate does
     engine = Engine(model, slots=batch, cache_len=cache_len(requests, **engine_kwargs), chunk=16,
-                    stop_ids=(), min_width=batch, **engine_kwargs)
+                    stop_ids=(), min_width=batch, logprobs=False, **engine_kwargs)
     as_requests = lambda group: [Request(p, max_tokens=m, stop_ids=()) for p, m in group]
     paths = {
         "fixed batches (generate)": lambda: [

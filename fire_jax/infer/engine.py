@@ -6,7 +6,11 @@ the longest one. Here a fixed number of *slots* share one cache
 waiting requests into free slots (batched prefills of prompts that share a
 length bucket, written into the slots' cache rows), and a request that stops
 frees its slot at the next chunk boundary; while requests wait, a chunk ends
-early as soon as enough rows have finished for a whole prefill group.
+early as soon as a row finishes. A started engine (a server), after a chunk
+that finished requests, waits up to ``admit_wait`` (2 ms) for as many new ones:
+closed-loop clients send their next request as soon as they are answered.
+Rows left running high up when the queue runs dry move down to the lowest free
+slots, so the chunks of a run's tail decode a narrower batch.
 
 **A write column per slot.** An admitted prompt, left-padded to its bucket B
 as ``generate`` lays it out, fills columns ``[0, B)`` of its slot's cache
@@ -34,8 +38,9 @@ reproducible whatever runs beside it), stop ids and stop strings.
 Compiled shapes, all known up front: a decode chunk per (width, window): the
 first 1, 2, 4, ... ``slots`` slots, enough for the live ones (a lone request
 decodes as a batch of one; at least ``min_width``), over the first 64, 128,
-256, ... columns or all ``cache_len``, enough for the live rows' columns; and
-one prefill per (prompt bucket, image-tile bucket), buckets from
+256, ... columns or all ``cache_len``, enough for the live rows' columns; one
+row move (``slots / 2`` rows); and one prefill per (prompt bucket, rows 1, 2,
+4, ..., image-tile bucket), buckets from
 :func:`fine_bucket` (multiples of 64 up to 512, then coarser: about 8 + 4
 log2(cache_len / 512) of them), or as :func:`fire_jax.infer.decode.prompt_bucket`
 when ``bucket_step`` is given (the batch runners, which write what ``generate``
