@@ -193,7 +193,8 @@ def main():
     parser.add_argument("--no_hf", action="store_true")
     parser.add_argument("--runner", action="store_true", help="the batch runners' comparison instead")
     parser.add_argument("--calls", default="8,16,32", help="--runner: rows per call")
-    parser.add_argument("--prefill_batch", type=int, help="the engine's rows per prefill at most (default: the Engine's)")
+    parser.add_argument("--prefill_batch", type=int,
+                        help="the engine's rows per prefill at most (default: the Engine's)")
     parser.add_argument("--prefill_tokens", type=int, help="the engine's padded tokens per prefill at most (default: "
                         "the Engine's)")
     parser.add_argument("--bucket_step", type=int, help="the engine's prompt buckets: decode.prompt_bucket's "

@@ -260,9 +260,9 @@ class Engine:
     """
 
     def __init__(self, model, *, tokenizer=None, slots: int = 32, cache_len: int = 1024, prefill_batch: int = 8,
-                 prefill_tokens: int = 512,
-                 chunk: int = 16, stop_ids: Sequence[int] = LLAMA3_STOP_IDS, pad_id: int = 0, bucket_min: int = 64,
-                 bucket_step: int | None = None, max_images: int = 4, min_width: int = 1, admit_wait: float = 0.002, logprobs: bool = True):
+                 prefill_tokens: int = 512, chunk: int = 16, stop_ids: Sequence[int] = LLAMA3_STOP_IDS,
+                 pad_id: int = 0, bucket_min: int = 64, bucket_step: int | None = None, max_images: int = 4,
+                 min_width: int = 1, admit_wait: float = 0.002, logprobs: bool = True):
         if pad_id == model.cfg.image_token_id:
             raise ValueError(f"pad_id {pad_id} is the image token id")
         self.model, self.tokenizer = model, tokenizer
