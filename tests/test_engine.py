@@ -9,7 +9,7 @@ from fire_jax.config import DEFAULT_CONFIG
 from fire_jax.data.chat import Message
 from fire_jax.data.images import preprocess
 from fire_jax.infer.decode import TRACE_COUNTS, DecodeConfig, generate
-from fire_jax.infer.engine import Engine, Request
+from fire_jax.infer.engine import Engine, Request, fine_bucket
 from fire_jax.infer.loading import load
 
 NEW = 20  # the longest max_tokens
@@ -179,6 +179,17 @@ def test_stop_ids_strings_and_sampling(engine, requests, together):
     crowd = engine.generate([sampled(8)] + requests[1:20] + [sampled(7), sampled(7, top_k=1)])
     assert crowd[-2].tokens == alone != crowd[0].tokens  # a request's seed, not its neighbours, decides its draws
     assert crowd[-1].tokens == engine.generate([Request(base.prompt, max_tokens=12, stop_ids=())])[0].tokens
+
+
+def test_fine_buckets_and_when_a_cache_window_pays(loaded):
+    assert [fine_bucket(n) for n in (1, 64, 65, 400, 512, 513, 1025, 3000)] == [64, 64, 128, 448, 512, 640, 1280,
+                                                                                 3072]
+    engine = Engine(loaded.model, slots=2, cache_len=576, pad_id=loaded.chat.pad_id)
+    # A window is copied out and back (4 column passes) and saves steps * (576 - window) column reads.
+    assert engine._window(100) == 128 and engine._window(100, steps=16) == 128  # 16 * 448 > 4 * 128
+    assert engine._window(100, steps=1) == 576  # 448 <= 512: reading all 576 columns once is cheaper
+    assert engine._window(500, steps=16) == 576  # 16 * 64 <= 4 * 512
+    assert engine._window(600) == 576
 
 
 def test_rejects_what_cannot_run(engine):
