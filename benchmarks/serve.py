@@ -65,11 +65,9 @@ def best(run, repeats: int):
 
 def cache_len(requests, bucket_step: int | None = None, **_) -> int:
     """The shortest cache (a multiple of 64) that holds every request's prompt bucket + max_tokens."""
-    from fire_jax.infer.decode import prompt_bucket
-    from fire_jax.infer.engine import fine_bucket
+    from fire_jax.infer.engine import engine_bucket
 
-    bucket = fine_bucket if bucket_step is None else lambda n: prompt_bucket(n, 64, bucket_step)
-    return -(-max(bucket(len(p)) + m for p, m in requests) // 64) * 64
+    return -(-max(engine_bucket(len(p), 64, bucket_step) + m for p, m in requests) // 64) * 64
 
 
 def engine_path(model, requests, clients: int, slots: int, repeats: int, **engine_kwargs):

@@ -464,7 +464,8 @@ def parse_args(argv=None):
     parser.add_argument("--chunk", type=int, default=16, help="decode steps per dispatch at most")
     parser.add_argument("--warm_up", action="store_true",
                         help="compile every decode shape (widths x cache windows) before serving, so no request "
-                             "waits for one (30 shapes for 32 slots x 576 columns: 43 s at dim 256 x 4 layers on 2 CPU cores)")
+                             "waits for one (30 shapes for 32 slots x 576 columns: 43 s at dim 256 x 4 layers on "
+                             "2 CPU cores)")
     parser.add_argument("--max_queue", type=int, default=256, help="requests in flight per model before 503")
     parser.add_argument("--max_image_bytes", type=int, default=8 << 20)
     args = parser.parse_args(argv)

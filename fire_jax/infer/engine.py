@@ -162,10 +162,10 @@ def _admit(graphdef, state, cache: KVCache, input_ids, attention_mask, positions
     hidden, fresh = model.hidden_states(input_ids, pixel_values, image_index, attention_mask, positions, fresh)
     token, logprob = _pick_rows(model.logits(hidden[:, -1]), seeds, jnp.zeros_like(seeds), temperature, top_k, top_p,
                                 logprobs)
-    write = lambda c, f: c.at[slots, :, :bucket].set(f.astype(c.dtype), mode="drop")
+    write = lambda c, f: c.at[slots, :, :bucket].set(f.astype(c.dtype))
     row_mask = jnp.zeros((rows, cache.mask.shape[1]), bool).at[:, :bucket].set(fresh.mask)  # clears the old occupant
     return (KVCache(tuple(map(write, cache.k, fresh.k)), tuple(map(write, cache.v, fresh.v)),
-                    cache.mask.at[slots].set(row_mask, mode="drop"), cache.index), token, logprob)
+                    cache.mask.at[slots].set(row_mask), cache.index), token, logprob)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "steps", "window", "logprobs"), donate_argnames=("cache",))
@@ -223,6 +223,12 @@ def fine_bucket(n: int, step: int = 64, per_octave: int = 8) -> int:
     while n > per_octave * step:
         step *= 2
     return -(-n // step) * step
+
+
+def engine_bucket(n: int, bucket_min: int = 64, bucket_step: int | None = None) -> int:
+    """An engine's prompt bucket: :func:`fine_bucket`, or ``generate``'s :func:`prompt_bucket` when
+    ``bucket_step`` is given."""
+    return fine_bucket(n, bucket_min) if bucket_step is None else prompt_bucket(n, bucket_min, bucket_step)
 
 
 @functools.partial(jax.jit, donate_argnames=("cache",))
@@ -293,10 +299,7 @@ class Engine:
         """Prompt bucket: :func:`fine_bucket` or :func:`prompt_bucket`, else (when that leaves too little room
         for max_tokens) the prompt length rounded up to a multiple of ``bucket_min``."""
         n = len(request.prompt)
-        if self.bucket_step is None:
-            bucket = fine_bucket(n, self.bucket_min)
-        else:
-            bucket = prompt_bucket(n, self.bucket_min, self.bucket_step)
+        bucket = engine_bucket(n, self.bucket_min, self.bucket_step)
         if bucket + request.max_tokens > self.cache_len:
             bucket = -(-n // self.bucket_min) * self.bucket_min
         return bucket
@@ -419,6 +422,11 @@ class Engine:
             self._compact()
             self._decode()
 
+    def _left(self, slot: int) -> int:
+        """Tokens the slot's request may still generate."""
+        ticket = self.occupant[slot]
+        return ticket.request.max_tokens - len(ticket.tokens)
+
     def _compact(self) -> None:
         """Move the live rows above the narrowest width that holds them all into free slots below it, when
         that at least halves the decode width for 4 or more steps. Free slots are taken lowest first, but
@@ -427,8 +435,7 @@ class Engine:
         its cache row (at most ``slots / 2`` rows, one compiled shape), about a step's reading."""
         live = [s for s, t in enumerate(self.occupant) if t is not None]
         width, narrow = self._width(live[-1]), self._width(len(live) - 1)
-        left = max(self.occupant[s].request.max_tokens - len(self.occupant[s].tokens) for s in live)
-        if narrow > width // 2 or left < 4:
+        if narrow > width // 2 or max(map(self._left, live)) < 4:
             return
         moves = list(zip([s for s in live if s >= narrow], [s for s in range(narrow) if self.occupant[s] is None]))
         half = self.slots // 2
@@ -512,7 +519,7 @@ class Engine:
         live_slots = [s for s, t in enumerate(self.occupant) if t is not None]
         width = self._width(live_slots[-1])
         occupant = self.occupant[:width]
-        left = {s: self.occupant[s].request.max_tokens - len(self.occupant[s].tokens) for s in live_slots}
+        left = {s: self._left(s) for s in live_slots}
         with self.lock:
             wanted = 1 if self.waiting else 0  # end the chunk as soon as a waiting request can go in
         # The chunk's steps, as far as the host can tell: to the first finishing row when it ends there.
