@@ -27,9 +27,12 @@ of two of rows, at most ``prefill_batch`` rows and ``prefill_tokens`` padded
 tokens (one row at least), never a dead row. Short prompts gain from company
 (on CPU, ms per row at dim 256: bucket 64 8.1 alone, 4.3 in 4 rows; 128: 11.2,
 7.5; 448: no gain), and no request waits for a group to fill. A request's cache
-rows are bit-identical however many rows its prefill has (its first token's
-log-prob may differ in the last bit: a one-row product of the last position
-and the LM head runs another kernel, as between decode widths).
+rows are bit-identical however many rows its prefill has. A prefill leaves each
+prompt's last hidden state in the slot; the first tokens of all the prompts
+admitted at a chunk boundary come from one LM-head product, synced once (one
+per prefill read the whole LM head each time). So a first token's log-prob may
+differ in the last bit with the number of prompts admitted beside it (a product
+of another row count runs another kernel, as between decode widths).
 
 Per request: ``max_tokens``, temperature / top-k / top-p with its own seed
 (the key of token t is ``fold_in(key(seed), t)``, so a sampled request is
@@ -39,7 +42,8 @@ Compiled shapes, all known up front: a decode chunk per (width, window): the
 first 1, 2, 4, ... ``slots`` slots, enough for the live ones (a lone request
 decodes as a batch of one; at least ``min_width``), over the first 64, 128,
 256, ... columns or all ``cache_len``, enough for the live rows' columns; one
-row move (``slots / 2`` rows); and one prefill per (prompt bucket, rows 1, 2,
+row move (up to ``slots / 2`` rows); a first-token product per row count 1, 2,
+4, ... ``slots``; and one prefill per (prompt bucket, rows 1, 2,
 4, ..., image-tile bucket), buckets from
 :func:`fine_bucket` (multiples of 64 up to 512, then coarser: about 8 + 4
 log2(cache_len / 512) of them), or as :func:`fire_jax.infer.decode.prompt_bucket`
@@ -150,26 +154,50 @@ def _pick_rows(logits, seeds, counts, temperature, top_k, top_p, logprobs: bool 
     return token, token_logprob(logits, token) if logprobs else jnp.zeros(token.shape, jnp.float32)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "logprobs"), donate_argnames=("cache",))
-def _admit(graphdef, state, cache: KVCache, input_ids, attention_mask, positions, pixel_values, image_index, slots,
-           seeds, temperature, top_k, top_p, *, logprobs: bool):
-    """Prefill ``[rows, bucket]`` prompts into cache rows ``slots``, columns
-    ``[0, bucket)``. Returns the cache, each row's first token and its log-prob."""
+class _Graph:
+    """A graphdef with its hash computed once: ``jax.jit`` hashes a static argument on every call, and a
+    LlavaNext graphdef's hash takes ~0.3 ms (dispatch went from ~1.1 to ~0.6 ms a call, 50-60 calls a run
+    of the serve benchmark)."""
+
+    def __init__(self, graphdef):
+        self.graphdef, self._hash = graphdef, hash(graphdef)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        return other is self or (isinstance(other, _Graph) and other.graphdef == self.graphdef)
+
+
+@functools.partial(jax.jit, static_argnames=("graph",), donate_argnames=("cache", "hidden"))
+def _admit(graph: _Graph, state, cache: KVCache, hidden, input_ids, attention_mask, positions, pixel_values,
+           image_index, slots):
+    """Prefill ``[rows, bucket]`` prompts into cache rows ``slots``, columns ``[0, bucket)``, and each
+    prompt's last hidden state into ``hidden[slots]`` (:func:`_first_tokens` turns it into the first token).
+    Returns the cache and ``hidden``."""
     TRACE_COUNTS["engine_admit"] += 1
-    model = nnx.merge(graphdef, state)
+    model = nnx.merge(graph.graphdef, state)
     rows, bucket = input_ids.shape
     fresh = KVCache.init(model.cfg.llm, rows, bucket, model.dtype)
-    hidden, fresh = model.hidden_states(input_ids, pixel_values, image_index, attention_mask, positions, fresh)
-    token, logprob = _pick_rows(model.logits(hidden[:, -1]), seeds, jnp.zeros_like(seeds), temperature, top_k, top_p,
-                                logprobs)
+    out, fresh = model.hidden_states(input_ids, pixel_values, image_index, attention_mask, positions, fresh)
     write = lambda c, f: c.at[slots, :, :bucket].set(f.astype(c.dtype))
     row_mask = jnp.zeros((rows, cache.mask.shape[1]), bool).at[:, :bucket].set(fresh.mask)  # clears the old occupant
     return (KVCache(tuple(map(write, cache.k, fresh.k)), tuple(map(write, cache.v, fresh.v)),
-                    cache.mask.at[slots].set(row_mask), cache.index), token, logprob)
+                    cache.mask.at[slots].set(row_mask), cache.index), hidden.at[slots].set(out[:, -1].astype(hidden.dtype)))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "steps", "window", "logprobs"), donate_argnames=("cache",))
-def _decode_chunk(graphdef, state, cache: KVCache, column, token, position, count, budget, live, stop_ids, seeds,
+@functools.partial(jax.jit, static_argnames=("graph", "logprobs"))
+def _first_tokens(graph: _Graph, state, hidden, slots, seeds, temperature, top_k, top_p, *, logprobs: bool):
+    """The first token (and its log-prob) of the requests prefilled into ``slots`` (``[rows]``): one LM-head
+    product for every prompt admitted at a chunk boundary, not one per prefill (on CPU a one-row product
+    reads the whole LM head, ~1 ms at vocab 32000)."""
+    TRACE_COUNTS["engine_first"] += 1
+    model = nnx.merge(graph.graphdef, state)
+    return _pick_rows(model.logits(hidden[slots]), seeds, jnp.zeros_like(seeds), temperature, top_k, top_p, logprobs)
+
+
+@functools.partial(jax.jit, static_argnames=("graph", "steps", "window", "logprobs"), donate_argnames=("cache",))
+def _decode_chunk(graph: _Graph, state, cache: KVCache, column, token, position, count, budget, live, stop_ids, seeds,
                   temperature, top_k, top_p, wanted, *, steps: int, window: int, logprobs: bool):
     """Up to ``steps`` one-token steps of the first ``width`` slots (the ``[width]`` arguments; the cache has
     ``slots >= width`` rows, the rest idle), in one ``while_loop``, attending over the first ``window``
@@ -183,7 +211,7 @@ def _decode_chunk(graphdef, state, cache: KVCache, column, token, position, coun
     tokens and log-probs ``[width, steps]`` (-1 / 0 where none).
     """
     TRACE_COUNTS["engine_decode"] += 1
-    model = nnx.merge(graphdef, state)
+    model = nnx.merge(graph.graphdef, state)
     slots = token.shape[0]
     whole = cache
     cache = KVCache(tuple(x[:slots, :, :window] for x in cache.k), tuple(x[:slots, :, :window] for x in cache.v),
@@ -232,11 +260,18 @@ def engine_bucket(n: int, bucket_min: int = 64, bucket_step: int | None = None) 
 
 
 @functools.partial(jax.jit, donate_argnames=("cache",))
-def _move_rows(cache: KVCache, source, target) -> KVCache:
-    """Cache row ``source[i]`` copied to row ``target[i]`` (out of range: nothing) for every i."""
+def _move_rows(cache: KVCache, source, target, count) -> KVCache:
+    """Cache row ``source[i]`` copied to row ``target[i]`` for i < ``count``, one row at a time in place
+    (a scatter of all ``len(source)`` rows at once took 12-15 ms on the serve benchmark's cache; three rows
+    this way 0.9 ms)."""
     TRACE_COUNTS["engine_move"] += 1
-    move = lambda x: x.at[target].set(x[source], mode="drop")
-    return KVCache(tuple(map(move, cache.k)), tuple(map(move, cache.v)), move(cache.mask), cache.index)
+
+    def one(i, cache):
+        move = lambda x: jax.lax.dynamic_update_index_in_dim(x, jax.lax.dynamic_index_in_dim(x, source[i], 0),
+                                                             target[i], 0)
+        return KVCache(tuple(map(move, cache.k)), tuple(map(move, cache.v)), move(cache.mask), cache.index)
+
+    return jax.lax.fori_loop(0, count, one, cache)
 
 
 class Engine:
@@ -278,9 +313,12 @@ class Engine:
         self.stop_ids, self.pad_id = tuple(int(i) for i in stop_ids), pad_id
         self.bucket_min, self.bucket_step, self.max_images = bucket_min, bucket_step, max_images
         self.min_width = min(max(min_width, 1), slots)
-        self.graphdef, self.state = nnx.split(model)
+        graphdef, self.state = nnx.split(model)
+        self.graph = _Graph(graphdef)
         k, v, mask, index = KVCache.init(model.cfg.llm, slots, cache_len, model.dtype)
         self.cache = KVCache(k, tuple(jnp.zeros_like(x) for x in v), mask, index)  # distinct buffers: donated
+        self.hidden = jnp.zeros((slots, model.cfg.llm.dim), model.dtype)  # a prompt's last hidden state per slot
+        self._fresh: list[int] = []  # slots prefilled since the last first-token product
         self.occupant: list[Ticket | None] = [None] * slots
         self.token = np.zeros(slots, np.int32)  # the last generated token, fed next
         self.column = np.zeros(slots, np.int32)  # the cache column the slot's next token is written at
@@ -385,17 +423,23 @@ class Engine:
         return [(w, c) for w in widths for c in windows]
 
     def warm_up(self) -> int:
-        """Compile every decode chunk shape (each runs zero steps: no live rows) and the row move (moving
-        nothing) now, so no request waits for a compile mid-run; prefills still compile on their first
-        (bucket, rows, tiles). Returns the decode shapes."""
-        half = self.slots // 2
-        self.cache = _move_rows(self.cache, np.zeros(half, np.int32), np.full(half, self.slots, np.int32))
+        """Compile every decode chunk shape (each runs zero steps: no live rows), the row move (moving
+        nothing) and the first-token products now, so no request waits for a compile mid-run; prefills still
+        compile on their first (bucket, rows, tiles). Returns the decode shapes."""
+        zeros = np.zeros(self.slots // 2, np.int32)
+        self.cache = _move_rows(self.cache, zeros, zeros, np.int32(0))
+        rows = 1
+        while rows <= self.slots:
+            settings = self._settings([], rows)
+            _first_tokens(self.graph, self.state, self.hidden, np.zeros(rows, np.int32), settings["seeds"],
+                          settings["temperature"], settings["top_k"], settings["top_p"], logprobs=self.logprobs)
+            rows = self.slots if rows < self.slots < 2 * rows else 2 * rows
         shapes = self.widths_and_windows()
         for width, window in shapes:
             settings = self._settings([], width)
             zeros = np.zeros(width, np.int32)
             self.cache, *_ = _decode_chunk(
-                self.graphdef, self.state, self.cache, zeros, zeros, zeros, zeros, settings["budget"],
+                self.graph, self.state, self.cache, zeros, zeros, zeros, zeros, settings["budget"],
                 np.zeros(width, bool), settings["stop_ids"], settings["seeds"], settings["temperature"],
                 settings["top_k"], settings["top_p"], np.int32(0), steps=self.chunk, window=window,
                 logprobs=self.logprobs)
@@ -418,6 +462,10 @@ class Engine:
                 self._finish(ticket, "cancelled")
         while self._admit_waiting():  # fill every free slot before decoding: the chunk runs them all
             pass
+        while self._fresh:  # their first tokens may finish requests (a stop id, max_tokens 1) and free slots
+            self._first()
+            while self._admit_waiting():
+                pass
         if any(t is not None for t in self.occupant):
             self._compact()
             self._decode()
@@ -438,10 +486,9 @@ class Engine:
         if narrow > width // 2 or max(map(self._left, live)) < 4:
             return
         moves = list(zip([s for s in live if s >= narrow], [s for s in range(narrow) if self.occupant[s] is None]))
-        half = self.slots // 2
-        source, target = np.zeros(half, np.int32), np.full(half, self.slots, np.int32)
+        source, target = np.zeros((2, self.slots // 2), np.int32)
         source[:len(moves)], target[:len(moves)] = zip(*moves)
-        self.cache = _move_rows(self.cache, source, target)
+        self.cache = _move_rows(self.cache, source, target, np.int32(len(moves)))
         for a, b in moves:
             self.occupant[b], self.occupant[a] = self.occupant[a], None
             for array in (self.token, self.column, self.padding):
@@ -484,18 +531,27 @@ class Engine:
                                      tile_size=self.model.cfg.geometry.tile_size)
             sizes = [[tuple(s) for s in r.image_sizes] for r in requests]
             pixel_values, image_index = image_inputs(self.model, input_ids, pixel_values, sizes)
-        settings = self._settings(requests, len(group))
-        slot_ids = np.asarray(slots, np.int32)
-        self.cache, token, logprob = _admit(self.graphdef, self.state, self.cache, input_ids, attention_mask,
-                                            positions, pixel_values, image_index, slot_ids,
-                                            settings["seeds"], settings["temperature"], settings["top_k"],
-                                            settings["top_p"], logprobs=self.logprobs)
-        token, logprob = np.asarray(token), np.asarray(logprob)
+        self.cache, self.hidden = _admit(self.graph, self.state, self.cache, self.hidden, input_ids, attention_mask,
+                                         positions, pixel_values, image_index, np.asarray(slots, np.int32))
         self.stats["prefills"] += 1
-        for b, (ticket, slot) in enumerate(zip(group, slots)):
-            n = len(ticket.request.prompt)
+        for ticket, slot in zip(group, slots):
             self.occupant[slot] = ticket
-            self.token[slot], self.column[slot], self.padding[slot] = token[b], bucket, bucket - n
+            self.column[slot], self.padding[slot] = bucket, bucket - len(ticket.request.prompt)
+        self._fresh += slots
+
+    def _first(self) -> None:
+        """The first tokens of the requests prefilled since the last call, in one product (rows: a power of
+        two, padded with the first slot)."""
+        slots, self._fresh = self._fresh, []
+        rows = min(1 << (len(slots) - 1).bit_length(), self.slots)
+        settings = self._settings([self.occupant[s].request for s in slots], rows)
+        token, logprob = _first_tokens(self.graph, self.state, self.hidden,
+                                       np.asarray(slots + slots[:1] * (rows - len(slots)), np.int32),
+                                       settings["seeds"], settings["temperature"], settings["top_k"],
+                                       settings["top_p"], logprobs=self.logprobs)
+        token, logprob = np.asarray(token), np.asarray(logprob)
+        for b, slot in enumerate(slots):
+            self.token[slot] = token[b]
             self._emit(slot, [int(token[b])], [float(logprob[b])])
 
     def _settings(self, requests: Sequence[Request], rows: int) -> dict:
@@ -530,7 +586,7 @@ class Engine:
         live = np.asarray([t is not None for t in occupant])
         count = np.asarray([len(t.tokens) if t is not None else 0 for t in occupant], np.int32)
         self.cache, tokens, logprobs = _decode_chunk(
-            self.graphdef, self.state, self.cache, self.column[:width], self.token[:width],
+            self.graph, self.state, self.cache, self.column[:width], self.token[:width],
             self.column[:width] - self.padding[:width],
             count, settings["budget"], live, settings["stop_ids"], settings["seeds"], settings["temperature"],
             settings["top_k"], settings["top_p"], np.int32(wanted), steps=self.chunk, window=window,
