@@ -458,9 +458,9 @@ def parse_args(argv=None):
     parser.add_argument("--cache_len", type=int, default=1024, help="cache columns per slot: prompt bucket + max_tokens")
     parser.add_argument("--prefill_batch", type=int, default=8,
                         help="rows per prefill at most (waiting prompts of one length bucket)")
-    parser.add_argument("--prefill_tokens", type=int, default=512,
-                        help="padded tokens per prefill at most (one prompt whatever its length); 512 saturates "
-                             "2 CPU cores, an accelerator wants more")
+    parser.add_argument("--prefill_tokens", type=int, default=1024,
+                        help="padded tokens per prefill at most (one prompt whatever its length); on 2 CPU cores "
+                             "two rows of 320-448 tokens take 6-10%% less per token than one, four of 256 no less")
     parser.add_argument("--chunk", type=int, default=16, help="decode steps per dispatch at most")
     parser.add_argument("--warm_up", action="store_true",
                         help="compile every decode shape (widths x cache windows) before serving, so no request "

@@ -75,7 +75,7 @@ def test_greedy_alone_equals_among_31_others_and_generate(loaded, engine, reques
     compiled = {k: TRACE_COUNTS[k] - traces_before.get(k, 0) for k in ("engine_decode", "engine_admit")}
     keys = {(engine.bucket(r), engine._tiles(r)) for r in requests}
     assert sorted(b for b, tiles in keys if not tiles) == [64, 128, 192, 256]  # fine buckets
-    rows = lambda bucket: [n for n in (1, 2, 4) if n == 1 or n * bucket <= engine.prefill_tokens]
+    rows = lambda bucket: [n for n in (1, 2, 4, 8) if n == 1 or (n <= engine.prefill_batch and n * bucket <= engine.prefill_tokens)]
     assert compiled["engine_decode"] <= 6 and compiled["engine_admit"] <= sum(len(rows(b)) for b, _ in keys)
 
 
@@ -126,6 +126,23 @@ def test_rows_left_running_move_down_to_a_narrower_width(loaded):
         assert result.tokens == ref.tokens[0].tolist()
 
 
+def test_first_tokens_come_before_the_chunk_and_a_request_they_finish_frees_its_slot(loaded):
+    """2 slots: A (max_tokens 1) and B go in as one 2-row prefill and get their first tokens from one product;
+    A is done by it, so C takes its slot and gets its first token before any decode step: B and C then
+    finish in one chunk of 4 steps. A never takes a decode step; every request equals generate."""
+    rng = np.random.default_rng(4)
+    requests = [Request(rng.integers(1, 500, 40).tolist(), max_tokens=m, stop_ids=()) for m in (1, 5, 5)]
+    engine = Engine(loaded.model, slots=2, cache_len=128, chunk=4, pad_id=loaded.chat.pad_id)
+    results = engine.generate(requests)
+    assert [len(r.tokens) for r in results] == [1, 5, 5]
+    stats = engine.stats
+    assert (stats["prefills"], stats["first_products"], stats["decode_chunks"], stats["decode_steps"]) == (2, 2, 1, 4)
+    for request, result in zip(requests, results):
+        ref = generate(loaded.model, [request.prompt], config=DecodeConfig(max_new_tokens=request.max_tokens,
+                                                                           stop_ids=()))
+        assert result.tokens == ref.tokens[0].tolist()
+
+
 def test_a_server_waits_a_moment_for_answered_clients_to_send_again(loaded):
     """A started engine: when a request finishes, its client's next request goes in before the next decode
     chunk (the engine waits up to admit_wait for it) instead of a chunk later. (When no request comes, the
@@ -157,9 +174,10 @@ def test_warm_up_compiles_every_decode_shape_a_run_can_meet(loaded, requests, to
     assert engine.warm_up() == 6 and TRACE_COUNTS["engine_decode"] - before <= 6
     short = [k for k, r in enumerate(requests) if len(r.prompt) <= 64 and r.pixel_values is None][:6]
     assert len(short) == 6
-    compiled = TRACE_COUNTS["engine_decode"], TRACE_COUNTS["engine_move"]
+    counts = lambda: [TRACE_COUNTS[k] for k in ("engine_decode", "engine_move", "engine_first")]
+    compiled = counts()
     assert [r.tokens for r in engine.generate([requests[k] for k in short])] == [together[k].tokens for k in short]
-    assert (TRACE_COUNTS["engine_decode"], TRACE_COUNTS["engine_move"]) == compiled
+    assert counts() == compiled
 
 
 def test_stop_ids_strings_and_sampling(engine, requests, together):

@@ -301,7 +301,7 @@ class Engine:
     """
 
     def __init__(self, model, *, tokenizer=None, slots: int = 32, cache_len: int = 1024, prefill_batch: int = 8,
-                 prefill_tokens: int = 512, chunk: int = 16, stop_ids: Sequence[int] = LLAMA3_STOP_IDS,
+                 prefill_tokens: int = 1024, chunk: int = 16, stop_ids: Sequence[int] = LLAMA3_STOP_IDS,
                  pad_id: int = 0, bucket_min: int = 64, bucket_step: int | None = None, max_images: int = 4,
                  min_width: int = 1, admit_wait: float = 0.002, logprobs: bool = True):
         if pad_id == model.cfg.image_token_id:
@@ -329,7 +329,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._freed = 0  # requests the last decode chunk finished
-        self.stats = collections.Counter()  # prefills, decode chunks / steps, tokens, requests, cancelled
+        self.stats = collections.Counter()  # prefills, first products, decode chunks / steps, tokens, requests...
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -550,6 +550,7 @@ class Engine:
                                        settings["seeds"], settings["temperature"], settings["top_k"],
                                        settings["top_p"], logprobs=self.logprobs)
         token, logprob = np.asarray(token), np.asarray(logprob)
+        self.stats["first_products"] += 1
         for b, slot in enumerate(slots):
             self.token[slot] = token[b]
             self._emit(slot, [int(token[b])], [float(logprob[b])])
