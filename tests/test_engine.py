@@ -75,7 +75,8 @@ def test_greedy_alone_equals_among_31_others_and_generate(loaded, engine, reques
     compiled = {k: TRACE_COUNTS[k] - traces_before.get(k, 0) for k in ("engine_decode", "engine_admit")}
     keys = {(engine.bucket(r), engine._tiles(r)) for r in requests}
     assert sorted(b for b, tiles in keys if not tiles) == [64, 128, 192, 256]  # fine buckets
-    rows = lambda bucket: [n for n in (1, 2, 4, 8) if n == 1 or (n <= engine.prefill_batch and n * bucket <= engine.prefill_tokens)]
+    rows = lambda bucket: [n for n in (1, 2, 4, 8)
+                           if n == 1 or (n <= engine.prefill_batch and n * bucket <= engine.prefill_tokens)]
     assert compiled["engine_decode"] <= 6 and compiled["engine_admit"] <= sum(len(rows(b)) for b, _ in keys)
 
 
@@ -178,6 +179,7 @@ def test_warm_up_compiles_every_decode_shape_a_run_can_meet(loaded, requests, to
     compiled = counts()
     assert [r.tokens for r in engine.generate([requests[k] for k in short])] == [together[k].tokens for k in short]
     assert counts() == compiled
+    assert Engine(loaded.model, slots=1, cache_len=128, chunk=8, pad_id=loaded.chat.pad_id).warm_up() == 2
 
 
 def test_stop_ids_strings_and_sampling(engine, requests, together):

@@ -182,8 +182,9 @@ def _admit(graph: _Graph, state, cache: KVCache, hidden, input_ids, attention_ma
     out, fresh = model.hidden_states(input_ids, pixel_values, image_index, attention_mask, positions, fresh)
     write = lambda c, f: c.at[slots, :, :bucket].set(f.astype(c.dtype))
     row_mask = jnp.zeros((rows, cache.mask.shape[1]), bool).at[:, :bucket].set(fresh.mask)  # clears the old occupant
-    return (KVCache(tuple(map(write, cache.k, fresh.k)), tuple(map(write, cache.v, fresh.v)),
-                    cache.mask.at[slots].set(row_mask), cache.index), hidden.at[slots].set(out[:, -1].astype(hidden.dtype)))
+    cache = KVCache(tuple(map(write, cache.k, fresh.k)), tuple(map(write, cache.v, fresh.v)),
+                    cache.mask.at[slots].set(row_mask), cache.index)
+    return cache, hidden.at[slots].set(out[:, -1].astype(hidden.dtype))
 
 
 @functools.partial(jax.jit, static_argnames=("graph", "logprobs"))
@@ -426,7 +427,7 @@ class Engine:
         """Compile every decode chunk shape (each runs zero steps: no live rows), the row move (moving
         nothing) and the first-token products now, so no request waits for a compile mid-run; prefills still
         compile on their first (bucket, rows, tiles). Returns the decode shapes."""
-        zeros = np.zeros(self.slots // 2, np.int32)
+        zeros = np.zeros(max(1, self.slots // 2), np.int32)
         self.cache = _move_rows(self.cache, zeros, zeros, np.int32(0))
         rows = 1
         while rows <= self.slots:
@@ -486,7 +487,7 @@ class Engine:
         if narrow > width // 2 or max(map(self._left, live)) < 4:
             return
         moves = list(zip([s for s in live if s >= narrow], [s for s in range(narrow) if self.occupant[s] is None]))
-        source, target = np.zeros((2, self.slots // 2), np.int32)
+        source, target = np.zeros((2, max(1, self.slots // 2)), np.int32)
         source[:len(moves)], target[:len(moves)] = zip(*moves)
         self.cache = _move_rows(self.cache, source, target, np.int32(len(moves)))
         for a, b in moves:
