@@ -58,7 +58,7 @@ class Agent:
     Greedy calls without a mesh run on the continuous-batching :class:`fire_jax.infer.engine.Engine`
     (``engine=None``, the default: each prompt is prefilled in its own length bucket, not the call's longest,
     short prompts several to a prefill, and a step attends over the columns its rows have filled;
-    ``benchmarks/serve.py --runner``: 1.21x the fixed path at 8 rows per call, 1.38x at 16);
+    ``benchmarks/serve.py --runner``: 1.29x the fixed path at 8 rows per call, 1.46x at 16);
     the same tokens as ``generate`` (tested). Sampled calls keep ``generate``: their draws are keyed by the
     call's ``rng``. ``engine=False``: always ``generate``, whose ``batch_size`` > 0 pads every call to
     that many rows with inactive ones (``pad_rows``): one compiled shape for a whole run.
