@@ -429,12 +429,10 @@ class Engine:
         compile on their first (bucket, rows, tiles). Returns the decode shapes."""
         zeros = np.zeros(max(1, self.slots // 2), np.int32)
         self.cache = _move_rows(self.cache, zeros, zeros, np.int32(0))
-        rows = 1
-        while rows <= self.slots:
+        for rows in sorted({self._first_rows(n) for n in range(1, self.slots + 1)}):
             settings = self._settings([], rows)
             _first_tokens(self.graph, self.state, self.hidden, np.zeros(rows, np.int32), settings["seeds"],
                           settings["temperature"], settings["top_k"], settings["top_p"], logprobs=self.logprobs)
-            rows = self.slots if rows < self.slots < 2 * rows else 2 * rows
         shapes = self.widths_and_windows()
         for width, window in shapes:
             settings = self._settings([], width)
@@ -461,12 +459,12 @@ class Engine:
             if ticket is not None and ticket.cancelled:
                 self.occupant[slot] = None
                 self._finish(ticket, "cancelled")
-        while self._admit_waiting():  # fill every free slot before decoding: the chunk runs them all
-            pass
-        while self._fresh:  # their first tokens may finish requests (a stop id, max_tokens 1) and free slots
-            self._first()
+        while True:  # fill every free slot before decoding: the chunk runs them all
             while self._admit_waiting():
                 pass
+            if not self._fresh:
+                break
+            self._first()  # first tokens may finish requests (a stop id, max_tokens 1) and free their slots
         if any(t is not None for t in self.occupant):
             self._compact()
             self._decode()
@@ -540,11 +538,15 @@ class Engine:
             self.column[slot], self.padding[slot] = bucket, bucket - len(ticket.request.prompt)
         self._fresh += slots
 
+    def _first_rows(self, n: int) -> int:
+        """Rows of the first-token product for ``n`` fresh slots: a power of two, at most ``slots``."""
+        return min(1 << (n - 1).bit_length(), self.slots)
+
     def _first(self) -> None:
-        """The first tokens of the requests prefilled since the last call, in one product (rows: a power of
-        two, padded with the first slot)."""
+        """The first tokens of the requests prefilled since the last call, in one product (padded with the
+        first slot)."""
         slots, self._fresh = self._fresh, []
-        rows = min(1 << (len(slots) - 1).bit_length(), self.slots)
+        rows = self._first_rows(len(slots))
         settings = self._settings([self.occupant[s].request for s in slots], rows)
         token, logprob = _first_tokens(self.graph, self.state, self.hidden,
                                        np.asarray(slots + slots[:1] * (rows - len(slots)), np.int32),
