@@ -154,7 +154,7 @@ def streaming_agents(student, teacher, decode: DecodeConfig, *, seed: int, cache
         if not isinstance(agent, ApiAgent) and id(agent.model) not in engines:
             chat = agent.chat
             engines[id(agent.model)] = Engine(agent.model, tokenizer=chat.tokenizer, slots=slots, cache_len=cache_len,
-                                              prefill_batch=1, chunk=STREAM_CHUNK, stop_ids=(chat.eot_id, chat.eos_id),
+                                              prefill_batch=1, chunk=STREAM_CHUNK, stop_ids=chat.stop_ids,
                                               pad_id=chat.pad_id, logprobs=False).start()
     return tuple(Streaming(agent, None if isinstance(agent, ApiAgent) else engines[id(agent.model)], decode, seed)
                  for agent in (student, teacher))

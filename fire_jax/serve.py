@@ -167,24 +167,24 @@ def parse_messages(messages, max_bytes: int, max_pixels: int):
         parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
         if not isinstance(parts, list):
             raise BadRequest(400, f"messages[{i}]: 'content' must be a string or a list of parts")
-        text = ""
+        texts, count = [], 0
         for j, part in enumerate(parts):
             kind = part.get("type") if isinstance(part, dict) else None
             if kind == "text" and isinstance(part.get("text"), str):
-                piece = part["text"]
+                texts.append(part["text"])
             elif kind == "image_url" and message["role"] == "user":
                 image_url = part.get("image_url")
                 images.append(decode_data_uri(image_url.get("url") if isinstance(image_url, dict) else image_url,
                                               max_bytes, max_pixels))
-                piece = "<image>\n"  # as the training prompts: "<image>\n{question}"
+                count += 1  # placed before the message's text, as the template places images
             else:
                 raise BadRequest(400, f"messages[{i}].content[{j}]: expected a 'text' part"
                                       + (" or an 'image_url' part" if message["role"] == "user" else ""))
-            text += ("\n" if text and not text.endswith("\n") else "") + piece
+        text = "\n".join(texts)
         if message["role"] == "system":
             system = text
         else:
-            out.append(Message(message["role"], text))
+            out.append(Message(message["role"], text, images=count))
     if not out or out[-1].role != "user":
         raise BadRequest(400, "the last message must be a user message")
     return system, out, images
@@ -196,7 +196,7 @@ def encode_prompt(chat, system: str | None, messages: list[Message], image_sizes
         return chat.encode(messages, image_sizes=image_sizes, add_generation_prompt=True,
                            system=system).input_ids.tolist()
     except ValueError as e:
-        raise BadRequest(400, f"{e}; send images as image_url parts, not '<image>' in text") from None
+        raise BadRequest(400, str(e)) from None
 
 
 def build_request(served: Served, body: dict, limits: dict) -> Request:
@@ -433,7 +433,7 @@ def load_models(config, specs: dict[str, str | None], init: str | None, engine_k
             model_config.init = dict(hf_checkpoint=init)
         loaded = load(model_config, checkpoint)
         chat = loaded.chat
-        engine = Engine(loaded.model, tokenizer=chat.tokenizer, stop_ids=(chat.eot_id, chat.eos_id),
+        engine = Engine(loaded.model, tokenizer=chat.tokenizer, stop_ids=chat.stop_ids,
                         pad_id=chat.pad_id, logprobs=False, **engine_kwargs)  # the API returns none
         out[name] = Served(name, loaded.description, loaded, engine)
         print(f"serving {name!r}: {loaded.description}", flush=True)

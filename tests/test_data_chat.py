@@ -121,7 +121,7 @@ def test_pieces_tokenise_like_the_whole_string(records, tiny):
 
 
 def test_image_block(tiny):
-    messages = [chat.Message("user", "<image>\nWhat?"), chat.Message("assistant", "This.", 1)]
+    messages = [chat.Message("user", "What?", images=1), chat.Message("assistant", "This.", 1)]
     encoded = tiny.encode(messages, (48, 96))
     assert encoded.image_tokens == TINY.num_tokens((48, 96)) == 52
     block = encoded.input_ids[encoded.image_start:encoded.image_start + encoded.image_tokens]
@@ -132,8 +132,11 @@ def test_image_block(tiny):
     assert "[[1|This.<|eot_id|>]]" in tiny.show(encoded, (48, 96))
     big = chat.ChatTokenizer.from_file(TOKENIZER, LLAVA_NEXT_8B)
     assert big.image_summary((480, 720)) == "<image x 2144: base 576 + grid 2x2 unpadded 32x48 + 32 newlines>"
-    with pytest.raises(ValueError, match="no image_size"):
+    with pytest.raises(ValueError, match="hold 1 image"):
         tiny.encode(messages)
+    # A "<image>" typed in a text is text: tokenised as characters, never as the image token.
+    typed = tiny.encode([chat.Message("user", "What is <image> here?")])
+    assert (typed.input_ids == 511).sum() == 0 and "What is <image> here?" in tiny.decode(typed.input_ids)
 
 
 def test_instruction_rendering(tiny):
@@ -195,7 +198,7 @@ def test_encode_several_images_expands_each_placeholder_for_its_size(tiny):
     """ChatTokenizer.encode(image_sizes=...): placeholder i becomes num_tokens(sizes[i]) image ids, in order; one
     image through image_sizes is the same sequence as through image_size; a system override replaces the text."""
     sizes = [(40, 70), (90, 30)]
-    messages = [chat.Message("user", "<image>\n<image>\nWhich is red?")]
+    messages = [chat.Message("user", "Which is red?", images=2)]
     encoded = tiny.encode(messages, image_sizes=sizes, add_generation_prompt=True)
     ids = encoded.input_ids
     is_image = ids == tiny.image_token_id
@@ -205,10 +208,10 @@ def test_encode_several_images_expands_each_placeholder_for_its_size(tiny):
     assert encoded.image_start == starts[0] and encoded.image_tokens == sum(TINY.num_tokens(s) for s in sizes)
     collapsed = np.concatenate([ids[:starts[0] + 1], ids[ends[0]:starts[1] + 1], ids[ends[1]:]])
     assert tiny.decode(collapsed) == chat.render(messages, add_generation_prompt=True)
-    one = [chat.Message("user", "<image>\nWhich is red?")]
+    one = [chat.Message("user", "Which is red?", images=1)]
     np.testing.assert_array_equal(tiny.encode(one, image_sizes=[sizes[0]]).input_ids,
                                   tiny.encode(one, sizes[0]).input_ids)
-    with pytest.raises(ValueError, match="1 images but 2 image placeholders"):
+    with pytest.raises(ValueError, match="hold 2 image.*but 1 image size"):
         tiny.encode(messages, image_sizes=sizes[:1])
     custom = tiny.encode(one, image_sizes=[sizes[0]], system="Answer briefly.")
     assert "Answer briefly." in tiny.decode(custom.input_ids) and chat.SYSTEM not in tiny.decode(custom.input_ids)

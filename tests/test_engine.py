@@ -26,7 +26,7 @@ def loaded():
 def image_request(loaded, size, question, max_tokens):
     image = Image.fromarray(np.random.default_rng(size[0]).integers(0, 255, (*size, 3), np.uint8))
     tiles, hw = preprocess(image, loaded.model.cfg.geometry)
-    prompt = loaded.chat.encode([Message("user", f"<image>\n{question}")], hw, add_generation_prompt=True).input_ids
+    prompt = loaded.chat.encode([Message("user", question, images=1)], hw, add_generation_prompt=True).input_ids
     return Request(prompt.tolist(), max_tokens=max_tokens, stop_ids=(), pixel_values=tiles, image_sizes=[hw])
 
 

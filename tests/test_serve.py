@@ -134,14 +134,15 @@ def test_text_and_image_equal_in_process_generate(checkpoint, client):
     model = load_hf_checkpoint(checkpoint)
     config = load_config(DEFAULT_CONFIG)
     chat = ChatTokenizer.from_file(resolve_path(config.data.tokenizer), model.cfg.geometry)
-    config = DecodeConfig(max_new_tokens=8, stop_ids=(chat.eot_id, chat.eos_id), pad_id=chat.pad_id)
+    config = DecodeConfig(max_new_tokens=8, stop_ids=chat.stop_ids, pad_id=chat.pad_id)
     image = picture(40, 70, 0)
     tiles, size = preprocess(image, model.cfg.geometry)
     cases = [("How many squares?", None, None),
              ([{"type": "image_url", "image_url": {"url": data_uri(image)}}, {"type": "text", "text": "What is it?"}],
-              "<image>\nWhat is it?", size)]
+              "What is it?", size)]
     for content, text, size in cases:
-        encoded = chat.encode([Message("user", text or content)], size, add_generation_prompt=True)
+        encoded = chat.encode([Message("user", text or content, images=int(size is not None))], size,
+                              add_generation_prompt=True)
         ref = generate(model, [encoded.input_ids.tolist()], config=config, tokenizer=chat.tokenizer,
                        pixel_values=None if size is None else tiles[None], image_sizes=None if size is None else [size])
         out = ask(client, content)

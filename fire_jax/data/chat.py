@@ -1,12 +1,15 @@
-"""Llama-3 chat rendering of student and teacher sequences, with loss masks (SPEC 3).
+"""Student and teacher sequences (FIRE Eq. 5, 6) rendered with the model's chat template, with loss masks.
 
 A sequence is a list of :class:`Message`; ``turn > 0`` marks a labelled
 assistant message (r_i for the student, f_i for the teacher, Eq. 5 / Eq. 6).
-:func:`segments` turns messages into template text pieces, each either fully
-labelled or not, and :class:`ChatTokenizer` tokenises the pieces one by one,
-so every labelled span decodes back to exactly the turn text + ``<|eot_id|>``.
-The ``<image>`` placeholder becomes ``geometry.num_tokens(image_size)`` copies
-of the image token id (the Hugging Face "expanded" convention).
+The prompt strings (:data:`SYSTEM`, :data:`TEACHER_INSTRUCTION`) are the
+paper's whatever the template. :class:`ChatTokenizer` renders messages with the
+tokenizer's chat template (:mod:`fire_jax.data.templates`: Llama-3, ChatML,
+Vicuna v1 or any Jinja template) and tokenises the pieces one by one, so every
+labelled span decodes back to exactly the turn text + the template's end token.
+Images are placed by the caller (``Message.images``), never by text: each
+becomes ``geometry.num_tokens(image_size)`` copies of the image token id (the
+Hugging Face "expanded" convention), and a ``<image>`` typed in a text is text.
 """
 
 from __future__ import annotations
@@ -17,14 +20,14 @@ from typing import Sequence
 import numpy as np
 
 from fire_jax.data.records import IMAGE_PLACEHOLDER, Conversation, Instruction, Record
+from fire_jax.data.templates import ChatTemplate, template_source
 from fire_jax.geometry import ImageGeometry, unpadded_size
 
+#: Llama-3's special tokens (the tiny test tokenizer has them too).
 BOS = "<|begin_of_text|>"
 EOS = "<|end_of_text|>"
-START_HEADER = "<|start_header_id|>"
-END_HEADER = "<|end_header_id|>"
 EOT = "<|eot_id|>"
-LLAMA3_SPECIAL_TOKENS = (BOS, EOS, START_HEADER, END_HEADER, EOT)
+LLAMA3_SPECIAL_TOKENS = (BOS, EOS, "<|start_header_id|>", "<|end_header_id|>", EOT)
 
 SYSTEM = ("You are a helpful language and vision assistant. You are able to understand the visual content that "
           "the user provides, and assist the user with a variety of tasks using natural language.")
@@ -50,17 +53,18 @@ class Message:
     role: str  # "user" or "assistant"
     text: str
     turn: int = -1  # i > 0: labelled, the span of r_i / f_i; -1: not labelled
+    images: int = 0  # images of this message, placed before its text as the template places them
 
 
 def student_messages(conv: Conversation, *, first_turn_labelled: bool = False,
                      until_turn: int | None = None) -> list[Message]:
-    """Student sequence (Eq. 5): user "<image>\\n{q}", assistant r_1, user f_1, assistant r_2, ...
+    """Student sequence (Eq. 5): user [image] q, assistant r_1, user f_1, assistant r_2, ...
 
     Labels r_i for i >= 2 (and r_1 with ``first_turn_labelled``). The sequence
     ends with r_n: f_n is never a target. With ``until_turn=k`` it is the prompt
     for r_k instead (through user f_{k-1}; encode with ``add_generation_prompt``).
     """
-    messages = [Message("user", f"{IMAGE_PLACEHOLDER}\n{conv.question}")]
+    messages = [Message("user", conv.question, images=1)]
     if until_turn is not None:
         for turn in conv.turns[:until_turn - 1]:
             messages += [Message("assistant", turn.response), Message("user", turn.feedback_text)]
@@ -73,7 +77,7 @@ def student_messages(conv: Conversation, *, first_turn_labelled: bool = False,
 
 
 def teacher_messages(conv: Conversation, *, history: str = "full", until_turn: int | None = None) -> list[Message]:
-    """Teacher sequence (Eq. 6): user Question/Groundtruth, user TEACHER_INSTRUCTION, user r_1, assistant f_1, ...
+    """Teacher sequence (Eq. 6): user [image] Question/Groundtruth, user TEACHER_INSTRUCTION, user r_1, assistant f_1, ...
 
     Labels every f_i (whole, score line included). ``history="latest"`` keeps only
     the last turn (or turn ``until_turn``), as the teacher sees it in free
@@ -81,7 +85,7 @@ def teacher_messages(conv: Conversation, *, history: str = "full", until_turn: i
     """
     if history not in TEACHER_HISTORIES:
         raise ValueError(f"teacher history must be one of {TEACHER_HISTORIES}, got {history!r}")
-    messages = [Message("user", f"{IMAGE_PLACEHOLDER}\nQuestion: {conv.question}\nGroundtruth: {conv.groundtruth}"),
+    messages = [Message("user", f"Question: {conv.question}\nGroundtruth: {conv.groundtruth}", images=1),
                 Message("user", TEACHER_INSTRUCTION)]
     last = len(conv.turns) if until_turn is None else until_turn
     first = last if history == "latest" else 1
@@ -99,9 +103,8 @@ def instruction_messages(record: Instruction) -> list[Message]:
     for role, text in record.messages:
         if role == "assistant":
             answers += 1
-        if not messages and record.image is not None:
-            text = f"{IMAGE_PLACEHOLDER}\n{text}"
-        messages.append(Message(role, text, answers if role == "assistant" else -1))
+        images = int(not messages and record.image is not None)
+        messages.append(Message(role, text, answers if role == "assistant" else -1, images))
     return messages
 
 
@@ -117,24 +120,16 @@ def training_messages(record: Record, role: str, *, first_turn_labelled: bool = 
     raise ValueError(f"role must be one of {ROLES}, got {role!r}")
 
 
-def segments(messages: Sequence[Message], *, add_generation_prompt: bool = False) -> list[tuple[str, int]]:
-    """The Llama-3 template as (text, turn) pieces; joined, they are the rendered string.
-
-    Each labelled piece is exactly an assistant text + ``<|eot_id|>``; headers
-    and everything else carry turn -1. Exactly one BOS, then the system prompt.
-    """
-    pieces = [(f"{BOS}{START_HEADER}system{END_HEADER}\n\n{SYSTEM}{EOT}", -1)]
-    for message in messages:
-        pieces.append((f"{START_HEADER}{message.role}{END_HEADER}\n\n", -1))
-        pieces.append((f"{message.text}{EOT}", message.turn))
-    if add_generation_prompt:
-        pieces.append((f"{START_HEADER}assistant{END_HEADER}\n\n", -1))
-    return pieces
+def llama3_template(special_tokens: Sequence[str] = LLAMA3_SPECIAL_TOKENS) -> ChatTemplate:
+    """LLaVA-NeXT-8B's Llama-3 template (the tiny test models use it too)."""
+    return ChatTemplate(template_source("llama3"), special_tokens=special_tokens, bos_token=BOS, eos_token=EOS,
+                        name="llama3")
 
 
-def render(messages: Sequence[Message], *, add_generation_prompt: bool = False) -> str:
-    """The rendered chat string, with the ``<image>`` placeholder not expanded."""
-    return "".join(text for text, _ in segments(messages, add_generation_prompt=add_generation_prompt))
+def render(messages: Sequence[Message], *, add_generation_prompt: bool = False, template: ChatTemplate | None = None,
+           system: str = SYSTEM) -> str:
+    """The rendered chat string (Llama-3's template unless one is given), image tokens not expanded."""
+    return (template or llama3_template()).render(messages, system=system, add_generation_prompt=add_generation_prompt)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,105 +147,117 @@ class Encoded:
 
 
 class ChatTokenizer:
-    """A Hugging Face ``tokenizers`` tokenizer plus the image geometry of one model.
+    """A Hugging Face ``tokenizers`` tokenizer, its chat template and the image geometry of one model.
 
-    The tokenizer must define the Llama-3 special tokens and the image
-    placeholder ``<image>``; ``pad_token`` falls back to ``<|end_of_text|>``.
+    ``template``: a :class:`ChatTemplate`, a shipped template's name (``llama3``, ``chatml``, ``vicuna_v1``) or a
+    ``.jinja`` path; ``None`` reads ``tokenizer_config.json`` beside a tokenizer file (its ``chat_template``,
+    ``bos_token``, ``eos_token``), else Llama-3's. Stop ids (:attr:`stop_ids`) are the template's end-of-turn
+    token and EOS. ``pad_token`` falls back to EOS.
     """
 
-    def __init__(self, tokenizer, geometry: ImageGeometry, *, image_token: str = IMAGE_PLACEHOLDER,
-                 pad_token: str = "<pad>", name: str = "tokenizer"):
+    def __init__(self, tokenizer, geometry: ImageGeometry, *, template: ChatTemplate | str | None = None,
+                 image_token: str = IMAGE_PLACEHOLDER, pad_token: str = "<pad>", name: str = "tokenizer",
+                 bos_token: str | None = None, eos_token: str | None = None):
+        import tokenizers
+
         self.tokenizer, self.geometry, self.image_token = tokenizer, geometry, image_token
-        missing = [t for t in (*LLAMA3_SPECIAL_TOKENS, image_token) if tokenizer.token_to_id(t) is None]
+        specials = [t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special]
+        if isinstance(template, ChatTemplate):
+            self.template = template
+        else:
+            bos, eos = (BOS, EOS) if template in (None, "llama3") else (bos_token or "", eos_token or "")
+            source = template_source(template or "llama3")
+            self.template = ChatTemplate(source, special_tokens=specials, bos_token=bos_token or bos,
+                                         eos_token=eos_token or eos, name=f"{name} ({template or 'llama3'})")
+        missing = [t for t in (image_token, self.template.end_token, self.template.eos_token)
+                   if t and tokenizer.token_to_id(t) is None]
         if missing:
             raise ValueError(f"{name}: tokens {missing} are not in the vocabulary")
         self.image_token_id = tokenizer.token_to_id(image_token)
-        self.eot_id = tokenizer.token_to_id(EOT)
-        self.eos_id = tokenizer.token_to_id(EOS)
-        self.bos_id = tokenizer.token_to_id(BOS)
+        self.eot_id = tokenizer.token_to_id(self.template.end_token)
+        self.eos_id = tokenizer.token_to_id(self.template.eos_token) if self.template.eos_token else self.eot_id
+        bos = self.template.bos_token
+        self.bos_id = tokenizer.token_to_id(bos) if bos else None
         pad = tokenizer.token_to_id(pad_token)
         self.pad_id = self.eos_id if pad is None else pad
+        self._plain = tokenizers.Tokenizer.from_str(tokenizer.to_str())  # message texts: special strings are text
+        self._plain.encode_special_tokens = True
         self._cache: dict[str, list[int]] = {}
 
     @classmethod
-    def from_file(cls, path: str, geometry: ImageGeometry, **kwargs) -> "ChatTokenizer":
+    def from_file(cls, path: str, geometry: ImageGeometry, *, template: ChatTemplate | str | None = None,
+                  **kwargs) -> "ChatTokenizer":
+        """A tokenizer.json; with ``template=None`` a ``tokenizer_config.json`` beside it names the chat template
+        (its ``chat_template`` text, ``bos_token``, ``eos_token``), else Llama-3's is used."""
+        import json
+        import os
+
         import tokenizers
-        return cls(tokenizers.Tokenizer.from_file(path), geometry, name=path, **kwargs)
+
+        tokenizer = tokenizers.Tokenizer.from_file(path)
+        config_path = os.path.join(os.path.dirname(path), "tokenizer_config.json")
+        if template is None and os.path.exists(config_path):
+            with open(config_path, encoding="utf-8") as f:
+                config = json.load(f)
+            specials = [t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special]
+            template = ChatTemplate(config["chat_template"], special_tokens=specials,
+                                    bos_token=config.get("bos_token") or "", eos_token=config.get("eos_token") or "",
+                                    name=config_path)
+        return cls(tokenizer, geometry, template=template, name=path, **kwargs)
 
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
-    def _ids(self, text: str, cache: bool) -> list[int]:
-        if cache and text in self._cache:
-            return self._cache[text]
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
-        if cache:
-            self._cache[text] = ids
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """Generation stops at the template's end-of-turn token or EOS."""
+        return tuple(dict.fromkeys((self.eot_id, self.eos_id)))
+
+    def _ids(self, piece) -> list[int]:
+        if piece.kind in ("image", "eos"):
+            return [self.image_token_id if piece.kind == "image" else self.eos_id]
+        if piece.kind == "text":
+            return self._plain.encode(piece.text, add_special_tokens=False).ids
+        ids = self._cache.get(piece.text)
+        if ids is None:
+            ids = self._cache[piece.text] = self.tokenizer.encode(piece.text, add_special_tokens=False).ids
         return ids
+
+    def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = False,
+               system: str | None = SYSTEM) -> str:
+        """The rendered chat string (image tokens not expanded)."""
+        return self.template.render(messages, system=system, add_generation_prompt=add_generation_prompt)
 
     def encode(self, messages: Sequence[Message], image_size: Sequence[int] | None = None, *,
                add_generation_prompt: bool = False, image_sizes: Sequence[Sequence[int]] | None = None,
                system: str | None = None) -> Encoded:
         """Token ids, loss mask and turn ids of a message list.
 
-        One image: ``image_size`` (h, w) is required iff the messages contain ``<image>``
-        (once); the placeholder expands to ``geometry.num_tokens(image_size)`` tokens.
-        Several images (VLRMBench's multi-image samples, a served chat): ``image_sizes``, one per
-        ``<image>`` in order, each expanded for its own size; ``image_start`` is then the first image's
-        and ``image_tokens`` all images' count. ``system`` replaces the system prompt's text.
+        ``image_size`` (h, w): the messages hold one image; ``image_sizes``: one size per image of the
+        messages, in order (VLRMBench's multi-image samples, a served chat). Each image expands to
+        ``geometry.num_tokens(size)`` image tokens; ``image_start`` is the first image's position and
+        ``image_tokens`` all images' count. ``system`` replaces the system prompt's text.
         """
-        if image_sizes is not None:
-            return self._encode_images(messages, list(image_sizes), add_generation_prompt, system)
-        ids, labels, image_start, image_tokens = [], [], -1, 0
-        for text, turn in self._segments(messages, add_generation_prompt, system):
-            piece = self._ids(text, cache=turn < 0 and self.image_token not in text and len(text) < 2048)
-            if self.image_token_id in piece:
-                if image_start >= 0 or piece.count(self.image_token_id) > 1:
-                    raise ValueError("more than one image placeholder in one sequence")
-                if image_size is None:
-                    raise ValueError("the messages contain an image placeholder but no image_size was given")
-                at = piece.index(self.image_token_id)
-                image_start, image_tokens = len(ids) + at, self.geometry.num_tokens(image_size)
-                piece = piece[:at] + [self.image_token_id] * image_tokens + piece[at + 1:]
-            ids += piece
-            labels += [turn] * len(piece)
-        if image_size is not None and image_start < 0:
-            raise ValueError("an image_size was given but the messages contain no image placeholder")
-        return self._encoded(ids, labels, image_start, image_tokens)
-
-    @staticmethod
-    def _segments(messages, add_generation_prompt: bool, system: str | None):
-        pieces = segments(messages, add_generation_prompt=add_generation_prompt)
-        if system is not None:
-            pieces[0] = (pieces[0][0].replace(SYSTEM, system, 1), pieces[0][1])
-        return pieces
-
-    @staticmethod
-    def _encoded(ids, labels, image_start: int, image_tokens: int) -> Encoded:
+        sizes = list(image_sizes) if image_sizes is not None else ([] if image_size is None else [image_size])
+        count = sum(m.images for m in messages)
+        if count != len(sizes):
+            raise ValueError(f"the messages hold {count} image(s) but {len(sizes)} image size(s) were given")
+        pieces = self.template.pieces(messages, system=SYSTEM if system is None else system,
+                                      add_generation_prompt=add_generation_prompt)
+        ids, labels, image_start, image_tokens, k = [], [], -1, 0, 0
+        for piece in pieces:
+            piece_ids = self._ids(piece)
+            if piece.kind == "image":
+                n = self.geometry.num_tokens(sizes[k])
+                image_start = len(ids) if image_start < 0 else image_start
+                image_tokens, k = image_tokens + n, k + 1
+                piece_ids = piece_ids * n
+            ids += piece_ids
+            labels += [piece.turn] * len(piece_ids)
         turn_ids = np.asarray(labels, np.int32)
         return Encoded(input_ids=np.asarray(ids, np.int32), loss_mask=(turn_ids > 0).astype(np.float32),
                        turn_ids=turn_ids, image_start=image_start, image_tokens=image_tokens)
-
-    def _encode_images(self, messages, sizes: list, add_generation_prompt: bool, system: str | None) -> Encoded:
-        pieces = [(self._ids(text, cache=False), turn)
-                  for text, turn in self._segments(messages, add_generation_prompt, system)]
-        found = sum(piece.count(self.image_token_id) for piece, _ in pieces)
-        if found != len(sizes):
-            raise ValueError(f"{len(sizes)} images but {found} image placeholders (is {self.image_token!r} in the "
-                             f"text, or an image missing?)")
-        ids, labels, image_start, image_tokens, k = [], [], -1, 0, 0
-        for piece, turn in pieces:
-            for token in piece:
-                n = 1
-                if token == self.image_token_id:
-                    n = self.geometry.num_tokens(sizes[k])
-                    image_start = len(ids) if image_start < 0 else image_start
-                    image_tokens += n
-                    k += 1
-                ids += [token] * n
-                labels += [turn] * n
-        return self._encoded(ids, labels, image_start, image_tokens)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)

@@ -4,14 +4,14 @@ Prompts are the training sequences cut before the turn to generate, rendered
 by :mod:`fire_jax.data.chat` (the same code that renders training data), so
 an agent sees exactly what its model was trained on:
 
-- student, for r_k: user "<image>\\n{q}", assistant r_1, user f_1 (feedback text
+- student, for r_k: user [image] q, assistant r_1, user f_1 (feedback text
   only), ..., user f_{k-1}, then the assistant header;
-- teacher, for f_k: user "<image>\\nQuestion: {q}\\nGroundtruth: {gt}", user
+- teacher, for f_k: user [image] "Question: {q}\\nGroundtruth: {gt}", user
   TEACHER_INSTRUCTION, [user r_j, assistant f_j for earlier turns when
   ``history="full"``], user r_k, then the assistant header. In free dialogues
   the teacher sees only the latest answer (``"latest"``, the default; Fig. A14).
 
-Both stop on the tokenizer's ``<|eot_id|>`` and ``<|end_of_text|>``.
+Both stop on the chat template's end-of-turn token and EOS (``ChatTokenizer.stop_ids``).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class Agent:
             raise ValueError(f"tokenizer image id {chat.image_token_id} != model image_token_id "
                              f"{model.cfg.image_token_id}")
         self.model, self.chat, self.mesh, self.batch_size = model, chat, mesh, batch_size
-        self.config = dataclasses.replace(config, stop_ids=(chat.eot_id, chat.eos_id), pad_id=chat.pad_id)
+        self.config = dataclasses.replace(config, stop_ids=chat.stop_ids, pad_id=chat.pad_id)
         self.use_engine = (mesh is None and self.config.greedy) if engine is None else engine
         self._engine: Engine | None = None
 

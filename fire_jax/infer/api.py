@@ -36,7 +36,7 @@ from typing import Callable, Sequence
 
 from fire_jax.data.chat import SYSTEM, TEACHER_HISTORIES, Message
 from fire_jax.data.images import load_image
-from fire_jax.data.records import IMAGE_PLACEHOLDER, Turn, parse_score
+from fire_jax.data.records import Turn, parse_score
 from fire_jax.infer.agents import Feedback, student_prompt, teacher_prompt
 from fire_jax.infer.decode import DecodeConfig
 
@@ -71,16 +71,12 @@ def image_url(image) -> str:
 
 
 def chat_messages(messages: Sequence[Message], image) -> list[dict]:
-    """OpenAI chat messages of a rendered prompt; ``<image>\\n`` becomes an image part."""
+    """OpenAI chat messages of a prompt: a message's image as an ``image_url`` part before its text."""
     out = [{"role": "system", "content": SYSTEM}]
     for message in messages:
-        if IMAGE_PLACEHOLDER in message.text:
-            before, _, after = message.text.partition(IMAGE_PLACEHOLDER)
-            after = after[1:] if after.startswith("\n") else after
-            parts = ([{"type": "text", "text": before}] if before else []) + [
-                {"type": "image_url", "image_url": {"url": image_url(image)}}] + (
-                [{"type": "text", "text": after}] if after else [])
-            out.append({"role": message.role, "content": parts})
+        if message.images:
+            parts = [{"type": "image_url", "image_url": {"url": image_url(image)}}] * message.images
+            out.append({"role": message.role, "content": parts + [{"type": "text", "text": message.text}]})
         else:
             out.append({"role": message.role, "content": message.text})
     return out

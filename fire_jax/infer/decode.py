@@ -48,9 +48,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from fire_jax.infer.forward import image_inputs, normalise_sizes
 from fire_jax.models.llama import KVCache
 
-#: Llama-3 stop ids: ``<|eot_id|>`` and ``<|end_of_text|>`` (EOS).
-LLAMA3_STOP_IDS = (128009, 128001)
-
 #: Times each jitted function was traced (= compiled): one per new shape or static config.
 TRACE_COUNTS: collections.Counter = collections.Counter()
 
@@ -63,7 +60,7 @@ class DecodeConfig:
     temperature: float = 0.0  # 0: greedy (argmax)
     top_k: int = 0  # 0: no top-k filter
     top_p: float = 1.0  # 1: no nucleus filter; 0: only the most likely token
-    stop_ids: tuple[int, ...] = LLAMA3_STOP_IDS
+    stop_ids: tuple[int, ...] = ()  # the tokenizer's and template's (ChatTokenizer.stop_ids); () decodes to the end
     pad_id: int = 0  # fills the left padding of prompts (masked, so any id but the image token)
     bucket_min: int = 64
     bucket_step: int = 1024

@@ -66,7 +66,7 @@ import numpy as np
 from flax import nnx
 
 from fire_jax.data.images import pad_tiles
-from fire_jax.infer.decode import (LLAMA3_STOP_IDS, TRACE_COUNTS, greedy_token, left_pad, prompt_bucket,
+from fire_jax.infer.decode import (TRACE_COUNTS, greedy_token, left_pad, prompt_bucket,
                                    token_logprob)
 from fire_jax.infer.forward import image_inputs
 from fire_jax.models.llama import KVCache
@@ -302,7 +302,7 @@ class Engine:
     """
 
     def __init__(self, model, *, tokenizer=None, slots: int = 32, cache_len: int = 1024, prefill_batch: int = 8,
-                 prefill_tokens: int = 1024, chunk: int = 16, stop_ids: Sequence[int] = LLAMA3_STOP_IDS,
+                 prefill_tokens: int = 1024, chunk: int = 16, stop_ids: Sequence[int] = (),
                  pad_id: int = 0, bucket_min: int = 64, bucket_step: int | None = None, max_images: int = 4,
                  min_width: int = 1, admit_wait: float = 0.002, logprobs: bool = True):
         if pad_id == model.cfg.image_token_id:

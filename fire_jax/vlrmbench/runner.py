@@ -63,7 +63,6 @@ import numpy as np
 from fire_jax.config import load_config
 from fire_jax.data.chat import SYSTEM, ChatTokenizer, Message
 from fire_jax.data.images import load_image, pad_tiles, preprocess
-from fire_jax.data.records import IMAGE_PLACEHOLDER
 from fire_jax.infer.agents import Agent
 from fire_jax.infer.api import ApiAgent, ApiError, image_url, is_api_spec
 from fire_jax.infer.decode import DecodeConfig
@@ -78,15 +77,11 @@ from fire_jax.vlrmbench.tasks import TASKS, build_judge_prompt, build_prompt, nu
 # ----------------------------------------------------------------------------
 
 
-def user_text(prompt: str, num_images: int) -> str:
-    """The user turn: one "<image>\\n" per image, in order, then the prompt."""
-    return f"{IMAGE_PLACEHOLDER}\n" * num_images + prompt
-
-
 def encode_prompt(chat: ChatTokenizer, prompt: str, image_sizes: Sequence[Sequence[int]]) -> list[int]:
-    """Token ids of the rendered chat prompt (system, user turn, assistant header), placeholder i expanded
-    to ``geometry.num_tokens(image_sizes[i])`` image token ids (:meth:`ChatTokenizer.encode`)."""
-    messages = [Message("user", user_text(prompt, len(image_sizes)))]
+    """Token ids of the rendered chat prompt (system, user turn, assistant header): the record's images in
+    order before the prompt, image i expanded to ``geometry.num_tokens(image_sizes[i])`` image token ids
+    (:meth:`ChatTokenizer.encode`). A ``<image>`` inside the prompt's text stays text."""
+    messages = [Message("user", prompt, images=len(image_sizes))]
     return chat.encode(messages, image_sizes=image_sizes, add_generation_prompt=True).input_ids.tolist()
 
 
@@ -230,7 +225,7 @@ class ApiResponder:
     A request becomes fire_jax's system prompt and one user message: an
     ``image_url`` part (a PNG ``data:`` URI) per image, in order, then the
     prompt as a text part, which :mod:`fire_jax.serve` renders back to
-    ``"<image>\\n" * k + prompt`` exactly as :func:`encode_prompt` does (the
+    the images then the prompt exactly as :func:`encode_prompt` does (the
     official VLRMBench scripts send the same shape to GPT-4o). Requests go out
     concurrently with the retries of :class:`fire_jax.infer.api.ApiAgent`; one
     that still fails is recorded as ``"api_<reason>: ..."`` (``api_http_503``,
