@@ -19,6 +19,7 @@ setup(
         "numpy",
         "pillow",
         "safetensors",
+        "gguf",  # fire_jax.convert.gguf: llama.cpp model files
         "tokenizers",
         "tqdm",
         "tensorflow-datasets>=4.9.10",

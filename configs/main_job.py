@@ -1,14 +1,17 @@
-# The whole FIRE pipeline: train FD (teacher) and FIRE (student), evaluate the untrained baseline and the
-# trained student in fixed and free dialogues, print the paper-shaped tables.
-#   python -m fire_jax.run                                                   # tiny, CPU, ~5 minutes
+# The whole FIRE pipeline: train FD (teacher) and FIRE (student), evaluate the baseline and the trained student in
+# fixed and free dialogues, print the paper-shaped tables.
+#   python -m fire_jax.run                                                   # SmolLM2-135M LLaVA, CPU, < 15 minutes
+#   python -m fire_jax.run --config configs/main_job.py:tiny --workdir /tmp/fire_tiny   # from-scratch tiny, tests
 #   python -m fire_jax.run --config configs/main_job.py:8b --workdir /runs/fire_8b
 #   python -m fire_jax.run --config configs/main_job.py:8b,llava_n=100000 --workdir /runs/fire_8b   (configs/fire.py options)
 """Pipeline config: one training config per role and the two evaluation settings.
 
-arg "tiny" (default): configs/tiny.py's model on the shipped synthetic FIRE set. A base model is first trained
-from scratch on single-turn instruction data (question -> first answer: what a VLM knows before FIRE); FD and
-FIRE start from it, and it is the baseline. A tiny model is too small for LoRA alone, so every weight trains
-(``train.trainable=(".*",)``) and the student also keeps its first answer as a target (``student_first_turn``).
+arg "smollm2" (default): configs/smollm2_llava.py, a small LLaVA-NeXT on the pretrained SmolLM2-135M-Instruct, on
+the shipped synthetic FIRE set. A base model is first trained on single-turn instruction data (question -> first
+answer: what a VLM knows before FIRE): the vision tower and connector from scratch, LoRA on the LLM. It is the
+baseline; FD and FIRE start from it (its LoRA merged) with fresh LoRA adapters.
+arg "tiny": the same stages on configs/tiny.py's from-scratch 2-layer model (seconds a stage: the tests' pipeline).
+A tiny model is too small for LoRA alone, so every weight trains (``train.trainable=(".*",)``).
 arg "8b[,key=value...]": FD-LLaVA and FIRE-LLaVA from configs/fire_teacher.py / fire_student.py (LoRA on the llava-hf
 checkpoint, LLaVA-665K mixed in as the paper did); the options go to both (configs/fire.py: llava_n, llava_ratio,
 released, paths). The baseline is the llava-hf LLaVA-NeXT-8B itself.
@@ -50,12 +53,53 @@ def _tiny_train(role: str):
     return train
 
 
+#: The SmolLM2 stages' steps of 8 examples: the 15-minute CPU budget of the whole job.
+SMOLLM2_STEPS = dict(base=20, teacher=40, student=32)
+#: What the base stage trains besides LoRA: the from-scratch vision tower, the connector and image_newline.
+VISION_PARTS = (r"vision_tower\..*", r"multi_modal_projector\..*", r"image_newline")
+
+
+def _smollm2_train(role: str, steps: int):
+    train = _load("smollm2_llava.py")
+    train.data.role = role
+    train.loss.student_first_turn = True  # the release labels r_1 too: FIRE keeps the base model's first answers
+    train.train.update(dict(total_steps=steps, checkpoint_every=steps))
+    return train
+
+
+def _smollm2(config) -> None:
+    config.base_train = _smollm2_train("student", SMOLLM2_STEPS["base"])
+    config.base_train.data.sources = dict(instruct=dict(json="assets:synthetic_fire/instruct.json",
+                                                         image_root="assets:synthetic_fire/images"))
+    config.base_train.train.update(dict(trainable=VISION_PARTS, export_merged=True))
+    config.teacher_train = _smollm2_train("teacher", SMOLLM2_STEPS["teacher"])
+    config.student_train = _smollm2_train("student", SMOLLM2_STEPS["student"])
+    config.teacher_train.data.teacher_history = "latest"  # as in free dialogues (see the tiny branch)
+    config.teacher_train.data.sources.synthetic.json = "assets:synthetic_fire/teacher_turns.json"
+    model = _load("smollm2_llava.py")
+    config.eval_fixed = _load("eval_fixed.py:tiny")
+    config.eval_fixed.fixed.teacher_history = "latest"
+    config.eval_free = _load("eval_free.py:tiny")
+    for setting in (config.eval_fixed, config.eval_free):
+        setting.model = model.model
+        setting.model.update(dict(scan_layers=False, remat="none"))
+        setting.data.tokenizer = model.data.tokenizer
+        setting.decode.max_new_tokens = 40  # the synthetic answers and feedback fit in 40 SmolLM2 tokens
+        setting.decode.batch_size = 32
+    config.eval_fixed.test.max_examples = 30  # fixed dialogues on a third of the test set: the free ones are the point
+    config.baseline = dict(name="base (no FIRE)", init="", adapter="")  # init: set to the base model
+    config.ablation_source = "synthetic"
+    config.exact_teacher_runs = True
+
+
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-    size, _, options = (arg or "tiny").partition(",")
-    if size not in ("tiny", "8b") or (options and size == "tiny"):
-        raise InputError(f"configs/main_job.py: arg must be 'tiny' or '8b[,key=value...]', got {arg!r}")
+    size, _, options = (arg or "smollm2").partition(",")
+    if size not in ("smollm2", "tiny", "8b") or (options and size != "8b"):
+        raise InputError(f"configs/main_job.py: arg must be 'smollm2', 'tiny' or '8b[,key=value...]', got {arg!r}")
     config = ml_collections.ConfigDict()
-    if size == "tiny":
+    if size == "smollm2":
+        _smollm2(config)
+    elif size == "tiny":
         # The base model: single-turn instruction data (question -> first answer), like LLaVA-NeXT before FIRE.
         config.base_train = _tiny_train("student")
         config.base_train.data.sources = dict(instruct=dict(json="assets:synthetic_fire/instruct.json",

@@ -57,7 +57,7 @@ def compare_records(train: list[dict], num: int, seed: int, max_filler: int = 4)
 def train_config(data_path: str, steps: int, batch: int, lr: float):
     from fire_jax.config import load_config
 
-    config = load_config(CONFIG).base_train  # the main job's base model: PIPELINE_LLM, every weight trains
+    config = load_config(CONFIG + ":tiny").base_train  # the tiny main job's base model: PIPELINE_LLM, every weight trains
     config.data.sources = dict(compare=dict(json=data_path, weight=1.0))
     config.data.update(dict(buckets=(128, 256), max_len=256, batch_size=batch))
     config.train.update(dict(total_steps=steps, lr=lr, batch_size=batch, checkpoint_every=steps, export=False,

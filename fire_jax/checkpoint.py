@@ -30,7 +30,8 @@ _RUNTIME_FIELDS = ("dtype", "param_dtype", "remat", "scan_layers", "image_mode",
 
 
 def build_model(config, mesh=None, rules=None) -> LlavaNext:
-    """Random weights (``config.seed``), or a Hugging Face checkpoint when ``config.init.hf_checkpoint`` is set.
+    """Random weights (``config.seed``), a Hugging Face checkpoint when ``config.init.hf_checkpoint`` is set, or
+    a GGUF file's LLM under a fresh vision tower when ``config.init.gguf`` is (and no checkpoint is).
 
     With ``mesh``, random weights are created already sharded by ``rules`` (each device makes only its
     shard: nothing lands on one device first); a Hugging Face checkpoint is read and then placed.
@@ -40,6 +41,8 @@ def build_model(config, mesh=None, rules=None) -> LlavaNext:
     init = config.get("init", {})
     checkpoint = init.get("hf_checkpoint") if init else None
     cfg = LlavaNextConfig.from_dict(config.model)
+    if init and init.get("gguf") and not checkpoint:
+        return _from_gguf(config, cfg, mesh, rules)
     if not checkpoint:
         if mesh is None:
             return LlavaNext(cfg, rngs=nnx.Rngs(config.seed))
@@ -51,6 +54,21 @@ def build_model(config, mesh=None, rules=None) -> LlavaNext:
 
     overrides = {k: v for k, v in config.model.items() if k in _RUNTIME_FIELDS}
     model = load_hf_checkpoint(checkpoint, cfg.lora, seed=config.seed, **overrides)
+    if mesh is not None:
+        state = nnx.state(model)
+        nnx.update(model, jax.device_put(state, state_shardings(state, mesh, rules or DEFAULT_RULES)))
+    return model
+
+
+def _from_gguf(config, cfg: LlavaNextConfig, mesh, rules) -> LlavaNext:
+    """``config.init.gguf`` (a model name or a .gguf path): the file's LLM in a LLaVA whose vision tower,
+    connector, image_newline and any rows past the file's vocabulary (the image token) start random."""
+    from fire_jax.convert.fetch import prepare
+    from fire_jax.convert.gguf import load_gguf_llm
+    from fire_jax.sharding import DEFAULT_RULES, state_shardings
+
+    model = LlavaNext(cfg, rngs=nnx.Rngs(config.seed))
+    load_gguf_llm(model, prepare(config.init.gguf))
     if mesh is not None:
         state = nnx.state(model)
         nnx.update(model, jax.device_put(state, state_shardings(state, mesh, rules or DEFAULT_RULES)))

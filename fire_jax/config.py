@@ -35,10 +35,18 @@ class InputError(ValueError):
     names what and where. CLIs end on it with one line (:mod:`fire_jax.cli`)."""
 
 
+def cache_dir() -> str:
+    """Where fetched models live: ``$FIRE_JAX_CACHE``, else ``~/.cache/fire_jax``."""
+    return os.environ.get("FIRE_JAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "fire_jax")
+
+
 def resolve_path(path: str) -> str:
-    """``assets:x`` -> ``fire_jax/assets/x``; other paths with ``~`` expanded."""
+    """``assets:x`` -> ``fire_jax/assets/x``; ``cache:x`` -> ``<cache_dir()>/x`` (a fetched model's files, see
+    ``fire_jax.convert.fetch``); other paths with ``~`` expanded."""
     if path.startswith("assets:"):
         return os.path.join(ASSETS_DIR, path[len("assets:"):])
+    if path.startswith("cache:"):
+        return os.path.join(cache_dir(), path[len("cache:"):])
     return os.path.expanduser(path)
 
 

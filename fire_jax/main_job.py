@@ -73,8 +73,22 @@ def eval_stage(base, workdir: str, *, student: dict, teacher: dict, baseline_res
     return evaluate(config, workdir, agents=agents)
 
 
+def fetch_stage(config) -> float:
+    """Fetch the pretrained LLM the stages start from (once, into the cache); returns the seconds it took."""
+    first = config.base_train or config.teacher_train
+    spec = first.get("init", {}).get("gguf") if first.get("init") else None
+    if not spec:
+        return 0.0
+    from fire_jax.convert.fetch import prepare
+
+    start = time.perf_counter()
+    print(f"\n== pretrained LLM {spec}: {prepare(spec)}")
+    return time.perf_counter() - start
+
+
 def run(config, workdir: str) -> dict[str, Any]:
     """Train both agents, run all four evaluations, print and write ``summary.json`` / ``summary.md``."""
+    fetch_seconds = fetch_stage(config)
     start = time.perf_counter()
     baseline, teacher_dir = base_and_teacher(config, workdir)
     student_dir = train_stage(config.student_train, os.path.join(workdir, "student"), "student (FIRE)")
@@ -111,10 +125,11 @@ def run(config, workdir: str) -> dict[str, Any]:
         f.write(table)
     minutes = (time.perf_counter() - start) / 60
     with open(os.path.join(workdir, "timing.json"), "w") as f:
-        json.dump({"minutes": minutes}, f)
+        json.dump({"minutes": minutes, "fetch_seconds": fetch_seconds}, f)
     print("\n== summary (overall, synthetic test set)\n" + table)
     print("plots:\n  " + "\n  ".join(os.path.join(workdir, p) for p in summary["figures"]))
-    print(f"done in {minutes:.1f} min; {workdir}/summary.json, summary.md, eval/*/results.md")
+    print(f"done in {minutes:.1f} min (and {fetch_seconds:.0f} s fetching the pretrained LLM before it); "
+          f"{workdir}/summary.json, summary.md, eval/*/results.md")
     return summary
 
 

@@ -1,6 +1,8 @@
-"""The main job: the FIRE pipeline end to end on the built-in tiny default (or, by config, at 8B).
+"""The main job: the FIRE pipeline end to end on the built-in default, a small LLaVA-NeXT on the pretrained
+SmolLM2-135M-Instruct (or, by config, the from-scratch tiny model or LLaVA-NeXT-8B).
 
-    python -m fire_jax.run                                              # tiny, shipped synthetic data, CPU
+    python -m fire_jax.run                                              # SmolLM2 LLaVA, synthetic data, CPU
+    python -m fire_jax.run --config configs/main_job.py:tiny --workdir runs/tiny
     python -m fire_jax.run --config configs/main_job.py:8b --workdir DIR
     python -m fire_jax.run --config.student_train.train.total_steps=50  # any field overridable
 
@@ -17,7 +19,7 @@ from fire_jax.cli import define_config_flag, run_absl
 _DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "main_job.py")
 _CONFIG = define_config_flag(__name__, "fire_jax.run", os.path.normpath(_DEFAULT),
                              "the main job's config (configs/main_job.py)")
-_WORKDIR = flags.DEFINE_string("workdir", "runs/tiny", "where models, evaluations and the summary go")
+_WORKDIR = flags.DEFINE_string("workdir", "runs/smollm2", "where models, evaluations and the summary go")
 
 
 def main(argv):

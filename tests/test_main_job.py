@@ -15,7 +15,7 @@ ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 
 def reduced_config(steps=12):
-    config = load_config(os.path.join(ROOT, "configs", "main_job.py"))
+    config = load_config(os.path.join(ROOT, "configs", "main_job.py:tiny"))
     for stage in (config.base_train, config.teacher_train, config.student_train):
         stage.train.total_steps = steps
         stage.train.checkpoint_every = 100

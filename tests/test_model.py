@@ -121,6 +121,64 @@ def test_llama31_rope_scaling_matches_hf_under_jit(tmp_path):
     assert abs(float(metrics["loss"]) - expected) < 1e-4 * expected, (float(metrics["loss"]), expected)
 
 
+def test_tied_embeddings_one_matrix_through_save_transformers_and_a_train_step(tmp_path):
+    """tie_word_embeddings: no lm_head variable, logits = hidden @ embedding.T; saved without an lm_head key,
+    read by transformers as tied (same logits) and back by us (a checkpoint's lm_head copy skipped); the
+    train step's loss is transformers' cross-entropy."""
+    import dataclasses
+
+    from safetensors.numpy import load_file, save_file
+    from transformers import LlavaNextForConditionalGeneration
+
+    from fire_jax.config import loss_config, train_config
+    from fire_jax.models import LlamaConfig, VisionConfig
+    from fire_jax.sharding import make_mesh
+    from fire_jax.train.step import Trainer
+
+    llm = LlamaConfig(vocab_size=512, dim=64, layers=2, heads=4, kv_heads=2, head_dim=16, mlp_dim=128,
+                      tie_word_embeddings=True)
+    cfg = LlavaNextConfig(vision=VisionConfig(image_size=32, patch_size=8, width=64, layers=3, heads=4, mlp_dim=128),
+                          llm=llm, lora=None, image_token_id=IMAGE_TOKEN, image_grid_pinpoints=PINPOINTS)
+    tied = LlavaNext(cfg, rngs=nnx.Rngs(0))
+    untied = LlavaNext(dataclasses.replace(cfg, llm=dataclasses.replace(llm, tie_word_embeddings=False)),
+                       rngs=nnx.Rngs(0))
+    assert tied.language_model.lm_head is None
+    assert count_params(untied.language_model) - count_params(tied.language_model) == 512 * 64
+    embedding = tied.language_model.model.embed_tokens.embedding[...]
+    ids = np.random.default_rng(3).integers(0, 500, 40)
+    hidden, _ = tied.hidden_states(jnp.asarray(ids[None]))
+    np.testing.assert_array_equal(np.asarray(tied.logits(hidden)), np.asarray(hidden @ embedding.T))
+    ours = np.asarray(tied(jnp.asarray(ids[None])))[0]
+
+    out = str(tmp_path / "tied")
+    convert.save_hf_checkpoint(tied, out)
+    assert json.load(open(os.path.join(out, "config.json")))["tie_word_embeddings"] is True
+    assert not any("lm_head" in key for key in load_file(os.path.join(out, "model.safetensors")))
+    hf = LlavaNextForConditionalGeneration.from_pretrained(out).eval()
+    assert hf.lm_head.weight is hf.model.language_model.embed_tokens.weight
+    reference = hf_logits(hf, ids)
+    assert rel_err(ours, reference) < TOL
+    tensors = load_file(os.path.join(out, "model.safetensors"))
+    tensors["language_model.lm_head.weight"] = tensors["language_model.model.embed_tokens.weight"]
+    save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    again = convert.load_hf_checkpoint(out, lora=None)
+    assert again.cfg.llm.tie_word_embeddings and again.language_model.lm_head is None
+    np.testing.assert_array_equal(again.language_model.model.embed_tokens.embedding[...], embedding)
+
+    labelled = np.zeros(len(ids), np.float32)
+    labelled[20:] = 1.0
+    batch = {"input_ids": ids[None].astype(np.int32), "attention_mask": np.ones((1, len(ids)), np.int32),
+             "loss_mask": labelled[None], "turn_ids": np.where(labelled > 0, 2, -1)[None].astype(np.int32),
+             "pixel_values": np.zeros((1, cfg.geometry.max_tiles, 3, 32, 32), np.float32),
+             "image_index": np.full((1, len(ids)), -1, np.int32)}
+    trainer = Trainer(again, train_config(batch_size=1, loss_chunk=128), loss_config(), 4,
+                      make_mesh((1, 1, 1), jax.devices()[:1]))
+    _, metrics = trainer.step(trainer.initial_state, batch, jax.random.key(0))
+    logp = torch.log_softmax(torch.as_tensor(reference[:-1]), -1)
+    expected = -logp[torch.arange(len(ids) - 1), torch.as_tensor(ids[1:])].numpy()[19:].mean()
+    assert abs(float(metrics["loss"]) - expected) < 1e-4 * expected, (float(metrics["loss"]), expected)
+
+
 def _as_model_dict(cfg):
     import dataclasses
 

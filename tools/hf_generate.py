@@ -1,10 +1,11 @@
-"""Greedy generation from a Hugging Face LLaVA-NeXT checkpoint with fire_jax (to set beside HF ``generate``).
+"""Greedy generation from a Hugging Face LLaVA-NeXT checkpoint, or a GGUF file's LLM, with fire_jax (to set
+beside HF ``generate``).
 
-    python tools/hf_generate.py --model DIR --inputs IN.npz --max_new_tokens N --out OUT.npz
+    python tools/hf_generate.py --model DIR|FILE.gguf --inputs IN.npz --max_new_tokens N --out OUT.npz
 
 IN.npz as for ``tools/hf_logits.py`` (``input_ids`` padded on either side, with
-``attention_mask``). Stops on ``--stop_ids`` (default: the checkpoint's
-generation_config.json ``eos_token_id``, else Llama-3's 128009, 128001).
+``attention_mask``; text-only for a ``.gguf`` model). Stops on ``--stop_ids`` (default: the
+checkpoint's generation_config.json ``eos_token_id``, or the GGUF file's EOS id; with neither, none).
 OUT.npz gets ``generated_ids [B, N]`` int32: the stop token kept, -1 after it,
 and ``logprobs [B, N]`` of the generated tokens.
 """
@@ -15,22 +16,26 @@ import os
 
 import numpy as np
 
-from fire_jax.convert.hf import load_hf_checkpoint
-from fire_jax.infer.decode import LLAMA3_STOP_IDS, DecodeConfig, generate, unpad
+from fire_jax.convert.gguf import load_model, read_gguf
+from fire_jax.infer.decode import DecodeConfig, generate, unpad
 from fire_jax.infer.forward import hf_image_sizes, read_hf_inputs
 
 
-def default_stop_ids(model_dir: str) -> tuple[int, ...]:
-    path = os.path.join(model_dir, "generation_config.json")
-    eos = json.load(open(path)).get("eos_token_id") if os.path.exists(path) else None
+def default_stop_ids(model: str) -> tuple[int, ...]:
+    if model.endswith(".gguf"):
+        eos = read_gguf(model).eos_id
+    else:
+        path = os.path.join(model, "generation_config.json")
+        eos = json.load(open(path)).get("eos_token_id") if os.path.exists(path) else None
     if eos is None:
-        return LLAMA3_STOP_IDS
+        return ()
     return tuple(eos) if isinstance(eos, list) else (eos,)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="HF checkpoint directory (config.json + safetensors)")
+    parser.add_argument("--model", required=True,
+                        help="HF checkpoint directory (config.json + safetensors) or a .gguf file (its LLM alone)")
     parser.add_argument("--inputs", required=True, help="input .npz")
     parser.add_argument("--max_new_tokens", type=int, required=True)
     parser.add_argument("--out", required=True, help="output .npz")
@@ -38,7 +43,7 @@ def main(argv=None):
                         help="comma-separated stop token ids ('' for none)")
     parser.add_argument("--dtype", default="float32", help="weights and compute dtype (float32, bfloat16)")
     args = parser.parse_args(argv)
-    model = load_hf_checkpoint(args.model, lora=None, dtype=args.dtype, param_dtype=args.dtype)
+    model = load_model(args.model, dtype=args.dtype, param_dtype=args.dtype)
     inputs = read_hf_inputs(args.inputs)
     ids = inputs["input_ids"]
     stop_ids = default_stop_ids(args.model) if args.stop_ids is None else args.stop_ids

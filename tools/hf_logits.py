@@ -1,10 +1,11 @@
-"""Logits of a Hugging Face LLaVA-NeXT checkpoint computed by fire_jax (to set beside transformers').
+"""Logits of a Hugging Face LLaVA-NeXT checkpoint, or of a GGUF file's LLM, computed by fire_jax (to set
+beside transformers').
 
-    python tools/hf_logits.py --model DIR --inputs IN.npz --out OUT.npz
+    python tools/hf_logits.py --model DIR|FILE.gguf --inputs IN.npz --out OUT.npz
 
 IN.npz holds HF-style arrays: ``input_ids [B, T]`` with expanded image
 placeholders, optional ``pixel_values [B, crops, 3, H, W]`` and
-``image_sizes [B, 2]`` (rows without image tokens are text-only),
+``image_sizes [B, 2]`` (rows without image tokens are text-only; a ``.gguf`` model reads text only),
 ``attention_mask [B, T]`` and ``position_ids [B, T]`` (default ``arange(T)``,
 as HF's forward). OUT.npz gets ``logits [B, T, V]`` float32.
 """
@@ -13,18 +14,19 @@ import argparse
 
 import numpy as np
 
-from fire_jax.convert.hf import load_hf_checkpoint
+from fire_jax.convert.gguf import load_model
 from fire_jax.infer.forward import forward_logits, hf_image_sizes, read_hf_inputs
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="HF checkpoint directory (config.json + safetensors)")
+    parser.add_argument("--model", required=True,
+                        help="HF checkpoint directory (config.json + safetensors) or a .gguf file (its LLM alone)")
     parser.add_argument("--inputs", required=True, help="input .npz")
     parser.add_argument("--out", required=True, help="output .npz")
     parser.add_argument("--dtype", default="float32", help="weights and compute dtype (float32, bfloat16)")
     args = parser.parse_args(argv)
-    model = load_hf_checkpoint(args.model, lora=None, dtype=args.dtype, param_dtype=args.dtype)
+    model = load_model(args.model, dtype=args.dtype, param_dtype=args.dtype)
     inputs = read_hf_inputs(args.inputs)
     ids = inputs["input_ids"]
     logits = forward_logits(model, ids, pixel_values=inputs.get("pixel_values"),

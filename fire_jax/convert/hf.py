@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -57,12 +57,15 @@ def config_from_hf(hf: dict, lora: LoraConfig | None = LoraConfig(), **overrides
     theta = rope.pop("rope_theta", text["rope_theta"])
     scaling = text.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
     heads = text["num_attention_heads"]
+    # transformers' LlavaNext ties by the top-level flag; configs written without one carry it in text_config.
+    tied = hf.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
     llm = LlamaConfig(
         vocab_size=text["vocab_size"], dim=text["hidden_size"], layers=text["num_hidden_layers"], heads=heads,
         kv_heads=text.get("num_key_value_heads") or heads,
         head_dim=text.get("head_dim") or text["hidden_size"] // heads, mlp_dim=text["intermediate_size"],
         norm_eps=text["rms_norm_eps"], rope_theta=float(theta),
-        rope_scaling=dict(scaling) if scaling else None, attention_bias=text["attention_bias"])
+        rope_scaling=dict(scaling) if scaling else None, attention_bias=text["attention_bias"],
+        tie_word_embeddings=bool(tied))
     vis = VisionConfig(image_size=vision["image_size"], patch_size=vision["patch_size"], width=vision["hidden_size"],
                        layers=vision["num_hidden_layers"], heads=vision["num_attention_heads"],
                        mlp_dim=vision["intermediate_size"], layer_norm_eps=vision["layer_norm_eps"],
@@ -80,7 +83,7 @@ def config_to_hf(cfg: LlavaNextConfig) -> dict:
     text = dict(model_type="llama", vocab_size=llm.vocab_size, hidden_size=llm.dim, intermediate_size=llm.mlp_dim,
                 num_hidden_layers=llm.layers, num_attention_heads=llm.heads, num_key_value_heads=llm.kv_heads,
                 head_dim=llm.head_dim, rms_norm_eps=llm.norm_eps, rope_theta=llm.rope_theta,
-                attention_bias=llm.attention_bias, hidden_act="silu", tie_word_embeddings=False)
+                attention_bias=llm.attention_bias, hidden_act="silu", tie_word_embeddings=llm.tie_word_embeddings)
     text["rope_parameters"] = {"rope_theta": llm.rope_theta, **(dict(llm.rope_scaling) if llm.rope_scaling
                                                                    else {"rope_type": "default"})}
     if llm.rope_scaling:
@@ -92,7 +95,7 @@ def config_to_hf(cfg: LlavaNextConfig) -> dict:
                 vision_config=vision, image_token_index=cfg.image_token_id, projector_hidden_act="gelu",
                 vision_feature_select_strategy="default", vision_feature_layer=vis.feature_layer,
                 image_grid_pinpoints=[list(p) for p in cfg.image_grid_pinpoints],
-                multimodal_projector_bias=cfg.projector_bias, tie_word_embeddings=False)
+                multimodal_projector_bias=cfg.projector_bias, tie_word_embeddings=llm.tie_word_embeddings)
 
 
 # --------------------------------------------------------------------------- key mapping
@@ -234,31 +237,27 @@ def fresh_lora_state(cfg: LlavaNextConfig, seed: int = 0):
     return jax.jit(lambda: nnx.state(LlavaNext(cfg, rngs=nnx.Rngs(seed)), LoRAParam))()
 
 
-def load_hf_checkpoint(directory: str, lora: LoraConfig | None = LoraConfig(), *, seed: int = 0,
-                       sharding: Callable[[str, Any], Any] | None = None, **overrides) -> LlavaNext:
-    """Load a HF LLaVA-NeXT checkpoint directory (config.json + safetensors) into a fresh NNX model.
+def load_tensors(tensors: Iterable[tuple[str, np.ndarray]], ours: dict[str, Any], where: str,
+                 sharding: Callable[[str, Any], Any] | None = None) -> dict[str, jax.Array]:
+    """Our path -> device array for each (HF key, host tensor) pair, one tensor on the host at a time.
 
-    ``overrides`` set LlavaNextConfig fields (e.g. ``dtype``, ``param_dtype``,
-    ``remat``, ``image_mode``). ``sharding(path, abstract_leaf)`` may return a
-    ``jax.sharding.Sharding`` to place each tensor directly on a mesh.
-    LoRA factors are freshly initialised (B = 0).
+    Keys map by :func:`hf_to_path` (any layout :func:`canonical_key` reads); each tensor must have the
+    shape of its target in ``ours`` (``{path: Variable}``, abstract or not) and takes its dtype. The
+    weights of stacked LLM layers are filled on the host layer by layer and placed once every layer
+    came. ``where`` names the source in errors; ``sharding(path, target)`` may place each array.
     """
-    with open(os.path.join(directory, "config.json")) as f:
-        cfg = config_from_hf(json.load(f), lora=lora, **overrides)
-    graphdef, frozen, lora_state = nnx.split(abstract_model(cfg), nnx.Param, LoRAParam)
-    ours = _flat_params(frozen)
     loaded: dict[str, jax.Array] = {}
-    stacks: dict[str, tuple[np.ndarray, set[int]]] = {}  # stacked layer weights, filled on the host layer by layer
-    for key, tensor in iter_hf_tensors(directory):
+    stacks: dict[str, tuple[np.ndarray, set[int]]] = {}
+    for key, tensor in tensors:
         per_layer, fn = hf_to_path(key, ours)
         path, layer = _in_model(per_layer, ours)
         if path not in ours:
-            raise KeyError(f"{directory}: HF key {key!r} maps to {per_layer!r}, which the model does not have")
+            raise KeyError(f"{where}: HF key {key!r} maps to {per_layer!r}, which the model does not have")
         target = ours[path]
         shape = target.shape if layer is None else target.shape[1:]
         value = fn(tensor)
         if value.shape != shape:
-            raise ValueError(f"{directory}: {key} has shape {value.shape}, the model expects {shape} at {per_layer}")
+            raise ValueError(f"{where}: {key} has shape {value.shape}, the model expects {shape} at {per_layer}")
         value = value.astype(target.dtype)
         if layer is None:
             loaded[path] = jax.device_put(value, sharding(path, target) if sharding else None)
@@ -270,7 +269,27 @@ def load_hf_checkpoint(directory: str, lora: LoraConfig | None = LoraConfig(), *
     for path, (stack, layers) in stacks.items():
         if len(layers) == stack.shape[0]:
             loaded[path] = jax.device_put(stack, sharding(path, ours[path]) if sharding else None)
-    stacks.clear()
+    return loaded
+
+
+def load_hf_checkpoint(directory: str, lora: LoraConfig | None = LoraConfig(), *, seed: int = 0,
+                       sharding: Callable[[str, Any], Any] | None = None, **overrides) -> LlavaNext:
+    """Load a HF LLaVA-NeXT checkpoint directory (config.json + safetensors) into a fresh NNX model.
+
+    ``overrides`` set LlavaNextConfig fields (e.g. ``dtype``, ``param_dtype``,
+    ``remat``, ``image_mode``). ``sharding(path, abstract_leaf)`` may return a
+    ``jax.sharding.Sharding`` to place each tensor directly on a mesh.
+    LoRA factors are freshly initialised (B = 0). A tied model (``tie_word_embeddings``) has no
+    lm_head; a checkpoint's copy of it, if any, is skipped.
+    """
+    with open(os.path.join(directory, "config.json")) as f:
+        cfg = config_from_hf(json.load(f), lora=lora, **overrides)
+    graphdef, frozen, lora_state = nnx.split(abstract_model(cfg), nnx.Param, LoRAParam)
+    ours = _flat_params(frozen)
+    tensors = iter_hf_tensors(directory)
+    if cfg.llm.tie_word_embeddings:
+        tensors = ((k, t) for k, t in tensors if not canonical_key(k).startswith("language_model.lm_head."))
+    loaded = load_tensors(tensors, ours, directory, sharding)
     missing = sorted(set(ours) - set(loaded))
     if missing:
         raise KeyError(f"{directory}: checkpoint lacks {len(missing)} tensor(s) (of a stacked layer weight: "

@@ -82,6 +82,7 @@ class LlamaConfig:
     # high_freq_factor, original_max_position_embeddings.
     rope_scaling: FrozenMapping | None = None
     attention_bias: bool = False
+    tie_word_embeddings: bool = False  # the LM head is the embedding's transpose (no lm_head weight of its own)
 
     def __post_init__(self):
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, FrozenMapping):

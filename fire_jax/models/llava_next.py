@@ -34,13 +34,22 @@ class Projector(nnx.Module):
 
 
 class LanguageModel(nnx.Module):
-    """Llama decoder + untied lm_head (HF ``LlamaForCausalLM``)."""
+    """Llama decoder + lm_head (HF ``LlamaForCausalLM``).
+
+    With ``tie_word_embeddings`` there is no lm_head: the head is the embedding's transpose.
+    """
 
     def __init__(self, cfg: LlavaNextConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
         self.model = LlamaModel(cfg.llm, cfg.lora, dtype=dtype, param_dtype=param_dtype, remat=cfg.remat, rngs=rngs,
                                 scan_layers=cfg.scan_layers)
-        self.lm_head = Linear(cfg.llm.dim, cfg.llm.vocab_size, axes=("embed", "vocab"), param_dtype=param_dtype,
-                              rngs=rngs)
+        self.lm_head = None if cfg.llm.tie_word_embeddings else Linear(
+            cfg.llm.dim, cfg.llm.vocab_size, axes=("embed", "vocab"), param_dtype=param_dtype, rngs=rngs)
+
+    def head_kernel(self) -> jax.Array:
+        """The LM head ``[dim, vocab]``: lm_head's kernel, or the embedding transposed when tied."""
+        if self.lm_head is None:
+            return self.model.embed_tokens.embedding[...].T
+        return self.lm_head.kernel[...]
 
 
 class LlavaNext(nnx.Module):
@@ -86,7 +95,8 @@ class LlavaNext(nnx.Module):
         return self.language_model.model(embeds, positions, attention_mask, cache, dropout_rng)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
-        return self.language_model.lm_head(hidden)
+        """hidden ``[..., dim]`` -> logits ``[..., vocab]``."""
+        return hidden @ self.language_model.head_kernel().astype(hidden.dtype)
 
     def __call__(self, input_ids, pixel_values=None, image_index=None, attention_mask=None, positions=None,
                  cache: KVCache | None = None, dropout_rng=None):

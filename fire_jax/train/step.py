@@ -90,7 +90,7 @@ class Trainer:
         hidden, _ = model.hidden_states(batch["input_ids"], batch.get("pixel_values"), batch.get("image_index"),
                                         batch["attention_mask"], dropout_rng=rng)
         targets = batch["input_ids"][:, 1:]
-        kernel = model.language_model.lm_head.kernel[...]
+        kernel = model.language_model.head_kernel()
         labelled = batch["loss_mask"][:, 1:] > 0  # only these positions' logits are formed
         nll, correct = losses.chunked_cross_entropy(hidden[:, :-1], kernel, targets, self.train_cfg.loss_chunk,
                                                     labelled)
