@@ -44,9 +44,14 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         tasks="all",  # or "SC,IC,..." (short or file names); --tasks overrides
         parser="robust",  # or "official": the release's reading, for comparable numbers
         render="plain",  # or "official": step_list as str(list) in MJ / FF, as the release
-        # What a failed or unreadable sample counts as in results.json's "scores" and the W-Avgs: "ours" counts
-        # it wrong, "official" leaves it out (the release); both are always in the table and by_accounting.
+        # How results.json's "scores" and the W-Avgs count failed samples: "ours" counts a sample without an
+        # output or not fully read wrong; "official" scores as the release's scorers (a short or unread answer
+        # padded and scored, a sample without an output left out). Both are always in the table and by_accounting.
         accounting="ours",
+        # A record whose image file does not exist: "skip" (a bad record, counted), "send_without" (its request
+        # goes without the image and is scored, as the release's clients do), "auto": send_without under
+        # accounting="official", else skip.
+        missing_images="auto",
         on_bad_record="skip",  # or "error"
     )
     config.generate = dict(

@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -20,6 +21,7 @@ from fire_jax.vlrmbench.tasks import TASKS
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "eval_vlrm.py")
 SIZES = [(40, 70), (30, 90)]  # tiny geometry: 5 and 4 tiles
+FIXTURES = Path(__file__).parent / "fixtures" / "vlrmbench"
 
 
 def tiny_config(**generate):
@@ -54,10 +56,11 @@ def write_benchmark(root):
 
 
 def prompts_of(task, record):
-    """Generations one finished sample took: its task prompts, plus two judge prompts per good candidate."""
+    """Generations one finished sample took: its task prompts, plus two judge prompts per candidate that came
+    back (an empty one too)."""
     task = runner.task_info(task)
     if task.theme == "criticism":
-        return 1 + (2 if record["candidate_failure"] is None else 0)
+        return 1 + (2 if record["candidate_failure"] in (None, "empty") else 0)
     return runner.num_orders(task.file)
 
 
@@ -118,6 +121,14 @@ def test_two_images_two_placeholder_blocks_and_their_tiles(bench):
     assert (ends - starts).tolist() == [geometry.num_tokens(s) for s in SIZES]  # one block per image, in order
     collapsed = np.concatenate([ids[:starts[0] + 1], ids[ends[0]:starts[1] + 1], ids[ends[1]:]])
     assert chat.decode(collapsed) == render([Message("user", "Q", images=2)], add_generation_prompt=True)
+
+    # A request whose image files were all missing (missing_images="send_without") goes as text alone.
+    bare = generator.prepare(runner.Request("Q", ()), {})
+    assert bare.sizes == [] and bare.tiles.shape == (0, 3, geometry.tile_size, geometry.tile_size)
+    assert chat.image_token_id not in bare.ids
+    assert chat.decode(bare.ids) == render([Message("user", "Q")], add_generation_prompt=True)
+    _, pixels, both_sizes = runner.build_batch([row, bare], multiple=geometry.max_tiles)
+    assert pixels.shape[:2] == (2, 10) and not pixels[1].any() and both_sizes == [SIZES, []]
     # A "<image>" in a record's text is text (16 of the shipped image_ref_error records have one).
     typed = generator.prepare(runner.Request("Look at <image> 2.", paths), {})
     assert sum(np.asarray(typed.ids) == chat.image_token_id) == sum(geometry.num_tokens(s) for s in SIZES)
@@ -173,7 +184,7 @@ def test_all_tasks_end_to_end(full_run):
     ours = next(line for line in results["table"].splitlines()
                 if line.startswith("| fire_jax (random init) (ours: failures count wrong) |"))
     assert len(ours.split("|")) == 2 + 1 + 18 and " - " not in ours  # model + 18 columns, every one filled
-    assert "| fire_jax (random init) (official: failures left out) |" in results["table"]
+    assert "| fire_jax (random init) (official: the release's scorers) |" in results["table"]
     assert results["accounting"] == "ours" and set(tasks["SC"]["by_accounting"]) == {"ours", "official"}
     assert "ERA/EC judge: fire_jax (random init) (self)" in results["table"]
     assert "| GPT-4o (paper) |" in results["table"]
@@ -242,7 +253,8 @@ def test_failed_generations_are_recorded_counted_and_retried(bench, full_run, tm
                                blank=lambda prompts: failing.calls == 3).install(monkeypatch)
     results = runner.evaluate(tiny_config(), str(data), str(workdir), tasks="SC,FF,ERA")
     sc, ff, era = results["tasks"]["SC"], results["tasks"]["FF"], results["tasks"]["ERA"]
-    assert ff["generation_failures"] == {"input": 1} and failing.prompts == 2 + 3  # FF-1, FF-2; ERA candidates
+    # FF-1, FF-2; the ERA candidates, then the judge on each (empty) candidate in both orders.
+    assert ff["generation_failures"] == {"input": 1} and failing.prompts == 2 + 3 + 6
     ff_0 = runner.read_records(workdir / "outputs" / "foresight.jsonl")[0]["FF-0"]
     assert ff_0["outputs"] == [None] and ff_0["failures"][0].startswith("input: UnidentifiedImageError")
     assert sc["generation_failures"] == {"exception": 3} and sc["failures"] == 3
@@ -250,16 +262,22 @@ def test_failed_generations_are_recorded_counted_and_retried(bench, full_run, tm
     assert sc["failed_samples"] == {"generation_failed": 3}
     assert sc["by_accounting"]["official"] == {"scores": {"f1": None, "f1_pos": None, "f1_neg": None},
                                                "num_scored": 0}  # official: all three left out
-    assert era["generation_failures"] == {"empty": 3, "no_candidate": 6} and era["failures"] == 6
+    # Empty candidates are judged (the release judges them) but count as failed samples under ours; the
+    # official accounting scores the judge's verdicts. A judge output may itself come back empty.
+    era_failures = era["generation_failures"]
+    assert "no_candidate" not in era_failures and era_failures["empty"] >= 3 and era["failures"] == 6
     assert era["scores"] == {"win": 0.0, "tie": 0.0, "lose": 1.0} and era["failed_samples"] == {"judge_failed": 3}
+    assert era["by_accounting"]["official"]["num_scored"] == 3
+    assert sc["by_accounting"]["official"]["num_scored"] == 0  # no line: nothing to score
     assert "| SC | 3 | bad_field 1 | 0 | exception 3 | generation_failed 3 |" in results["table"]
-    assert "| ERA | 3 | 0 | 0 | empty 3, no_candidate 6 | judge_failed 3 |" in results["table"]
+    listed = ", ".join(f"{reason} {n}" for reason, n in sorted(era_failures.items()))
+    assert f"| ERA | 3 | 0 | 0 | {listed} | judge_failed 3 |" in results["table"]
     record = runner.read_records(workdir / "outputs" / "step_correctness.jsonl")[0]["SC-0"]
     assert record["outputs"] == [None] and record["failures"][0].startswith("exception: RuntimeError: device fell")
 
     retry = CountingGenerate().install(monkeypatch)
     results = runner.evaluate(tiny_config(), str(data), str(workdir), tasks="SC,ERA", retry_failed=True)
-    assert retry.prompts == 3 + 3 + 2 * (3 - results["tasks"]["ERA"]["generation_failures"].get("empty", 0))
+    assert retry.prompts == 3 + 3 + 2 * 3  # SC; ERA's candidates (their empty ones retried), each judged
     assert "exception" not in results["tasks"]["SC"]["generation_failures"]
 
 
@@ -314,7 +332,7 @@ class Scripted:
                 return "[7, 7]"
             if k == 2:
                 return "I cannot judge."
-            reference_first = prompt.index("miscounts") < prompt.index("Critique")
+            reference_first = prompt.index("miscounts") < prompt.index("## AI Assistant's Response 2")
             return "[5, 9]" if reference_first else "[9, 5]"  # the candidate is better
         if "identify the steps that contains errors" in prompt:  # SC, 0/1/2-shot
             return {0: {0: "[0, 1]", 1: "STEP 1: 1.\nSTEP 2: 1.", 2: "no idea"}[k], 1: "[1, 1]",
@@ -326,7 +344,7 @@ class Scripted:
             return {0: "Yes", 1: "Yes.", 2: "Maybe"}[k]
         if "critically analyze the reasoning" in prompt:  # ERA: the candidate critique
             return "Critique: STEP2 says 4."
-        return ""  # EC: no candidate at all
+        return ""  # EC: an empty candidate (judged all the same)
 
 
 def test_runner_with_scripted_agents_gives_exact_figures(bench, tmp_path, monkeypatch):
@@ -339,30 +357,34 @@ def test_runner_with_scripted_agents_gives_exact_figures(bench, tmp_path, monkey
     tasks = results["tasks"]
     # SC: labels [0,1 | 0,1 | 0,1]; SC-0 right, SC-1 reads [1, 1], SC-2 unreadable.
     # ours (SC-2 flipped to [1, 0]): TP 2, FP 2, FN 1, TN 1 -> (3 * 4/7 + 3 * 2/5) / 6 = 17/35.
-    # official (SC-2 left out): TP 2, FP 1, TN 1 -> F1_pos 4/5, F1_neg 2/3 -> 11/15.
+    # official (SC-2 read as [0, 0], as the release pads it): TP 2, FP 1, FN 1, TN 2 -> F1 2/3 each -> 2/3.
     assert tasks["SC"]["scores"]["f1"] == pytest.approx(17 / 35)
-    assert tasks["SC"]["by_accounting"]["official"]["scores"]["f1"] == pytest.approx(11 / 15)
+    assert tasks["SC"]["by_accounting"]["official"]["scores"]["f1"] == pytest.approx(2 / 3)
     assert tasks["SC"]["failed_samples"] == {"unparsable": 1} and tasks["SC"]["failures"] == 1
     # MJ: MJ-0 right whatever the order, MJ-1 always prefers response 1 (a tie), MJ-2 right only good-first.
     assert tasks["MJ"]["scores"]["accuracy"] == pytest.approx(2 / 3) and tasks["MJ"]["failures"] == 0
-    # FF: FF-0 (true) yes, FF-1 (false) yes, FF-2 "Maybe" unreadable.
+    # FF: FF-0 (true) yes, FF-1 (false) yes, FF-2 "Maybe" unreadable (wrong under both: the release
+    # finds no yes/no in it).
     assert tasks["FF"]["scores"]["accuracy"] == pytest.approx(1 / 3)
-    assert tasks["FF"]["by_accounting"]["official"]["scores"]["accuracy"] == 0.5
-    # ERA: ERA-0 the candidate wins in both orders, ERA-1 a tie, ERA-2 the judge answers nothing readable.
+    assert tasks["FF"]["by_accounting"]["official"]["scores"]["accuracy"] == pytest.approx(1 / 3)
+    # ERA: ERA-0 the candidate wins in both orders, ERA-1 a tie, ERA-2 the judge answers nothing readable
+    # (ours: a loss; official: read as (0, 0) in both orders, a tie).
     assert tasks["ERA"]["scores"] == pytest.approx({"win": 1 / 3, "tie": 1 / 3, "lose": 1 / 3})
-    assert tasks["ERA"]["by_accounting"]["official"]["scores"] == pytest.approx({"win": 0.5, "tie": 0.5, "lose": 0})
+    assert tasks["ERA"]["by_accounting"]["official"]["scores"] == pytest.approx({"win": 1 / 3, "tie": 2 / 3,
+                                                                                  "lose": 0})
     assert tasks["ERA"]["failed_samples"] == {"unparsable": 1} and tasks["ERA"]["failures"] == 2
-    # EC: every candidate empty, so nothing is judged: ours three losses, official nothing to score.
-    assert tasks["EC"]["generation_failures"] == {"empty": 3, "no_candidate": 6}
+    # EC: every candidate empty. Ours: three failed samples, three losses. Official: the judge's verdicts on
+    # the empty candidates, as the release judges them: EC-0 a win, EC-1 a tie, EC-2 unread, a tie.
+    assert tasks["EC"]["generation_failures"] == {"empty": 3}
     assert tasks["EC"]["scores"] == {"win": 0.0, "tie": 0.0, "lose": 1.0}
     assert tasks["EC"]["failed_samples"] == {"judge_failed": 3}
-    assert tasks["EC"]["by_accounting"]["official"] == {"scores": {"win": None, "tie": None, "lose": None},
-                                                        "num_scored": 0}
-    assert results["outcome_w_avg_by_accounting"] == {"ours": pytest.approx(0.5), "official": pytest.approx(0.6)}
+    assert tasks["EC"]["by_accounting"]["official"] == {
+        "scores": pytest.approx({"win": 1 / 3, "tie": 2 / 3, "lose": 0}), "num_scored": 3}
+    assert results["outcome_w_avg_by_accounting"] == {"ours": pytest.approx(0.5), "official": pytest.approx(0.5)}
     table = results["table"]
     assert "| scripted (ours: failures count wrong) | 48.6 | - |" in table
-    assert "| scripted (official: failures left out) | 73.3 | - |" in table
-    assert "| SC | 48.6 | 73.3 | 33.3 | 33.3 |" in table  # beside the audit: all_0 = all_1 = 1/3 on [0, 1] x 3
+    assert "| scripted (official: the release's scorers) | 66.7 | - |" in table
+    assert "| SC | 48.6 | 66.7 | 33.3 | 33.3 |" in table  # beside the audit: all_0 = all_1 = 1/3 on [0, 1] x 3
 
     # The analyses read the same outputs: Table 4 by order, Table 5 by length, Table 6 with scripted k-shot answers.
     analyses = results["analyses"]
@@ -378,6 +400,66 @@ def test_runner_with_scripted_agents_gives_exact_figures(bench, tmp_path, monkey
     for name in ("positional", "length", "shots"):
         assert (tmp_path / "analyses" / f"{name}.md").read_text().startswith(analyses[name]["table"].split("\n")[0])
     assert "| GPT-4o (paper) | 73.7 | 71.7 | 70.5 |" in analyses["shots"]["table"]
+
+
+class Recording:
+    """A generator answering every request with one text, keeping the requests (their images)."""
+
+    def __init__(self, text):
+        self.name, self.batch_size, self.max_tiles, self.text, self.requests = "recording", 4, 0, text, []
+
+    def __call__(self, requests, rng=None):
+        self.requests += list(requests)
+        return [(self.text, None) for _ in requests]
+
+
+def test_shipped_record_whose_image_is_missing(tmp_path, monkeypatch):
+    """Three real IC records, the second's image missing. Under accounting="official" its request goes
+    without the image and is scored, as the release's clients do; under ours it is a bad record."""
+    records = [json.loads(line) for line in open(FIXTURES / "image_ref_error.jsonl", encoding="utf-8")][:3]
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "image_ref_error.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    for record in (records[0], records[2]):
+        path = data / record["image"][0]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (8, 8)).save(path)
+    missing = str(data / records[1]["image"][0])
+    # Labels: 13 steps (step 4 wrong), 9 steps (step 4), 14 steps (steps 3 and 8). Every answer names
+    # 4 labels, which the release pads with 0: [0, 0, 0, 1, 0, ...].
+    recording = Recording("[0, 0, 0, 1]")
+    monkeypatch.setattr(runner.Responder, "from_config", classmethod(lambda cls, *a, **k: recording))
+    config = tiny_config()
+    config.vlrm.accounting = "official"  # missing_images "auto": send_without
+    results = runner.evaluate(config, str(data), str(tmp_path / "official"), tasks="IC")
+    ic = results["tasks"]["IC"]
+    assert [r.images for r in recording.requests] == [(str(data / records[0]["image"][0]),), (),
+                                                      (str(data / records[2]["image"][0]),)]
+    assert results["missing_images"] == "send_without" and "(missing_images=send_without)" in results["table"]
+    assert ic["num_samples"] == 3 and ic["kept_records"] == {"missing_image": 1} and ic["bad_records"] == {}
+    # Pooled: 36 steps, 4 wrong; TP 2, FP 1 (step 4 of the third), FN 2, TN 31.
+    # F1_pos 4/7, F1_neg 62/65; (32 * 4/7 + 4 * 62/65) / 36 = 838/1365.
+    assert ic["scores"]["f1"] == pytest.approx(838 / 1365) and ic["num_scored"] == 3
+    assert ic["by_accounting"]["ours"]["scores"]["f1"] == 0.0  # ours: 4 labels for 9-14 steps, all flipped
+    assert "| IC | 3 | 0 | missing_image 1 | 0 | 0 |" in results["table"]
+    saved = runner.read_records(tmp_path / "official" / "outputs" / "image_ref_error.jsonl")[0]
+    assert saved[records[1]["id"]]["missing_images"] == [missing] and "missing_images" not in saved[records[0]["id"]]
+
+    # Ours (the default): the record is skipped and counted; the official figure is then over the other two:
+    # 27 steps, 3 wrong; TP 1, FP 1, FN 2, TN 23: (24 * 2/5 + 3 * 46/49) / 27 = 338/735.
+    recording.requests.clear()
+    results = runner.evaluate(tiny_config(), str(data), str(tmp_path / "ours"), tasks="IC")
+    ic = results["tasks"]["IC"]
+    assert ic["num_samples"] == 2 and ic["bad_records"] == {"missing_image": 1} and len(recording.requests) == 2
+    assert results["missing_images"] == "skip"
+    assert ic["by_accounting"]["official"]["scores"]["f1"] == pytest.approx(338 / 735)
+    assert "| IC | 2 | missing_image 1 | 0 |" in results["table"]
+
+    # The image found later: the sample sent without it is generated again, the others are reused.
+    Image.new("RGB", (8, 8)).save(missing)
+    recording.requests.clear()
+    runner.evaluate(config, str(data), str(tmp_path / "official"), tasks="IC")
+    assert [r.images for r in recording.requests] == [(missing,)]
 
 
 def test_analyses_on_the_tiny_model_write_tables_and_resume(bench, full_run, tmp_path, monkeypatch):

@@ -184,6 +184,27 @@ def test_loader_skips_and_counts_bad_records(tmp_path):
         vb.load_task(path, "IC", image_root=tmp_path / "img", on_bad_record="error")
 
 
+def test_missing_image_of_a_shipped_record_is_skipped_or_sent_without(tmp_path):
+    """The release's clients log a missing image and send the request without it; "send_without" keeps the
+    record (its images minus the missing one) and counts it; "skip" drops it as a bad record."""
+    records = ic_records()[:3]
+    make_images(tmp_path, [records[0], records[2]])  # records[1]'s one image is not there
+    path = tmp_path / "image_ref_error.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    skipped = vb.load_task(path, "IC", image_root=tmp_path)
+    assert [s.id for s in skipped] == [records[0]["id"], records[2]["id"]]
+    assert skipped.skipped == {"missing_image": 1} and skipped.kept == {}
+    kept = vb.load_task(path, "IC", image_root=tmp_path, missing_images="send_without")
+    assert [s.id for s in kept] == [r["id"] for r in records] and kept.skipped == {}
+    assert kept.kept == {"missing_image": 1} and "kept 1 odd records (missing_image: 1)" in kept.describe()
+    assert kept[1].images == () and kept[1].missing_images == (str(tmp_path / records[1]["image"][0]),)
+    assert kept[0].images == (str(tmp_path / records[0]["image"][0]),) and kept[0].missing_images == ()
+    assert vb.build_prompt(kept[1], "IC") == TASK_PROMPTS["image_ref_error"].format(
+        question=records[1]["question"], reasoning_process=records[1]["reasoning_error"])  # the same text
+    with pytest.raises(ValueError, match="missing_images"):
+        vb.load_task(path, "IC", image_root=tmp_path, missing_images="drop")
+
+
 def test_loader_checks_task_gt_by_theme(tmp_path):
     record = ic_records()[0]
     ff = dict(record, task_gt=True, category="foresight")
@@ -379,20 +400,29 @@ def test_step_task_scoring_pools_steps_and_counts_failures():
     both = vb.score_both("SC", samples, outputs, parser="official")
     assert both["official"].scores["f1"] == 1.0 and both["official"].parser == "official"
     assert both["ours"].scores["f1"] == pytest.approx(vb.weighted_f1([0, 1, 0, 1, 0, 0, 0, 1], [0, 1, 0, 1, 0, 1, 1, 0]))
-    # An unreadable output is "unparsable": wrong under ours, left out under official.
+    # An unreadable output is "unparsable": wrong under ours; official scores it as read, [1] padded to
+    # [1, 0, 0]: labels [0,1,0 | 1,0 | 0,0,1], predictions [0,1,0 | 0,1 | 1,0,0]: TP 1, FN 2, FP 2, TN 3;
+    # F1_pos 1/3, F1_neg 3/5; (5 * 1/3 + 3 * 3/5) / 8 = 13/30.
     unreadable = {**outputs, "c": "[1]"}
     assert vb.score_task("SC", samples, unreadable).failed_samples == {"unparsable": 1}
     assert vb.score_task("SC", samples, unreadable).scores["f1"] == pytest.approx(58 / 168)
-    assert vb.score_task("SC", samples, unreadable, accounting="official").scores["f1"] == pytest.approx(17 / 30)
+    official = vb.score_task("SC", samples, unreadable, accounting="official")
+    assert official.scores["f1"] == pytest.approx(13 / 30) and official.num_scored == 3
+    assert official.failed_samples == {} and official.failures == 1
     with pytest.raises(ValueError, match="accounting"):
         vb.score_task("SC", samples, outputs, accounting="lenient")
 
 
 def test_official_accounting_with_nothing_left_to_score():
-    result = vb.score_task("IC", [sample(id="a")], {"a": "no labels here"}, accounting="official")
+    result = vb.score_task("IC", [sample(id="a")], {"a": None}, accounting="official")
     assert result.scores == {"f1": None, "f1_pos": None, "f1_neg": None} and result.num_scored == 0
+    assert result.failed_samples == {"generation_failed": 1}
     assert vb.score_task("FF", [sample("FF", id="a", task_gt=True)], {}, accounting="official").scores == {
         "accuracy": None}
+    # An answer without a label is scored, all 0 (the release pads it): labels [0, 1], predictions [0, 0]:
+    # F1_pos 0, F1_neg 2/3; (1 * 0 + 1 * 2/3) / 2.
+    result = vb.score_task("IC", [sample(id="a")], {"a": "no labels here"}, accounting="official")
+    assert result.scores["f1"] == pytest.approx(1 / 3) and result.num_scored == 1
 
 
 def test_mj_scoring_both_orders_and_ties():
@@ -409,10 +439,12 @@ def test_mj_scoring_both_orders_and_ties():
     assert result.scores == {"accuracy": pytest.approx(2 / 7)}  # a, d of 7; e, f, g count wrong
     assert (result.num_outputs, result.failures) == (14, 4)
     assert result.failed_samples == {"generation_failed": 2, "unparsable": 1}
+    # official: e and f (an order without an output) left out; g's unread "no idea" is (0, 0): 7 + 0 > 3 + 0.
     official = vb.score_task("multi_solution", samples, outputs, accounting="official")
-    assert official.scores == {"accuracy": pytest.approx(2 / 4)} and official.num_scored == 4
+    assert official.scores == {"accuracy": pytest.approx(3 / 5)} and official.num_scored == 5
+    assert official.failed_samples == {"generation_failed": 2}
     release = vb.score_task("multi_solution", samples, outputs, parser="official", accounting="official")
-    assert release.scores == {"accuracy": pytest.approx(2 / 4)} and release.failures == 4
+    assert release.scores == {"accuracy": pytest.approx(3 / 5)} and release.failures == 4
     quirk = {"a": ('["8", "6"] Response 1 is better.', '["6", "8"] Response 2 is better.')}
     assert vb.score_task("MJ", samples[:1], quirk).scores["accuracy"] == 1.0
     assert vb.score_task("MJ", samples[:1], quirk, parser="official").scores["accuracy"] == 0.0  # (6,1),(8,2)
@@ -425,6 +457,11 @@ def test_ff_scoring():
     assert robust.scores["accuracy"] == pytest.approx(2 / 5) and robust.failures == 2
     official = vb.score_task("FF", samples, outputs, parser="official")
     assert official.scores["accuracy"] == pytest.approx(3 / 5) and official.failures == 2
+    # The release's accounting: "4" (no output) left out, "3" (no yes/no) scored wrong.
+    release = vb.score_task("FF", samples, outputs, parser="official", accounting="official")
+    assert release.scores["accuracy"] == pytest.approx(3 / 4) and release.num_scored == 4
+    assert release.failed_samples == {"generation_failed": 1}
+    assert vb.score_task("FF", samples, outputs, accounting="official").scores["accuracy"] == pytest.approx(2 / 4)
 
 
 def test_criticism_win_tie_lose():
@@ -439,6 +476,76 @@ def test_criticism_win_tie_lose():
     assert result.failures == 2 and result.num_outputs == 8 and result.failed_samples == {"judge_failed": 1}
     official = vb.score_task("ERA", samples, judged, accounting="official")
     assert official.scores == pytest.approx({"win": 1 / 3, "tie": 1 / 3, "lose": 1 / 3})
+
+
+def release_weighted_f1(labels, predictions):
+    """The release's utils.get_F1Score: scikit-learn's F1 of each class, each weighted by the other's share."""
+    labels, predictions = np.asarray(labels), np.asarray(predictions)
+    f1_pos = f1_score(labels, predictions, pos_label=1, zero_division=0)
+    f1_neg = f1_score(labels, predictions, pos_label=0, zero_division=0)
+    return (np.sum(labels == 0) * f1_pos + np.sum(labels == 1) * f1_neg) / labels.size
+
+
+def test_official_accounting_is_the_release_scorers():
+    """Short, long, unreadable, empty and missing answers, each task, scored by the release's rules by hand."""
+    # Step tasks (get_sc_mc_rd_eval_res.py): every answer padded with 0 or cut to the steps; no line left out.
+    steps = [sample("IC", id="short", task_gt=(0, 1, 0)), sample("IC", id="long", task_gt=(1, 0)),
+             sample("IC", id="unread", task_gt=(0, 0, 1)), sample("IC", id="missing", task_gt=(1, 1)),
+             sample("IC", id="empty", task_gt=(0, 1))]
+    answers = {"short": "[0, 1]", "long": "[1, 0, 1, 1]", "unread": "I cannot tell.", "empty": ""}
+    # Kept: [0,1,0 | 1,0 | 0,0,1 | 0,1] against [0,1,0 | 1,0 | 0,0,0 | 0,0]: TP 2, FN 2, FP 0, TN 6;
+    # F1_pos 4/6, F1_neg 12/14; (6 * 2/3 + 4 * 6/7) / 10 = 26/35.
+    labels = [0, 1, 0, 1, 0, 0, 0, 1, 0, 1]
+    padded = [0, 1, 0, 1, 0, 0, 0, 0, 0, 0]
+    assert release_weighted_f1(labels, padded) == pytest.approx(26 / 35)
+    for parser in vb.PARSERS:  # both parsers pad these answers alike
+        result = vb.score_task("IC", steps, answers, parser=parser, accounting="official")
+        assert result.scores["f1"] == pytest.approx(26 / 35), parser
+        assert (result.scores["f1_pos"], result.scores["f1_neg"]) == pytest.approx((2 / 3, 6 / 7))
+        assert result.num_scored == 4 and result.failed_samples == {"generation_failed": 1}
+        # Not fully read: short, unread, missing, empty; robust also "long" (4 labels for 2 steps).
+        assert result.failures == {"official": 4, "robust": 5}[parser]
+    # Ours counts those four wrong (flipped): labels [0,1,0 | 1,0 | 0,0,1 | 1,1 | 0,1] against
+    # [1,0,1 | 1,0 | 1,1,0 | 0,0 | 1,0]: TP 1, FN 5, FP 5, TN 1: F1 1/6 for both classes, weighted 1/6.
+    ours = vb.score_task("IC", steps, answers, parser="official")
+    assert ours.scores["f1"] == pytest.approx(1 / 6) and ours.failed_samples == {"generation_failed": 1,
+                                                                                  "unparsable": 3}
+
+    # MJ (get_ms_eval_res.py): the last two integers, padded; an empty answer is [0, 0]; a line needs both orders.
+    mj = [sample("MJ", id=i, task_gt=None) for i in ("both", "short", "long", "empty", "missing")]
+    pairs = {"both": ("[9, 4]", "[5, 8]"),  # 9 + 8 > 4 + 5: correct
+             "short": ("8", "[2, 7]"),  # (8, 0): 8 + 7 > 0 + 2: correct
+             "long": ("Response 1: 3, Response 2: 9, in 2 steps", "[6, 6]"),  # last two (9, 2): 15 > 8
+             "empty": ("", ""),  # (0, 0) twice: a tie, wrong
+             "missing": ("[7, 2]", None)}  # no line: left out
+    release = vb.score_task("MJ", mj, pairs, parser="official", accounting="official")
+    assert release.scores["accuracy"] == pytest.approx(3 / 4) and release.num_scored == 4
+    # robust reads "long" as (3, 9): 3 + 6 < 9 + 6, wrong; "short" as (0, 0): 0 + 7 > 0 + 2, correct.
+    assert vb.score_task("MJ", mj, pairs, accounting="official").scores["accuracy"] == pytest.approx(2 / 4)
+    assert vb.score_task("MJ", mj, pairs, parser="official").scores["accuracy"] == pytest.approx(2 / 5)
+
+    # ERA/EC (get_ec_era_eval_res.py): the judge's last two integers, padded; no judge output: left out.
+    era = [sample("ERA", id=i, task_gt="reference") for i in ("win", "short", "unread", "missing")]
+    judged = {"win": ("[6, 8]", "[9, 5]"),  # reference 6 + 5, candidate 8 + 9: win
+              "short": ("7", "[8, 3]"),  # (7, 0): reference 7 + 3 = 10, candidate 0 + 8: lose
+              "unread": ("no scores", "[5, 5]"),  # (0, 0): 0 + 5 each: tie
+              "missing": (None, None)}
+    release = vb.score_task("ERA", era, judged, parser="official", accounting="official")
+    assert release.scores == pytest.approx({"win": 1 / 3, "tie": 1 / 3, "lose": 1 / 3})
+    assert release.num_scored == 3 and release.failed_samples == {"judge_failed": 1}
+    ours = vb.score_task("ERA", era, judged, parser="official")
+    assert ours.scores == pytest.approx({"win": 1 / 4, "tie": 0, "lose": 3 / 4})
+
+
+def test_official_accounting_scores_unread_answers_of_the_shipped_records():
+    """Every one of the 58 real IC records answered without a label: the release scores them all 0, so F1 is
+    the all-0 baseline (806 steps, 165 erroneous: F1_pos 0, F1_neg 2*641 / (2*641 + 165), weight 165/806)."""
+    data = vb.load_task(IC_FILE, "IC")
+    unread = {s.id: "The image does not show enough to say." for s in data}
+    result = vb.score_task("IC", data.samples, unread, parser="official", accounting="official")
+    assert result.scores["f1"] == pytest.approx(165 / 806 * 1282 / 1447) and result.num_scored == 58
+    assert result.failures == 58 and result.failed_samples == {}
+    assert vb.score_task("IC", data.samples, unread, parser="official").scores["f1"] == 0.0  # ours: all flipped
 
 
 # ---------------------------------------------------------------- table
@@ -585,16 +692,18 @@ def test_length_buckets_on_crafted_records():
 def test_positional_bias_from_mj_outputs():
     from fire_jax.vlrmbench import analyses as va
 
-    samples = [sample("MJ", id=i, task_gt=None) for i in "abc"]
-    outputs = {"a": ("[9, 2]", "[2, 9]"), "b": ("[9, 4]", "[9, 4]"), "c": ("[8, 3]", "unsure")}
+    samples = [sample("MJ", id=i, task_gt=None) for i in "abcd"]
+    outputs = {"a": ("[9, 2]", "[2, 9]"), "b": ("[9, 4]", "[9, 4]"), "c": ("[8, 3]", "unsure")}  # "d": none
     results = va.positional(samples, outputs)
+    # better_first: a, b, c right; d counts wrong (ours) or is left out (official). Means over a, b, c.
     assert results["better_first"] == {"mean_response_1": pytest.approx(26 / 3), "mean_response_2": 3.0,
-                                       "accuracy": {"ours": 1.0, "official": 1.0}, "samples": 3, "failed": 0}
-    assert results["better_second"]["accuracy"] == {"ours": pytest.approx(1 / 3), "official": 0.5}
-    assert results["better_second"]["failed"] == 1 and results["better_second"]["mean_response_1"] == 5.5
+                                       "accuracy": {"ours": 0.75, "official": 1.0}, "samples": 4, "failed": 1}
+    # better_second: a right, b wrong; c's "unsure" counts wrong (ours) or is read as (0, 0), wrong (official).
+    assert results["better_second"]["accuracy"] == {"ours": 0.25, "official": pytest.approx(1 / 3)}
+    assert results["better_second"]["failed"] == 2 and results["better_second"]["mean_response_1"] == 5.5
     table = va.positional_table(results, "m", vb.load_paper_results())
     assert "| better_first | GPT-4o (paper) | 9.8 | 7.8 | 52.2 |  |  |" in table
-    assert "| better_second | m | 5.5 | 6.5 | 33.3 | 50.0 | 1/3 |" in table
+    assert "| better_second | m | 5.5 | 6.5 | 25.0 | 33.3 | 2/4 |" in table
 
 
 def test_shot_prompt_and_answer_matching():

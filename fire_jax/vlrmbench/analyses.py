@@ -101,10 +101,12 @@ def _write(workdir: Path, name: str, title: str, table: str, results: dict) -> d
     return {**results, "table": text}
 
 
-def _outputs(workdir: Path, data: TaskData) -> dict:
+def _outputs(workdir: Path, data: TaskData, path: Path | None = None) -> dict[str, dict]:
+    """What each accounting reads from a task's outputs JSONL (default: the main run's), by accounting."""
     from fire_jax.vlrmbench.runner import read_records, task_outputs
 
-    return task_outputs(data.samples, read_records(workdir / "outputs" / f"{data.task}.jsonl")[0])
+    records = read_records(path or workdir / "outputs" / f"{data.task}.jsonl")[0]
+    return {a: task_outputs(data.samples, records, a) for a in ACCOUNTINGS}
 
 
 # ----------------------------------------------------------------------------
@@ -112,31 +114,44 @@ def _outputs(workdir: Path, data: TaskData) -> dict:
 # ----------------------------------------------------------------------------
 
 
-def positional(samples: Sequence[Sample], outputs: Mapping[str, Any], parser: str = "robust") -> dict:
+def positional(samples: Sequence[Sample], outputs: Mapping[str, Any], parser: str = "robust",
+               official_outputs: Mapping[str, Any] | None = None) -> dict:
     """Table 4 from MJ outputs: per order, mean score of response 1 and 2 and that order's accuracy.
 
     better_first = order 0 (the good solution is response 1; correct when its
     score is higher), better_second = order 1. Means are over the outputs read;
-    accuracy under both accountings (an unread output counts wrong or is left out).
+    accuracy under both accountings: ours counts an output missing or not read
+    wrong; official (as :func:`fire_jax.vlrmbench.score_task`) reads every
+    output there is with the parser's padding and leaves out a missing one.
+    ``official_outputs``: what the official accounting reads (default ``outputs``).
     """
+    official_outputs = outputs if official_outputs is None else official_outputs
     results = {}
     for order, name in ((0, "better_first"), (1, "better_second")):
         read, correct, failed = [], 0, 0
+        kept, official_correct = 0, 0
         for sample in samples:
-            text = outputs.get(sample.id, (None, None))[order]
-            (first, second), ok = try_parse_scores(text, parser)
-            if not ok:
-                failed += 1
-                continue
-            read.append((first, second))
-            good, bad = (first, second) if order == 0 else (second, first)
-            correct += good > bad
+            (first, second), ok = try_parse_scores(outputs.get(sample.id, (None, None))[order], parser)
+            if ok:
+                read.append((first, second))
+                correct += _order_correct(order, first, second)
+            failed += not ok
+            text = official_outputs.get(sample.id, (None, None))[order]
+            if text is not None:
+                kept += 1
+                official_correct += _order_correct(order, *try_parse_scores(text, parser)[0])
         mean = [sum(s[i] for s in read) / len(read) if read else None for i in (0, 1)]
         results[name] = {"mean_response_1": mean[0], "mean_response_2": mean[1],
                          "accuracy": {"ours": correct / len(samples),
-                                      "official": correct / len(read) if read else None},
+                                      "official": official_correct / kept if kept else None},
                          "samples": len(samples), "failed": failed}
     return results
+
+
+def _order_correct(order: int, first: float, second: float) -> bool:
+    """Whether one MJ order's two scores rank the good solution (response 1 in order 0) higher."""
+    good, bad = (first, second) if order == 0 else (second, first)
+    return good > bad
 
 
 def positional_table(results: Mapping, model: str, paper: Mapping) -> str:
@@ -162,11 +177,13 @@ def length_buckets(samples: Sequence[Sample]) -> dict[str, list[Sample]]:
     return groups
 
 
-def by_length(samples: Sequence[Sample], outputs: Mapping[str, Any], parser: str = "robust") -> dict:
-    """Table 5: SC weighted F1 per length bucket, under both accountings, with the bucket sizes."""
+def by_length(samples: Sequence[Sample], outputs: Mapping[str, Any], parser: str = "robust",
+              official_outputs: Mapping[str, Any] | None = None) -> dict:
+    """Table 5: SC weighted F1 per length bucket, under both accountings, with the bucket sizes.
+    ``official_outputs``: what the official accounting reads (default ``outputs``; see score_both)."""
     out = {}
     for name, group in length_buckets(samples).items():
-        both = score_both("step_correctness", group, outputs, parser) if group else {}
+        both = score_both("step_correctness", group, outputs, parser, official_outputs) if group else {}
         out[name] = {"samples": len(group), **{a: (both[a].scores["f1"] if group else None) for a in ACCOUNTINGS},
                      "failed_samples": both["ours"].failed_samples if group else {}}
     return out
@@ -213,7 +230,7 @@ def shot_examples(sample: Sample, pool: Sequence[Sample], shots: int) -> list[Sa
 
 def shots(config, data: TaskData, generator, workdir: Path) -> dict:
     """Table 6: SC F1 with 0 (the main run), 1 and 2 in-context examples."""
-    from fire_jax.vlrmbench.runner import read_records, run_task, task_outputs, task_settings
+    from fire_jax.vlrmbench.runner import run_task, task_settings
 
     folder = workdir / "analyses" / "shots"
     counts = [int(k) for k in config.analyses.shots.k.split(",")]
@@ -225,10 +242,10 @@ def shots(config, data: TaskData, generator, workdir: Path) -> dict:
         path = folder / f"step_correctness_{k}shot.jsonl"
         run_task(data, generator, None, path, render=config.vlrm.render,
                  prompt=lambda sample, order, k=k: shot_prompt(sample, shot_examples(sample, data.samples, k)))
-        outputs[k] = task_outputs(data.samples, read_records(path)[0])
+        outputs[k] = _outputs(workdir, data, path)
     results = {}
     for k in sorted(set(counts) | {0}):
-        both = score_both(data.task, data.samples, outputs[k], config.vlrm.parser)
+        both = score_both(data.task, data.samples, outputs[k]["ours"], config.vlrm.parser, outputs[k]["official"])
         results[f"{k}-shot"] = {a: both[a].scores["f1"] for a in ACCOUNTINGS} | {
             "failed_samples": both["ours"].failed_samples, "samples": len(data.samples)}
     return results
@@ -488,13 +505,16 @@ def run(names: Sequence[str], config, datasets: Mapping[str, TaskData], generato
     for name in names:
         if name == "positional":
             data = datasets["multi_solution"]
-            results = positional(data.samples, _outputs(workdir, data), parser)
+            outputs = _outputs(workdir, data)
+            results = positional(data.samples, outputs["ours"], parser, outputs["official"])
             out[name] = _write(workdir, name, "MJ accuracy by the better solution's position (paper Table 4); "
-                               "acc counts unread outputs wrong, acc (official) leaves them out.",
+                               "acc counts unread outputs wrong, acc (official) scores them as the release "
+                               "reads them and leaves out missing ones.",
                                positional_table(results, model, paper), results)
         elif name == "length":
             data = datasets["step_correctness"]
-            results = by_length(data.samples, _outputs(workdir, data), parser)
+            outputs = _outputs(workdir, data)
+            results = by_length(data.samples, outputs["ours"], parser, outputs["official"])
             out[name] = _write(workdir, name, "SC weighted F1 (%) by reasoning length (paper Table 5).",
                                length_table(results, model, paper), results)
         elif name == "shots":

@@ -37,6 +37,8 @@ class Sample:
     task_gt: Any
     category: str
     line: int  # 1-based line of the record in its JSONL file
+    # Image files of the record that do not exist, left out of `images` (missing_images="send_without").
+    missing_images: tuple[str, ...] = ()
 
 
 class BadRecord(BadRecordError):
@@ -58,7 +60,8 @@ class TaskData:
     samples: list[Sample]
     skipped: BadRecords  # reason -> number of records (and the first offender of each)
     # reason -> records kept although odd: "step_count_mismatch" (task_gt's length differs from the
-    # STEP markers of reasoning_error; kept, as the release keeps them, with len(task_gt) steps).
+    # STEP markers of reasoning_error; kept, as the release keeps them, with len(task_gt) steps) and
+    # "missing_image" (an image file does not exist; kept under missing_images="send_without").
     kept: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
     def __len__(self) -> int:
@@ -91,8 +94,11 @@ def _text_fields(info: TaskInfo) -> tuple[str, ...]:
     return ("reasoning_error",)
 
 
+MISSING_IMAGES = ("skip", "send_without")
+
+
 def _parse_record(text: str, info: TaskInfo, path: Path, line: int, image_root: Path | None,
-                  kept: collections.Counter) -> Sample:
+                  kept: collections.Counter, missing_images: str = "skip") -> Sample:
     def bad(reason: str, field: str | None, detail: str) -> BadRecord:
         return BadRecord(path, line, field, reason, detail)
 
@@ -143,12 +149,15 @@ def _parse_record(text: str, info: TaskInfo, path: Path, line: int, image_root: 
             raise bad("bad_field", "task_gt", "expected the reference answer (a string or a list of steps)")
         task_gt = task_gt if isinstance(task_gt, str) else tuple(task_gt)
 
-    images = tuple(record["image"])
+    images, missing = tuple(record["image"]), ()
     if image_root is not None:
         images = tuple(str(image_root / p) for p in images)
-        for image in images:
-            if not Path(image).is_file():
-                raise bad("missing_image", "image", f"no file {image}")
+        missing = tuple(image for image in images if not Path(image).is_file())
+        if missing and missing_images == "skip":
+            raise bad("missing_image", "image", f"no file {missing[0]}")
+        if missing:
+            kept["missing_image"] += 1
+            images = tuple(image for image in images if image not in missing)
 
     step_list = record.get("step_list")
     return Sample(
@@ -161,22 +170,27 @@ def _parse_record(text: str, info: TaskInfo, path: Path, line: int, image_root: 
         task_gt=task_gt,
         category=record["category"],
         line=line,
+        missing_images=missing,
     )
 
 
 def load_task(path_or_dir: str | Path, task: str, image_root: str | Path | None = None,
-              on_bad_record: str = "skip") -> TaskData:
+              on_bad_record: str = "skip", missing_images: str = "skip") -> TaskData:
     """Reads one task's JSONL (`path_or_dir` is the file or the folder holding `<task>.jsonl`).
 
     Bad records are malformed JSON lines, missing or mistyped fields, a
     duplicate id, and (when `image_root` is given) an image file that does
-    not exist. A step record whose labels count differently from the STEP
-    markers of reasoning_error is kept (the release keeps it; the labels give
-    the number of steps) and counted in `TaskData.kept`.
+    not exist -- unless `missing_images="send_without"`, which keeps such a
+    record without those images (the release's clients send its request
+    without them) and counts it in `TaskData.kept` ("missing_image"). A step
+    record whose labels count differently from the STEP markers of
+    reasoning_error is kept (the release keeps it; the labels give the number
+    of steps) and counted in `TaskData.kept`.
     `on_bad_record="skip"` drops them and counts them in `TaskData.skipped` by
     reason; `"error"` raises BadRecord naming file, line and field.
     """
     check_choice(on_bad_record, ("skip", "error"), "on_bad_record")
+    check_choice(missing_images, MISSING_IMAGES, "missing_images")
     info = task_info(task)
     path = Path(path_or_dir)
     if path.is_dir():
@@ -192,7 +206,7 @@ def load_task(path_or_dir: str | Path, task: str, image_root: str | Path | None 
                 continue
             try:
                 odd = collections.Counter()
-                sample = _parse_record(text, info, path, line, root, odd)
+                sample = _parse_record(text, info, path, line, root, odd, missing_images)
                 if sample.id in seen:
                     raise BadRecord(path, line, "id", "duplicate_id", f"id {sample.id!r} seen before")
             except BadRecord as e:

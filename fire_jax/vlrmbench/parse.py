@@ -84,10 +84,12 @@ def _step_readings(text: str) -> Iterator[list[int] | dict[int, int]]:
 def try_parse_step_labels(text: str | None, num_steps: int, parser: str = "robust") -> tuple[list[int], bool]:
     """Per-step labels (1 = erroneous) read from a step-task output, and whether reading succeeded.
 
-    official (the release): every integer in the text is a label, values > 1
-    become 1, the first `num_steps` are kept, missing ones are 0; it "fails"
-    when the text has fewer integers than steps. It reads "STEP 1: 0, STEP 2:
-    1" as [1, 0, 1, 1] and counts a restated "[Indicator for STEP 1, ...]".
+    official (the release's ``utils.format_model_answer_tolist``): every
+    integer in the text is a label, values > 1 become 1, the first
+    `num_steps` are kept, missing ones are 0; a text with fewer integers than
+    steps counts as a parse failure (the official accounting scores it
+    padded, as the release does). It reads "STEP 1: 0, STEP 2: 1" as
+    [1, 0, 1, 1] and counts a restated "[Indicator for STEP 1, ...]".
     robust (default): the readings of :func:`_step_readings`, in order --
     bracketed 0/1 lists (last first), then parenthesised ones, "STEP k: x"
     pairs, numbered rows ("1. 0", "| 1 | 1 |"), lines of bare labels -- where
@@ -126,8 +128,9 @@ def parse_step_labels(text: str | None, num_steps: int, parser: str = "robust") 
 def try_parse_scores(text: str | None, parser: str = "robust") -> tuple[tuple[float, float], bool]:
     """The two scores (response 1, response 2) of an MJ or judge output, and whether reading succeeded.
 
-    official (the release): the last two integers, padded with 0 when fewer
-    (it "fails" then); '["8", "6"] Response 1 is better.' reads as (6, 1).
+    official (the release's ``utils.format_ms_ec_era_model_answer_tolist``):
+    the last two integers, padded with 0 when fewer (a parse failure then);
+    '["8", "6"] Response 1 is better.' reads as (6, 1).
     robust (default): the last bracketed list of exactly two numbers (quotes
     and "/10" allowed), else "Response 1: x ... Response 2: y"; (0, 0) when
     neither is there.

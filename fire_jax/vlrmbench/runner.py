@@ -28,16 +28,27 @@ a short last batch is filled with one-token dummy rows so every call has
 ``batch_size`` rows (no recompiles). MJ is generated in both orders. ERA and
 EC: the model writes a critique (the candidate), then the judge (the same
 model unless ``config.judge`` names another) scores (reference, candidate)
-in both orders with the release's judge prompts. A sample whose candidate
-failed is not judged; its judge outputs count as failures.
+in both orders with the release's judge prompts. Every candidate that came
+back is judged, an empty one too (the release judges it); one whose
+generation raised is not (``no_candidate``).
 
 **Failures.** A generation that raises, or yields empty text, is recorded
 with its reason (``exception``, ``empty``, ``input`` for an unreadable image,
 ``no_candidate``). Scoring then follows ``config.vlrm.accounting``
 (:func:`fire_jax.vlrmbench.score_task`): "ours" counts a failed or
-unreadable sample wrong, "official" leaves it out as the release does. Both
-figures are in results.json (``by_accounting``) and in the table, with the
-failed samples by reason (generation_failed, judge_failed, unparsable).
+unreadable sample wrong (an empty answer or candidate is a failed one);
+"official" scores as the release's scorers, which read an empty answer as
+written and leave out only a sample with no output (:func:`task_outputs`).
+Both figures are in results.json (``by_accounting``) and in the table, with
+the failed samples by reason (generation_failed, judge_failed, unparsable).
+
+**Missing images.** ``config.vlrm.missing_images``: "skip" drops a record
+whose image file does not exist (a bad record, ``missing_image``, counted);
+"send_without" keeps it and sends its request without that image, as the
+release's clients do (they log the error and go on), counted as a kept odd
+record (``missing_image``); "auto" (default) is "send_without" under
+``accounting="official"``, else "skip". An image file that exists but cannot
+be read fails its request (``input``; the release's client stops there).
 
 **Resuming.** Each sample's raw outputs are appended, as one JSON line, to
 ``workdir/outputs/<task>.jsonl`` once all its generations are done (a batch
@@ -68,9 +79,9 @@ from fire_jax.infer.api import ApiAgent, ApiError, image_url, is_api_spec
 from fire_jax.infer.decode import DecodeConfig
 from fire_jax.infer.loading import display_name, load
 from fire_jax.results import ResultStore, check_settings, write_json
-from fire_jax.vlrmbench.data import Sample, TaskData, load_task
+from fire_jax.vlrmbench.data import MISSING_IMAGES, Sample, TaskData, load_task
 from fire_jax.vlrmbench.score import ACCOUNTINGS, TaskResult, results_table, score_both, theme_average
-from fire_jax.vlrmbench.tasks import TASKS, build_judge_prompt, build_prompt, num_orders, task_info
+from fire_jax.vlrmbench.tasks import TASKS, build_judge_prompt, build_prompt, check_choice, num_orders, task_info
 
 # ----------------------------------------------------------------------------
 # Prompts with several images
@@ -124,7 +135,7 @@ def build_batch(rows: Sequence[Prepared], max_tiles: int = 0, multiple: int = 1)
     behind their tiles.
     """
     pixel_values = pad_tiles([row.tiles for row in rows], tiles=max_tiles, multiple=multiple,
-                             limit_name=f"generate.max_tiles={max_tiles}")
+                             tile_size=rows[0].tiles.shape[-1], limit_name=f"generate.max_tiles={max_tiles}")
     return [row.ids for row in rows], pixel_values, [row.sizes for row in rows]
 
 
@@ -144,6 +155,7 @@ class Responder:
 
     Generation is the student's and the teacher's (:class:`fire_jax.infer.agents.Agent`, every call padded to
     ``batch_size`` rows); what is VLRMBench's own is the multi-image prompt and the per-request failures.
+    A request may have no image (its files were missing: ``missing_images="send_without"``).
     """
 
     def __init__(self, model, chat: ChatTokenizer, *, name: str, batch_size: int, decode: DecodeConfig,
@@ -187,7 +199,9 @@ class Responder:
                 images[path] = preprocess(load_image(path), self.geometry)
         tiles = [images[path] for path in request.images]
         sizes = [size for _, size in tiles]
-        return Prepared(encode_prompt(self.chat, request.prompt, sizes), np.concatenate([t for t, _ in tiles]), sizes)
+        size = self.geometry.tile_size
+        pixels = np.concatenate([t for t, _ in tiles]) if tiles else np.zeros((0, 3, size, size), np.float32)
+        return Prepared(encode_prompt(self.chat, request.prompt, sizes), pixels, sizes)
 
     def __call__(self, requests: Sequence[Request], rng=None) -> list[tuple[str | None, str | None]]:
         """(text, failure) per request: failure None, or "input: ...", "exception: ...", "empty".
@@ -305,8 +319,8 @@ def read_records(path: Path) -> tuple[dict[str, dict], int]:
 
 
 def record_failures(record: dict) -> list[str]:
-    """The failure reasons of one record (empty when every generation succeeded)."""
-    return [f for f in record["failures"] if f]
+    """The failure reasons of one record, ERA/EC's candidate first (empty when every generation succeeded)."""
+    return [f for f in [record.get("candidate_failure")] + record["failures"] if f]
 
 
 def _reason(failure: str) -> str:
@@ -319,7 +333,9 @@ def run_task(data: TaskData, generator: Responder | ApiResponder, judge: Respond
 
     A record: ``{"id", "outputs": [text | null, ...], "failures": [null | reason, ...]}``
     (outputs as score_task reads them: one text, MJ's two orders, or the judge's
-    two orders), plus ERA/EC's ``"candidate"`` and ``"candidate_failure"``.
+    two orders), plus ERA/EC's ``"candidate"`` and ``"candidate_failure"``, and
+    ``"missing_images"`` when the request went without some of the sample's
+    image files (a sample's record is generated again once its images differ).
     ``prompt(sample, order)`` replaces the release's prompt (the k-shot analysis).
     """
     from tqdm.auto import tqdm
@@ -329,8 +345,13 @@ def run_task(data: TaskData, generator: Responder | ApiResponder, judge: Respond
             tqdm(total=len(data), desc=f"{info.short:>3}", dynamic_ncols=True) as bar:
         if store.cut:
             _warn(f"{path}: cut a partial last line (an interrupted write); that sample is generated again")
-        done = {i: r for i, r in store.records.items() if not (retry_failed and record_failures(r))}
-        pending = [s for s in data if s.id not in done]
+
+        def done(sample: Sample) -> bool:  # generated, not to retry, with the images it has now
+            record = store.records.get(sample.id)
+            return (record is not None and not (retry_failed and record_failures(record))
+                    and record.get("missing_images", []) == list(sample.missing_images))
+
+        pending = [s for s in data if not done(s)]
         bar.update(len(data) - len(pending))
         for start in range(0, len(pending), generator.batch_size):
             group = pending[start:start + generator.batch_size]
@@ -349,29 +370,49 @@ def _generate_group(samples: Sequence[Sample], task: str, generator: Responder, 
     prompt = prompt or (lambda sample, order: build_prompt(sample, task, render, order))
     requests = [Request(prompt(s, order), s.images) for s in samples for order in range(orders)]
     outs = generator(requests)
+    missing = lambda s: {"missing_images": list(s.missing_images)} if s.missing_images else {}
     if info.theme != "criticism":
         return [{"id": s.id, "outputs": [t for t, _ in outs[k * orders:(k + 1) * orders]],
-                 "failures": [e for _, e in outs[k * orders:(k + 1) * orders]]} for k, s in enumerate(samples)]
-    judged = [k for k, (_, failure) in enumerate(outs) if failure is None]
-    verdicts = judge([Request(build_judge_prompt(samples[k], task, outs[k][0], render, order), samples[k].images)
-                      for k in judged for order in (0, 1)])
+                 "failures": [e for _, e in outs[k * orders:(k + 1) * orders]], **missing(s)}
+                for k, s in enumerate(samples)]
+    judged = [k for k, (_, failure) in enumerate(outs) if failure in (None, "empty")]
+    verdicts = judge([Request(build_judge_prompt(samples[k], task, outs[k][0] or "", render, order),
+                              samples[k].images) for k in judged for order in (0, 1)])
     by_sample = {k: verdicts[2 * j:2 * j + 2] for j, k in enumerate(judged)}
     records = []
     for k, s in enumerate(samples):
         pair = by_sample.get(k, [(None, "no_candidate")] * 2)
         records.append({"id": s.id, "candidate": outs[k][0], "candidate_failure": outs[k][1],
-                        "outputs": [t for t, _ in pair], "failures": [e for _, e in pair]})
+                        "outputs": [t for t, _ in pair], "failures": [e for _, e in pair], **missing(s)})
     return records
 
 
-def task_outputs(samples: Sequence[Sample], records: dict[str, dict]) -> dict[str, Any]:
-    """What score_task reads: per id one text (step tasks, FF) or a pair; a failed generation as None."""
+def task_outputs(samples: Sequence[Sample], records: dict[str, dict], accounting: str = "ours") -> dict[str, Any]:
+    """What score_task reads under ``accounting``: per id one text (step tasks, FF) or a pair (MJ's orders,
+    ERA/EC's judge outputs); None where there is no output.
+
+    ours: every failed generation is None, an empty answer too, and both judge outputs of an ERA/EC sample
+    whose candidate failed or came back empty. official: what the release's output files hold: a request
+    that raised (or whose image could not be read) is None, as the release's client writes no line for it;
+    an empty answer is "" (written, then scored); ERA/EC: the judge's outputs for every candidate that came
+    back, an empty one included.
+    """
+    check_choice(accounting, ACCOUNTINGS, "accounting")
+    official = accounting == "official"
+
+    def text(output: str | None, failure: str | None) -> str | None:
+        if failure is None:
+            return output
+        return (output or "") if official and failure == "empty" else None
+
     outputs = {}
     for sample in samples:
         record = records.get(sample.id)
         if record is None:
             continue
-        texts = [t if e is None else None for t, e in zip(record["outputs"], record["failures"])]
+        candidate = record.get("candidate_failure")
+        no_candidate = candidate is not None and not (official and candidate == "empty")
+        texts = [None if no_candidate else text(t, e) for t, e in zip(record["outputs"], record["failures"])]
         outputs[sample.id] = texts[0] if len(texts) == 1 else tuple(texts)
     return outputs
 
@@ -384,8 +425,7 @@ def failure_counts(samples: Sequence[Sample], records: dict[str, dict]) -> colle
         if record is None:
             counts["missing"] += 1
             continue
-        for failure in record_failures(record) + ([record["candidate_failure"]] if record.get("candidate_failure")
-                                                  else []):
+        for failure in record_failures(record):
             counts[_reason(failure)] += 1
     return counts
 
@@ -403,6 +443,16 @@ def select_tasks(tasks: str | Sequence[str]) -> list[str]:
         return [t.file for t in TASKS]
     chosen = {task_info(t).file for t in tasks}
     return [t.file for t in TASKS if t.file in chosen]
+
+
+def missing_images(config) -> str:
+    """``config.vlrm.missing_images`` with "auto" resolved: the release's "send_without" under
+    ``accounting="official"``, else "skip" (see the module's "Missing images")."""
+    choice = config.vlrm.get("missing_images", "auto")
+    if choice == "auto":
+        return "send_without" if config.vlrm.accounting == "official" else "skip"
+    check_choice(choice, MISSING_IMAGES, "vlrm.missing_images")
+    return choice
 
 
 def judge_config(config):
@@ -484,8 +534,8 @@ def evaluate(config, data_dir: str, workdir: str, *, image_root: str | None = No
     workdir_path = Path(workdir)
     (workdir_path / "outputs").mkdir(parents=True, exist_ok=True)
 
-    datasets = {f: load_task(data_dir, f, image_root or data_dir, on_bad_record=config.vlrm.on_bad_record)
-                for f in files}
+    datasets = {f: load_task(data_dir, f, image_root or data_dir, on_bad_record=config.vlrm.on_bad_record,
+                             missing_images=missing_images(config)) for f in files}
     for data in datasets.values():
         print(data.describe())
     _check_settings(workdir_path, config, files)
@@ -494,7 +544,8 @@ def evaluate(config, data_dir: str, workdir: str, *, image_root: str | None = No
     _check_tiles(datasets, generator)
     judge = _build_judge(config, generator) if any(task_info(f).theme == "criticism" for f in files) else None
     print(f"model: {generator.name}; ERA/EC judge: {judge_name(config)}; render={config.vlrm.render}, "
-          f"parser={config.vlrm.parser}; outputs in {workdir_path / 'outputs'}")
+          f"parser={config.vlrm.parser}, accounting={config.vlrm.accounting}, missing_images="
+          f"{missing_images(config)}; outputs in {workdir_path / 'outputs'}")
 
     generated = {}
     for f, data in datasets.items():
@@ -505,7 +556,8 @@ def evaluate(config, data_dir: str, workdir: str, *, image_root: str | None = No
     for who in dict.fromkeys(g for g in (generator, judge) if isinstance(g, ApiResponder)):
         tqdm.write(f"{who.spec}: failed tries by reason (retried ones included): {dict(who.failures) or 'none'}")
     results = score(datasets, workdir_path, model=generator.name, judge=judge_name(config),
-                    parser=config.vlrm.parser, render=config.vlrm.render, accounting=config.vlrm.accounting)
+                    parser=config.vlrm.parser, render=config.vlrm.render, accounting=config.vlrm.accounting,
+                    missing_images=missing_images(config))
     if names:
         results["analyses"] = vlrm_analyses.run(names, config, datasets, generator, workdir_path)
     return results
@@ -527,16 +579,17 @@ def _check_tiles(datasets: dict[str, TaskData], generator: Responder) -> None:
                                  f"raise it, or set 0 to size each batch to its largest sample")
 
 
-ACCOUNTING_ROWS = {"ours": "failures count wrong", "official": "failures left out"}
+ACCOUNTING_ROWS = {"ours": "failures count wrong", "official": "the release's scorers"}
 
 
 def score(datasets: dict[str, TaskData], workdir: Path, *, model: str, judge: str, parser: str, render: str,
-          accounting: str = "ours") -> dict:
+          accounting: str = "ours", missing_images: str = "skip") -> dict:
     """Score the tasks from their outputs JSONL; write and print results.json / results.md.
 
     Every task is scored under both accountings; ``accounting`` picks the
     one in ``scores`` and the W-Avgs, ``by_accounting`` holds both, and the
-    table has a row for each.
+    table has a row for each. ``missing_images``: how ``datasets`` were
+    loaded, named in results.json and the table.
     """
     from fire_jax.vlrmbench.audit import audit_table
 
@@ -550,7 +603,8 @@ def score(datasets: dict[str, TaskData], workdir: Path, *, model: str, judge: st
         entry = dict(bad_records=dict(data.skipped), kept_records=dict(data.kept),
                      generation_failures=dict(failures), unreadable_output_lines=unreadable)
         if data.samples:
-            both = score_both(f, data.samples, task_outputs(data.samples, records), parser)
+            both = score_both(f, data.samples, task_outputs(data.samples, records), parser,
+                              official_outputs=task_outputs(data.samples, records, "official"))
             for a, result in both.items():
                 results[a][f] = result
             entry.update(both[accounting].to_json())
@@ -560,10 +614,11 @@ def score(datasets: dict[str, TaskData], workdir: Path, *, model: str, judge: st
         tasks[task_info(f).short] = entry
     rows_accounting = (accounting,) + tuple(a for a in ACCOUNTINGS if a != accounting)
     rows = {f"{model} ({a}: {ACCOUNTING_ROWS[a]})": results[a] for a in rows_accounting}
-    table = (results_table(rows, judge=judge, render=render) + _counts_table(datasets, tasks)
+    table = (results_table(rows, judge=judge, render=render) + _counts_table(datasets, tasks, missing_images)
              + audit_table(datasets, {name: {f: r.scores["f1"] for f, r in results[a].items() if "f1" in r.scores}
                                       for name, a in zip(rows, rows_accounting)}))
-    summary = dict(model=model, judge=judge, parser=parser, render=render, accounting=accounting, tasks=tasks)
+    summary = dict(model=model, judge=judge, parser=parser, render=render, accounting=accounting,
+                   missing_images=missing_images, tasks=tasks)
     for theme in ("step", "outcome"):
         summary[f"{theme}_w_avg"] = theme_average(results[accounting], theme)
         summary[f"{theme}_w_avg_by_accounting"] = {a: theme_average(results[a], theme) for a in ACCOUNTINGS}
@@ -575,14 +630,17 @@ def score(datasets: dict[str, TaskData], workdir: Path, *, model: str, judge: st
     return {**summary, "table": table}
 
 
-def _counts_table(datasets: dict[str, TaskData], tasks: dict[str, dict]) -> str:
+def _counts_table(datasets: dict[str, TaskData], tasks: dict[str, dict], missing_images: str = "skip") -> str:
     """Per task: samples, records skipped and kept odd, failed generations, failed samples, by reason."""
     def reasons(counts: dict) -> str:
         return ", ".join(f"{r} {n}" for r, n in sorted(counts.items())) or "0"
 
     lines = ["", "Samples; bad records skipped and odd records kept; failed generations (exception, empty "
              "output, unreadable input, ERA/EC judge skipped for lack of a candidate); failed samples (counted "
-             "wrong by ours, left out by official), by reason:", "",
+             "wrong by ours, left out by official), by reason. A record whose image file is missing: "
+             + {"skip": "skipped (bad record missing_image)",
+                "send_without": "sent without it, as the release (kept record missing_image)"}[missing_images]
+             + f" (missing_images={missing_images}).", "",
              "| Task | samples | bad records | kept records | failed generations | failed samples |",
              "| --- | ---: | --- | --- | --- | --- |"]
     for f in datasets:

@@ -1,8 +1,9 @@
 """Scoring VLRMBench outputs, and the table shaped like Table 3 of the VLRMBench paper beside its rows (SPEC 7).
 
-Outputs are keyed by sample id; a missing id is a failed generation. ``accounting="ours"`` counts a failed
-sample (its generation or judge call failed, or its output could not be read) wrong; ``"official"`` leaves
-it out of the score, as the release's scripts do. Plain Python and numpy.
+Outputs are keyed by sample id: a text, or None (also a missing id) where no output came back. Two
+accountings: ``"ours"`` counts a failed sample (no output, or one the parser cannot fully read) wrong;
+``"official"`` scores exactly as the release's scorers do (see :func:`score_task`): a short or unreadable
+answer is padded and scored, and only a sample without an output is left out. Plain Python and numpy.
 """
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ from fire_jax.vlrmbench.parse import PARSERS, parse_foresight, try_parse_scores,
 from fire_jax.vlrmbench.tasks import TASKS, check_choice, task_info
 
 
-# What a failed sample (its generation or judge call failed, or its output could not be read) counts as:
-# "ours" counts it wrong (every step label flipped, MJ/FF wrong, ERA/EC a loss); "official" leaves it
-# out of the score, as the release's scripts do.
+# How failed samples are scored: "ours" counts a sample whose output is missing or not fully read wrong
+# (every step label flipped, MJ/FF wrong, ERA/EC a loss); "official" is the release's scorers (score_task).
 ACCOUNTINGS = ("ours", "official")
 FAILURE_REASONS = ("generation_failed", "judge_failed", "unparsable")
 PAPER_RESULTS = Path(__file__).parent / "paper_results.json"
@@ -103,12 +103,13 @@ class TaskResult:
     task: str  # file name
     num_samples: int
     num_outputs: int  # 2 per sample for MJ, ERA, EC; else 1
-    failures: int  # outputs missing or not read by the parser
+    failures: int  # outputs missing or not fully read by the parser (under either accounting)
     scores: dict[str, float | None]
     parser: str
     accounting: str = "ours"
-    num_scored: int = -1  # samples in the score: all under "ours", the others left out under "official"
-    # Failed samples by reason (FAILURE_REASONS): counted wrong ("ours") or left out ("official").
+    num_scored: int = -1  # samples in the score: all under "ours"; under "official" those with an output
+    # Failed samples by reason (FAILURE_REASONS): under "ours" the samples counted wrong; under "official"
+    # the samples left out (no output), while an unread output is scored as the release reads it.
     failed_samples: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict:
@@ -133,40 +134,81 @@ def score_task(task: str, samples: Sequence[Sample], outputs: Mapping[str, Any],
 
     outputs[id]: step tasks and FF, the model's text; MJ, (order 0 text,
     order 1 text) as in build_prompt; ERA/EC, the *judge's* (order 0 text,
-    order 1 text) as in build_judge_prompt. A missing id or None text is a
-    failed generation ("generation_failed"; ERA/EC "judge_failed": the judge
-    call failed or had no candidate to judge); an output the parser cannot
-    fully read is "unparsable" (an MJ/ERA/EC sample fails when either of its
-    two outputs does). `accounting` says what a failed sample counts as:
-    "ours" counts it wrong -- every step label the opposite of the truth, MJ
-    and FF wrong, ERA/EC a loss; "official" leaves it out, as the release.
-    The other samples are scored alike under both.
+    order 1 text) as in build_judge_prompt. None (or a missing id) is a
+    sample without that output ("generation_failed"; ERA/EC "judge_failed":
+    the judge call failed or had no candidate to judge); an output the parser
+    cannot fully read is "unparsable" (an MJ/ERA/EC sample fails when either
+    of its two outputs does). The metrics:
 
-    Step tasks: weighted F1 over all steps of the task pooled. MJ: correct
-    when the good solution's two scores (response 1 of order 0 + response 2
-    of order 1) sum higher than the bad one's; ties are wrong. FF: correct
-    when the label is among the answers read. ERA/EC: win when the
-    candidate's summed score is higher than the reference's, tie when equal.
+    - step tasks: weighted F1 over all steps of the task pooled;
+    - MJ: correct when the good solution's two scores (response 1 of order 0
+      + response 2 of order 1) sum higher than the bad one's; ties are wrong;
+    - FF: correct when the label is among the answers read;
+    - ERA/EC: win when the candidate's summed score (response 2 of order 0 +
+      response 1 of order 1) is higher than the reference's, tie when equal.
+
+    ``accounting="ours"`` counts every failed sample wrong: its step labels
+    the opposite of the truth, MJ and FF wrong, ERA/EC a loss.
+
+    ``accounting="official"`` is the release's scorers (JCruan519/VLRMBench,
+    ``model_eval/``), task by task. The release's clients (``vllm_localapi_eval.py``,
+    ``online_api_eval.py``) write an output line only for a request that
+    returned (an empty answer too); the scorers then read every line:
+
+    - step tasks (``get_sc_mc_rd_eval_res.py``, ``process_jsonl`` with
+      ``utils.format_model_answer_tolist``): every answer is read by
+      ``parser``, cut or padded with 0 to the sample's steps, and its steps
+      pooled; only a sample without an answer is left out (no line, or a
+      null answer, on which the release's ``re.findall`` raises). F1 over the
+      pooled steps of the samples kept.
+    - FF (``get_fores_eval_res.py``): correct when a true label meets "yes" /
+      "true" (a false one "no" / "false") in the answer; an answer without
+      one counts wrong; only a sample without an answer is left out
+      (``re.search`` raises on a null). Accuracy over the samples kept.
+    - MJ (``get_ms_eval_res.py``; the client writes the line once both orders
+      returned): left out when either order has no answer; an empty answer
+      reads as "[0,0]"; the scores are ``parser``'s (official: the last two
+      integers, padded with 0: ``format_ms_ec_era_model_answer_tolist``).
+      Accuracy over the samples kept.
+    - ERA/EC (``get_ec_era_eval_res.py``): every candidate that has a line is
+      judged in both orders (an empty one too); a sample is left out when
+      either judge output is missing (the judge call failed after its
+      retries, or there was no candidate line to judge); the judge's two
+      scores are ``parser``'s, padded with 0 (official: the last two integers).
+      Win, tie, lose over the samples judged.
+
+    Under both, ``failures`` counts the outputs missing or not fully read;
+    ``failed_samples`` the samples counted wrong ("ours") or left out
+    ("official").
     """
     info = task_info(task)
     check_choice(parser, PARSERS, "parser")
     check_choice(accounting, ACCOUNTINGS, "accounting")
     if not samples:
         raise ValueError(f"no samples to score for {info.short}")
+    official = accounting == "official"
     failures = 0
     failed: collections.Counter = collections.Counter()
     scored = 0
+
+    def counted(texts: Sequence[str | None], reason: str | None) -> tuple[bool, bool]:
+        """(left out, counted wrong) of a sample, its failure counted by reason where it is either."""
+        left_out = official and any(text is None for text in texts)
+        wrong = not official and reason is not None
+        if left_out or wrong:
+            failed[reason] += 1
+        return left_out, wrong
+
     if info.theme == "step":
         labels, predictions = [], []
         for sample in samples:
             text = outputs.get(sample.id)
             predicted, ok = try_parse_step_labels(text, len(sample.task_gt), parser)
             failures += not ok
-            reason = _failure([text], [ok], "generation_failed")
-            if reason:
-                failed[reason] += 1
-                if accounting == "official":
-                    continue
+            left_out, wrong = counted([text], _failure([text], [ok], "generation_failed"))
+            if left_out:
+                continue
+            if wrong:
                 predicted = [1 - label for label in sample.task_gt]
             scored += 1
             labels.extend(sample.task_gt)
@@ -181,13 +223,11 @@ def score_task(task: str, samples: Sequence[Sample], outputs: Mapping[str, Any],
         correct = 0
         for sample in samples:
             text = outputs.get(sample.id)
-            answers = parse_foresight(text, parser)
+            answers = parse_foresight(text, parser)  # empty when nothing was read: never correct
             failures += not answers
-            reason = _failure([text], [bool(answers)], "generation_failed")
-            if reason:
-                failed[reason] += 1
-                if accounting == "official":
-                    continue
+            left_out, _ = counted([text], _failure([text], [bool(answers)], "generation_failed"))
+            if left_out:
+                continue
             scored += 1
             correct += sample.task_gt in answers
         scores = {"accuracy": correct / scored if scored else None}
@@ -200,14 +240,13 @@ def score_task(task: str, samples: Sequence[Sample], outputs: Mapping[str, Any],
             failures += (not first_ok) + (not second_ok)
             reason = _failure(texts, [first_ok, second_ok],
                               "generation_failed" if info.file == "multi_solution" else "judge_failed")
-            if reason:
-                failed[reason] += 1
-                if accounting == "official":
-                    continue
+            left_out, wrong = counted(texts, reason)
+            if left_out:
+                continue
             scored += 1
             first_response = first[0] + second[1]  # good solution (MJ) / reference (ERA, EC)
             second_response = first[1] + second[0]  # bad solution (MJ) / candidate (ERA, EC)
-            counts["failed" if reason else "second" if second_response > first_response else
+            counts["failed" if wrong else "second" if second_response > first_response else
                    "first" if first_response > second_response else "tie"] += 1
 
         def share(count: int) -> float | None:
@@ -224,10 +263,16 @@ def score_task(task: str, samples: Sequence[Sample], outputs: Mapping[str, Any],
                       failed_samples=dict(sorted(failed.items())))
 
 
-def score_both(task: str, samples: Sequence[Sample], outputs: Mapping[str, Any],
-               parser: str = "robust") -> dict[str, TaskResult]:
-    """score_task under every accounting: {"ours": ..., "official": ...}."""
-    return {accounting: score_task(task, samples, outputs, parser, accounting) for accounting in ACCOUNTINGS}
+def score_both(task: str, samples: Sequence[Sample], outputs: Mapping[str, Any], parser: str = "robust",
+               official_outputs: Mapping[str, Any] | None = None) -> dict[str, TaskResult]:
+    """score_task under every accounting: {"ours": ..., "official": ...}.
+
+    ``official_outputs``: what the official accounting reads, where it differs from ``outputs`` (the
+    runner's records hold an empty answer, which ours counts as no output and the release scores; see
+    :func:`fire_jax.vlrmbench.runner.task_outputs`); default ``outputs``.
+    """
+    read = {"ours": outputs, "official": outputs if official_outputs is None else official_outputs}
+    return {accounting: score_task(task, samples, read[accounting], parser, accounting) for accounting in ACCOUNTINGS}
 
 
 def theme_average(results: Mapping[str, TaskResult], theme: str) -> float | None:
@@ -235,7 +280,7 @@ def theme_average(results: Mapping[str, TaskResult], theme: str) -> float | None
 
     None unless every task of the theme was scored: an average over some of
     the tasks is not the paper's column. Under the official accounting a task
-    weighs by the samples left in its score.
+    weighs by the samples in its score.
     """
     if theme not in ("step", "outcome"):
         raise ValueError(f"W-Avg is defined for the step and outcome themes, got {theme!r}")
@@ -309,8 +354,9 @@ def results_table(rows: Mapping[str, Mapping[str, TaskResult]], *, judge: str, r
         "criticism win/tie/lose against the GPT-4o reference answers; all in %.",
         f"ERA/EC judge: {judge} (paper rows: {PAPER_JUDGE}). "
         f"Our rows: parser={'/'.join(parsers) or '-'}, render={render}, "
-        f"accounting={'/'.join(accountings) or '-'} (ours: failed samples count wrong; "
-        "official: they are left out).",
+        f"accounting={'/'.join(accountings) or '-'} (ours: a sample without an output or not fully read "
+        "counts wrong; official: the release's scorers, a short or unread answer padded and scored, a sample "
+        "without an output left out).",
         "",
         line(["Model"] + columns),
         line(["---"] + ["---:"] * len(columns)),
