@@ -59,8 +59,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         roles=("student", "teacher"),
         student_first_turn=False,  # True: also generate r_1 (the turns the release's student loss labelled)
         teacher_history="full",  # the teacher sees every earlier turn, as trained (Eq. 6)
-        # Teacher BLEU/CIDEr compare "whole" feedback (score line included, as the paper compares FD-LLaVA's
-        # feedback with GPT-4V's) or only the "feedback" text after "Feedback:" on both sides.
-        teacher_text="whole",
+        # Read when the metrics are computed (a rerun may change them). Teacher BLEU/CIDEr compare the
+        # "feedback" after "Feedback:" ("" for a reply the release cannot read), as the release's
+        # analyze_feedback.py, or the "whole" reply, score line included.
+        teacher_text="feedback",
+        # How the MAE reads scores: "robust", or "official" (the release's get_score; a reply without a
+        # "Feedback:" has no score, as its eval_feedback.py reads it).
+        score_parser="robust",
     )
     return ml_collections.ConfigDict(config)

@@ -29,5 +29,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         penalty_turns=10.0,  # p: t_k of an unsolved dialogue
         teacher_history="latest",  # the teacher sees only the latest answer (Fig. A14)
         baseline_results="",  # results.json of the baseline's free run: AT = mean t_k / its mean t_k ("" = self)
+        # How the teacher's scores are read: "robust", or "official" (the release's get_score: "Score: 7.5" is 7,
+        # no range check; a score of 0 stops the dialogue, as its model_fire_chat_loader.py).
+        score_parser="robust",
     ))
     return config

@@ -34,6 +34,28 @@ def test_parse_score(feedback, score):
     assert parsed == score and type(parsed) is type(score)
 
 
+# The release's get_score (MM-FIRE/FIRE llava/eval/feedback_chat.py): the first line must hold "Score:", its first
+# run of digits is the score, no range check. Beside each, what the robust reader gives.
+@pytest.mark.parametrize("feedback, official, robust", [
+    ("Score: 8/10.\nFeedback: good", 8, 8),
+    ("Score: 7.5\nFeedback: ok", 7, 7.5),  # digits only: 7
+    ("Score: 11.\nFeedback: x", 11, None),  # no range check
+    ("Score: -1", 1, None),  # no sign
+    ("Score: 0. Feedback: wrong", 0, 0),
+    ("Thanks.\nScore: 6.\nFeedback: x", None, 6),  # only the first line counts
+    ("Overall Score: 9 out of 10", 9, 9),
+    ("Step 1 Score: 9", 1, 1),  # the first number of the line, both
+    ("Score: none\nScore: 5", None, None),
+    ("score: 5", None, None),
+    ("", None, None),
+])
+def test_parse_score_as_the_release(feedback, official, robust):
+    assert parse_score(feedback, parser="official") == official and parse_score(feedback) == robust
+    assert official is None or type(parse_score(feedback, parser="official")) is int
+    with pytest.raises(ValueError, match="score parser"):
+        parse_score(feedback, parser="lenient")
+
+
 def test_feedback_text():
     assert records_lib.feedback_text("Score: 3.\nFeedback: Look again.\n") == "Look again."
     assert records_lib.feedback_text("Score: 3.\nLook again.") == "Look again."

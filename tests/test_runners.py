@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fire_jax.data.items import Item
-from fire_jax.data.records import Conversation, Turn, feedback_text, parse_score
+from fire_jax.data.records import Conversation, Turn, parse_score
 from fire_jax.eval import fixed, free
 from fire_jax.eval.metrics import text_metrics
 from fire_jax.infer import dialogue
@@ -91,7 +91,7 @@ def fixed_run(tmp_path_factory):
     student, teacher = FixedStudent(), FixedTeacher()
     path = str(tmp_path_factory.mktemp("fixed") / "fixed.jsonl")
     records = fixed.run_fixed(turns, student, teacher, path, batch_size=2)
-    return turns, records, fixed.fixed_results(records, teacher_text="feedback"), student, teacher
+    return turns, records, fixed.fixed_results(records), student, teacher
 
 
 def _pairs(says, role, ids=("c1", "c2")):
@@ -142,26 +142,38 @@ def test_fixed_student_metrics_equal_the_known_pairs(fixed_run):
     assert results["per_source"]["colour"]["n"] == 1
 
 
-def test_fixed_teacher_text_metrics_drop_the_score_line_on_both_sides(fixed_run):
+def release_feedback(text):
+    """The text analyze_feedback.py compares, written out for these replies: after "Feedback:" when the
+    first line gives a score, else "" (eval_feedback.py reads score and feedback in one step)."""
+    first = text.splitlines()[0]
+    return text.split("Feedback:", 1)[1].strip() if "Score:" in first and "Feedback:" in text else ""
+
+
+def test_fixed_teacher_text_compares_the_feedback_as_the_release(fixed_run):
     results = fixed_run[2]["teacher"]
     predictions, references = _pairs(TEACHER_SAYS, "teacher")
-    expected = text_metrics([feedback_text(p) for p in predictions], [feedback_text(r) for r in references])
+    expected = text_metrics([release_feedback(p) for p in predictions], [release_feedback(r) for r in references])
     _close(results["overall"], expected)
-    assert feedback_text(references[0]) == "Count the triangles on the left too."
+    assert release_feedback(references[0]) == "Count the triangles on the left too."
+    assert fixed.release_reading(references[0]) == (2, "Count the triangles on the left too.")
+    # The reply with no score line compares as "" (the release's feedback_predictions entry for it).
+    assert fixed.release_reading(TEACHER_SAYS["c2", 1]) == (None, "")
+    assert fixed.release_reading("Score: 7.\nLooks right.") == (None, "")  # no "Feedback:": nothing either
+    assert fixed.release_reading("Score: 6\nFeedback:  Fine. \nFeedback: again") == (6, "Fine. \nFeedback: again")
     # Kept on either side (or swapped), the "Score:" line changes every number.
     for other in (text_metrics(predictions, references),
-                  text_metrics([feedback_text(p) for p in predictions], references),
-                  text_metrics(predictions, [feedback_text(r) for r in references]),
-                  text_metrics([feedback_text(r) for r in references], [feedback_text(p) for p in predictions])):
+                  text_metrics([release_feedback(p) for p in predictions], references),
+                  text_metrics(predictions, [release_feedback(r) for r in references]),
+                  text_metrics([release_feedback(r) for r in references], [release_feedback(p) for p in predictions])):
         assert abs(other["BLEU-1"] - expected["BLEU-1"]) > 1e-3 or abs(other["CIDEr"] - expected["CIDEr"]) > 1e-3
-    _close(results["per_source"]["colour"], text_metrics(*[[feedback_text(t) for t in side] for side in
+    _close(results["per_source"]["colour"], text_metrics(*[[release_feedback(t) for t in side] for side in
                                                             _pairs(TEACHER_SAYS, "teacher", ("c2",))]))
 
 
 def test_fixed_teacher_text_switch_whole_keeps_the_score_line(fixed_run):
-    """The default ``teacher_text="whole"`` compares the feedback as written on both sides; the switch is recorded."""
+    """``teacher_text="whole"`` compares the feedback as written on both sides; the switch is recorded."""
     records = fixed_run[1]
-    whole = fixed.fixed_results(records)["teacher"]
+    whole = fixed.fixed_results(records, teacher_text="whole")["teacher"]
     predictions, references = _pairs(TEACHER_SAYS, "teacher")
     _close({k: v for k, v in whole["overall"].items() if k.startswith(("BLEU", "CIDEr"))},
            text_metrics(predictions, references))
@@ -174,6 +186,7 @@ def test_fixed_teacher_text_switch_whole_keeps_the_score_line(fixed_run):
 
 def test_fixed_teacher_score_mae_by_hand(fixed_run):
     results = fixed_run[2]["teacher"]
+    assert results["overall"]["score_parser"] == "robust"
     # c1: |3-2|, |5-5|, |9-10|; c2: no score (10), |7-9|.
     assert results["overall"]["MAE"] == pytest.approx((1 + 0 + 1 + 10 + 2) / 5)
     assert results["overall"]["no_score"] == 1 and results["overall"]["n"] == 5
@@ -182,6 +195,32 @@ def test_fixed_teacher_score_mae_by_hand(fixed_run):
     records = [r for r in fixed_run[1] if r["role"] == "teacher"]
     assert [(r["predicted_score"], r["reference_score"]) for r in records] == [
         (3, 2), (None, 3), (5, 5), (7, 9), (9, 10)]
+
+
+# Replies the two readers read differently: (prediction, reference, robust |a - â|, official |a - â|).
+READ_APART = [
+    ("Score: 7.5\nFeedback: ok", "Score: 9\nFeedback: fine", 1.5, 2),  # official reads 7
+    ("Score: 11\nFeedback: too high", "Score: 9\nFeedback: fine", 10, 2),  # robust: out of range; official: 11
+    ("Score: 7.", "Score: 7\nFeedback: fine", 0, 10),  # no "Feedback:": the release has no score
+    ("Great.\nScore: 8\nFeedback: ok", "Score: 8\nFeedback: fine", 0, 10),  # the score is not on line 1
+    ("Score: 4\nFeedback: ok", "Feedback: fine\nScore: 6", 2, 5),  # the release reads the reference as -1
+]
+
+
+def test_fixed_teacher_mae_with_the_release_score_reading():
+    records = [{"role": "teacher", "source": "s", "prediction": p, "reference": r, "predicted_score": parse_score(p),
+                "reference_score": parse_score(r)} for p, r, _, _ in READ_APART]
+    robust = fixed.fixed_results(records)["teacher"]["overall"]
+    official = fixed.fixed_results(records, score_parser="official")["teacher"]["overall"]
+    assert robust["MAE"] == pytest.approx((1.5 + 10 + 0 + 0 + 2) / 5) and robust["no_score"] == 1
+    assert official["MAE"] == pytest.approx((2 + 2 + 10 + 10 + 5) / 5) and official["no_score"] == 2
+    assert official["score_parser"] == "official" and official["teacher_text"] == "feedback"
+    # The text compared is the same under both readers: the release's feedback, "" where it reads none.
+    compared = [fixed.release_reading(t)[1] for t in [p for p, _, _, _ in READ_APART]]
+    assert compared == ["ok", "too high", "", "", "ok"]
+    _close(official, text_metrics(compared, [fixed.release_reading(r)[1] for _, r, _, _ in READ_APART]))
+    with pytest.raises(ValueError, match="score_parser"):
+        fixed.fixed_results(records, score_parser="strict")
 
 
 # ---------------------------------------------------------------------------- free dialogues
@@ -239,6 +278,44 @@ def test_free_dialogues_stop_where_the_scores_say(free_records):
         assert [t["response"] for t in r["turns"]] == [f"Answer: {r['id']} #{k}" for k in range(1, len(r["scores"]) + 1)]
 
 
+# The same replies read two ways: (texts per turn, robust scores and stop, official scores and stop).
+FREE_READ_APART = {
+    "zero": (["Score: 0\nFeedback: a", "Score: 5\nFeedback: b", "Score: 9\nFeedback: c"],
+             ([0, 5, 9], "solved"), ([0], "zero_score")),  # the release stops on a real 0
+    "half": (["Score: 7.5\nFeedback: a", "Score: 7.9\nFeedback: b", "Score: 9\nFeedback: c"],
+             ([7.5, 7.9, 9], "solved"), ([7, 7], "no_increase")),
+    "eleven": (["Score: 11\nFeedback: a"], ([None], "no_score"), ([11], "solved")),
+    "late": (["Good try.\nScore: 6\nFeedback: a", "Score: 8\nFeedback: b"], ([6, 8], "solved"),
+             ([None], "no_score")),
+}
+
+
+class ReadApartTeacher:
+    """Replies with FREE_READ_APART's k-th text of an item, named as FreeStudent checks (its score read by the
+    robust reader, as agents do)."""
+
+    def feedback(self, images, questions, groundtruths, answers, histories, rng=None):
+        texts = [f"{FREE_READ_APART[q][0][len(h)]} {q} #{len(h) + 1}" for q, h in zip(questions, histories)]
+        return [Feedback(text, parse_score(text)) for text in texts]
+
+
+@pytest.mark.parametrize("parser", ["robust", "official"])
+def test_free_dialogues_read_scores_as_the_rule_says(tmp_path, parser):
+    items = [Item(name, f"{name}.png", name, f"gt {name}", "x") for name in FREE_READ_APART]
+    rule = dialogue.StopRule(score_parser=parser)
+    records = free.run_free(items, FreeStudent(), ReadApartTeacher(), str(tmp_path / "free.jsonl"), rule=rule)
+    column = 1 if parser == "robust" else 2
+    assert {r["id"]: (r["scores"], r["stop"]) for r in records} == {
+        name: spec[column] for name, spec in FREE_READ_APART.items()}
+    overall = free.free_results(records, rule=rule)["overall"]
+    if parser == "robust":  # K = 3 (eleven has one turn): t 3, 3, 2; ADR (9 + 1.5 + 2) / 3; RR 1
+        assert (overall["K"], overall["mean_turns"], overall["RR"]) == (3, pytest.approx(8 / 3), 1)
+        assert overall["ADR"] == pytest.approx(12.5 / 3)
+    else:  # only half [7, 7] has two turns: unsolved, t = p = 10
+        assert (overall["K"], overall["mean_turns"], overall["ADR"], overall["RR"]) == (1, 10, 0, 0)
+    assert free.free_results(records, rule=rule)["score_parser"] == parser
+
+
 def test_stop_reason_rules():
     assert dialogue.stop_reason([None]) == "no_score"
     assert dialogue.stop_reason([8]) == "solved" and dialogue.stop_reason([7.5]) is None
@@ -247,6 +324,12 @@ def test_stop_reason_rules():
     assert dialogue.stop_reason([1, 2, 3, 4, 8]) == "solved"
     assert dialogue.stop_reason([3, 3], dialogue.FIRE_1M_GENERATION) is None
     assert dialogue.stop_reason([3, 3, 2], dialogue.FIRE_1M_GENERATION) == "max_turns"
+    official = dialogue.StopRule(score_parser="official")
+    assert dialogue.stop_reason([0]) is None and dialogue.stop_reason([0], official) == "zero_score"
+    assert dialogue.stop_reason([None], official) == "no_score" and dialogue.stop_reason([11], official) == "solved"
+    assert dialogue.stop_reason([2, 3], official) is None and dialogue.stop_reason([3, 2], official) == "no_increase"
+    with pytest.raises(ValueError, match="score_parser"):
+        dialogue.StopRule(score_parser="lenient")
 
 
 def test_free_metrics_by_hand(free_records):

@@ -73,7 +73,7 @@ def build_agents(config, teacher_history: str):
     """(Student, Teacher) of ``config.student`` / ``config.teacher``; identical specs share one model."""
     specs = {role: (config[role].get("init") or "", config[role].get("adapter") or "")
              for role in ("student", "teacher")}
-    from fire_jax.infer.api import api_agent, is_api_spec  # issue 16.3: init "api:<base_url>#<model>", an endpoint
+    from fire_jax.infer.api import api_agent, is_api_spec  # init "api:<base_url>#<model>": an endpoint
 
     loaded = {}
     for role in ("student", "teacher"):
@@ -94,14 +94,20 @@ def build_agents(config, teacher_history: str):
 # ----------------------------------------------------------------------------
 
 
+#: Fixed-dialogue options read only when the metrics are computed: a rerun may change them.
+METRIC_OPTIONS = ("teacher_text", "score_parser")
+
+
 def run_settings(config) -> dict:
-    """What changes a run's outputs (the batch size does not); a rerun in the same workdir must match it."""
+    """What changes a run's outputs (the batch size and the fixed dialogues' metric options do not); a rerun
+    in the same workdir must match it."""
     setting = config.setting
     agent = lambda a: {k: a.get(k) or "" for k in ("init", "adapter")}
     decode = {k: v for k, v in config.decode.to_dict().items() if k != "batch_size"}
+    protocol = {k: v for k, v in config[setting].to_dict().items() if setting == "free" or k not in METRIC_OPTIONS}
     return {"setting": setting, "seed": config.seed, "model": config.model.to_dict(),
             "tokenizer": config.data.tokenizer, "test": config.test.to_dict(), "student": agent(config.student),
-            "teacher": agent(config.teacher), "decode": decode, setting: config[setting].to_dict()}
+            "teacher": agent(config.teacher), "decode": decode, setting: protocol}
 
 
 def evaluate(config, workdir: str, *, agents=None) -> dict:
@@ -142,13 +148,15 @@ def evaluate(config, workdir: str, *, agents=None) -> dict:
     if setting == "fixed":
         turns = fixed.labelled_turns(pairs, protocol.roles, student_first_turn=protocol.student_first_turn)
         records = fixed.run_fixed(turns, student, teacher, outputs, batch_size=config.decode.batch_size, rng=rng)
-        results["metrics"] = fixed.fixed_results(records, teacher_text=protocol.get("teacher_text", "whole"))
+        results["metrics"] = fixed.fixed_results(records, teacher_text=protocol.get("teacher_text", "feedback"),
+                                                 score_parser=protocol.get("score_parser", "robust"))
         markdown = report.fixed_report(results)
         figures["data_statistics"] = os.path.join(workdir, "data_statistics.png")
         plots.plot_data_statistics([record for record, _ in pairs], figures["data_statistics"],
                                    title=f"test set: {len(pairs)} dialogues")
     else:
-        rule = dialogue.StopRule(max_turns=protocol.max_turns, threshold=protocol.threshold)
+        rule = dialogue.StopRule(max_turns=protocol.max_turns, threshold=protocol.threshold,
+                                 score_parser=protocol.get("score_parser", "robust"))
         items = [item_of(record, image) for record, image in pairs]
         records = free.run_free(items, student, teacher, outputs, rule=rule, batch_size=config.decode.batch_size,
                                 rng=rng)

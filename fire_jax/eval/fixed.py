@@ -7,12 +7,20 @@ For a test conversation {I, q, gt, [(r_1, f_1), ..., (r_n, f_n)]}:
 - the teacher generates f_k for k >= 1 (Eq. 6) from I, q, gt, the true
   earlier turns (``history="full"``, as trained) and the true r_k.
 
-Student predictions are compared with r_k, teacher predictions with f_k
-(``teacher_text="whole"``, the default: as written, score line included, as
-the paper compares with GPT-4V's feedback; ``"feedback"``: only what follows
-"Feedback:" on both sides): BLEU-1..4 and CIDEr, plus the teacher's score MAE
-(a reply with no score costs 10). Overall and per source dataset. Every generated turn is
-appended to a JSONL file as its batch finishes; a rerun skips those keys.
+Student predictions are compared with r_k, teacher predictions with f_k:
+BLEU-1..4 and CIDEr, plus the teacher's score MAE (a reply with no score
+costs 10). Overall and per source dataset. Every generated turn is appended
+to a JSONL file as its batch finishes; a rerun skips those keys.
+
+Two switches, both applied when the metrics are computed (no new generation):
+
+- ``teacher_text``: what of f_k the teacher's BLEU/CIDEr compare (:data:`TEACHER_TEXTS`).
+- ``score_parser``: how the MAE reads a score. "robust" (default) is
+  :func:`fire_jax.data.records.parse_score`; "official" is the release's
+  ``eval_feedback.py`` (MM-FIRE/FIRE, ``llava/eval/``), which reads a reply
+  with ``get_score`` and ``get_feedback`` in one step (:func:`release_reading`):
+  a reply without a "Feedback:" has no score either (it costs 10), and a
+  reference it cannot read scores -1, as the release's label list holds.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import collections
 import dataclasses
 from typing import Mapping, Sequence
 
-from fire_jax.data.records import Conversation, feedback_text
+from fire_jax.data.records import SCORE_PARSERS, Conversation, parse_score
 from fire_jax.eval.metrics import score_mae, text_metrics
 from fire_jax.results import ResultStore
 
@@ -114,32 +122,59 @@ def _fold(rng, index: int):
     return jax.random.fold_in(rng, index)
 
 
-#: What of the teacher's feedback BLEU/CIDEr compare (``fixed.teacher_text``): "whole" (default) compares f_k as
-#: written, score line included, as the paper compares FD-LLaVA's feedback with GPT-4V's; "feedback" compares
-#: only the text after "Feedback:" on both sides (the score is measured apart, by the MAE).
-TEACHER_TEXTS = ("whole", "feedback")
+#: What of the teacher's feedback BLEU/CIDEr compare (``fixed.teacher_text``): "feedback" (default) the text after
+#: "Feedback:", as the release's ``analyze_feedback.py`` compares the ``feedback_predictions`` / ``feedback_labels``
+#: that ``eval_feedback.py`` wrote (:func:`release_reading`; "" for a reply it cannot read); "whole" the reply as
+#: written, score line included.
+TEACHER_TEXTS = ("feedback", "whole")
 
 
-def _role_metrics(records: Sequence[Mapping], teacher_text: str = "whole") -> dict:
+def release_reading(text: str) -> tuple[float | None, str]:
+    """(score, feedback) of a teacher reply as the release's fixed-dialogue evaluation reads it.
+
+    ``eval_feedback.py`` calls ``get_score`` (:func:`parse_score` with
+    ``parser="official"``) and ``get_feedback`` (the text after the first
+    "Feedback:", stripped) in one ``try``; when either fails the turn gets
+    score -1 (MAE 10) and feedback "". So (None, "") unless the first line
+    gives a score and the reply has a "Feedback:".
+    """
+    score = parse_score(text, "official")
+    _, marker, feedback = text.partition("Feedback:")
+    if score is None or not marker:
+        return None, ""
+    return score, feedback.strip()
+
+
+def _role_metrics(records: Sequence[Mapping], teacher_text: str = "feedback", score_parser: str = "robust") -> dict:
     teacher = records[0]["role"] == "teacher"
-    compared = feedback_text if teacher and teacher_text == "feedback" else (lambda text: text)
+    compared = (lambda text: release_reading(text)[1]) if teacher and teacher_text == "feedback" else (lambda t: t)
     metrics = text_metrics([compared(r["prediction"]) for r in records], [compared(r["reference"]) for r in records])
     if teacher:
-        metrics["teacher_text"] = teacher_text
-        metrics["MAE"] = score_mae([r["predicted_score"] for r in records], [r["reference_score"] for r in records])
-        metrics["no_score"] = sum(r["predicted_score"] is None for r in records)
+        if score_parser == "official":
+            predicted = [release_reading(r["prediction"])[0] for r in records]
+            reference = [release_reading(r["reference"])[0] for r in records]
+            reference = [-1 if score is None else score for score in reference]  # the release's label -1
+        else:
+            predicted = [r["predicted_score"] for r in records]
+            reference = [r["reference_score"] for r in records]
+        metrics["teacher_text"], metrics["score_parser"] = teacher_text, score_parser
+        metrics["MAE"] = score_mae(predicted, reference)
+        metrics["no_score"] = sum(score is None for score in predicted)
     metrics["n"] = len(records)
     return metrics
 
 
-def fixed_results(records: Sequence[Mapping], *, teacher_text: str = "whole") -> dict:
+def fixed_results(records: Sequence[Mapping], *, teacher_text: str = "feedback", score_parser: str = "robust") -> dict:
     """{role: {"overall": metrics, "per_source": {source: metrics}}} for each role with turns (SPEC 6).
 
-    metrics: BLEU-1..4, CIDEr and n (turns); the teacher adds MAE, no_score (replies without a score) and
-    ``teacher_text`` (:data:`TEACHER_TEXTS`: what its BLEU/CIDEr compared).
+    metrics: BLEU-1..4, CIDEr and n (turns); the teacher adds MAE, no_score (replies without a score),
+    ``teacher_text`` (:data:`TEACHER_TEXTS`: what its BLEU/CIDEr compared) and ``score_parser`` (how the MAE
+    read the scores; see the module's docstring).
     """
     if teacher_text not in TEACHER_TEXTS:
         raise ValueError(f"fixed.teacher_text must be one of {TEACHER_TEXTS}, got {teacher_text!r}")
+    if score_parser not in SCORE_PARSERS:
+        raise ValueError(f"fixed.score_parser must be one of {SCORE_PARSERS}, got {score_parser!r}")
     results = {}
     for role in ROLES:
         mine = [r for r in records if r["role"] == role]
@@ -148,6 +183,7 @@ def fixed_results(records: Sequence[Mapping], *, teacher_text: str = "whole") ->
         by_source = collections.defaultdict(list)
         for record in mine:
             by_source[record["source"]].append(record)
-        results[role] = {"overall": _role_metrics(mine, teacher_text),
-                         "per_source": {s: _role_metrics(group, teacher_text) for s, group in sorted(by_source.items())}}
+        results[role] = {"overall": _role_metrics(mine, teacher_text, score_parser),
+                         "per_source": {s: _role_metrics(group, teacher_text, score_parser)
+                                        for s, group in sorted(by_source.items())}}
     return results

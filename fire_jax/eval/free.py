@@ -104,4 +104,5 @@ def free_results(records: Sequence[Mapping], *, rule: StopRule = FREE_DIALOGUE, 
         "per_source": {source: _block(group, rule, penalty_turns, turns(source))
                        for source, group in sorted(by_source.items())},
         "baseline": None if baseline is None else baseline["name"],
+        "score_parser": rule.score_parser,  # how the scores were read (StopRule)
     }

@@ -80,11 +80,18 @@ def fixed_report(results: Mapping, paper: Mapping | None = None) -> str:
         sections.append(f"#### {role} per source dataset (fire_jax)\n\n" +
                         markdown_table(("source", *columns, "turns"), per_source))
         if role == "teacher":
-            compared = {"whole": "the whole feedback, score line included",
-                        "feedback": "the text after \"Feedback:\" only, score line removed on both sides"}
-            sections.append(f"Teacher BLEU/CIDEr compare {compared[metrics['overall'].get('teacher_text', 'whole')]} "
-                            f"(fixed.teacher_text). Teacher replies without a score: {metrics['overall']['no_score']} "
-                            f"of {metrics['overall']['n']} (each costs 10 in the MAE).")
+            overall = metrics["overall"]
+            compared = {"whole": "the whole reply, score line included",
+                        "feedback": "the text after \"Feedback:\" on both sides (\"\" for a reply the release "
+                                    "cannot read), as the release's analyze_feedback.py"}
+            read = {"robust": "the robust score reader",
+                    "official": "the release's get_score, a reply without \"Feedback:\" unscored, as its "
+                                "eval_feedback.py"}
+            sections.append(f"Teacher BLEU/CIDEr compare {compared[overall['teacher_text']]} "
+                            f"(fixed.teacher_text={overall['teacher_text']}); the MAE reads scores with "
+                            f"{read[overall['score_parser']]} (fixed.score_parser={overall['score_parser']}). "
+                            f"Teacher replies without a score: {overall['no_score']} of {overall['n']} "
+                            f"(each costs 10 in the MAE).")
     return "\n\n".join(sections) + "\n"
 
 
@@ -99,10 +106,14 @@ def free_report(results: Mapping, paper: Mapping | None = None) -> str:
     name = results["student"]["name"]
     header = ("model", *FREE_COLUMNS, "K", "items")
     baseline = metrics.get("baseline")
+    parser = metrics.get("score_parser", "robust")
     sections = [
         f"Student {name}, teacher {results['teacher']['name']}. K: dialogues with more than one turn "
         f"(the metrics' items); AT normalised by " +
-        (f"the baseline run {baseline!r}." if baseline else "this run itself (no baseline_results: AT = 1)."),
+        (f"the baseline run {baseline!r}." if baseline else "this run itself (no baseline_results: AT = 1).") +
+        f" Scores read by free.score_parser={parser}" +
+        (" (the release's get_score; a score of 0 stops a dialogue, as its model_fire_chat_loader.py)."
+         if parser == "official" else " (a reply without a score stops the dialogue and counts 0)."),
     ]
     table4 = paper["table4_free_dialogues_overall"]
     rows = [(f"{model} (paper)", *values, "", "") for model, values in table4.items() if model != "columns"]

@@ -8,6 +8,7 @@ Per item: the student answers (r_k), the teacher scores it (f_k, a_k), and
 
 - a_k is None (the teacher's reply has no score): stop, ``"no_score"`` (counts as 0);
 - a_k >= threshold (8): stop, ``"solved"``;
+- a_k = 0 with the release's score reading (``score_parser="official"``): stop, ``"zero_score"``;
 - k > 1 and a_k <= a_{k-1}: stop, ``"no_increase"`` (free dialogues only);
 - k = max_turns (5; 3 for generation): stop, ``"max_turns"``.
 
@@ -34,26 +35,42 @@ import os
 from typing import Callable, Iterable, Sequence
 
 from fire_jax.data.items import Item
-from fire_jax.data.records import BadRecordError, BadRecords, Turn, parse_record
+from fire_jax.data.records import SCORE_PARSERS, BadRecordError, BadRecords, Turn, parse_record, parse_score
 from fire_jax.results import ResultStore
 
 
 @dataclasses.dataclass(frozen=True)
 class StopRule:
-    """When a dialogue ends (SPEC 6)."""
+    """When a dialogue ends (SPEC 6), and how it reads the teacher's score.
+
+    ``score_parser``: "robust" keeps the score the teacher agent read
+    (:func:`fire_jax.data.records.parse_score`'s default); "official" reads
+    each reply as the release's free-dialogue loader does (MM-FIRE/FIRE,
+    ``llava/eval/model_fire_chat_loader.py``): ``get_score`` (a failure is
+    its score 0, here None), and a dialogue whose last score is 0 stops
+    (``CustomDataset`` drops an item whose last score is >= 8 or == 0, or
+    not above the one before, from the next round).
+    """
 
     max_turns: int = 5  # n_max
     threshold: float = 8  # a score >= threshold solves the item
     stop_on_no_increase: bool = True  # stop when a_k <= a_{k-1}
+    score_parser: str = "robust"  # or "official" (above)
 
     def __post_init__(self):
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        if self.score_parser not in SCORE_PARSERS:
+            raise ValueError(f"score_parser must be one of {list(SCORE_PARSERS)}, got {self.score_parser!r}")
+
+    def score(self, feedback) -> float | None:
+        """a_k of a teacher's reply (``feedback.text``, ``feedback.score``) under this rule's reading."""
+        return feedback.score if self.score_parser == "robust" else parse_score(feedback.text, self.score_parser)
 
 
 FREE_DIALOGUE = StopRule()  # free dialogues (Tables 4-6)
 FIRE_1M_GENERATION = StopRule(max_turns=3, stop_on_no_increase=False)  # FIRE-1M-style data (Fig. 3b)
-STOP_REASONS = ("no_score", "solved", "no_increase", "max_turns")
+STOP_REASONS = ("no_score", "solved", "zero_score", "no_increase", "max_turns")
 
 
 def stop_reason(scores: Sequence[float | None], rule: StopRule = FREE_DIALOGUE) -> str | None:
@@ -63,6 +80,8 @@ def stop_reason(scores: Sequence[float | None], rule: StopRule = FREE_DIALOGUE) 
         return "no_score"
     if score >= rule.threshold:
         return "solved"
+    if rule.score_parser == "official" and score == 0:
+        return "zero_score"
     if rule.stop_on_no_increase and len(scores) > 1 and score <= scores[-2]:
         return "no_increase"
     if len(scores) >= rule.max_turns:
@@ -109,7 +128,7 @@ def run_dialogues(items: Iterable[Item], student, teacher, rule: StopRule, *, ba
         feedbacks = teacher.feedback(images, questions, [d.item.groundtruth for d in active], responses, histories,
                                      rng=keys[1])
         for dialogue, response, feedback in zip(active, responses, feedbacks):
-            dialogue.turns.append(Turn(response, feedback.text, feedback.score))
+            dialogue.turns.append(Turn(response, feedback.text, rule.score(feedback)))
             dialogue.stop = stop_reason(dialogue.scores, rule)
             if dialogue.stop:
                 on_finish(dialogue)
