@@ -1,4 +1,4 @@
-"""An OpenAI-compatible chat server over the continuous-batching engine (issue 16.2).
+"""An OpenAI-compatible chat server over the continuous-batching engine.
 
     python -m fire_jax.serve                                   # runs/tiny's student + teacher, else a random tiny model
     python -m fire_jax.serve --port 8000 --model student=WORKDIR_OR_ADAPTER_OR_HF_DIR --model teacher=...
@@ -12,6 +12,12 @@ Listens on 127.0.0.1 unless --host says otherwise. Routes:
   the server fetches nothing), ``max_tokens`` / ``max_completion_tokens``,
   ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``, ``stream`` (server-sent events);
 - ``GET /v1/models``; ``GET /health``.
+
+Each model's context (``--cache_len``, cache columns per slot) defaults to
+:func:`default_cache_len`: up to 4 images of its largest tile grid and 4,096 text
+tokens of prompt plus the default 256 new tokens; the startup line prints it
+and the KV cache's size (lower ``--slots`` to shrink it). A request that does
+not fit gets 400 ``context_length_exceeded``.
 
 Prompts are rendered as in training (:mod:`fire_jax.data.chat`): the Llama-3
 template with fire_jax's system prompt (a request's own system message
@@ -61,18 +67,39 @@ from fire_jax.cli import input_errors_end_in_one_line
 from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, split_overrides
 from fire_jax.data.chat import Message
 from fire_jax.data.images import load_image, preprocess
-from fire_jax.infer.engine import Engine, Request
+from fire_jax.infer.engine import Engine, Request, engine_bucket
 from fire_jax.infer.loading import load
 
 #: What ``python -m fire_jax.serve`` serves without --model when the main job's tiny run exists.
 TINY_RUN = dict(student="runs/tiny/student", teacher="runs/tiny/teacher", base="runs/tiny/base/export/hf_merged")
 DEFAULT_MAX_TOKENS = 256
+#: Text tokens of prompt the default context holds besides the images: the served workloads' longest prompts
+#: with room to spare (VLRMBench's 58 IC records take up to 2,116 text tokens with SmolLM2's tokenizer, the
+#: release's prompt and the system prompt included; its prompts with 3 images reach ~2,500 tokens in all).
+PROMPT_TEXT_TOKENS = 4096
+#: Images per request (the engine's limit; the release's vLLM server is started with --limit-mm-per-prompt image=4).
+MAX_IMAGES = 4
 
 
 class BadRequest(Exception):
     def __init__(self, status: int, message: str, code: str = "invalid_request_error", headers=None):
         super().__init__(message)
         self.status, self.message, self.code, self.headers = status, message, code, headers or {}
+
+
+def default_cache_len(geometry, max_images: int = MAX_IMAGES, text_tokens: int = PROMPT_TEXT_TOKENS,
+                      new_tokens: int = DEFAULT_MAX_TOKENS) -> int:
+    """The context ``--cache_len 0`` gives a model: the prompt bucket of ``max_images`` images of the model's
+    largest tile grid (``geometry``: :class:`fire_jax.geometry.ImageGeometry`) and ``text_tokens`` of text, plus
+    ``new_tokens`` to generate (the server's default max_tokens)."""
+    image_tokens = max(geometry.num_tokens(pinpoint) for pinpoint in geometry.pinpoints)
+    return engine_bucket(max_images * image_tokens + text_tokens) + new_tokens
+
+
+def kv_cache_bytes(model, slots: int, cache_len: int) -> int:
+    """Bytes of an engine's KV cache: k and v of every layer, ``[slots, kv_heads, cache_len, head_dim]``."""
+    llm = model.cfg.llm
+    return 2 * llm.layers * slots * llm.kv_heads * cache_len * llm.head_dim * np.dtype(model.dtype).itemsize
 
 
 @dataclasses.dataclass
@@ -236,7 +263,9 @@ def build_request(served: Served, body: dict, limits: dict) -> Request:
     try:
         served.engine.check(request)
     except ValueError as e:
-        raise BadRequest(400, str(e), "context_length_exceeded" if "context" in str(e) else "invalid_request_error")
+        if "context" in str(e):
+            raise BadRequest(400, f"{e}; serve with a larger --cache_len", "context_length_exceeded") from None
+        raise BadRequest(400, str(e), "invalid_request_error") from None
     return request
 
 
@@ -433,10 +462,14 @@ def load_models(config, specs: dict[str, str | None], init: str | None, engine_k
             model_config.init = dict(hf_checkpoint=init)
         loaded = load(model_config, checkpoint)
         chat = loaded.chat
+        kwargs = dict(engine_kwargs, max_images=MAX_IMAGES)
+        kwargs["cache_len"] = kwargs.get("cache_len") or default_cache_len(loaded.model.cfg.geometry)
         engine = Engine(loaded.model, tokenizer=chat.tokenizer, stop_ids=chat.stop_ids,
-                        pad_id=chat.pad_id, logprobs=False, **engine_kwargs)  # the API returns none
+                        pad_id=chat.pad_id, logprobs=False, **kwargs)  # the API returns none
         out[name] = Served(name, loaded.description, loaded, engine)
-        print(f"serving {name!r}: {loaded.description}", flush=True)
+        print(f"serving {name!r}: {loaded.description}; context {engine.cache_len} tokens x {engine.slots} slots "
+              f"(KV cache {kv_cache_bytes(loaded.model, engine.slots, engine.cache_len) / 2 ** 30:.2f} GiB)",
+              flush=True)
         if warm_up:
             start = time.perf_counter()
             shapes = engine.warm_up()
@@ -455,7 +488,11 @@ def parse_args(argv=None):
                              "(fixed replies, for tests) (repeatable)")
     parser.add_argument("--init", help="base HF checkpoint for PEFT adapters (default: the config's init)")
     parser.add_argument("--slots", type=int, default=32, help="decode slots per model")
-    parser.add_argument("--cache_len", type=int, default=1024, help="cache columns per slot: prompt bucket + max_tokens")
+    parser.add_argument("--cache_len", type=int, default=0,
+                        help="cache columns per slot, the context of a request (prompt bucket + max_tokens); 0 "
+                             f"(default): room for {MAX_IMAGES} images of the model's largest tile grid and "
+                             f"{PROMPT_TEXT_TOKENS} text tokens, plus max_tokens {DEFAULT_MAX_TOKENS} "
+                             "(e.g. 5376 for the tiny and SmolLM2 LLaVAs, 16640 for LLaVA-NeXT-8B)")
     parser.add_argument("--prefill_batch", type=int, default=8,
                         help="rows per prefill at most (waiting prompts of one length bucket)")
     parser.add_argument("--prefill_tokens", type=int, default=1024,

@@ -347,3 +347,20 @@ def test_sigterm_drains_requests_in_flight(server):
         answer = reply.result()
     assert answer[0] == 200 and answer[2]["usage"]["completion_tokens"] >= 1
     assert process.wait(timeout=60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once drained
+
+
+def test_default_context_holds_the_served_models_real_prompts():
+    """--cache_len 0: 4 images of the model's largest grid + 4,096 text tokens (the prompt's engine bucket) + 256."""
+    from fire_jax.geometry import ImageGeometry
+    from fire_jax.serve import default_cache_len
+
+    # LLaVA-NeXT-8B: 576 + 48 * 49 = 2,928 tokens for a 672 x 672 image; 4 * 2,928 + 4,096 = 15,808, whose
+    # bucket (multiples of 2,048 past 8,192) is 16,384.
+    assert default_cache_len(ImageGeometry()) == 16384 + 256
+    assert default_cache_len(ImageGeometry(mode="pad")) == 7168 + 256  # 4 * 576 + 4,096 = 6,400 -> 7,168
+    # The tiny and SmolLM2 LLaVAs (32 px tiles of 8 px patches): 88 and 56 tokens an image at most.
+    tiny = ImageGeometry(tile_size=32, patch_size=8, pinpoints=((32, 64), (64, 32), (64, 64), (96, 32), (32, 96)))
+    smollm2 = ImageGeometry(tile_size=32, patch_size=8, pinpoints=((32, 64), (64, 32)))
+    assert default_cache_len(tiny) == default_cache_len(smollm2) == 5120 + 256
+    # The official VLRMBench IC request that 1,024 columns refused: 2,522 tokens (bucket 2,560) + max_tokens 256.
+    assert 2560 + 256 <= default_cache_len(smollm2)
