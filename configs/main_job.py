@@ -86,6 +86,7 @@ def _smollm2(config) -> None:
         setting.data.tokenizer = model.data.tokenizer
         setting.decode.max_new_tokens = 40  # the synthetic answers and feedback fit in 40 SmolLM2 tokens
         setting.decode.batch_size = 32
+        setting.decode.bucket_step = 64  # prompts padded to a multiple of 64 (a 290-token teacher prompt: 320, not 512)
     config.eval_fixed.test.max_examples = 30  # fixed dialogues on a third of the test set: the free ones are the point
     config.baseline = dict(name="base (no FIRE)", init="", adapter="")  # init: set to the base model
     config.ablation_source = "synthetic"

@@ -40,7 +40,7 @@ class Bug:
 
 
 STEP, LOSS = "fire_jax/train/step.py", "fire_jax/train/loss.py"
-CHAT, RECORDS = "fire_jax/data/chat.py", "fire_jax/data/records.py"
+CHAT, RECORDS, TEMPLATES = "fire_jax/data/chat.py", "fire_jax/data/records.py", "fire_jax/data/templates.py"
 FIXED, FREE, METRICS = "fire_jax/eval/fixed.py", "fire_jax/infer/dialogue.py", "fire_jax/eval/metrics.py"
 AGENTS = "fire_jax/infer/agents.py"
 TRAIN_TESTS = ("tests/test_train.py",)
@@ -110,9 +110,9 @@ BUGS = [
     Bug("chat_student_first_turn_labelled", CHAT, "i if (i >= 2 or first_turn_labelled) else -1",
         "i if (i >= 1 or first_turn_labelled) else -1", ("tests/test_data_chat.py",),
         "student loss labels r_1 without loss.student_first_turn"),
-    Bug("chat_eot_not_labelled", CHAT, 'pieces.append((f"{message.text}{EOT}", message.turn))',
-        'pieces += [(message.text, message.turn), (EOT, -1)]', ("tests/test_data_chat.py",),
-        "an assistant turn's <|eot_id|> is not labelled"),
+    Bug("chat_eot_not_labelled", TEMPLATES, 'pieces.append(Piece(end, "template", close))',
+        'pieces.append(Piece(end, "template", -1))', ("tests/test_data_chat.py", "tests/test_chat_templates.py"),
+        "an assistant turn's end token (<|eot_id|>, <|im_end|>) is not labelled"),
     Bug("chat_teacher_trained_without_score", CHAT, 'messages.append(Message("assistant", turn.feedback, i))',
         'messages.append(Message("assistant", turn.feedback_text, i))', ("tests/test_data_chat.py",),
         "teacher targets f_i without its score line"),

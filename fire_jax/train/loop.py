@@ -190,13 +190,24 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
 
 
 def export(model: LlavaNext, workdir: str, config) -> None:
-    """Final LoRA as a PEFT adapter, and (``train.export_merged``) merged HF weights."""
+    """Final LoRA as a PEFT adapter, and (``train.export_merged``) merged HF weights with the run's tokenizer
+    (``tokenizer.json``, and its ``tokenizer_config.json`` with the chat template when it has one), so the
+    folder loads on its own."""
+    import shutil
+
+    from fire_jax.config import resolve_path
     from fire_jax.convert.hf import save_hf_checkpoint, save_peft_adapter
     from fire_jax.models import merge_lora
 
     save_peft_adapter(model, os.path.join(workdir, "export", "peft_adapter"))
     if config.train.get("export_merged", False):
-        save_hf_checkpoint(merge_lora(model), os.path.join(workdir, "export", "hf_merged"))
+        merged = os.path.join(workdir, "export", "hf_merged")
+        save_hf_checkpoint(merge_lora(model), merged)
+        tokenizer = resolve_path(config.data.tokenizer)
+        shutil.copyfile(tokenizer, os.path.join(merged, "tokenizer.json"))
+        template = os.path.join(os.path.dirname(tokenizer), "tokenizer_config.json")
+        if os.path.exists(template):
+            shutil.copyfile(template, os.path.join(merged, "tokenizer_config.json"))
 
 
 def _loss_of(metrics: dict[str, Any]) -> dict[str, float]:
