@@ -1,6 +1,6 @@
 """The feedback chat in a browser: the student answers, you or the teacher give feedback, the student refines (issue 17.1).
 
-    python -m fire_jax.demo                                   # runs/tiny's student + teacher, else a random tiny model
+    python -m fire_jax.demo                                   # the main job's student + teacher, else a random tiny model
     python -m fire_jax.demo --port 7860 --student WORKDIR_OR_ADAPTER_OR_HF_DIR --teacher api:http://127.0.0.1:8000/v1#teacher
 
 Open http://127.0.0.1:7860/. Pick one of the shipped example images (its
@@ -485,9 +485,11 @@ def parse_args(argv=None):
     parser.add_argument("--config", default=DEFAULT_CONFIG,
                         help="config file[:arg] (default: configs/tiny.py); --config.<field>=<value> sets a field")
     parser.add_argument("--student", help="HF dir, PEFT adapter, train workdir, 'random' or api:<base_url>#<model> "
-                                          "(default: runs/tiny/student if present, else random)")
-    parser.add_argument("--teacher", help="as --student (default: runs/tiny/teacher if present, else random)")
-    parser.add_argument("--init", help="base HF checkpoint for PEFT adapters (default: runs/tiny's base, or the config's)")
+                                          "(default: the main job's student, runs/smollm2 or runs/tiny, if present, "
+                                          "else random)")
+    parser.add_argument("--teacher", help="as --student (default: the main job's teacher if present, else random)")
+    parser.add_argument("--init", help="base HF checkpoint for PEFT adapters (default: the main job's base, or the "
+                                       "config's)")
     parser.add_argument("--max_new_tokens", type=int, default=160, help="as in the free dialogues")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     parser.add_argument("--top_p", type=float, default=1.0)

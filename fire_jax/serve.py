@@ -1,6 +1,6 @@
 """An OpenAI-compatible chat server over the continuous-batching engine.
 
-    python -m fire_jax.serve                                   # runs/tiny's student + teacher, else a random tiny model
+    python -m fire_jax.serve                                   # the main job's student + teacher, else a random tiny model
     python -m fire_jax.serve --port 8000 --model student=WORKDIR_OR_ADAPTER_OR_HF_DIR --model teacher=...
     python -m fire_jax.serve --config configs/fire_student.py --init HF_BASE --model fd=PEFT_ADAPTER
     python -m fire_jax.serve --model fixed=scripted:replies.json      # a test model with fixed replies
@@ -70,8 +70,9 @@ from fire_jax.data.images import load_image, preprocess
 from fire_jax.infer.engine import Engine, Request, engine_bucket
 from fire_jax.infer.loading import load
 
-#: What ``python -m fire_jax.serve`` serves without --model when the main job's tiny run exists.
-TINY_RUN = dict(student="runs/tiny/student", teacher="runs/tiny/teacher", base="runs/tiny/base/export/hf_merged")
+#: What ``python -m fire_jax.serve`` serves without --model: the main job's run (``runs/smollm2``, its default, then
+#: ``runs/tiny``), the first one trained.
+MAIN_JOB_RUNS = ("runs/smollm2", "runs/tiny")
 DEFAULT_MAX_TOKENS = 256
 #: Text tokens of prompt the default context holds besides the images: the served workloads' longest prompts
 #: with room to spare (VLRMBench's 58 IC records take up to 2,116 text tokens with SmolLM2's tokenizer, the
@@ -440,12 +441,15 @@ async def _events(rid, created, name, updates: asyncio.Queue, ticket):
 
 def default_models(root: str = ".") -> tuple[dict[str, str | None], str | None, str]:
     """({name: checkpoint or None (random)}, base init or None, why) for a run without --model."""
-    paths = {k: os.path.join(root, v) for k, v in TINY_RUN.items()}
-    found = {role: paths[role] for role in ("student", "teacher") if os.path.isdir(paths[role])}
-    if found:
-        base = paths["base"] if os.path.isdir(paths["base"]) else None
-        return found, base, f"the main job's trained tiny models under {os.path.join(root, 'runs/tiny')}"
-    return {"tiny-random": None}, None, f"a random tiny model ({paths['student']} does not exist)"
+    for run in MAIN_JOB_RUNS:
+        paths = {role: os.path.join(root, run, role) for role in ("student", "teacher")}
+        found = {role: path for role, path in paths.items() if os.path.isdir(path)}
+        if found:
+            base = os.path.join(root, run, "base", "export", "hf_merged")
+            return found, base if os.path.isdir(base) else None, \
+                f"the main job's trained models under {os.path.join(root, run)}"
+    return {"tiny-random": None}, None, (f"a random tiny model (no main job run under "
+                                         f"{' or '.join(os.path.join(root, r) for r in MAIN_JOB_RUNS)})")
 
 
 def load_models(config, specs: dict[str, str | None], init: str | None, engine_kwargs: dict,

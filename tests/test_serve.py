@@ -126,7 +126,12 @@ def test_models_health_and_default_choice(server, client, tmp_path):
     for role in ("student", "teacher"):
         os.makedirs(tmp_path / "runs" / "tiny" / role)
     specs, base, why = default_models(str(tmp_path))
-    assert sorted(specs) == ["student", "teacher"] and base is None and "trained tiny" in why
+    assert sorted(specs) == ["student", "teacher"] and base is None and why.endswith("runs/tiny")
+    os.makedirs(tmp_path / "runs" / "smollm2" / "student")  # the default main job's run comes first
+    os.makedirs(tmp_path / "runs" / "smollm2" / "base" / "export" / "hf_merged")
+    specs, base, why = default_models(str(tmp_path))
+    assert specs == {"student": str(tmp_path / "runs" / "smollm2" / "student")} and why.endswith("runs/smollm2")
+    assert base == str(tmp_path / "runs" / "smollm2" / "base" / "export" / "hf_merged")
 
 
 def test_text_and_image_equal_in_process_generate(checkpoint, client):
