@@ -142,9 +142,12 @@ def test_text_and_image_equal_in_process_generate(checkpoint, client):
     config = DecodeConfig(max_new_tokens=8, stop_ids=chat.stop_ids, pad_id=chat.pad_id)
     image = picture(40, 70, 0)
     tiles, size = preprocess(image, model.cfg.geometry)
+    typed = "What is <image> here?"  # a typed "<image>" is text: one image part, one image block
     cases = [("How many squares?", None, None),
              ([{"type": "image_url", "image_url": {"url": data_uri(image)}}, {"type": "text", "text": "What is it?"}],
-              "What is it?", size)]
+              "What is it?", size),
+             ([{"type": "image_url", "image_url": {"url": data_uri(image)}}, {"type": "text", "text": typed}],
+              typed, size)]
     for content, text, size in cases:
         encoded = chat.encode([Message("user", text or content, images=int(size is not None))], size,
                               add_generation_prompt=True)
@@ -152,6 +155,8 @@ def test_text_and_image_equal_in_process_generate(checkpoint, client):
                        pixel_values=None if size is None else tiles[None], image_sizes=None if size is None else [size])
         out = ask(client, content)
         assert out.usage.prompt_tokens == len(encoded)
+        assert (encoded.input_ids == chat.image_token_id).sum() == (0 if size is None else
+                                                                     model.cfg.geometry.num_tokens(size))
         assert out.choices[0].message.content == ref.texts[0] and len(ref.texts[0]) > 3
         assert out.choices[0].finish_reason == ("length" if ref.lengths[0] == 8 else "stop")
 
