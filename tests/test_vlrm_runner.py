@@ -153,6 +153,28 @@ def test_two_images_two_placeholder_blocks_and_their_tiles(bench):
         runner.build_batch([row], max_tiles=5)
 
 
+def test_shipped_records_with_a_typed_image_placeholder_get_one_image_block_per_image(bench, tmp_path):
+    """16 of the 58 shipped IC records (the mantis-eval ones) have "<image>" in their question or reasoning:
+    their images come from the record's image list, one block each, and the typed "<image>" stays text."""
+    generator = runner.Responder.from_config(tiny_config(), tiny_config().generate, name="tiny", max_new_tokens=8)
+    chat, geometry = generator.chat, generator.geometry
+    records = [json.loads(line) for line in open(FIXTURES / "image_ref_error.jsonl", encoding="utf-8")]
+    typed = [r for r in records if "<image>" in r["question"] + r["reasoning_error"]]
+    assert len(typed) == 16
+    for k, record in enumerate(typed):
+        paths = []
+        for i, _ in enumerate(record["image"]):
+            paths.append(str(tmp_path / f"{k}_{i}.png"))
+            Image.new("RGB", (40 + 10 * i, 60)).save(paths[-1])
+        text = record["question"] + "\n" + record["reasoning_error"]
+        row = generator.prepare(runner.Request(text, tuple(paths)), {})
+        ids = np.asarray(row.ids)
+        assert (ids == chat.image_token_id).sum() == sum(geometry.num_tokens((60, 40 + 10 * i))
+                                                         for i in range(len(paths)))
+        text_ids = ids[ids != chat.image_token_id]  # the typed ones are tokenised as text, "<", "image", ">"
+        assert chat.decode(text_ids).count("<image>") == text.count("<image>") > 0
+
+
 def test_tile_cap_stops_before_generating(bench, tmp_path, monkeypatch):
     counting = CountingGenerate().install(monkeypatch)
     with pytest.raises(ValueError, match=r"image_ref_error.jsonl:2 \(id IC-1\): its 2 image\(s\) need 9 tiles"):
