@@ -118,7 +118,10 @@ def run(config, workdir: str) -> dict[str, Any]:
         figures.append(os.path.join(workdir, "accuracy_by_turn.png"))
         plot_judged_curves(results, figures[-1])
     summary["figures"] = sorted(os.path.relpath(p, workdir) for p in figures)
-    table = summary_table(summary)
+    fixed = config.eval_fixed.get("fixed", {})
+    table = summary_table(summary) + (f"\nTeacher BLEU/CIDEr compare fixed.teacher_text="
+                                      f"{fixed.get('teacher_text', 'feedback')!r} ('feedback': the text after "
+                                      f"\"Feedback:\", as the release's analyze_feedback.py; 'whole': the reply).\n")
     # summary.json holds results only (no timings or absolute paths), so reruns can be compared byte for byte.
     write_json(os.path.join(workdir, "summary.json"), summary)
     with open(os.path.join(workdir, "summary.md"), "w") as f:
