@@ -50,7 +50,7 @@ def test_lengths_of_the_real_records_set_the_8b_budget(tokenizer_path):
     rows = {(r["role"], r["image_mode"]): r for r in fire_lengths.summary(lengths, [3072, 4096])}
     assert all(r["n"] == 188 for r in rows.values())
     # One sequence by hand: the image block is geometry.num_tokens(original size), the rest is text.
-    from fire_jax.data.chat import ChatTokenizer, segments, student_messages
+    from fire_jax.data.chat import ChatTokenizer, student_messages
     from fire_jax.config import load_config
     from fire_jax.data.sources import geometry_from_model_config
     from fire_jax.data.records import load_records
@@ -62,11 +62,11 @@ def test_lengths_of_the_real_records_set_the_8b_budget(tokenizer_path):
     with open(os.path.join(fire_lengths.FIXTURES, "original_sizes.json")) as f:
         size = json.load(f)[os.path.basename(records[0].image)]
     chat = ChatTokenizer.from_file(tokenizer_path, geometry)
-    # The template is tokenised piece by piece; "<image>" is one added token, expanded to the image block.
-    pieces = [chat.tokenizer.encode(text, add_special_tokens=False).ids for text, _ in segments(
-        student_messages(records[0]))]
-    assert sum(p.count(128256) for p in pieces) == 1
-    text_only = sum(map(len, pieces)) - 1
+    # The rendered chat tokenised whole: "<image>" (written by the template) is one added token, expanded to the
+    # image block in the sequence.
+    whole = chat.tokenizer.encode(chat.render(student_messages(records[0])), add_special_tokens=False).ids
+    assert whole.count(128256) == 1
+    text_only = len(whole) - 1
     first = next(x for x in lengths if x.record == records[0].id and x.role == "student" and x.image_mode == "anyres")
     assert first.tokens == text_only + geometry.num_tokens(size) == 2527 and geometry.num_tokens(size) == 2340
     # The recipe's max_len holds every real sequence; SPEC's 3072 cuts some and leaves some without a label.
