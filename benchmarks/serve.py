@@ -1,4 +1,4 @@
-"""Continuous batching vs fixed batches vs transformers generate, at 1 / 8 / 32 concurrent clients (issue 16).
+"""Continuous batching vs fixed batches vs transformers generate, at 1 / 8 / 32 concurrent clients.
 
     python benchmarks/serve.py                          # dim 256 x 4 layers, vocab 32000 (as benchmarks/decode.py)
     python benchmarks/serve.py --clients 32 --repeats 3 [--no_hf] [--dim 512 --layers 8]

@@ -10,11 +10,11 @@ fire_jax train workdir (detected; see fire_jax.infer.loading), or
 api:<base_url>#<model> (any OpenAI-compatible endpoint, e.g. fire_jax.serve;
 key from $FIRE_JAX_API_KEY or $OPENAI_API_KEY); without one the config's
 model is used. With a teacher, each answer is scored (the teacher
-sees the question, the groundtruth and the latest answer, SPEC Fig. A14); in
+sees the question, the groundtruth and the latest answer, FIRE Fig. A14); in
 --auto mode its feedback goes to the student, else you type the feedback
 (an empty line takes the teacher's). Stops on "quit" / end of input, when the
 teacher's score reaches --solved (8) in --auto mode, or after --max_turns (5).
-The student sees the feedback without its score line (SPEC section 3).
+The student sees the feedback without its score line (the text after "Feedback:").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Experiment configs: loading a config file, its argument, paths, and the default sub-configs (SPEC 4).
+"""Experiment configs: loading a config file, its argument, paths, and the default sub-configs (FIRE Sec. 5.1).
 
 The lowest layer of the package: every config file, the trainer and the
 inference tools import it, and it imports nothing but ml_collections (no
@@ -11,7 +11,7 @@ jax), so reading a config is cheap and never drags in model code.
   name, then ``key=value`` options typed like their defaults.
 - :func:`resolve_path`: ``assets:x`` is ``fire_jax/assets/x``.
 - :func:`data_config`, :func:`train_config`, :func:`loss_config`,
-  :func:`mesh_config`: the sub-configs with the SPEC's defaults.
+  :func:`mesh_config`: the sub-configs with the paper's defaults (FIRE Sec. 5.1).
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ def loss_config(**overrides) -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict(dict(
         normalize="token",  # mean over the global batch's labelled tokens; "turn": mean of per-turn means
         max_turns=8,  # turn indices reported separately in the metrics (higher ones pooled as "> max_turns")
-        student_first_turn=False,  # also label the student's r_1 (SPEC 3: the release did; the paper, Eq. 5, not)
+        student_first_turn=False,  # also label the student's r_1 (the release did; the paper, Eq. 5, not)
     ))
     config.update(overrides)
     return config

@@ -1,4 +1,4 @@
-"""The feedback chat in a browser: the student answers, you or the teacher give feedback, the student refines (issue 17.1).
+"""The feedback chat in a browser: the student answers, you or the teacher give feedback, the student refines.
 
     python -m fire_jax.demo                                   # the main job's student + teacher, else a random tiny model
     python -m fire_jax.demo --port 7860 --student WORKDIR_OR_ADAPTER_OR_HF_DIR --teacher api:http://127.0.0.1:8000/v1#teacher
@@ -9,8 +9,8 @@ read the student's answer. Type feedback yourself, or press "Ask the
 teacher": the teacher compares the answer with the groundtruth and writes a
 scored feedback (you may edit it). "Refine" sends the feedback to the
 student, which answers again. Each turn shows its response, feedback and
-score; "Download record" saves the conversation as a FIRE record (SPEC
-section 3 schema, checked with :func:`fire_jax.data.records.parse_record`).
+score; "Download record" saves the conversation as a FIRE record (the released
+raw schema, checked with :func:`fire_jax.data.records.parse_record`).
 
 Student and teacher are model specs: a Hugging Face directory, a PEFT
 adapter (its base: --init, else the config's), a train workdir, ``random``
@@ -208,7 +208,7 @@ def _text(body: dict, field: str, *, required: bool = True) -> str:
 
 
 def _turns(body: dict) -> list[Turn]:
-    """The conversation so far: [{"response", "feedback"}] with scores parsed from the feedback (SPEC 3)."""
+    """The conversation so far: [{"response", "feedback"}] with scores parsed from the feedback (``records.parse_score``)."""
     turns = body.get("turns", [])
     if not isinstance(turns, list) or not all(
             isinstance(t, dict) and isinstance(t.get("response"), str) and isinstance(t.get("feedback", ""), str)
@@ -223,7 +223,7 @@ def _turn_json(turn: Turn) -> dict:
 
 
 def fire_record(body: dict) -> dict:
-    """The conversation as a raw FIRE record (SPEC 3); a trailing answer without feedback is left out."""
+    """The conversation as a raw FIRE record (the released schema); a trailing answer without feedback is left out."""
     turns = _turns(body)
     while turns and not turns[-1].feedback:
         turns.pop()

@@ -75,7 +75,7 @@ class ImageGeometry:
     mode "anyres": base tile + grid, unpad, image_newline after each row.
     mode "pad": the image padded to a square and resized to one tile; its
     ``grid**2`` features, followed by one image_newline if ``pad_newline``
-    (LLaVA-NeXT's code does this; the SPEC's 576-token count does not).
+    (LLaVA-NeXT's code does this; the plain 576-token count does not).
     """
 
     tile_size: int = 336

@@ -1,4 +1,4 @@
-"""FIRE-100K-style data: one API-model call writes a whole student-teacher conversation (SPEC 6, Fig. 3a, Sec. 3.2).
+"""FIRE-100K-style data: one API-model call writes a whole student-teacher conversation (FIRE Fig. 3a, Sec. 3.2).
 
     python -m fire_jax.make_fire100k --model api:https://api.openai.com/v1#gpt-4o \\
         --input triplets.jsonl --image_root DIR --out fire100k_new.jsonl [--concurrency 16] \\
@@ -24,7 +24,7 @@ first (the paper's two filters). Every drop is counted by reason
 Outputs (``--process_count N`` > 1 writes ``OUT-<i>-of-<N>.jsonl`` per process,
 each taking the triplets ``i, i + N, ...``):
 
-- ``OUT``: kept records, SPEC section 3 raw schema (``tools/build_dataset.py --json OUT``);
+- ``OUT``: kept records, in the released raw schema (FIRE-train-100K.json) (``tools/build_dataset.py --json OUT``);
 - ``OUT.dropped.jsonl``: {id, source, reason, detail, output} per dropped conversation;
 - ``OUT.stats.json`` and ``OUT.stats.png``: per-source yield, drops, Fig. 5 statistics.
 

@@ -1,4 +1,4 @@
-"""Planted-bug check: does each test file catch a small, realistic bug in the code it guards? (issue 18)
+"""Planted-bug check: does each test file catch a small, realistic bug in the code it guards?
 
     python tools/planted_bugs.py                 # every bug; prints a caught/missed table
     python tools/planted_bugs.py --only step_    # bugs whose name contains "step_"
@@ -47,7 +47,7 @@ TRAIN_TESTS = ("tests/test_train.py",)
 RUNNER_TESTS = ("tests/test_runners.py",)
 
 BUGS = [
-    # ---- the six that went through before issue 18
+    # ---- the six that once went through the tests
     Bug("step_loss_mask_is_attention", STEP, 'mask = batch["loss_mask"][:, 1:]', 'mask = batch["attention_mask"][:, 1:]',
         TRAIN_TESTS, "train step uses attention_mask as the loss mask"),
     Bug("step_turn_ids_shifted", STEP, 'turns = batch["turn_ids"][:, 1:]', 'turns = batch["turn_ids"][:, :-1]',

@@ -1,4 +1,4 @@
-"""Any OpenAI-compatible endpoint as a student or teacher: ``api:<base_url>#<model>`` model specs (issue 16.3).
+"""Any OpenAI-compatible endpoint as a student or teacher: ``api:<base_url>#<model>`` model specs.
 
     api:http://127.0.0.1:8000/v1#student          # a fire_jax.serve model
     api:https://api.openai.com/v1#gpt-4o          # key from $OPENAI_API_KEY (or $FIRE_JAX_API_KEY)

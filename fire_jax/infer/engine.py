@@ -1,4 +1,4 @@
-"""Continuous batching: fixed decode slots over one static-shape KV cache (issue 16.1).
+"""Continuous batching: fixed decode slots over one static-shape KV cache.
 
 :func:`fire_jax.infer.decode.generate` runs a fixed batch: every row waits for
 the longest one. Here a fixed number of *slots* share one cache
