@@ -86,3 +86,15 @@ def hf_logits(model, input_ids, pixel_values=None, image_size=None):
 def rel_err(ours, ref) -> float:
     ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
     return float(np.linalg.norm(ours - ref) / np.linalg.norm(ref))
+
+
+def load_tool(name: str):
+    """A script of ``tools/`` (hf_logits, hf_generate: the reference side run as users run it) as a module."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "tools", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -7,7 +7,6 @@ The real file is ``$FIRE_JAX_GGUF``, else the named model fetched once into the 
 
 import contextlib
 import dataclasses
-import importlib.util
 import json
 import os
 
@@ -22,6 +21,7 @@ from fire_jax.convert.gguf import (TEXT_ONLY_VISION, GGUFError, LlavaNext, llava
 from fire_jax.infer.decode import DecodeConfig, generate, left_pad
 from fire_jax.infer.forward import forward_logits
 from fire_jax.models import count_params
+from hf_reference import load_tool
 
 TOL = 1e-5  # max |ours - transformers| / max |transformers|, float32
 NEW_TOKENS = 32
@@ -331,24 +331,16 @@ def test_tokenizer_settings_by_pre_type_and_bad_vocabularies(smollm, tmp_path):
         read_gguf(write_llama_gguf(tmp_path / "merges.gguf", tied=True, tokenizer=unknown)).tokenizer()
 
 
-def _load_tool(name):
-    path = os.path.join(os.path.dirname(__file__), "..", "tools", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_hf_tools_read_a_gguf_model(tiny, tmp_path):
     model = load_model(tiny)
     prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]]
     ids, mask, positions = _padded(prompts, 0)
     np.savez(tmp_path / "in.npz", input_ids=ids, attention_mask=mask, position_ids=positions)
-    _load_tool("hf_logits").main(["--model", tiny, "--inputs", str(tmp_path / "in.npz"),
+    load_tool("hf_logits").main(["--model", tiny, "--inputs", str(tmp_path / "in.npz"),
                                   "--out", str(tmp_path / "logits.npz")])
     np.testing.assert_array_equal(np.load(tmp_path / "logits.npz")["logits"],
                                   forward_logits(model, ids, attention_mask=mask, positions=positions))
-    _load_tool("hf_generate").main(["--model", tiny, "--inputs", str(tmp_path / "in.npz"), "--max_new_tokens", "6",
+    load_tool("hf_generate").main(["--model", tiny, "--inputs", str(tmp_path / "in.npz"), "--max_new_tokens", "6",
                                     "--stop_ids", "", "--out", str(tmp_path / "gen.npz")])
     expected = generate(model, prompts, config=DecodeConfig(max_new_tokens=6, stop_ids=())).tokens
     np.testing.assert_array_equal(np.load(tmp_path / "gen.npz")["generated_ids"], expected)

@@ -1,7 +1,6 @@
 """Decoding (SPEC section 5) against transformers' generate and against our own full forward."""
 
 import dataclasses
-import importlib.util
 import os
 
 import jax
@@ -20,21 +19,13 @@ from fire_jax.data.records import Turn, parse_score
 from fire_jax.infer.agents import Student, Teacher
 from fire_jax.infer.decode import TRACE_COUNTS, DecodeConfig, prompt_bucket, generate, left_pad, sample_token
 from fire_jax.infer.forward import image_inputs, normalise_sizes
-from hf_reference import hf_logits, make_batch, rel_err, tiny_hf_model
+from hf_reference import hf_logits, load_tool, make_batch, rel_err, tiny_hf_model
 
 # Mixed batch: three aspect ratios (different tile counts and token counts) and two text-only prompts.
 SIZES = [(40, 70), (30, 90), None, (64, 64), None]
 TEXT = [(3, 5), (9, 2), (7, 0), (1, 1), (20, 0)]
 NEW = 12
 GREEDY = DecodeConfig(max_new_tokens=NEW, stop_ids=())
-
-
-def _load_tool(name):
-    path = os.path.join(os.path.dirname(__file__), "..", "tools", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +251,7 @@ def test_hf_logits_tool(pair, tmp_path):
     image_sizes = np.array([s or (0, 0) for s in sizes])
     np.savez(tmp_path / "in.npz", input_ids=ids, attention_mask=mask, pixel_values=pixel_values,
              image_sizes=image_sizes)
-    _load_tool("hf_logits").main(["--model", directory, "--inputs", str(tmp_path / "in.npz"),
+    load_tool("hf_logits").main(["--model", directory, "--inputs", str(tmp_path / "in.npz"),
                                   "--out", str(tmp_path / "out.npz")])
     logits = np.load(tmp_path / "out.npz")["logits"]
     assert logits.shape == (*ids.shape, model.cfg.llm.vocab_size) and logits.dtype == np.float32
@@ -278,7 +269,7 @@ def test_hf_generate_tool(pair, batch, stop, tmp_path):
     image_sizes = np.array([s or (0, 0) for s in SIZES])
     np.savez(tmp_path / "in.npz", input_ids=ids, attention_mask=mask, pixel_values=pixel_values,
              image_sizes=image_sizes)
-    _load_tool("hf_generate").main(["--model", directory, "--inputs", str(tmp_path / "in.npz"), "--max_new_tokens",
+    load_tool("hf_generate").main(["--model", directory, "--inputs", str(tmp_path / "in.npz"), "--max_new_tokens",
                                     str(NEW), "--stop_ids", str(stop_id), "--out", str(tmp_path / "out.npz")])
     np.testing.assert_array_equal(np.load(tmp_path / "out.npz")["generated_ids"], expected)
 

@@ -182,7 +182,7 @@ class ChatTokenizer:
         self.pad_id = self.eos_id if pad is None else pad
         self._plain = tokenizers.Tokenizer.from_str(tokenizer.to_str())  # message texts: special strings are text
         self._plain.encode_special_tokens = True
-        self._cache: dict[str, list[int]] = {}
+        self._cache: dict[tuple[str, str], list[int]] = {}
 
     @classmethod
     def from_file(cls, path: str, geometry: ImageGeometry, *, template: ChatTemplate | str | None = None,
@@ -217,11 +217,13 @@ class ChatTokenizer:
     def _ids(self, piece) -> list[int]:
         if piece.kind in ("image", "eos"):
             return [self.image_token_id if piece.kind == "image" else self.eos_id]
-        if piece.kind == "text":
-            return self._plain.encode(piece.text, add_special_tokens=False).ids
-        ids = self._cache.get(piece.text)
+        key = (piece.kind, piece.text)  # template pieces and the system prompt recur in every sequence
+        ids = self._cache.get(key)
         if ids is None:
-            ids = self._cache[piece.text] = self.tokenizer.encode(piece.text, add_special_tokens=False).ids
+            tokenizer = self._plain if piece.kind == "text" else self.tokenizer
+            ids = tokenizer.encode(piece.text, add_special_tokens=False).ids
+            if len(piece.text) < 2048 and len(self._cache) < 4096:  # bounded: a dataset's texts do not recur
+                self._cache[key] = ids
         return ids
 
     def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = False,
