@@ -25,10 +25,17 @@ replaces it), and each image becomes the ``<image>`` placeholder, expanded to
 the image's anyres token count; an image part followed by text reads
 ``<image>\\n{text}``, as the training prompts do.
 
-Bad input gets a 4xx JSON error in OpenAI's shape (``{"error": {"message", "type", "code"}}``);
-a full queue gets 503 with Retry-After; a client that disconnects before its
-reply is done cancels its request (the engine frees the slot); SIGTERM /
-Ctrl-C stop accepting, finish the requests in flight, then exit.
+Bad input gets a 4xx JSON error in OpenAI's shape (``{"error": {"message", "type", "code"}}``),
+checked before the request reaches the engine, so it fails alone: every
+field typed and bounded, and the body's size, read time and nesting, the
+text's length and the images' count, size, format and declared pixels
+bounded before anything is tokenised or decoded (:mod:`fire_jax.limits`,
+its flags: ``--max_body_bytes``, ``--max_pixels``, ...). A model's queue
+(``--max_queue``) counts every request it admitted until its last token;
+past it, 503 with Retry-After. A client that disconnects before its reply
+is done cancels its request (the engine frees the slot); SIGTERM / Ctrl-C
+stop accepting, finish the requests in flight (for ``--graceful_timeout``
+seconds at most, then cancel them), then exit.
 
 A ``scripted:FILE.json`` model answers with fixed strings, for tests of the
 clients (the demo, FIRE-100K-style generation): FILE.json holds
@@ -46,13 +53,12 @@ import sys
 
 import argparse
 import asyncio
-import base64
-import binascii
 import contextlib
 import copy
 import dataclasses
 import json
 import os
+import threading
 import time
 import uuid
 from typing import Any
@@ -66,9 +72,12 @@ from starlette.exceptions import HTTPException
 from fire_jax.cli import input_errors_end_in_one_line
 from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, split_overrides
 from fire_jax.data.chat import Message
-from fire_jax.data.images import load_image, preprocess
+from fire_jax.data.images import preprocess
 from fire_jax.infer.engine import Engine, Request, engine_bucket
 from fire_jax.infer.loading import load
+from fire_jax.limits import (BadRequest, Limits, add_arguments, check_text, image_urls, json_body as limits_json_body,
+                             limits_of, longest_token_chars, open_data_uri, sampling, text_chars_bound,
+                             uvicorn_settings)
 
 #: What ``python -m fire_jax.serve`` serves without --model: the main job's run (``runs/smollm2``, its default, then
 #: ``runs/tiny``), the first one trained.
@@ -80,12 +89,6 @@ DEFAULT_MAX_TOKENS = 256
 PROMPT_TEXT_TOKENS = 4096
 #: Images per request (the engine's limit; the release's vLLM server is started with --limit-mm-per-prompt image=4).
 MAX_IMAGES = 4
-
-
-class BadRequest(Exception):
-    def __init__(self, status: int, message: str, code: str = "invalid_request_error", headers=None):
-        super().__init__(message)
-        self.status, self.message, self.code, self.headers = status, message, code, headers or {}
 
 
 def default_cache_len(geometry, max_images: int = MAX_IMAGES, text_tokens: int = PROMPT_TEXT_TOKENS,
@@ -110,6 +113,7 @@ class Served:
     loaded: Any  # fire_jax.infer.loading.Loaded; None for a scripted model
     engine: Engine | None  # None for a scripted model
     script: "Script | None" = None
+    max_text_chars: int = 0  # characters of text a request may hold (its context at the longest token); 0: any
 
 
 SCRIPTED_PREFIX = "scripted:"
@@ -150,44 +154,25 @@ class Script:
 # ------------------------------------------------------------------------------------------------
 
 
-async def json_body(http) -> dict:
-    """A request's JSON object body, or a 400 ``BadRequest`` (invalid JSON, or not an object)."""
-    try:
-        body = json.loads(await http.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadRequest(400, f"request body is not valid JSON: {e}", "invalid_json")
-    if not isinstance(body, dict):
-        raise BadRequest(400, "request body must be a JSON object")
-    return body
+async def json_body(http, limits: Limits | None = None) -> dict:
+    """A request's JSON object body within ``limits`` (size, read time, nesting), or a 4xx ``BadRequest``."""
+    return await limits_json_body(http, limits)
 
 
 def decode_data_uri(url: str, max_bytes: int, max_pixels: int):
-    """A PIL image from a ``data:image/...;base64,`` URI; BadRequest for anything else."""
-    if not isinstance(url, str) or not url.startswith("data:"):
-        raise BadRequest(400, "image_url must be a data: URI (data:image/png;base64,...); the server fetches no "
-                              f"remote URLs, got {str(url)[:60]!r}", "remote_image_url")
-    header, _, payload = url.partition(",")
-    if ";base64" not in header:
-        raise BadRequest(400, "image data: URI must be base64-encoded", "invalid_image")
-    if len(payload) * 3 // 4 > max_bytes:
-        raise BadRequest(413, f"image of ~{len(payload) * 3 // 4} bytes is over the limit of {max_bytes} bytes",
-                         "image_too_large")
-    try:
-        raw = base64.b64decode(payload, validate=True)
-        image = load_image(raw)
-    except (binascii.Error, ValueError, OSError) as e:
-        raise BadRequest(400, f"image could not be decoded: {e}", "invalid_image") from e
-    if image.width * image.height > max_pixels:
-        raise BadRequest(413, f"image of {image.width}x{image.height} pixels is over the limit of {max_pixels} pixels",
-                         "image_too_large")
-    return image
+    """A PIL image from a ``data:image/...;base64,`` URI; BadRequest for anything else
+    (:func:`fire_jax.limits.open_data_uri`)."""
+    return open_data_uri(url, max_bytes, max_pixels)
 
 
-def parse_messages(messages, max_bytes: int, max_pixels: int):
-    """(system text or None, [Message], [PIL image]) from OpenAI chat messages, images as ``<image>\\n``."""
+def parse_messages(messages, limits: Limits, max_text_chars: int = 0):
+    """(system text or None, [Message], [PIL image]) from OpenAI chat messages, images as ``<image>\\n``.
+
+    Every part is checked and the images counted and the text measured (``max_text_chars``, 0: no bound)
+    before any image is decoded: a request over a limit costs no decoding."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest(400, "'messages' must be a non-empty list")
-    system, out, images = None, [], []
+    system, out, urls, texts_of = None, [], [], []
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") not in ("system", "user", "assistant"):
             raise BadRequest(400, f"messages[{i}]: needs a role of 'system', 'user' or 'assistant'")
@@ -201,20 +186,24 @@ def parse_messages(messages, max_bytes: int, max_pixels: int):
             if kind == "text" and isinstance(part.get("text"), str):
                 texts.append(part["text"])
             elif kind == "image_url" and message["role"] == "user":
-                image_url = part.get("image_url")
-                images.append(decode_data_uri(image_url.get("url") if isinstance(image_url, dict) else image_url,
-                                              max_bytes, max_pixels))
                 count += 1  # placed before the message's text, as the template places images
             else:
                 raise BadRequest(400, f"messages[{i}].content[{j}]: expected a 'text' part"
                                       + (" or an 'image_url' part" if message["role"] == "user" else ""))
+        urls += image_urls(parts)
+        texts_of.append((message["role"], texts, count))
+    if len(urls) > limits.max_images:
+        raise BadRequest(400, f"{len(urls)} images; at most {limits.max_images} per request", "too_many_images")
+    check_text((text for _, texts, _ in texts_of for text in texts), max_text_chars)
+    for role, texts, count in texts_of:
         text = "\n".join(texts)
-        if message["role"] == "system":
+        if role == "system":
             system = text
         else:
-            out.append(Message(message["role"], text, images=count))
+            out.append(Message(role, text, images=count))
     if not out or out[-1].role != "user":
         raise BadRequest(400, "the last message must be a user message")
+    images = [open_data_uri(url, limits.max_image_bytes, limits.max_pixels) for url in urls]
     return system, out, images
 
 
@@ -227,10 +216,13 @@ def encode_prompt(chat, system: str | None, messages: list[Message], image_sizes
         raise BadRequest(400, str(e)) from None
 
 
-def build_request(served: Served, body: dict, limits: dict) -> Request:
-    system, messages, images = parse_messages(body.get("messages"), limits["max_image_bytes"], limits["max_pixels"])
-    if len(images) > served.engine.max_images:
-        raise BadRequest(400, f"{len(images)} images; at most {served.engine.max_images} per request")
+def build_request(served: Served, body: dict, limits: Limits) -> Request:
+    """The engine request of a chat completion body: every field checked and typed (:func:`fire_jax.limits.sampling`),
+    the text measured and the images counted before anything is decoded or tokenised, then the prompt
+    checked against the context (400 ``context_length_exceeded``)."""
+    settings = sampling(body)
+    model_limits = dataclasses.replace(limits, max_images=min(limits.max_images, served.engine.max_images))
+    system, messages, images = parse_messages(body.get("messages"), model_limits, served.max_text_chars)
     geometry = served.loaded.model.cfg.geometry
     tiles, sizes = [], []
     for image in images:
@@ -238,28 +230,9 @@ def build_request(served: Served, body: dict, limits: dict) -> Request:
         tiles.append(t)
         sizes.append(size)
     prompt = encode_prompt(served.loaded.chat, system, messages, sizes)
-
-    def number(name, kind, default):
-        value = body.get(name, default)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
-            raise BadRequest(400, f"'{name}' must be a {kind.__name__}, got {value!r}")
-        return kind(value)
-
-    if number("n", int, 1) != 1:
-        raise BadRequest(400, "only n=1 is supported")
-    stop = body.get("stop") or []
-    stop = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > 4:
-        raise BadRequest(400, "'stop' must be a string or a list of up to 4 strings")
-    temperature = number("temperature", float, 1.0)
-    seed = number("seed", int, None)
     request = Request(
-        prompt=prompt,
-        max_tokens=number("max_completion_tokens", int, number("max_tokens", int, DEFAULT_MAX_TOKENS)),
-        temperature=temperature, top_p=number("top_p", float, 1.0), top_k=number("top_k", int, 0),
-        seed=(seed if seed is not None else int.from_bytes(os.urandom(4), "little")) % 2 ** 32, stop=stop,
+        prompt=prompt, max_tokens=settings["max_tokens"], temperature=settings["temperature"],
+        top_p=settings["top_p"], top_k=settings["top_k"], seed=settings["seed"], stop=settings["stop"],
         pixel_values=np.concatenate(tiles) if tiles else None, image_sizes=sizes)
     try:
         served.engine.check(request)
@@ -270,14 +243,53 @@ def build_request(served: Served, body: dict, limits: dict) -> Request:
     return request
 
 
+class Admitted:
+    """The requests a model has admitted and not yet finished, counted from admission (while waiting, being
+    prefilled and decoding alike) to their last update: what ``--max_queue`` bounds. Thread-safe (the engine
+    thread lets requests go); letting one go twice is a no-op."""
+
+    def __init__(self, limit: int):
+        self.limit, self._lock = limit, threading.Lock()
+        self._held: dict[object, Any] = {}  # key -> its ticket once submitted (None before)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+    def reserve(self) -> object:
+        """A key holding a place for a request about to be submitted, or BadRequest 503 when all are taken."""
+        with self._lock:
+            if len(self._held) >= self.limit:
+                raise BadRequest(503, f"queue full ({self.limit} requests in flight); retry later", "queue_full",
+                                 {"Retry-After": "1"})
+            key = object()
+            self._held[key] = None
+            return key
+
+    def submitted(self, key, ticket) -> None:
+        with self._lock:
+            if key in self._held:  # not finished already
+                self._held[key] = ticket
+
+    def release(self, key) -> None:
+        with self._lock:
+            self._held.pop(key, None)
+
+    def tickets(self) -> list:
+        with self._lock:
+            return [t for t in self._held.values() if t is not None]
+
+
 # ------------------------------------------------------------------------------------------------
 # The app
 # ------------------------------------------------------------------------------------------------
 
 
-def create_app(models: dict[str, Served], *, max_queue: int = 256, max_image_bytes: int = 8 << 20,
-               max_pixels: int = 4096 * 4096):
-    limits = dict(max_image_bytes=max_image_bytes, max_pixels=max_pixels)
+def create_app(models: dict[str, Served], *, max_queue: int = 256, limits: Limits | None = None):
+    """The FastAPI app serving ``models``; ``max_queue`` requests in flight per model (admitted and not finished)
+    before 503; ``limits`` (:class:`fire_jax.limits.Limits`) on every request before it reaches a model."""
+    limits = limits or Limits()
+    admitted = {name: Admitted(max_queue) for name in models}
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -285,7 +297,12 @@ def create_app(models: dict[str, Served], *, max_queue: int = 256, max_image_byt
         for engine in engines:
             engine.start()
         yield
-        for engine in engines:  # uvicorn has finished the requests in flight; the engines are idle
+        # uvicorn has finished the requests in flight, or its graceful-shutdown timeout has passed: cancel
+        # what is left, so the engines stop now
+        for name, served in models.items():
+            for ticket in admitted[name].tickets():
+                served.engine.cancel(ticket)
+        for engine in engines:
             engine.stop(drain=True)
 
     app = FastAPI(title="fire_jax", lifespan=lifespan)
@@ -310,7 +327,7 @@ def create_app(models: dict[str, Served], *, max_queue: int = 256, max_image_byt
     @app.get("/health")
     async def health():
         return {"status": "ok", "models": {
-            name: {"description": s.description, "in_flight": s.engine.in_flight,
+            name: {"description": s.description, "in_flight": s.engine.in_flight, "admitted": len(admitted[name]),
                    "finished": s.engine.stats["requests"], "cancelled": s.engine.stats["cancelled"]}
             if s.script is None else
             {"description": s.description, "requests": dict(s.script.counts)} for name, s in models.items()}}
@@ -322,32 +339,45 @@ def create_app(models: dict[str, Served], *, max_queue: int = 256, max_image_byt
 
     @app.post("/v1/chat/completions")
     async def chat_completions(http: HttpRequest):
-        body = await json_body(http)
+        body = await json_body(http, limits)
         name = body.get("model")
+        if not isinstance(name, str):
+            raise BadRequest(400, f"'model' must be a string, one of {sorted(models)}", "invalid_request_error")
         if name not in models:
-            raise BadRequest(404, f"model {name!r} is not served; serving {sorted(models)}", "model_not_found")
+            raise BadRequest(404, f"model {name[:100]!r} is not served; serving {sorted(models)}", "model_not_found")
         served = models[name]
         if served.script is not None:
             return await _scripted(served, body, limits)
         request = build_request(served, body, limits)
-        if served.engine.in_flight >= max_queue:
-            raise BadRequest(503, f"queue full ({max_queue} requests in flight); retry later", "queue_full",
-                             {"Retry-After": "1"})
+        stream = body.get("stream") is True  # a boolean: build_request checked it
+        queue = admitted[name]
+        key = queue.reserve()  # 503 when full; from here to its last update the request holds its place
         loop = asyncio.get_running_loop()
         updates: asyncio.Queue = asyncio.Queue()
 
         def on_update(ticket, delta, reason):  # the engine thread
+            if reason is not None:
+                queue.release(key)
             loop.call_soon_threadsafe(updates.put_nowait, (delta, reason))
 
         try:
             ticket = served.engine.submit(request, on_update)
         except RuntimeError as e:  # shutting down
+            queue.release(key)
             raise BadRequest(503, str(e), "shutting_down", {"Retry-After": "5"})
+        except ValueError as e:  # checked in build_request; kept for safety
+            queue.release(key)
+            raise BadRequest(400, str(e), "invalid_request_error")
+        queue.submitted(key, ticket)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        if body.get("stream"):
+        if stream:
             return StreamingResponse(_stream(rid, created, name, updates, ticket, served.engine),
                                      media_type="text/event-stream")
-        reason = await _wait_unless_disconnected(http, updates)
+        try:
+            reason = await _wait_unless_disconnected(http, updates)
+        except BaseException:  # the server cancels this task at the end of its graceful-shutdown timeout
+            served.engine.cancel(ticket)
+            raise
         if reason is None:  # the client went away: free its slot (no one reads the reply)
             served.engine.cancel(ticket)
             return error(499, "client disconnected", "client_disconnected")
@@ -363,14 +393,16 @@ def create_app(models: dict[str, Served], *, max_queue: int = 256, max_image_byt
     return app
 
 
-async def _scripted(served: Served, body: dict, limits: dict):
-    """A scripted model's reply, non-streamed or as one server-sent chunk; images are checked as for a real model."""
-    system, messages, _ = parse_messages(body.get("messages"), limits["max_image_bytes"], limits["max_pixels"])
+async def _scripted(served: Served, body: dict, limits: Limits):
+    """A scripted model's reply, non-streamed or as one server-sent chunk; fields and images are checked as for
+    a real model."""
+    settings = sampling(body)
+    system, messages, _ = parse_messages(body.get("messages"), limits, limits.max_text_chars)
     text, delay = served.script.reply("\n".join(([system] if system else []) + [m.text for m in messages]))
     if delay:
         await asyncio.sleep(delay)
     rid, created, name = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), served.name
-    if body.get("stream"):
+    if settings["stream"]:
         async def chunks():
             for delta, reason in (({"role": "assistant", "content": text}, None), ({}, "stop")):
                 chunk = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": name,
@@ -453,7 +485,9 @@ def default_models(root: str = ".") -> tuple[dict[str, str | None], str | None, 
 
 
 def load_models(config, specs: dict[str, str | None], init: str | None, engine_kwargs: dict,
-                warm_up: bool = False) -> dict[str, Served]:
+                warm_up: bool = False, max_text_chars: int = 0, max_images: int = MAX_IMAGES) -> dict[str, Served]:
+    """The served models of ``specs``; a request's text is bounded by ``max_text_chars`` characters, 0: by the
+    model's context times its tokenizer's longest token (:func:`fire_jax.limits.text_chars_bound`)."""
     out = {}
     for name, checkpoint in specs.items():
         if checkpoint is not None and checkpoint.startswith(SCRIPTED_PREFIX):
@@ -466,11 +500,12 @@ def load_models(config, specs: dict[str, str | None], init: str | None, engine_k
             model_config.init = dict(hf_checkpoint=init)
         loaded = load(model_config, checkpoint)
         chat = loaded.chat
-        kwargs = dict(engine_kwargs, max_images=MAX_IMAGES)
+        kwargs = dict(engine_kwargs, max_images=max_images)
         kwargs["cache_len"] = kwargs.get("cache_len") or default_cache_len(loaded.model.cfg.geometry)
         engine = Engine(loaded.model, tokenizer=chat.tokenizer, stop_ids=chat.stop_ids,
                         pad_id=chat.pad_id, logprobs=False, **kwargs)  # the API returns none
-        out[name] = Served(name, loaded.description, loaded, engine)
+        chars = max_text_chars or text_chars_bound(engine.cache_len, longest_token_chars(chat.tokenizer))
+        out[name] = Served(name, loaded.description, loaded, engine, max_text_chars=chars)
         print(f"serving {name!r}: {loaded.description}; context {engine.cache_len} tokens x {engine.slots} slots "
               f"(KV cache {kv_cache_bytes(loaded.model, engine.slots, engine.cache_len) / 2 ** 30:.2f} GiB)",
               flush=True)
@@ -507,8 +542,9 @@ def parse_args(argv=None):
                         help="compile every decode shape (widths x cache windows) before serving, so no request "
                              "waits for one (30 shapes for 32 slots x 576 columns: 43 s at dim 256 x 4 layers on "
                              "2 CPU cores)")
-    parser.add_argument("--max_queue", type=int, default=256, help="requests in flight per model before 503")
-    parser.add_argument("--max_image_bytes", type=int, default=8 << 20)
+    parser.add_argument("--max_queue", type=int, default=256,
+                        help="requests in flight per model (waiting, prefilling or decoding) before 503")
+    add_arguments(parser)
     args = parser.parse_args(argv)
     for spec in args.model:
         if "=" not in spec:
@@ -531,10 +567,12 @@ def main(argv=None):
         print(f"no --model: serving {why}", flush=True)
     engine_kwargs = dict(slots=args.slots, cache_len=args.cache_len, prefill_batch=args.prefill_batch,
                          prefill_tokens=args.prefill_tokens, chunk=args.chunk)
-    app = create_app(load_models(config, specs, init, engine_kwargs, args.warm_up), max_queue=args.max_queue,
-                     max_image_bytes=args.max_image_bytes)
+    if args.max_images > MAX_IMAGES:
+        raise ValueError(f"--max_images {args.max_images}: at most {MAX_IMAGES} (the engine's limit)")
+    models = load_models(config, specs, init, engine_kwargs, args.warm_up, args.max_text_chars, args.max_images)
+    app = create_app(models, max_queue=args.max_queue, limits=limits_of(args))
     print(f"listening on http://{args.host}:{args.port}/v1", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=None)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", **uvicorn_settings(args))
 
 
 if __name__ == "__main__":
