@@ -1,4 +1,4 @@
-"""python -m fire_jax.serve on a free loopback port, through the official openai client (issue 16.2)."""
+"""python -m fire_jax.serve on a free loopback port, through the official openai client."""
 
 import base64
 import concurrent.futures
@@ -195,6 +195,42 @@ def test_bad_input_gets_4xx_and_the_server_lives(server, client):
     assert code == 400 and reply["error"]["code"] == "invalid_json"
     assert http(f"{server[1]}/health")[0] == 200
     assert ask(client, "still there?").choices[0].message.content
+
+
+def test_a_bad_request_fails_alone_beside_six_concurrent_ones(server, client):
+    """top_k=2**31 (past int32) sent beside 6 normal requests: it gets 400 before reaching the engine, the six
+    equal their outputs alone (a value the engine cannot hold used to fail every request in its decode chunk)."""
+    prompts = [("word " * (3 * k)) + f"item {k}?" for k in range(6)]
+    kw = lambda k: dict(max_tokens=24, temperature=0.7, seed=11 + k, extra_body={"top_k": 40})
+    baseline = [ask(client, p, **kw(k)).choices[0].message.content for k, p in enumerate(prompts)]
+    bad = {"model": "tiny", "messages": [{"role": "user", "content": prompts[0]}], "max_tokens": 24,
+           "temperature": 0.7, "seed": 11, "top_k": 2 ** 31}
+
+    def one(k):
+        if k == 6:
+            return http(f"{server[1]}/v1/chat/completions", bad)
+        return ask(client, prompts[k], **kw(k)).choices[0].message.content
+
+    with concurrent.futures.ThreadPoolExecutor(7) as pool:
+        out = list(pool.map(one, [0, 1, 2, 6, 3, 4, 5]))
+    status, _, reply = out.pop(3)
+    assert status == 400 and "top_k" in reply["error"]["message"] and reply["error"]["type"] == "invalid_request_error"
+    assert out == baseline and len(set(baseline)) > 1
+
+
+def test_omitted_sampling_fields_get_the_servers_defaults(client):
+    """No temperature, top_p, top_k or max_tokens: the same completion as temperature 1, top_p 1, top_k 0 (off)
+    and max_tokens 256 with the same seed (fire_jax.limits.SAMPLING_DEFAULTS)."""
+    def sampled(**kw):
+        return client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "defaults?"}],
+                                              seed=5, **kw)
+
+    omitted = sampled()
+    explicit = sampled(temperature=1.0, top_p=1.0, max_tokens=256, extra_body={"top_k": 0})
+    greedy = sampled(temperature=0.0, max_tokens=256)
+    assert omitted.choices[0].message.content == explicit.choices[0].message.content
+    assert omitted.usage == explicit.usage
+    assert omitted.choices[0].message.content != greedy.choices[0].message.content
 
 
 def test_32_concurrent_requests_equal_single_requests(client):
