@@ -29,7 +29,11 @@ answer with server-sent events, so the page shows the text as it grows and
 the tokens generated so far (:class:`Streaming`: an in-process model runs on
 a continuous-batching engine, an ``api:`` model streams from its endpoint).
 Errors (a bad image, a failed model) come back as JSON and are shown in the
-page.
+page. Bad input is a 4xx with one clear message, checked before any work, with
+the limits and flags of :mod:`fire_jax.serve` (:mod:`fire_jax.limits`): the
+body's size, read time and nesting, the image's size, format and declared
+pixels (read from its header before decoding), the text's length in
+characters (before tokenising), the prompt against the engine's context.
 """
 
 from __future__ import annotations
@@ -55,7 +59,9 @@ from fire_jax.data.records import BadRecordError, Turn, parse_record, parse_scor
 from fire_jax.infer.api import ApiAgent, chat_messages, load_agents as load_role_agents
 from fire_jax.infer.decode import DecodeConfig
 from fire_jax.infer.engine import Engine, Request
-from fire_jax.serve import BadRequest, decode_data_uri, default_models, json_body
+from fire_jax.limits import (BadRequest, Limits, add_arguments, boolean, check_text, json_body, limits_of,
+                             longest_token_chars, open_data_uri, text_chars_bound, uvicorn_settings)
+from fire_jax.serve import default_models
 
 #: Decode steps between two updates of the page (the engine's chunk).
 STREAM_CHUNK = 2
@@ -89,13 +95,17 @@ class Streaming:
     The prompt is the agent's own (``agent.prompts``), as in the free dialogues.
     """
 
-    def __init__(self, agent, engine: Engine | None, decode: DecodeConfig, seed: int):
+    def __init__(self, agent, engine: Engine | None, decode: DecodeConfig, seed: int, max_text_chars: int = 0):
         self.agent, self.engine, self.decode = agent, engine, decode
         self.seeds = itertools.count(seed)  # a sampled request's seed: the demo's --seed, then one more per call
+        # characters of text a request may hold: the context at the tokenizer's longest token (0: any)
+        self.max_text_chars = max_text_chars or (0 if engine is None else text_chars_bound(
+            engine.cache_len, longest_token_chars(engine.tokenizer)))
 
     def start(self, image, prompt_args: tuple, push: Callable[[dict], None]) -> Callable[[], None]:
         """Generate for one image and ``agent.prompts(sizes, *prompt_args)``; ``push`` gets
-        ``{"delta", "tokens"}`` as the text grows, then ``{"text"}`` or ``{"error"}``. Returns a cancel function."""
+        ``{"delta", "tokens"}`` as the text grows, then ``{"text"}`` or ``{"error"}``. Returns a cancel function.
+        A prompt the engine cannot run (over its context) is a BadRequest here, before anything is pushed."""
         if isinstance(self.agent, ApiAgent):
             return self._start_api(image, prompt_args, push)
         (prompt,) = self.agent.prompts([(image.height, image.width)], *prompt_args)
@@ -116,8 +126,11 @@ class Streaming:
         try:
             ticket = self.engine.submit(request, on_update)
         except ValueError as e:  # e.g. a prompt over the engine's context
-            push({"error": f"ValueError: {e}"})
-            return lambda: None
+            code = "context_length_exceeded" if "context" in str(e) else "invalid_request_error"
+            raise BadRequest(400, f"{e}; start the demo with a larger --cache_len" if "context" in str(e) else str(e),
+                             code) from None
+        except RuntimeError as e:  # shutting down
+            raise BadRequest(503, str(e), "shutting_down") from None
         return lambda: self.engine.cancel(ticket)
 
     def _start_api(self, image, prompt_args: tuple, push) -> Callable[[], None]:
@@ -146,7 +159,8 @@ class _Cancelled(Exception):
     pass
 
 
-def streaming_agents(student, teacher, decode: DecodeConfig, *, seed: int, cache_len: int, slots: int = 4):
+def streaming_agents(student, teacher, decode: DecodeConfig, *, seed: int, cache_len: int, slots: int = 4,
+                     max_text_chars: int = 0):
     """(student, teacher) as :class:`Streaming`, one started engine per in-process model (shared by both roles
     when they share it)."""
     engines = {}
@@ -156,23 +170,28 @@ def streaming_agents(student, teacher, decode: DecodeConfig, *, seed: int, cache
             engines[id(agent.model)] = Engine(agent.model, tokenizer=chat.tokenizer, slots=slots, cache_len=cache_len,
                                               prefill_batch=1, chunk=STREAM_CHUNK, stop_ids=chat.stop_ids,
                                               pad_id=chat.pad_id, logprobs=False).start()
-    return tuple(Streaming(agent, None if isinstance(agent, ApiAgent) else engines[id(agent.model)], decode, seed)
-                 for agent in (student, teacher))
+    return tuple(Streaming(agent, None if isinstance(agent, ApiAgent) else engines[id(agent.model)], decode, seed,
+                           max_text_chars) for agent in (student, teacher))
 
 
-async def _events(streaming: Streaming, image, prompt_args: tuple):
-    """The events of one generation as they come; leaving early (the client went away) cancels it."""
+def _events(streaming: Streaming, image, prompt_args: tuple):
+    """The events of one generation as they come (an async iterator); leaving early (the client went away)
+    cancels it. The generation starts here, so a prompt it cannot run is a BadRequest before any reply."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
     cancel = streaming.start(image, prompt_args, lambda event: loop.call_soon_threadsafe(queue.put_nowait, event))
-    try:
-        while True:
-            event = await queue.get()
-            yield event
-            if "text" in event or "error" in event:
-                return
-    finally:
-        cancel()
+
+    async def events():
+        try:
+            while True:
+                event = await queue.get()
+                yield event
+                if "text" in event or "error" in event:
+                    return
+        finally:
+            cancel()
+
+    return events()
 
 
 class ModelFailure(RuntimeError):
@@ -182,7 +201,7 @@ class ModelFailure(RuntimeError):
 async def _reply(body: dict, events, finish: Callable[[str], dict]):
     """``stream: true``: server-sent events ``{"delta", "tokens"}`` ..., then ``{"done": true, **finish(text)}``
     or ``{"error": {"message"}}``; else the JSON of ``finish(text)`` once generated."""
-    if body.get("stream"):
+    if body.get("stream") is True:
         async def sse():
             async for event in events:
                 if "text" in event:
@@ -249,12 +268,23 @@ def fire_record(body: dict) -> dict:
 
 
 def create_app(student: Streaming, teacher: Streaming, descriptions: dict, decode: DecodeConfig, *, seed: int = 0,
-               max_image_bytes: int = 8 << 20, max_pixels: int = 4096 * 4096, example_dir: str = EXAMPLES_DIR):
+               limits: Limits | None = None, example_dir: str = EXAMPLES_DIR):
+    """The demo's app; ``limits`` (:class:`fire_jax.limits.Limits`) on every request before it reaches a model."""
+    limits = limits or Limits()
     app = FastAPI(title="fire_jax demo")
     items = examples(example_dir)
 
-    def image_of(body: dict):
-        return decode_data_uri(body.get("image"), max_image_bytes, max_pixels)
+    async def body_of(http) -> dict:
+        body = await json_body(http, limits)
+        boolean(body, "stream", False)  # 400 unless a boolean
+        return body
+
+    def checked(streaming: Streaming, body: dict, turns: list[Turn], *texts: str):
+        """The request's image, once its text is measured against the model's bound (before tokenising) and its
+        image checked (before decoding)."""
+        check_text([*texts, *(t.response for t in turns), *(t.feedback for t in turns)],
+                   streaming.max_text_chars or limits.max_text_chars)
+        return open_data_uri(body.get("image"), limits.max_image_bytes, limits.max_pixels)
 
     @app.exception_handler(BadRequest)
     async def bad_request(_, e: BadRequest):
@@ -291,8 +321,9 @@ def create_app(student: Streaming, teacher: Streaming, descriptions: dict, decod
     async def respond(http: HttpRequest):
         """The student's next answer r_k, k = len(turns) + 1; every earlier turn needs feedback.
         ``stream: true``: server-sent events as the answer grows (see :func:`_reply`)."""
-        body = await json_body(http)
-        image, question, turns = image_of(body), _text(body, "question"), _turns(body)
+        body = await body_of(http)
+        question, turns = _text(body, "question"), _turns(body)
+        image = checked(student, body, turns, question)
         if any(not t.feedback for t in turns):
             raise BadRequest(400, "give feedback on the last answer (or ask the teacher) before refining")
         events = _events(student, image, ([question], [tuple(turns)]))
@@ -301,9 +332,9 @@ def create_app(student: Streaming, teacher: Streaming, descriptions: dict, decod
     @app.post("/api/feedback")
     async def feedback(http: HttpRequest):
         """The teacher's feedback f_k with its score on the last answer r_k (``stream: true`` as /api/respond)."""
-        body = await json_body(http)
-        image, question, turns = image_of(body), _text(body, "question"), _turns(body)
-        groundtruth = _text(body, "groundtruth")
+        body = await body_of(http)
+        question, turns, groundtruth = _text(body, "question"), _turns(body), _text(body, "groundtruth")
+        image = checked(teacher, body, turns, question, groundtruth)
         if not turns:
             raise BadRequest(400, "ask the student first: there is no answer to give feedback on")
         events = _events(teacher, image, ([question], [groundtruth], [turns[-1].response], [tuple(turns[:-1])]))
@@ -311,7 +342,7 @@ def create_app(student: Streaming, teacher: Streaming, descriptions: dict, decod
 
     @app.post("/api/record")
     async def record(http: HttpRequest):
-        return fire_record(await json_body(http))
+        return fire_record(await body_of(http))
 
     return app
 
@@ -496,6 +527,7 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache_len", type=int, default=2048,
                         help="context of an in-process model's engine: prompt (bucketed) + --max_new_tokens")
+    add_arguments(parser, max_images=False)  # one image per request
     return parser.parse_args(argv)
 
 
@@ -516,10 +548,11 @@ def main(argv=None):
     student, teacher, descriptions = load_agents(config, student_spec, teacher_spec, init, decode)
     for role, description in descriptions.items():
         print(f"{role}: {description}", flush=True)
-    student, teacher = streaming_agents(student, teacher, decode, seed=args.seed, cache_len=args.cache_len)
-    app = create_app(student, teacher, descriptions, decode, seed=args.seed)
+    student, teacher = streaming_agents(student, teacher, decode, seed=args.seed, cache_len=args.cache_len,
+                                        max_text_chars=args.max_text_chars)
+    app = create_app(student, teacher, descriptions, decode, seed=args.seed, limits=limits_of(args, max_images=1))
     print(f"demo on http://{args.host}:{args.port}/", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", **uvicorn_settings(args))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""python -m fire_jax.demo in headless Debian chromium (issue 17.2): example image, ask, ask the teacher, refine,
-download the FIRE record, a bad image shown as an error, the answer shown as it grows; a screenshot is kept as a
-test artifact. Its server-sent events are also read directly (issue 17.1, progress on long generations).
+"""python -m fire_jax.demo in headless Debian chromium: example image, ask, ask the teacher, refine, download the
+FIRE record, a bad image shown as an error, the answer shown as it grows; a screenshot is kept as a test
+artifact. Its server-sent events are also read directly (progress on long generations), and bad input gets a
+4xx JSON error before any work, with limits set low by flag.
 
 The student is the random tiny model in process; the teacher is an ``api:`` spec pointing at a loopback
 ``fire_jax.serve`` scripted model, so its feedback (and score) is known exactly.
@@ -191,3 +192,60 @@ def test_demo_dialogue_in_browser(demo, browser, tmp_path):
     wait.until(lambda d: find("#error").text)
     assert find("#error").text.startswith("Error: image could not be decoded")
     assert find("#turns").text == "" and get_json(f"{base}/api/settings")["student"] == "random init (seed 0)"
+
+
+@pytest.fixture(scope="module")
+def limited_demo():
+    """The demo with both roles the random tiny model in process, a 256-column context and low limits."""
+    with server("fire_jax.demo", ["--student", "random", "--teacher", "random", "--max_new_tokens", "8",
+                                  "--cache_len", "256", "--max_pixels", "10000", "--max_body_bytes", "300000"],
+                "/api/settings") as (_, base):
+        yield base
+
+
+def post_json(url: str, body) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            return reply.status, json.loads(reply.read()) if "json" in reply.headers["content-type"] else {}
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_bad_input_gets_4xx_not_a_model_failure(limited_demo):
+    """Over-context prompts (by characters before tokenising, by tokens against the engine's context, streamed
+    or not), an image bomb, deep nesting, a body over the limit, a non-boolean stream: each one 4xx JSON error,
+    and the demo keeps answering."""
+    import struct
+    import zlib
+
+    from fire_jax.demo import EXAMPLES_DIR
+
+    with open(os.path.join(EXAMPLES_DIR, "images", EXAMPLE), "rb") as f:
+        image = "data:image/png;base64," + base64.b64encode(f.read()).decode()
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    bomb = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 100_000, 100_000, 8, 2, 0, 0, 0)) + chunk(
+        b"IEND", b"")
+    ask = lambda **kw: {"image": image, "question": "How many?", **kw}
+    cases = {
+        "text over the context in characters": (ask(question="x" * 100_000), 400, "context_length_exceeded"),
+        "prompt over the context in tokens": (ask(question="word " * 300), 400, "context_length_exceeded"),
+        "the same, streamed": (ask(question="word " * 300, stream=True), 400, "context_length_exceeded"),
+        "image bomb": (ask(image="data:image/png;base64," + base64.b64encode(bomb).decode()), 413,
+                       "image_too_large"),
+        "nested 100k deep": (b'{"image": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, "json_too_deep"),
+        "body over the limit": (ask(question="y" * 400_000), 413, "request_too_large"),
+        "stream 'no'": (ask(stream="no"), 400, "invalid_request_error"),
+    }
+    for name, (body, status, code) in cases.items():
+        got, reply = post_json(f"{limited_demo}/api/respond", body)
+        assert (name, got, reply["error"]["code"]) == (name, status, code)
+    got, reply = post_json(f"{limited_demo}/api/feedback", ask(groundtruth="z" * 100_000,
+                                                               turns=[{"response": "Two.", "feedback": ""}]))
+    assert (got, reply["error"]["code"]) == (400, "context_length_exceeded")
+    got, reply = post_json(f"{limited_demo}/api/respond", ask())
+    assert got == 200 and reply["response"]
