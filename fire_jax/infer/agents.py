@@ -62,6 +62,11 @@ class Agent:
     the same tokens as ``generate`` (tested). Sampled calls keep ``generate``: their draws are keyed by the
     call's ``rng``. ``engine=False``: always ``generate``, whose ``batch_size`` > 0 pads every call to
     that many rows with inactive ones (``pad_rows``): one compiled shape for a whole run.
+
+    The engine keeps each call's keys and values for the next (``config.prefix_cache``, on by default): a
+    dialogue's prompt at turn k begins with its prompt at turn k - 1 (the student's: then r_{k-1} and f_{k-1};
+    the teacher's: the question, groundtruth and instruction again), so only what follows is prefilled.
+    An engine rebuilt larger takes over the old one's cached prefixes.
     """
 
     def __init__(self, model, chat: ChatTokenizer, config: DecodeConfig = DecodeConfig(), *, mesh=None,
@@ -95,10 +100,19 @@ class Agent:
             cache_len = 256
             while cache_len < need:
                 cache_len *= 2
+            old = self._engine
+            if old is not None:
+                slots, cache_len, images = (max(slots, old.slots), max(cache_len, old.cache_len),
+                                            max(images, old.max_images))
             self._engine = Engine(self.model, tokenizer=self.chat.tokenizer, slots=slots, cache_len=cache_len,
                                   stop_ids=c.stop_ids, pad_id=c.pad_id, bucket_min=c.bucket_min,
                                   bucket_step=c.bucket_step, min_width=slots, max_images=max(4, images),
-                                  logprobs=False)  # agents read texts
+                                  logprobs=False,  # agents read texts
+                                  prefix_cache=c.prefix_cache)
+            if old is not None:
+                self._engine.stats.update(old.stats)  # counts over the agent's calls
+                if c.prefix_cache:
+                    self._engine.adopt(old)
         return self._engine
 
     def _engine_texts(self, prompts, pixel_values, image_sizes) -> list[str]:

@@ -65,6 +65,7 @@ class DecodeConfig:
     bucket_min: int = 64
     bucket_step: int = 1024
     kv_block: int = 64  # decode attends over length buckets of the cache (bucket + kv_block * 2^j); 0: all of it
+    prefix_cache: bool = True  # the engine (agents' greedy calls) reuses cached prompt prefixes; generate ignores it
 
     def __post_init__(self):
         object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))

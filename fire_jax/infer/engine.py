@@ -69,6 +69,7 @@ from fire_jax.data.images import pad_tiles
 from fire_jax.infer.decode import (TRACE_COUNTS, greedy_token, left_pad, prompt_bucket,
                                    token_logprob)
 from fire_jax.infer.forward import image_inputs
+from fire_jax.infer.prefix_cache import PrefixCache, image_key
 from fire_jax.models.llama import KVCache
 
 #: Stop ids per request, padded with -1 on the device.
@@ -103,8 +104,10 @@ class Result:
 class Ticket:
     """A submitted request: wait for its :class:`Result`, or follow it with ``on_update(ticket, delta, done)``."""
 
-    def __init__(self, request: Request, on_update: Callable | None):
+    def __init__(self, request: Request, on_update: Callable | None, images: bytes | None = None):
         self.request, self.on_update = request, on_update
+        self.ids = np.asarray(request.prompt, np.int32)
+        self.images = images  # a digest of the request's images (fire_jax.infer.prefix_cache.image_key)
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
         self.text = ""
@@ -185,6 +188,31 @@ def _admit(graph: _Graph, state, cache: KVCache, hidden, input_ids, attention_ma
     cache = KVCache(tuple(map(write, cache.k, fresh.k)), tuple(map(write, cache.v, fresh.v)),
                     cache.mask.at[slots].set(row_mask), cache.index)
     return cache, hidden.at[slots].set(out[:, -1].astype(hidden.dtype))
+
+
+@functools.partial(jax.jit, static_argnames=("graph", "window"), donate_argnames=("cache", "hidden"))
+def _extend(graph: _Graph, state, cache: KVCache, hidden, input_ids, attention_mask, positions, source, shift, start,
+            last, slots, *, window: int):
+    """Prefill the rest of prompts whose first ``start[i]`` tokens' keys and values are cached (prefix caching):
+    row ``source[i]`` holds them from column ``shift[i]``. Each row's cached prefix is cut out to columns
+    ``[0, start[i])`` of a ``window``-column cache (the left padding of its first prefill dropped), the
+    ``[rows, length]`` rest (text, right-padded) is prefilled after it at positions ``start[i]``, ... , and the
+    window goes into cache rows ``slots`` (the rest of those rows masked out), the hidden state of each prompt's
+    last token (``last[i]`` in ``input_ids``) into ``hidden[slots]``. Returns the cache and ``hidden``."""
+    TRACE_COUNTS["engine_extend"] += 1
+    model = nnx.merge(graph.graphdef, state)
+    rows = input_ids.shape[0]
+    columns = shift[:, None] + jnp.arange(window)  # [rows, window]: source columns, past the end -> fill
+    cut = lambda x: x.at[source[:, None], :, columns].get(mode="fill", fill_value=0).transpose(0, 2, 1, 3)
+    mask = cache.mask.at[source[:, None], columns].get(mode="fill", fill_value=False)
+    prefix = KVCache(tuple(map(cut, cache.k)), tuple(map(cut, cache.v)), mask & (jnp.arange(window) < start[:, None]),
+                     start)
+    out, prefix = model.hidden_states(input_ids, None, None, attention_mask, positions, prefix)
+    write = lambda c, f: c.at[slots, :, :window].set(f.astype(c.dtype))
+    row_mask = jnp.zeros((rows, cache.mask.shape[1]), bool).at[:, :window].set(prefix.mask)
+    cache = KVCache(tuple(map(write, cache.k, prefix.k)), tuple(map(write, cache.v, prefix.v)),
+                    cache.mask.at[slots].set(row_mask), cache.index)
+    return cache, hidden.at[slots].set(out[jnp.arange(rows), last].astype(hidden.dtype))
 
 
 @functools.partial(jax.jit, static_argnames=("graph", "logprobs"))
@@ -299,12 +327,14 @@ class Engine:
       max_images: images per request (bounds the tile buckets).
       min_width: a decode chunk covers at least this many slots (fewer compiled shapes: a batch job that
         fills every slot gains little from narrower chunks in its tail, and compiles each width it meets).
+      prefix_cache: reuse the cached keys and values of a prompt's longest cached prefix and prefill only the
+        rest (:mod:`fire_jax.infer.prefix_cache`); False: prefill every prompt whole.
     """
 
     def __init__(self, model, *, tokenizer=None, slots: int = 32, cache_len: int = 1024, prefill_batch: int = 8,
                  prefill_tokens: int = 1024, chunk: int = 16, stop_ids: Sequence[int] = (),
                  pad_id: int = 0, bucket_min: int = 64, bucket_step: int | None = None, max_images: int = 4,
-                 min_width: int = 1, admit_wait: float = 0.002, logprobs: bool = True):
+                 min_width: int = 1, admit_wait: float = 0.002, logprobs: bool = True, prefix_cache: bool = True):
         if pad_id == model.cfg.image_token_id:
             raise ValueError(f"pad_id {pad_id} is the image token id")
         self.model, self.tokenizer = model, tokenizer
@@ -324,13 +354,16 @@ class Engine:
         self.token = np.zeros(slots, np.int32)  # the last generated token, fed next
         self.column = np.zeros(slots, np.int32)  # the cache column the slot's next token is written at
         self.padding = np.zeros(slots, np.int32)  # left padding of its prompt: its position is column - padding
+        self.prefix = PrefixCache(slots, cache_len, model.cfg.image_token_id, enabled=prefix_cache)
         self.waiting: collections.deque[Ticket] = collections.deque()
         self.lock = threading.Condition()
         self.accepting = True
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._freed = 0  # requests the last decode chunk finished
-        self.stats = collections.Counter()  # prefills, first products, decode chunks / steps, tokens, requests...
+        # prefills, first products, decode chunks / steps, tokens, requests...; prompt tokens admitted, of which
+        # reused (a cached prefix) and prefilled
+        self.stats = collections.Counter()
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -368,7 +401,8 @@ class Engine:
     def submit(self, request: Request, on_update: Callable | None = None) -> Ticket:
         """Queue a request (checked first: ValueError); thread-safe."""
         self.check(request)
-        ticket = Ticket(request, on_update)
+        ticket = Ticket(request, on_update,
+                        image_key(request.pixel_values, request.image_sizes) if self.prefix.enabled else None)
         with self.lock:
             if not self.accepting:
                 raise RuntimeError("the engine is shutting down")
@@ -444,6 +478,19 @@ class Engine:
                 logprobs=self.logprobs)
         return len(shapes)
 
+    def adopt(self, old: "Engine") -> None:
+        """Take over the cached prefixes of an idle engine of the same model with at most as many slots and
+        columns (an agent whose call needs a larger engine keeps its dialogues' prefixes): its rows become
+        this engine's first rows."""
+        if old.busy() or old.slots > self.slots or old.cache_len > self.cache_len:
+            raise ValueError("adopt takes an idle engine with at most as many slots and columns")
+        rows, length = old.slots, old.cache_len
+        put = lambda new, x: new.at[:rows, :, :length].set(x)
+        self.cache = KVCache(tuple(map(put, self.cache.k, old.cache.k)), tuple(map(put, self.cache.v, old.cache.v)),
+                             self.cache.mask.at[:rows, :length].set(old.cache.mask), self.cache.index)
+        self.column[:rows], self.padding[:rows] = old.column, old.padding
+        self.prefix.adopt(old.prefix)
+
     def busy(self) -> bool:
         return bool(self.waiting) or any(t is not None for t in self.occupant)
 
@@ -457,7 +504,7 @@ class Engine:
         """Free the slots of cancelled requests, admit waiting requests into free slots, then one decode chunk."""
         for slot, ticket in enumerate(self.occupant):
             if ticket is not None and ticket.cancelled:
-                self.occupant[slot] = None
+                self._release(slot)
                 self._finish(ticket, "cancelled")
         while True:  # fill every free slot before decoding: the chunk runs them all
             while self._admit_waiting():
@@ -490,6 +537,7 @@ class Engine:
         self.cache = _move_rows(self.cache, source, target, np.int32(len(moves)))
         for a, b in moves:
             self.occupant[b], self.occupant[a] = self.occupant[a], None
+            self.prefix.copy(a, b)
             for array in (self.token, self.column, self.padding):
                 array[b] = array[a]
         self.stats["moved_rows"] += len(moves)
@@ -501,23 +549,47 @@ class Engine:
         per = self.model.cfg.geometry.max_tiles
         return -(-len(request.pixel_values) // per) * per
 
+    def _plan(self, ticket: Ticket) -> tuple[tuple, int, int]:
+        """(group key, source row, cached prefix length) of a waiting request: ("extend", rest bucket) when a
+        cached prefix leaves a shorter bucket to prefill than the whole prompt's, else ("fresh", bucket,
+        tiles), -1, 0."""
+        request = ticket.request
+        bucket = self.bucket(request)
+        row, m = self.prefix.match(ticket.ids, ticket.images)
+        if m and (rest := engine_bucket(len(ticket.ids) - m, self.bucket_min, self.bucket_step)) < bucket:
+            return ("extend", rest), row, m
+        return ("fresh", bucket, self._tiles(request)), -1, 0
+
     def _admit_waiting(self) -> bool:
-        """Prefill one group of waiting requests (one bucket) into free slots; False when none could go in."""
+        """Prefill one group of waiting requests (one kind and bucket) into free slots; False when none could
+        go in. A request that reuses a free row's prefix goes into that row; the others take free rows least
+        recently used first, those holding prefixes that waiting requests will reuse last."""
         with self.lock:
             free = [s for s, t in enumerate(self.occupant) if t is None]
             if not free or not self.waiting:
                 return False
-            first = self.waiting[0]
-            key = (self.bucket(first.request), self._tiles(first.request))
-            group = [t for t in self.waiting if (self.bucket(t.request), self._tiles(t.request)) == key]
-            fit = min(len(group), len(free), self.prefill_batch, max(1, self.prefill_tokens // key[0]))
+            plans = [(t, *self._plan(t)) for t in self.waiting]
+            key = plans[0][1]
+            group = [p for p in plans if p[1] == key]
+            fit = min(len(group), len(free), self.prefill_batch, max(1, self.prefill_tokens // key[1]))
             group = group[:1 << (fit.bit_length() - 1)]
-            for t in group:
+            in_place = {}
+            for t, _, source, m in group:
+                if m and source in free and source not in in_place.values():
+                    in_place[t] = source
+            victims = iter(self.prefix.victims([s for s in free if s not in in_place.values()],
+                                               keep={source for _, _, source, m in plans if m}))
+            slots = [in_place[t] if t in in_place else next(victims) for t, *_ in group]
+            for t, *_ in group:
                 self.waiting.remove(t)
         try:
-            self._prefill(group, free[:len(group)], *key)
+            if key[0] == "fresh":
+                self._prefill([t for t, *_ in group], slots, *key[1:])
+            else:
+                self._extend(group, slots, key[1])
         except Exception as e:  # a request the model cannot run fails alone; the engine keeps serving
-            for t in group:
+            for (t, *_), slot in zip(group, slots):
+                self.prefix.drop(slot)
                 self._finish_error(t, e)
         return True
 
@@ -534,9 +606,53 @@ class Engine:
                                          positions, pixel_values, image_index, np.asarray(slots, np.int32))
         self.stats["prefills"] += 1
         for ticket, slot in zip(group, slots):
-            self.occupant[slot] = ticket
-            self.column[slot], self.padding[slot] = bucket, bucket - len(ticket.request.prompt)
-        self._fresh += slots
+            self._occupy(slot, ticket, bucket, bucket - len(ticket.ids), 0)
+
+    def _extend(self, group: list[tuple], slots: list[int], length: int) -> None:
+        """Prefill the rest of each request after its cached prefix (``group``: (ticket, key, source row,
+        prefix length)), the rests right-padded to ``length``, over a window of the first columns past the
+        longest prefix + ``length``."""
+        rows = len(group)
+        input_ids = np.full((rows, length), self.pad_id, np.int32)
+        attention_mask = np.zeros((rows, length), bool)
+        starts = np.asarray([m for *_, m in group], np.int32)
+        for b, (ticket, *_, m) in enumerate(group):
+            input_ids[b, :len(ticket.ids) - m] = ticket.ids[m:]
+            attention_mask[b, :len(ticket.ids) - m] = True
+        positions = starts[:, None] + np.arange(length, dtype=np.int32)
+        sources = np.asarray([source for _, _, source, _ in group], np.int32)
+        window = self.bucket_min
+        while window < int(starts.max()) + length:
+            window *= 2
+        self.cache, self.hidden = _extend(
+            self.graph, self.state, self.cache, self.hidden, input_ids, attention_mask, positions, sources,
+            self.prefix.start[sources].astype(np.int32), starts, attention_mask.sum(axis=1).astype(np.int32) - 1,
+            np.asarray(slots, np.int32), window=min(window, self.cache_len))
+        self.stats["prefills"] += 1
+        self.stats["prefix_hits"] += rows
+        for (ticket, _, source, m), slot in zip(group, slots):
+            self.prefix.touch(source)
+            self._occupy(slot, ticket, len(ticket.ids), 0, m)
+
+    def _occupy(self, slot: int, ticket: Ticket, column: int, padding: int, reused: int) -> None:
+        """A prefilled request takes its slot: its next token goes to ``column``, its prompt's KV sits from
+        column ``padding``, the first ``reused`` of them from a cached prefix."""
+        self.occupant[slot] = ticket
+        self.column[slot], self.padding[slot] = column, padding
+        self.prefix.hold(slot, ticket.ids, ticket.images, padding)
+        self._fresh.append(slot)
+        n = len(ticket.ids)
+        self.stats["prompt_tokens"] += n
+        self.stats["reused_tokens"] += reused
+        self.stats["prefilled_tokens"] += n - reused
+
+    def _release(self, slot: int) -> None:
+        """Free a slot whose request ended; its row keeps the KV of the prompt and the tokens fed after it
+        (every generated one but the last), to be reused."""
+        ticket, self.occupant[slot] = self.occupant[slot], None
+        held = int(self.column[slot] - self.padding[slot])
+        tokens = np.concatenate((ticket.ids, np.asarray(ticket.tokens, np.int32)))[:held]
+        self.prefix.hold(slot, tokens, ticket.images, int(self.padding[slot]))
 
     def _first_rows(self, n: int) -> int:
         """Rows of the first-token product for ``n`` fresh slots: a power of two, at most ``slots``."""
@@ -635,7 +751,7 @@ class Engine:
                 hold = max([len(s) - 1 for s in request.stop] + [0])
                 hold += len(ticket.text) - len(ticket.text.rstrip("\ufffd"))  # an incomplete UTF-8 character
         if reason is not None:
-            self.occupant[slot] = None
+            self._release(slot)
             self._finish(ticket, reason)
         elif ticket.on_update is not None:
             end = max(ticket.sent, len(ticket.text) - hold)
@@ -688,6 +804,7 @@ class Engine:
                 for slot, ticket in enumerate(self.occupant):
                     if ticket is not None:
                         self.occupant[slot] = None
+                        self.prefix.drop(slot)
                         self._finish_error(ticket, e)
 
     def stop(self, drain: bool = True, timeout: float | None = None) -> None:
