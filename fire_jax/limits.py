@@ -26,7 +26,8 @@ memory or reaches the engine, when
 connections and tasks at once (``limit_concurrency``: uvicorn answers past
 it with a plain-text 503), the idle keep-alive timeout, the size of a
 request's head (``h11_max_incomplete_event_size``) and the graceful-shutdown
-timeout.
+timeout; a timeout on a request's head, which uvicorn lacks, is
+:func:`head_timeout_protocol`.
 """
 
 from __future__ import annotations
@@ -320,10 +321,60 @@ def add_arguments(parser, max_images: bool = True) -> None:
                        help="open connections and tasks at once; past it uvicorn answers 503 (limit_concurrency)")
     group.add_argument("--keep_alive_timeout", type=int, default=5, help="seconds an idle keep-alive connection "
                                                                          "stays open")
+    group.add_argument("--head_timeout", type=float, default=10.0,
+                       help="seconds a connection may take to send a request's line and headers before it is "
+                            "closed")
     group.add_argument("--max_header_bytes", type=int, default=16 << 10,
                        help="size of a request's line and headers (h11_max_incomplete_event_size)")
     group.add_argument("--graceful_timeout", type=int, default=60,
                        help="seconds SIGTERM waits for the requests in flight before cancelling them")
+
+
+def head_timeout_protocol(seconds: float):
+    """uvicorn's h11 protocol with a timeout on a request's head: a connection that has not sent a whole request
+    line and headers ``seconds`` after it opened (or after its last response) is closed. uvicorn has no such
+    setting (its keep-alive timeout ends at the first byte), so a client could hold a connection open for ever
+    by sending nothing, or a header a byte at a time."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeadTimeoutH11(H11Protocol):
+        _head_timer = None
+        _scope_at_arm = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._scope_at_arm = self.scope
+            self._head_timer = self.loop.call_later(seconds, self._head_timed_out)
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timed_out(self) -> None:
+            self._head_timer = None
+            if self.scope is self._scope_at_arm and not self.transport.is_closing():
+                self.transport.close()  # no request began since the timer was armed
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._head_timer is not None and self.scope is not self._scope_at_arm:
+                self._disarm()  # a request's head has arrived
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeadTimeoutH11
 
 
 def limits_of(args, max_images: int | None = None) -> Limits:
@@ -337,5 +388,5 @@ def limits_of(args, max_images: int | None = None) -> Limits:
 def uvicorn_settings(args) -> dict:
     """uvicorn.run keyword arguments for the connection flags of :func:`add_arguments`."""
     return dict(limit_concurrency=args.max_connections, timeout_keep_alive=args.keep_alive_timeout,
-                h11_max_incomplete_event_size=args.max_header_bytes,
+                h11_max_incomplete_event_size=args.max_header_bytes, http=head_timeout_protocol(args.head_timeout),
                 timeout_graceful_shutdown=args.graceful_timeout)

@@ -138,7 +138,7 @@ def test_a_text_over_the_context_is_refused_before_tokenising():
 # A loopback server with low limits
 # ------------------------------------------------------------------------------------------------
 
-MAX_QUEUE, SLOTS, MAX_BODY, MAX_PIXELS, BODY_TIMEOUT = 4, 2, 300_000, 10_000, 0.5
+MAX_QUEUE, SLOTS, MAX_BODY, MAX_PIXELS, BODY_TIMEOUT, HEAD_TIMEOUT = 4, 2, 300_000, 10_000, 0.5, 0.5
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +156,7 @@ def server(checkpoint):
 
     args = ["--model", f"tiny={checkpoint}", "--cache_len", "512", "--slots", str(SLOTS), "--max_queue",
             str(MAX_QUEUE), "--max_body_bytes", str(MAX_BODY), "--max_pixels", str(MAX_PIXELS), "--max_images", "2",
-            "--body_timeout", str(BODY_TIMEOUT)]
+            "--body_timeout", str(BODY_TIMEOUT), "--head_timeout", str(HEAD_TIMEOUT)]
     with loopback_server("fire_jax.serve", args, "/health") as (process, base):
         yield process, base
 
@@ -217,6 +217,23 @@ def test_bodies_over_the_limits_get_413_or_408(server):
     assert (status, reply["error"]["code"]) == (408, "request_timeout")
     assert time.perf_counter() - start < BODY_TIMEOUT + 10
     assert post(base, chat("still there?"))[0] == 200
+
+
+def test_a_connection_that_sends_no_whole_head_is_closed(server):
+    """--head_timeout: a silent connection and one stalled mid-header are closed; one sending its request in time
+    keeps being served, and again after its response (keep-alive)."""
+    _, base = server
+    host, port = base.rsplit("//", 1)[1].split(":")
+    for sent in (b"", b"GET /health HTTP/1.1\r\nHost: 127"):
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(sent)
+            start = time.perf_counter()
+            assert sock.recv(1024) == b""  # closed by the server, no reply
+            assert time.perf_counter() - start < HEAD_TIMEOUT + 10
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        for _ in range(2):
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
 
 
 def test_bad_requests_get_one_json_400_and_the_server_lives(server):
