@@ -5,7 +5,7 @@ and its resident memory before and after.
     python benchmarks/abuse.py --cases top_k,nested --timeout 30
 
 The server runs the config's random tiny model (``--model tiny=random``) with
-``--cache_len 512 --slots 2 --max_queue 4 --body_timeout 2`` and otherwise its
+``--cache_len 512 --slots 2 --max_queue 4 --body_timeout 2 --head_timeout 2`` and otherwise its
 default limits (a 48 MiB body, 4096 x 4096 pixels, 4 images, JSON 32 deep).
 Each case is one request (the queue case: 8 at once) with a per-request
 timeout; the run stops at ``--deadline`` seconds. After each case ``/health``
@@ -192,6 +192,8 @@ def cases(base: str, timeout: float) -> dict:
                                                                   "image/png"))]), timeout),
         "PNG declared image/jpeg": lambda: post(base, chat([image_part(data_uri(png, "image/jpeg"))]), timeout),
         "body stalled after 10 bytes": lambda: raw(base, head(1000), b"{" * 1000, timeout, send=10),
+        "connection silent (head timeout)": lambda: raw(base, b"", b"", timeout),
+        "header stalled mid-line": lambda: raw(base, b"POST /v1/chat/completions HTTP/1.1\r\nHost: 12", b"", timeout),
         "8 at once, --max_queue 4": queue,
         "normal request again": lambda: post(base, chat("hello"), timeout),
     }
@@ -218,7 +220,7 @@ def main(argv=None):
     env.setdefault("JAX_PLATFORMS", "cpu")
     process = subprocess.Popen(
         [sys.executable, "-m", "fire_jax.serve", "--port", str(port), "--model", "tiny=random", "--cache_len", "512",
-         "--slots", "2", "--max_queue", "4", "--body_timeout", "2"],
+         "--slots", "2", "--max_queue", "4", "--body_timeout", "2", "--head_timeout", "2"],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     start = time.time()
     try:
