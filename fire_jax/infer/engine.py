@@ -34,6 +34,21 @@ per prefill read the whole LM head each time). So a first token's log-prob may
 differ in the last bit with the number of prompts admitted beside it (a product
 of another row count runs another kernel, as between decode widths).
 
+**Prefix caching** (``prefix_cache=True``, the default; vLLM's automatic prefix caching, SGLang's
+RadixAttention): a slot's row outlives its request. :class:`fire_jax.infer.prefix_cache.PrefixCache`
+records the tokens whose keys and values each row holds (the prompt and every generated token but the
+last, the one never fed), and a waiting request whose prompt begins with a held prefix (the same
+dialogue's previous turn; a prompt shared with another request; a prefix over image tokens only for the
+same images) prefills only the rest, when that rest has a shorter bucket than the whole prompt: the
+prefix is cut out of its row (the first prefill's left padding dropped, so it starts at column 0) into
+the request's slot, the rest is prefilled after it over a window of the first columns (one ``_extend``
+call per group of rests of one bucket), and decoding goes on from there. A request that reuses a free
+row's prefix goes into that row; the others take free rows least recently used first (LRU eviction), rows
+that waiting requests will reuse last. The reused keys and values were computed by another prefill
+(another bucket) and by decode steps, where a whole-prompt prefill computes them anew: they may differ
+in the last bits, so a log-prob may too (tested within 1e-4), and greedy tokens are the same on the tests'
+workloads. ``stats``: ``prompt_tokens`` admitted, of which ``reused_tokens`` and ``prefilled_tokens``.
+
 Per request: ``max_tokens``, temperature / top-k / top-p with its own seed
 (the key of token t is ``fold_in(key(seed), t)``, so a sampled request is
 reproducible whatever runs beside it), stop ids and stop strings.
@@ -42,13 +57,14 @@ Compiled shapes, all known up front: a decode chunk per (width, window): the
 first 1, 2, 4, ... ``slots`` slots, enough for the live ones (a lone request
 decodes as a batch of one; at least ``min_width``), over the first 64, 128,
 256, ... columns or all ``cache_len``, enough for the live rows' columns; one
-row move (up to ``slots / 2`` rows); a first-token product per row count 1, 2,
+row swap (up to ``slots / 2`` pairs); a first-token product per row count 1, 2,
 4, ... ``slots``; and one prefill per (prompt bucket, rows 1, 2,
 4, ..., image-tile bucket), buckets from
 :func:`fine_bucket` (multiples of 64 up to 512, then coarser: about 8 + 4
 log2(cache_len / 512) of them), or as :func:`fire_jax.infer.decode.prompt_bucket`
 when ``bucket_step`` is given (the batch runners, which write what ``generate``
-writes), at most ``cache_len``.
+writes), at most ``cache_len``; with the prefix cache, one ``_extend`` per (rest bucket, rows 1, 2, 4, ...,
+window ``bucket_min * 2^j`` or ``cache_len``).
 """
 
 from __future__ import annotations
@@ -289,16 +305,18 @@ def engine_bucket(n: int, bucket_min: int = 64, bucket_step: int | None = None) 
 
 
 @functools.partial(jax.jit, donate_argnames=("cache",))
-def _move_rows(cache: KVCache, source, target, count) -> KVCache:
-    """Cache row ``source[i]`` copied to row ``target[i]`` for i < ``count``, one row at a time in place
-    (a scatter of all ``len(source)`` rows at once took 12-15 ms on the serve benchmark's cache; three rows
-    this way 0.9 ms)."""
+def _swap_rows(cache: KVCache, source, target, count) -> KVCache:
+    """Cache rows ``source[i]`` and ``target[i]`` swapped for i < ``count``, one pair at a time in place (a
+    scatter of all ``len(source)`` rows at once took 12-15 ms on the serve benchmark's cache; three rows
+    this way 0.9 ms). A swap, not a copy: the free row a live one moves into may hold a cached prefix."""
     TRACE_COUNTS["engine_move"] += 1
 
     def one(i, cache):
-        move = lambda x: jax.lax.dynamic_update_index_in_dim(x, jax.lax.dynamic_index_in_dim(x, source[i], 0),
-                                                             target[i], 0)
-        return KVCache(tuple(map(move, cache.k)), tuple(map(move, cache.v)), move(cache.mask), cache.index)
+        def swap(x):
+            a, b = (jax.lax.dynamic_index_in_dim(x, r[i], 0) for r in (source, target))
+            return jax.lax.dynamic_update_index_in_dim(jax.lax.dynamic_update_index_in_dim(x, a, target[i], 0),
+                                                       b, source[i], 0)
+        return KVCache(tuple(map(swap, cache.k)), tuple(map(swap, cache.v)), swap(cache.mask), cache.index)
 
     return jax.lax.fori_loop(0, count, one, cache)
 
@@ -462,7 +480,7 @@ class Engine:
         nothing) and the first-token products now, so no request waits for a compile mid-run; prefills still
         compile on their first (bucket, rows, tiles). Returns the decode shapes."""
         zeros = np.zeros(max(1, self.slots // 2), np.int32)
-        self.cache = _move_rows(self.cache, zeros, zeros, np.int32(0))
+        self.cache = _swap_rows(self.cache, zeros, zeros, np.int32(0))
         for rows in sorted({self._first_rows(n) for n in range(1, self.slots + 1)}):
             settings = self._settings([], rows)
             _first_tokens(self.graph, self.state, self.hidden, np.zeros(rows, np.int32), settings["seeds"],
@@ -525,8 +543,9 @@ class Engine:
         """Move the live rows above the narrowest width that holds them all into free slots below it, when
         that at least halves the decode width for 4 or more steps. Free slots are taken lowest first, but
         the rows left running when the queue runs dry sit wherever their requests came in: at 32 clients
-        on the serve benchmark the last 45 of ~100 steps decoded 2-16 live rows as 32. Moving a row copies
-        its cache row (at most ``slots / 2`` rows, one compiled shape), about a step's reading."""
+        on the serve benchmark the last 45 of ~100 steps decoded 2-16 live rows as 32. Moving a row swaps
+        it with the free one (at most ``slots / 2`` pairs, one compiled shape; the free row's cached prefix
+        goes up), about two steps' reading."""
         live = [s for s, t in enumerate(self.occupant) if t is not None]
         width, narrow = self._width(live[-1]), self._width(len(live) - 1)
         if narrow > width // 2 or max(map(self._left, live)) < 4:
@@ -534,12 +553,12 @@ class Engine:
         moves = list(zip([s for s in live if s >= narrow], [s for s in range(narrow) if self.occupant[s] is None]))
         source, target = np.zeros((2, max(1, self.slots // 2)), np.int32)
         source[:len(moves)], target[:len(moves)] = zip(*moves)
-        self.cache = _move_rows(self.cache, source, target, np.int32(len(moves)))
+        self.cache = _swap_rows(self.cache, source, target, np.int32(len(moves)))
         for a, b in moves:
             self.occupant[b], self.occupant[a] = self.occupant[a], None
-            self.prefix.copy(a, b)
+            self.prefix.swap(a, b)
             for array in (self.token, self.column, self.padding):
-                array[b] = array[a]
+                array[[a, b]] = array[[b, a]]
         self.stats["moved_rows"] += len(moves)
 
     def _tiles(self, request: Request) -> int:

@@ -70,11 +70,11 @@ class PrefixCache:
         self.tokens[row] = -1
         self.length[row], self.images[row] = 0, None
 
-    def copy(self, source: int, target: int) -> None:
-        """Row ``target`` now holds a copy of row ``source`` (the engine moved a row)."""
-        self.tokens[target], self.length[target] = self.tokens[source], self.length[source]
-        self.start[target], self.images[target], self.used[target] = (self.start[source], self.images[source],
-                                                                      self.used[source])
+    def swap(self, a: int, b: int) -> None:
+        """Rows ``a`` and ``b`` swapped their contents (the engine moved a live row into a free one)."""
+        for array in (self.tokens, self.length, self.start, self.used):
+            array[[a, b]] = array[[b, a]]
+        self.images[a], self.images[b] = self.images[b], self.images[a]
 
     def match(self, prompt: np.ndarray, images: bytes | None) -> tuple[int, int]:
         """(row, m): the row holding the longest reusable prefix of ``prompt`` and its length ``m``, or
