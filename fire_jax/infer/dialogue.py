@@ -15,7 +15,11 @@ Per item: the student answers (r_k), the teacher scores it (f_k, a_k), and
 :func:`run_dialogues` keeps up to ``batch_size`` dialogues in flight: each
 step is one batched student call and one batched teacher call over the live
 dialogues, each at its own turn; a finished dialogue leaves the batch and the
-next item takes its place.
+next item takes its place. Agents on the continuous-batching engine keep each
+dialogue's keys and values from one step to the next (prefix caching,
+:mod:`fire_jax.infer.prefix_cache`): the student's prompt at turn k begins
+with its prompt at turn k - 1 and r_{k-1}, the teacher's with everything but
+the answer it scores, so each call prefills only what changed.
 
 :func:`make_fire_records` is FIRE-1M-style generation: :data:`FIRE_1M_GENERATION`'s
 rule (stop at 8 or after 3 turns, no "no_increase" stop); a dialogue is kept
