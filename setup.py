@@ -27,7 +27,7 @@ setup(
         "grain>=0.2.18",
         "tensorboardX",
         "matplotlib",
-        "fastapi",  # fire_jax.serve (issue 16)
+        "fastapi",  # fire_jax.serve and fire_jax.demo
         "uvicorn",
         "openai",  # api: model specs, and the serve tests' client
     ],

@@ -10,7 +10,7 @@ worker threads / processes. The tokenizer is the tiny BPE (a Llama-3
 tokenizer.json is not shipped); it cuts text into more tokens than Llama-3's,
 so text costs are, if anything, overstated.
 
-Needed rate: 64 examples per optimizer step (SPEC 4). The step time is an
+Needed rate: 64 examples per optimizer step (the global batch, FIRE Sec. 5.1). The step time is an
 assumption, printed with the table: the brief's ~10 s per step on 8 H100s,
 and a FLOP estimate (~64 x 2.8k tokens x 6 x 8e9 params, LoRA + full remat,
 40% of 8 x 989 TFLOP/s bf16) of ~2.5 s.

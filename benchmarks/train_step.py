@@ -185,7 +185,7 @@ def profile(batch: int, seq: int) -> None:
 
 
 def flops_per_token_8b() -> None:
-    """Matmul FLOPs per trained token for the frozen-base LoRA step (SPEC 8B sizes, seq 3072)."""
+    """Matmul FLOPs per trained token for the frozen-base LoRA step (LLaVA-NeXT-8B sizes, seq 3072)."""
     from gpu import flops_per_token
 
     flops = flops_per_token(LlavaNextConfig().llm, LlavaNextConfig().lora, 3072)

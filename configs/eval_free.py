@@ -1,4 +1,4 @@
-# FIRE-Bench free dialogues (SPEC 6, Tables 4-6, Fig. 7). Tiny random models on the synthetic test set (CPU):
+# FIRE-Bench free dialogues (FIRE Tables 4-6, Fig. 7). Tiny random models on the synthetic test set (CPU):
 #   python -m fire_jax.evaluate --config configs/eval_free.py --workdir /tmp/fire_free
 # The baseline first (LLaVA-NeXT-8B as student, FD-LLaVA as teacher), then FIRE-LLaVA with AT normalised by it:
 #   python -m fire_jax.evaluate --config configs/eval_free.py:8b --workdir BASE --config.teacher.adapter=FD_LLAVA
@@ -22,7 +22,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config = load_config(os.path.join(CONFIGS, "eval_fixed.py") + (f":{arg}" if arg else ""))
     config.setting = "free"
     del config["fixed"]
-    config.decode.max_new_tokens = 16 if (arg or "tiny") == "tiny" else 160  # SPEC 5: 160 for free dialogues
+    config.decode.max_new_tokens = 16 if (arg or "tiny") == "tiny" else 160  # 160 for free dialogues (docs/spec.md)
     config.free = ml_collections.ConfigDict(dict(
         max_turns=5,  # n_max
         threshold=8.0,  # a score >= 8 solves the item

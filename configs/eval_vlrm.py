@@ -1,4 +1,4 @@
-# VLRMBench with a fire_jax model (SPEC section 7). Dry run, tiny random model (CPU, seconds):
+# VLRMBench with a fire_jax model (docs/vlrmbench.md). Dry run, tiny random model (CPU, seconds):
 #   python -m fire_jax.evaluate_vlrm --config configs/eval_vlrm.py --data_dir DIR --workdir /tmp/vlrm_tiny
 # LLaVA-NeXT-8B, or a FIRE model (a trained PEFT adapter on it), judged by the base model:
 #   python -m fire_jax.evaluate_vlrm --config configs/eval_vlrm.py:8b --data_dir /data/vlrmbench \

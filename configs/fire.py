@@ -1,4 +1,4 @@
-# FIRE training recipes at 8B (SPEC section 4). Each named config file calls this one; sweeps pass options:
+# FIRE training recipes at 8B (FIRE Sec. 5.1). Each named config file calls this one; sweeps pass options:
 #   python -m fire_jax.train --config configs/fire.py:fire_student --workdir DIR
 #   python -m fire_jax.train --config configs/fire.py:fire_student,released=True --workdir DIR
 #   python -m fire_jax.train --config configs/fire.py:fire_student,fire_1m=200000 --workdir DIR   (Fig. 6 ablation)
@@ -35,8 +35,8 @@ ABLATION_SOURCE = "fire_1m"
 INSTRUCTION_SOURCE = "llava_665k"
 
 # The 8B sequence budget, from the shipped real FIRE records under Llama 3's tokenizer with anyres images at their
-# original sizes (python tools/fire_lengths.py; README "Sequence lengths at 8B"): longest student 3390, teacher
-# 3706 tokens; at SPEC's 3072, 11 of 188 student and 22 teacher sequences are cut and 4 / 7 lose every label.
+# original sizes (python tools/fire_lengths.py; docs/data.md, "Sequence lengths at 8B"): longest student 3390, teacher
+# 3706 tokens; at the default max_len 3072, 11 of 188 student and 22 teacher sequences are cut, 4 / 7 lose every label.
 # 4096 cuts none. Buckets follow the distribution (anyres median 2530 / 2718, pad 834 / 1036).
 MAX_LEN = 4096
 BUCKETS = (1024, 1536, 2048, 2560, 3072, 3584, 4096)

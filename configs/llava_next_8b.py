@@ -1,4 +1,4 @@
-# LLaVA-NeXT-8B (llama3-llava-next-8b) at its real sizes, SPEC section 2.
+# LLaVA-NeXT-8B (llama3-llava-next-8b) at its real sizes (docs/model.md).
 # Model sizes only: configs/fire.py (training) and configs/eval_*.py:8b build on it, e.g.
 #   python -m fire_jax.train --config configs/fire_student.py --workdir DIR
 """LLaVA-NeXT-8B: CLIP ViT-L/14-336, 2-layer GELU connector, Llama-3-8B, LoRA r64 on q,k."""

@@ -1,4 +1,4 @@
-"""Evaluate a student and a teacher on FIRE-Bench (SPEC section 6), or plot a FIRE split's statistics.
+"""Evaluate a student and a teacher on FIRE-Bench (FIRE Tables 2-6, Fig. 7), or plot a FIRE split's statistics.
 
     python -m fire_jax.evaluate --config configs/eval_fixed.py [--workdir OUT] [--config.student.adapter=DIR ...]
     python -m fire_jax.evaluate --config configs/eval_free.py [--workdir OUT] [--config.free.baseline_results=...]

@@ -1,4 +1,4 @@
-"""Evaluate a fire_jax model on VLRMBench (SPEC section 7).
+"""Evaluate a fire_jax model on VLRMBench (Ruan et al., 2025; docs/vlrmbench.md).
 
     python -m fire_jax.evaluate_vlrm --config configs/eval_vlrm.py --data_dir DIR [--image_root DIR] \\
         [--tasks SC,IC,...] [--workdir OUT] [--retry_failed] [--config.generate.batch_size=8 ...] \\

@@ -1,4 +1,4 @@
-"""Bad input ends a CLI with one line naming what and where, exit 2, no traceback (issue 14.6)."""
+"""Bad input ends a CLI with one line naming what and where, exit 2, no traceback."""
 
 import json
 import os

@@ -1,5 +1,5 @@
 """Every command a config file's header names parses: the module exists, each flag is one it defines, the
---config file and its arg load, and every --config.x=y override names a field (issue 14.6).
+--config file and its arg load, and every --config.x=y override names a field.
 
 One subprocess per CLI module (absl flags are process-global): it imports the module, then parses each
 command's argv with the module's own flags, as ``app.run`` would, without running ``main``.

@@ -83,7 +83,7 @@ def test_real_records_parse(fixture_records):
                   for f in FIXTURE_FILES for i, r in enumerate(json.load(open(f)))}
     mismatched = {r.id: [t.score for t in r.turns] for r in records if [t.score for t in r.turns] != raw_scores[r.id]}
     # The release's own "score" list agrees with the feedback texts except in one record ("Score: 8/10."
-    # then "Score: 10/10." stored as [0, 1]); the SPEC parses the text.
+    # then "Score: 10/10." stored as [0, 1]); fire_jax parses the text.
     assert mismatched == {"fire_1m_demo:89": [8, 10]}
     assert len(raw) == 189
 

@@ -1,4 +1,4 @@
-"""python -m fire_jax.make_fire100k against a loopback fire_jax.serve scripted model (issue 17.3-4):
+"""python -m fire_jax.make_fire100k against a loopback fire_jax.serve scripted model (docs/fire100k.md):
 the strict parse, every filter and drop reason, sharding, resume after a kill, and the Fig. 5 statistics."""
 
 import json

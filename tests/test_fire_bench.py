@@ -1,4 +1,4 @@
-"""FIRE-Bench runners (SPEC 6): fixed and free dialogues, resume, stopping rules, reports, plots, FIRE-1M generation."""
+"""FIRE-Bench runners: fixed and free dialogues, resume, stopping rules, reports, plots, FIRE-1M generation."""
 
 import json
 import math

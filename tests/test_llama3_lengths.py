@@ -69,7 +69,7 @@ def test_lengths_of_the_real_records_set_the_8b_budget(tokenizer_path):
     text_only = len(whole) - 1
     first = next(x for x in lengths if x.record == records[0].id and x.role == "student" and x.image_mode == "anyres")
     assert first.tokens == text_only + geometry.num_tokens(size) == 2527 and geometry.num_tokens(size) == 2340
-    # The recipe's max_len holds every real sequence; SPEC's 3072 cuts some and leaves some without a label.
+    # The recipe's max_len holds every real sequence; the default 3072 cuts some and leaves some without a label.
     spec = importlib.util.spec_from_file_location("fire_recipes", os.path.join(ROOT, "configs", "fire.py"))
     fire = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fire)

@@ -1,4 +1,4 @@
-"""The Flax LLaVA-NeXT against transformers' PyTorch implementation (SPEC section 2)."""
+"""The Flax LLaVA-NeXT against transformers' PyTorch implementation (docs/model.md)."""
 
 import json
 import os

@@ -1,5 +1,5 @@
 """The paper's recipes as configs (LLaVA-665K mixed in, released=True), steps from the usable data, the end of
-the data, and turn normalisation for turn ids above loss.max_turns (issue 12)."""
+the data, and turn normalisation for turn ids above loss.max_turns."""
 
 import json
 import math
@@ -81,7 +81,7 @@ def test_pipeline_8b_and_the_ablation_source():
 def test_released_reproduces_the_release():
     config = _recipe("fire_student.py", "released=True")
     assert tuple(config.model.lora.targets) == ("q", "k", "v") and config.train.train_connector
-    assert config.loss.student_first_turn  # the release labelled r_1 too (SPEC 3)
+    assert config.loss.student_first_turn  # the release labelled r_1 too (FIRE Eq. 5 does not)
     assert "student_first_turn" not in config.data  # one name: loss.student_first_turn
     with pytest.raises(ValueError, match="loss.student_first_turn"):
         InputPipeline(dict(_recipe("tiny.py").data.to_dict(), student_first_turn=True),

@@ -332,7 +332,7 @@ def test_robust_parser_reads_real_output_forms(form):
 
 def test_robust_parser_form_count_and_the_full_stop_bug():
     assert len(STEP_LABEL_FORMS) >= 15 and len(set(STEP_LABEL_FORMS.values())) == len(STEP_LABEL_FORMS)
-    # The misreading of issue 13: a label followed by a full stop was rejected and pooled as zeros.
+    # A misreading once fixed: a label followed by a full stop was rejected and pooled as zeros.
     assert vb.try_parse_step_labels("STEP 1: 0.\nSTEP 2: 1.\nSTEP 3: 0.", 3) == ([0, 1, 0], True)
     # The official parser is the release's: every integer is a label, whatever the form.
     assert vb.try_parse_step_labels("STEP 1: 0.\nSTEP 2: 1.\nSTEP 3: 0.", 3, parser="official") == ([1, 0, 1], True)

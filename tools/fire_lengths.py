@@ -4,7 +4,7 @@
     python tools/fire_lengths.py --max_len 2048,3072,4096 --json lengths.json
 
 For the 189 records of tests/fixtures/fire (the public FIRE demo subset, 94 of FIRE-100K and 95 of FIRE-1M), the
-student and the teacher training sequence of each (SPEC 3: chat template, labels on r_i, i >= 2 / on every f_i),
+student and the teacher training sequence of each (FIRE Eqs. 5-6: chat template, labels on r_i, i >= 2 / on every f_i),
 with the image at its original size (tests/fixtures/fire/original_sizes.json) as ``anyres`` tiles or as one
 ``pad`` tile. Prints percentiles and, per max_len, how many sequences are cut and how many lose every label
 (dropped as ``no_labelled_token``, or ``image_cut``), and the labelled tokens cut away.

@@ -1,4 +1,4 @@
-"""Generate FIRE-1M-style dialogues: a student and a teacher talk about (I, q, gt) triplets (SPEC 6, Fig. 3b).
+"""Generate FIRE-1M-style dialogues: a student and a teacher talk about (I, q, gt) triplets (FIRE Fig. 3b).
 
     python tools/make_fire1m.py --config configs/eval_free.py --input triplets.json --image_root DIR \\
         --out fire_1m_generated.jsonl [--max_items N] [--split fire_1m] [--config.teacher.adapter=FD_LLAVA ...]
@@ -8,7 +8,7 @@ The agents, decoding and score threshold come from the evaluation config
 Inputs: FIRE records (their conversations ignored) or plain {"image",
 "question", "groundtruth", "source"?, "id"?} objects, JSON array or JSONL.
 Dialogues stop at a score >= 8 or after --max_turns (3); those whose score
-did not improve are dropped. Kept records (SPEC 3 schema, image paths
+did not improve are dropped. Kept records (the released FIRE schema, image paths
 relative to --image_root) are appended to --out, dropped ones to
 <out>.dropped.jsonl; a rerun continues. At the end the output is read back
 through fire_jax.data.records and its bad records (expected: none) printed.

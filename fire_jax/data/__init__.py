@@ -1,7 +1,7 @@
 """FIRE data layer: records, chat rendering with loss masks, anyres images, TFDS, input pipeline.
 
 - ``records``: typed FIRE conversations / LLaVA-style instructions from JSON(L), score parsing, bad-record counts.
-- ``chat``: Llama-3 template for student and teacher (SPEC 3), ``ChatTokenizer`` (ids, loss mask, turn ids).
+- ``chat``: student and teacher sequences (FIRE Eqs. 5-6) in the chat template; ``ChatTokenizer`` (ids, loss mask).
 - ``images``: any-resolution tiles equal to transformers' ``LlavaNextImageProcessorPil``.
 - ``tfds_fire``: the tensorflow-datasets builder (array_record, no TensorFlow) and its reader.
 - ``pipeline``: grain input pipeline -> fixed-shape numpy batches; ``config``: data config + sources.

@@ -1,4 +1,4 @@
-"""Any-resolution image preprocessing (LLaVA-NeXT), PIL + numpy only (SPEC 2).
+"""Any-resolution image preprocessing (LLaVA-NeXT), PIL + numpy only (docs/data.md, "Images").
 
 Matches transformers' ``LlavaNextImageProcessorPil`` bit for bit: RGB
 conversion (alpha composited on white), best pinpoint, aspect-preserving

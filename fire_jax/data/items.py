@@ -1,7 +1,7 @@
 """Items: the (I, q, gt) triplets that dialogues are about, and the readers of the files that hold them.
 
 - :class:`Item`: one triplet with its id and source dataset, the unit of free
-  dialogues (SPEC 6) and of FIRE-1M-style generation.
+  dialogues (FIRE Tables 4-6) and of FIRE-1M-style generation.
 - :func:`load_conversations`: the FIRE conversations of a test source, read
   through :func:`fire_jax.data.sources.open_source` (raw JSON or a built TFDS
   split, bad records counted by reason).

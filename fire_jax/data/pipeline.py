@@ -195,7 +195,7 @@ class InputPipeline:
 
         given = dict(config.to_dict() if hasattr(config, "to_dict") else config)
         if "student_first_turn" in given or "student_first_turn" in overrides:
-            raise ValueError("data.student_first_turn is now loss.student_first_turn (SPEC 3); the trainer passes "
+            raise ValueError("data.student_first_turn is now loss.student_first_turn (FIRE Eq. 5); the trainer passes "
                              "it to InputPipeline(student_first_turn=...)")
         unknown = (set(given) | set(overrides)) - set(DATA_DEFAULTS) - {"tokenizer", "sources"}
         missing = {"tokenizer", "sources"} - set(given) - set(overrides)

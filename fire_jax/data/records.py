@@ -1,6 +1,6 @@
 """Typed FIRE conversations and instruction records, parsed from released files.
 
-A FIRE record (SPEC section 3) is one conversation {I, q, gt, [(r_1, f_1), ...,
+A FIRE record (the released FIRE files' schema, docs/data.md) is one conversation {I, q, gt, [(r_1, f_1), ...,
 (r_n, f_n)]}; a LLaVA-665K-style instruction record is a list of human/gpt
 messages about an optional image. Files are JSON arrays or JSONL. Records that
 cannot be used are skipped and counted by reason (:class:`BadRecords`), or
@@ -122,7 +122,7 @@ _RELEASE_SCORE = re.compile(r"\d+")
 
 
 def parse_score(feedback: str, parser: str = "robust") -> float | None:
-    """The score a_i of a feedback text (SPEC 3, "Score parsing").
+    """The score a_i of a feedback text (docs/spec.md, "Records and scores").
 
     robust (default): the first number (integer or decimal) on the first line
     that contains "Score:"; no such line, or a number outside 0..10, gives

@@ -1,4 +1,4 @@
-"""FIRE-Bench with fire_jax models: agents from a config, a run, its results, tables and plots (SPEC 6).
+"""FIRE-Bench with fire_jax models: agents from a config, a run, its results, tables and plots (docs/fire_bench.md).
 
 ``python -m fire_jax.evaluate --config configs/eval_fixed.py|eval_free.py --workdir OUT`` calls
 :func:`evaluate`, which

@@ -1,4 +1,4 @@
-"""Fixed dialogues: generate each labelled turn from the ground-truth history (SPEC 6, Tables 2-3).
+"""Fixed dialogues: generate each labelled turn from the ground-truth history (FIRE Tables 2-3).
 
 For a test conversation {I, q, gt, [(r_1, f_1), ..., (r_n, f_n)]}:
 
@@ -165,7 +165,7 @@ def _role_metrics(records: Sequence[Mapping], teacher_text: str = "feedback", sc
 
 
 def fixed_results(records: Sequence[Mapping], *, teacher_text: str = "feedback", score_parser: str = "robust") -> dict:
-    """{role: {"overall": metrics, "per_source": {source: metrics}}} for each role with turns (SPEC 6).
+    """{role: {"overall": metrics, "per_source": {source: metrics}}} for each role with turns (FIRE Tables 2-3).
 
     metrics: BLEU-1..4, CIDEr and n (turns); the teacher adds MAE, no_score (replies without a score),
     ``teacher_text`` (:data:`TEACHER_TEXTS`: what its BLEU/CIDEr compared) and ``score_parser`` (how the MAE

@@ -1,4 +1,4 @@
-"""Free dialogues: the student and the teacher talk until the answer is solved (SPEC 6, Tables 4-6, Fig. 7).
+"""Free dialogues: the student and the teacher talk until the answer is solved (FIRE Tables 4-6, Fig. 7).
 
 The dialogue loop and its stop rule are the dialogue engine's
 (:mod:`fire_jax.infer.dialogue`: :func:`run_dialogues`, :data:`FREE_DIALOGUE`), shared with
@@ -51,7 +51,7 @@ def run_free(items: Sequence[Item], student, teacher, path: str, *, rule: StopRu
 def load_baseline(path: str) -> dict:
     """Mean turns of a baseline run ({"overall": t, "per_source": {source: t}}), from its results.json.
 
-    T_baseline of SPEC 6: the baseline model's mean of t_k on its own run
+    T_baseline of AT (docs/spec.md, "FIRE-Bench metrics"): the baseline model's mean of t_k on its own run
     (``mean_turns`` of its free-dialogue results); None where it has none.
     """
     with open(path) as f:
@@ -83,7 +83,7 @@ def _block(records: Sequence[Mapping], rule: StopRule, penalty_turns: float, bas
 
 def free_results(records: Sequence[Mapping], *, rule: StopRule = FREE_DIALOGUE, penalty_turns: float = 10,
                  baseline: Mapping | None = None) -> dict:
-    """Free-dialogue metrics overall and per source dataset (SPEC 6).
+    """Free-dialogue metrics overall and per source dataset (FIRE Tables 4-6).
 
     ``baseline``: :func:`load_baseline` of the baseline run, normalising AT
     per source by the baseline's mean turns on that source (as Tables 5-6:

@@ -13,7 +13,7 @@ function of the dialogue records the runners write:
 - :func:`judged_fixed`: the same judge on fixed-dialogue predictions (student
   accuracy by turn; teacher agreement on the ground-truth answers it scored).
 
-"Agreement" is SPEC 6's solved rule read as a classifier: the teacher says
+"Agreement" is the free dialogues' solved rule (FIRE Tables 4-6) read as a classifier: the teacher says
 "right" when its score is >= the threshold (8); a reply with no score says "wrong".
 """
 
@@ -47,7 +47,7 @@ def is_right(response: str, groundtruth: str) -> bool:
 
 
 def says_right(score: float | None, threshold: float = 8) -> bool:
-    """The teacher's verdict: its score solves the item (SPEC 6); no score is a "wrong"."""
+    """The teacher's verdict: its score solves the item (>= 8, as free dialogues stop); no score is a "wrong"."""
     return score is not None and score >= threshold
 
 
@@ -71,7 +71,7 @@ def judged_free(records: Sequence[Mapping], *, threshold: float = 8, max_turns: 
     ``turns[].response`` / ``turns[].score``, as :func:`fire_jax.infer.dialogue.dialogue_record` writes them).
 
     - ``accuracy_by_turn[t-1]``: share of items whose answer at turn t is right; a dialogue that ended
-      earlier keeps its last answer (the judged counterpart of SPEC 6's accuracy curve);
+      earlier keeps its last answer (the judged counterpart of FIRE Fig. 7's accuracy curve);
       ``accuracy_turn1`` and ``accuracy_final`` (the last answer);
     - ``teacher_accuracy_by_turn``: the same curve by the teacher's score (solved by turn t), for Fig. 7;
     - ``refinement_rate``: of the items wrong at turn 1, the share right at the end (``refined`` of

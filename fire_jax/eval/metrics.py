@@ -1,14 +1,14 @@
-"""Text and dialogue metrics of the FIRE evaluation (SPEC section 6).
+"""Text and dialogue metrics of the FIRE evaluation (FIRE Tables 2-6, Fig. 7; formulas in docs/spec.md).
 
 Pure functions of plain Python/numpy data: no model, no jax.
 
-Fixed dialogues (SPEC 6, Tables 2-3): BLEU-1..4 and CIDEr-D, bit-for-bit the
+Fixed dialogues (FIRE Tables 2-3): BLEU-1..4 and CIDEr-D, bit-for-bit the
 algorithms of pycocoevalcap's `Bleu(4)` and `Cider()` scorers on whitespace
 tokens with one reference per prediction, but vectorised with numpy (n-grams are
 interned to integer ids once and counted with sorts instead of per-sentence
 dicts), and the teacher's score MAE.
 
-Free dialogues (SPEC 6, Tables 4-6, Fig. 7): average turns AT, average
+Free dialogues (FIRE Tables 4-6, Fig. 7): average turns AT, average
 difference ADR, average turn-normalised difference ATR, refinement ratio RR and
 the accuracy-by-turn curve, from the teacher scores a_{k,1..n_k} of each item.
 """
@@ -165,7 +165,7 @@ def _brevity_penalty(prediction_len, reference_len) -> np.ndarray:
 
 
 def bleu_per_sample(predictions: Sequence[str], references: Sequence[str]) -> np.ndarray:
-    """Per-sentence BLEU-1..4, [num_pairs, 4] (SPEC 6, fixed dialogues).
+    """Per-sentence BLEU-1..4, [num_pairs, 4] (fixed dialogues, FIRE Tables 2-3).
 
     BLEU-n = BP * (prod_{k<=n} (c_k + 1e-15) / (g_k + 1e-9))^(1/n) with c_k the
     clipped k-gram matches, g_k the prediction's k-gram count and the brevity
@@ -179,7 +179,7 @@ def bleu_per_sample(predictions: Sequence[str], references: Sequence[str]) -> np
 
 
 def bleu(predictions: Sequence[str], references: Sequence[str]) -> list[float]:
-    """[BLEU-1, ..., BLEU-4]: the mean over pairs of `bleu_per_sample` (SPEC 6)."""
+    """[BLEU-1, ..., BLEU-4]: the mean over pairs of `bleu_per_sample`."""
     return [float(v) for v in bleu_per_sample(predictions, references).mean(axis=0)]
 
 
@@ -230,7 +230,7 @@ def _cider_per_sample(ngrams: _PairNgrams) -> np.ndarray:
 
 
 def cider_per_sample(predictions: Sequence[str], references: Sequence[str]) -> np.ndarray:
-    """Per-sample CIDEr-D, [num_pairs] (SPEC 6; Vedantam et al. 2015, eq. 2-4 with CIDEr-D's changes).
+    """Per-sample CIDEr-D, [num_pairs] (Vedantam et al. 2015, eq. 2-4 with CIDEr-D's changes).
 
     CIDEr-D_n = 10 * g^T min(g_hyp, g_ref) / (|g_hyp| |g_ref|) * exp(-(l_hyp -
     l_ref)^2 / (2 sigma^2)) with tf-idf vectors g over n-grams (tf: raw counts,
@@ -243,12 +243,12 @@ def cider_per_sample(predictions: Sequence[str], references: Sequence[str]) -> n
 
 
 def cider(predictions: Sequence[str], references: Sequence[str]) -> float:
-    """CIDEr-D of the corpus: the mean of `cider_per_sample` (SPEC 6)."""
+    """CIDEr-D of the corpus: the mean of `cider_per_sample`."""
     return float(np.mean(cider_per_sample(predictions, references)))
 
 
 def text_metrics(predictions: Sequence[str], references: Sequence[str]) -> dict[str, float]:
-    """{"BLEU-1".."BLEU-4", "CIDEr"} of `bleu` and `cider`, counting n-grams once (SPEC 6)."""
+    """{"BLEU-1".."BLEU-4", "CIDEr"} of `bleu` and `cider`, counting n-grams once."""
     ngrams = _pair_ngrams(predictions, references)
     metrics = {f"BLEU-{k}": float(v)
                for k, v in enumerate(_bleu_per_sample(ngrams).mean(axis=0), start=1)}
@@ -262,7 +262,7 @@ def text_metrics(predictions: Sequence[str], references: Sequence[str]) -> dict[
 
 def score_mae(predicted_scores: Sequence[float | None], reference_scores: Sequence[float],
               missing_penalty: float = 10.0) -> float:
-    """Teacher MAE = (1/K) sum_k |a_k - â_k| (SPEC 6, fixed dialogues).
+    """Teacher MAE = (1/K) sum_k |a_k - â_k| (fixed dialogues, FIRE Table 3).
 
     A predicted score of None (the teacher's reply had no score) costs
     `missing_penalty` instead of |a_k - â_k|.
@@ -317,7 +317,7 @@ def _dialogue_scores(score_sequences: Sequence[Sequence[float | None]], max_turn
 def free_dialogue_metrics(score_sequences: Sequence[Sequence[float | None]],
                           baseline_turns: float | None = None, threshold: float = 8,
                           max_turns: int = 5, penalty_turns: float = 10) -> dict[str, float]:
-    """AT, ADR, ATR, RR of free dialogues (SPEC 6, Tables 4-6).
+    """AT, ADR, ATR, RR of free dialogues (FIRE Tables 4-6).
 
     `score_sequences[k]` holds the teacher scores a_{k,1..n_k}; a None (reply
     with no score) must be the last and counts as 0. Items with n_k = 1 are
@@ -354,7 +354,7 @@ def free_dialogue_metrics(score_sequences: Sequence[Sequence[float | None]],
 
 def accuracy_by_turn(score_sequences: Sequence[Sequence[float | None]], max_turns: int = 5,
                      threshold: float = 8) -> list[float]:
-    """Accuracy curve (SPEC 6, Fig. 7): for t = 1..max_turns, the share of all
+    """Accuracy curve (FIRE Fig. 7): for t = 1..max_turns, the share of all
     items (n_k = 1 included) whose score at turn min(t, n_k) is >= threshold; a
     finished dialogue keeps its final score for later turns, a None counts as 0.
     With no items every entry is NaN.

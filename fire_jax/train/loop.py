@@ -1,4 +1,4 @@
-"""The training loop: resume, step, log, checkpoint, export (SPEC section 4).
+"""The training loop: resume, step, log, checkpoint, export (docs/training.md).
 
 ``python -m fire_jax.train --config configs/<x>.py --workdir DIR`` runs it;
 the same code trains the tiny model on a laptop CPU and the 8B model on a
@@ -74,7 +74,7 @@ class MetricWriter:
 
 def total_steps(config, pipeline) -> int:
     """``train.total_steps``, or the steps that read the data once per epoch: the usable examples (after bad
-    records) of this process's share, divided by its batch, the last batch partial (SPEC section 4)."""
+    records) of this process's share, divided by its batch, the last batch partial (one epoch, FIRE Sec. 5.1)."""
     if config.train.get("total_steps"):
         return int(config.train.total_steps)
     epochs = config.data.get("num_epochs") or config.train.epochs

@@ -1,4 +1,4 @@
-"""Per-turn masked cross-entropy (SPEC section 3, Eqs. 5-6).
+"""Per-turn masked cross-entropy over the student and teacher sequences (FIRE Eqs. 5-6; docs/spec.md).
 
 The model predicts token t+1 at position t. Only tokens of labelled turns
 (the student's r_i, i >= 2, or the teacher's f_i, each with its <|eot_id|>)

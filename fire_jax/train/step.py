@@ -4,7 +4,7 @@ Trainable parameters (LoRA, optionally the connector) and their AdamW state
 are float32; frozen weights keep their storage dtype (bf16 at 8B), are never
 differentiated and never enter the optimizer. Gradient accumulation scans
 over micro-batches inside the step; the loss weights are computed over the
-whole global batch first, so accumulation is exact (SPEC section 4).
+whole global batch first, so accumulation is exact (docs/spec.md, "Training sequences and the loss").
 """
 
 from __future__ import annotations

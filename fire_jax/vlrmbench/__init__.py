@@ -1,4 +1,4 @@
-"""VLRMBench (Ruan et al., 2025): a model judged as a vision-language reward model (SPEC section 7).
+"""VLRMBench (Ruan et al., 2025): a model judged as a vision-language reward model (docs/vlrmbench.md).
 
 The model-independent half is plain Python and numpy:
 

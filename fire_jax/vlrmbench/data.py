@@ -1,4 +1,4 @@
-"""VLRMBench data: one task's JSONL read into samples, bad records counted by reason (SPEC 7)."""
+"""VLRMBench data: one task's JSONL read into samples, bad records counted by reason."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reading what a model answered: step labels, MJ's two scores, FF's verdict (SPEC 7).
+"""Reading what a model answered: step labels, MJ's two scores, FF's verdict.
 
 ``parser="official"`` reads outputs as the release's scripts do (every integer is a label; the last two
 integers are the scores; yes/no anywhere). The default ``"robust"`` reads the list the prompt asked for.

@@ -1,4 +1,4 @@
-"""VLRMBench with a fire_jax model: generate, judge, resume, score (SPEC section 7).
+"""VLRMBench with a fire_jax model: generate, judge, resume, score (docs/vlrmbench.md).
 
 The model-dependent half of the benchmark; prompts, parsers and metrics are
 :mod:`fire_jax.vlrmbench`. ``python -m fire_jax.evaluate_vlrm`` calls

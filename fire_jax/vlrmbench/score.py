@@ -1,4 +1,4 @@
-"""Scoring VLRMBench outputs, and the table shaped like Table 3 of the VLRMBench paper beside its rows (SPEC 7).
+"""Scoring VLRMBench outputs, and the table shaped like Table 3 of the VLRMBench paper beside its rows.
 
 Outputs are keyed by sample id: a text, or None (also a missing id) where no output came back. Two
 accountings: ``"ours"`` counts a failed sample (no output, or one the parser cannot fully read) wrong;
