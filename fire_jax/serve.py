@@ -14,8 +14,8 @@ Listens on 127.0.0.1 unless --host says otherwise. Routes:
 - ``GET /v1/models``; ``GET /health``.
 
 Each model's context (``--cache_len``, cache columns per slot) defaults to
-:func:`default_cache_len`: up to 4 images of its largest tile grid and 4,096 text
-tokens of prompt plus the default 256 new tokens; the startup line prints it
+:func:`default_cache_len`: up to 4 images of its largest tile grid and 16,384
+characters of prompt text in its tokenizer's tokens, plus the default 256 new tokens; the startup line prints it
 and the KV cache's size (lower ``--slots`` to shrink it). A request that does
 not fit gets 400 ``context_length_exceeded``.
 
@@ -83,19 +83,30 @@ from fire_jax.limits import (BadRequest, Limits, add_arguments, check_text, imag
 #: ``runs/tiny``), the first one trained.
 MAIN_JOB_RUNS = ("runs/smollm2", "runs/tiny")
 DEFAULT_MAX_TOKENS = 256
-#: Text tokens of prompt the default context holds besides the images: the served workloads' longest prompts
-#: with room to spare (VLRMBench's 58 IC records take up to 2,116 text tokens with SmolLM2's tokenizer, the
-#: release's prompt and the system prompt included; its prompts with 3 images reach ~2,500 tokens in all).
-PROMPT_TEXT_TOKENS = 4096
+#: Characters of prompt text the default context holds besides the images: the served workloads' longest prompts
+#: with room to spare (the longest of VLRMBench's 58 shipped IC prompts, the release's prompt and the record, is
+#: 10,048 characters: 2,116 tokens with SmolLM2's tokenizer, 5,716 with the tiny 512-piece one).
+PROMPT_TEXT_CHARS = 16384
 #: Images per request (the engine's limit; the release's vLLM server is started with --limit-mm-per-prompt image=4).
 MAX_IMAGES = 4
 
 
-def default_cache_len(geometry, max_images: int = MAX_IMAGES, text_tokens: int = PROMPT_TEXT_TOKENS,
+def prompt_text_tokens(tokenizer, chars: int = PROMPT_TEXT_CHARS) -> int:
+    """Tokens ``chars`` characters of prompt text take in ``tokenizer`` (a ``tokenizers`` tokenizer), at its
+    characters a token on VLRMBench's release prompts (4.4 for SmolLM2's and Llama-3's tokenizers, 1.7 for
+    the tests' tiny one)."""
+    from fire_jax.vlrmbench.tasks import TASK_PROMPTS
+
+    sample = "\n".join(TASK_PROMPTS.values())
+    return -(-chars * len(tokenizer.encode(sample).ids) // len(sample))
+
+
+def default_cache_len(geometry, text_tokens: int, max_images: int = MAX_IMAGES,
                       new_tokens: int = DEFAULT_MAX_TOKENS) -> int:
     """The context ``--cache_len 0`` gives a model: the prompt bucket of ``max_images`` images of the model's
-    largest tile grid (``geometry``: :class:`fire_jax.geometry.ImageGeometry`) and ``text_tokens`` of text, plus
-    ``new_tokens`` to generate (the server's default max_tokens)."""
+    largest tile grid (``geometry``: :class:`fire_jax.geometry.ImageGeometry`) and ``text_tokens`` of text
+    (:func:`prompt_text_tokens` of its tokenizer), plus ``new_tokens`` to generate (the server's default
+    max_tokens)."""
     image_tokens = max(geometry.num_tokens(pinpoint) for pinpoint in geometry.pinpoints)
     return engine_bucket(max_images * image_tokens + text_tokens) + new_tokens
 
@@ -501,7 +512,8 @@ def load_models(config, specs: dict[str, str | None], init: str | None, engine_k
         loaded = load(model_config, checkpoint)
         chat = loaded.chat
         kwargs = dict(engine_kwargs, max_images=max_images)
-        kwargs["cache_len"] = kwargs.get("cache_len") or default_cache_len(loaded.model.cfg.geometry)
+        kwargs["cache_len"] = kwargs.get("cache_len") or default_cache_len(loaded.model.cfg.geometry,
+                                                                            prompt_text_tokens(chat.tokenizer))
         engine = Engine(loaded.model, tokenizer=chat.tokenizer, stop_ids=chat.stop_ids,
                         pad_id=chat.pad_id, logprobs=False, **kwargs)  # the API returns none
         chars = max_text_chars or text_chars_bound(engine.cache_len, longest_token_chars(chat.tokenizer))
@@ -530,8 +542,9 @@ def parse_args(argv=None):
     parser.add_argument("--cache_len", type=int, default=0,
                         help="cache columns per slot, the context of a request (prompt bucket + max_tokens); 0 "
                              f"(default): room for {MAX_IMAGES} images of the model's largest tile grid and "
-                             f"{PROMPT_TEXT_TOKENS} text tokens, plus max_tokens {DEFAULT_MAX_TOKENS} "
-                             "(e.g. 5376 for the tiny and SmolLM2 LLaVAs, 16640 for LLaVA-NeXT-8B)")
+                             f"{PROMPT_TEXT_CHARS:,} characters of text in the model's tokens, plus max_tokens "
+                             f"{DEFAULT_MAX_TOKENS} (e.g. 4352 for the SmolLM2 LLaVA, 10496 for the tiny one, "
+                             "16640 for LLaVA-NeXT-8B)")
     parser.add_argument("--prefill_batch", type=int, default=8,
                         help="rows per prefill at most (waiting prompts of one length bucket)")
     parser.add_argument("--prefill_tokens", type=int, default=1024,

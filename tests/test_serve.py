@@ -396,17 +396,27 @@ def test_sigterm_drains_requests_in_flight(server):
 
 
 def test_default_context_holds_the_served_models_real_prompts():
-    """--cache_len 0: 4 images of the model's largest grid + 4,096 text tokens (the prompt's engine bucket) + 256."""
-    from fire_jax.geometry import ImageGeometry
-    from fire_jax.serve import default_cache_len
+    """--cache_len 0: 4 images of the model's largest grid + 16,384 characters of text in the model's tokens (the
+    prompt's engine bucket) + 256; every shipped VLRMBench IC prompt fits, whatever the tokenizer."""
+    from tokenizers import Tokenizer
 
-    # LLaVA-NeXT-8B: 576 + 48 * 49 = 2,928 tokens for a 672 x 672 image; 4 * 2,928 + 4,096 = 15,808, whose
-    # bucket (multiples of 2,048 past 8,192) is 16,384.
-    assert default_cache_len(ImageGeometry()) == 16384 + 256
-    assert default_cache_len(ImageGeometry(mode="pad")) == 7168 + 256  # 4 * 576 + 4,096 = 6,400 -> 7,168
-    # The tiny and SmolLM2 LLaVAs (32 px tiles of 8 px patches): 88 and 56 tokens an image at most.
+    from fire_jax.geometry import ImageGeometry
+    from fire_jax.serve import default_cache_len, prompt_text_tokens
+    from fire_jax.vlrmbench.data import load_task
+    from fire_jax.vlrmbench.tasks import build_prompt
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # LLaVA-NeXT-8B: 576 + 48 * 49 = 2,928 tokens for a 672 x 672 image; 4 * 2,928 + 3,427 (Llama-3's tokens of
+    # 16,384 characters) = 15,139, whose bucket (multiples of 2,048 past 8,192) is 16,384.
+    assert default_cache_len(ImageGeometry(), 3427) == 16384 + 256
+    assert default_cache_len(ImageGeometry(mode="pad"), 3427) == 6144 + 256  # 4 * 576 + 3,427 = 5,731 -> 6,144
+    tiny_tokenizer = Tokenizer.from_file(os.path.join(repo, "fire_jax", "assets", "tiny_tokenizer.json"))
+    text_tokens = prompt_text_tokens(tiny_tokenizer)
+    assert 16384 / 1.5 > text_tokens > 16384 / 2  # ~1.7 characters a token in the 512-piece tokenizer
     tiny = ImageGeometry(tile_size=32, patch_size=8, pinpoints=((32, 64), (64, 32), (64, 64), (96, 32), (32, 96)))
-    smollm2 = ImageGeometry(tile_size=32, patch_size=8, pinpoints=((32, 64), (64, 32)))
-    assert default_cache_len(tiny) == default_cache_len(smollm2) == 5120 + 256
-    # The official VLRMBench IC request that 1,024 columns refused: 2,522 tokens (bucket 2,560) + max_tokens 256.
-    assert 2560 + 256 <= default_cache_len(smollm2)
+    cache_len = default_cache_len(tiny, text_tokens)
+    assert cache_len == 10240 + 256  # 4 * 88 + 9,442 = 9,794 -> 10,240
+    records = load_task(os.path.join(repo, "tests", "fixtures", "vlrmbench", "image_ref_error.jsonl"), "IC")
+    longest = max(len(tiny_tokenizer.encode(build_prompt(s, "IC", "official")).ids) + 88 * len(s.images)
+                  for s in records)
+    assert longest + 256 <= cache_len  # 5,716 text tokens at most: the old fixed 4,096 left one record out
