@@ -1,4 +1,4 @@
-"""Chat templates (Llama-3, ChatML, Vicuna v1): rendered as transformers' apply_chat_template renders them, loss
+"""Chat templates (Llama-3 as LLaVA-NeXT trains it and as llava-hf publishes it, ChatML, Vicuna v1): rendered as transformers' apply_chat_template renders them, loss
 masks from the rendered text, stop ids from the template, images placed by the caller."""
 
 import os
@@ -19,6 +19,7 @@ TOKENIZER = os.path.join(ASSETS_DIR, "tiny_tokenizer.json")
 #: Each template's special tokens (added to the tiny BPE, so every template tokenises here) and BOS / EOS.
 FAMILIES = {
     "llama3": (chat.LLAMA3_SPECIAL_TOKENS, "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"),
+    "llava_hf_llama3": (chat.LLAMA3_SPECIAL_TOKENS, "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"),
     "chatml": (("<|endoftext|>", "<|im_start|>", "<|im_end|>"), "<|im_start|>", "<|im_end|>", "<|im_end|>"),
     "vicuna_v1": (("<s>", "</s>"), "<s>", "</s>", "</s>"),
 }
@@ -127,3 +128,17 @@ def test_a_template_that_drops_a_message_text_is_refused():
                             "{% endfor %}", special_tokens=["</s>"], eos_token="</s>", name="lossy")
     with pytest.raises(ValueError, match="lossy: rendered 1 of 2 message texts"):
         template.pieces([chat.Message("user", "a"), chat.Message("assistant", "b", 1)], system=None)
+
+
+def test_llava_hf_llama3_differs_from_llama3_only_before_text_only_messages():
+    """llava-hf's template writes "\n" before every text part: equal to ``llama3`` where a message has an image,
+    one newline more after the header of a text-only message, and no BOS (the tokenizer adds it)."""
+    ours, hf = _chat("llama3"), _chat("llava_hf_llama3")
+    messages = chat.student_messages(CONVERSATION, until_turn=2)
+    a, b = ours.render(messages), hf.render(messages)
+    assert a.startswith("<|begin_of_text|>") and not b.startswith("<|begin_of_text|>")
+    image_message = "<|start_header_id|>user<|end_header_id|>\n\n<image>\nHow many red circles?"
+    assert image_message in a and image_message in b
+    assert a.count("<|end_header_id|>\n\n\n") == 0
+    assert b.count("<|end_header_id|>\n\n\n") == 1 + len(messages) - 1  # the system message, all but the image's
+    assert b.replace("<|end_header_id|>\n\n\n", "<|end_header_id|>\n\n") == a[len("<|begin_of_text|>"):]

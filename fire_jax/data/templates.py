@@ -19,9 +19,13 @@ gets the tokenizer's EOS after the answer, as LLaVA's "v1" conversation format t
 rendered string itself stays the template's.
 
 Shipped templates (``fire_jax/assets/chat_templates``):
-- ``llama3``: LLaVA-NeXT-8B's (llava-hf ``llama3-llava-next-8b-hf``, typed content parts);
+- ``llama3``: Llama-3-Instruct's layout with each image as ``<image>\n`` before its message's text, as the
+  LLaVA-NeXT training code (``conv_llava_llama_3``) renders a conversation: fire_jax's default at 8B;
+- ``llava_hf_llama3``: the template llava-hf publishes with ``llama3-llava-next-8b-hf``. It writes no BOS (the
+  tokenizer adds it) and a ``"\n"`` before every text part: a message with an image renders as in ``llama3``
+  (``<image>\n`` + text), a text-only one gets one newline more after its header (``"\n\n\n"``);
 - ``chatml``: SmolLM2-Instruct's, as its GGUF file carries it;
-- ``vicuna_v1``: llava-hf's LLaVA-1.5 / LLaVA-NeXT-Vicuna template.
+- ``vicuna_v1``: llava-hf's LLaVA-1.5 / LLaVA-NeXT-Vicuna template (``llava-1.5-7b-hf``).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import re
 from typing import Sequence
 
 TEMPLATES_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", "chat_templates")
-SHIPPED = ("llama3", "chatml", "vicuna_v1")
+SHIPPED = ("llama3", "llava_hf_llama3", "chatml", "vicuna_v1")
 IMAGE_TOKEN = "<image>"
 
 _TEXT = "\ue000{}\ue001"  # a message text's sentinel (private-use code points: in no real text)
