@@ -404,3 +404,23 @@ def test_fused_chunked_cross_entropy_values_and_gradients(chunk):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     nll, correct = chunked_cross_entropy(hidden, kernel, targets, chunk, mask)
     assert not np.any(np.asarray(nll)[~np.asarray(mask)]) and not np.any(np.asarray(correct)[~np.asarray(mask)])
+
+
+def test_resume_skips_a_damaged_step_and_metrics_do_not_repeat(tmp_path, capsys):
+    """A byte flipped in the latest step's params: the resume says so and goes on from the step before; the
+    metrics of the steps run again are not in metrics.jsonl twice."""
+    from test_damage import flip_array_byte
+
+    config = tiny_config(total_steps=4, checkpoint_every=2, export=False)
+    workdir = tmp_path / "run"
+    assert loop.train(config, str(workdir), max_steps=3)["step"] == 3  # checkpoints 2 and 3, metrics of 1-3
+    flip_array_byte(workdir / "checkpoints" / "3", "params")
+    capsys.readouterr()
+    assert loop.train(config, str(workdir))["step"] == 4
+    out = capsys.readouterr().out
+    assert f"checkpoint {workdir / 'checkpoints' / '3'}: item params, array " in out and "the step is damaged" in out
+    assert "damaged step 3 moved to" in out and "falling back to step 2" in out
+    assert f"resumed from {workdir}/checkpoints at step 2" in out
+    assert "cut back to step 2: the line of step 3 written after that checkpoint dropped" in out
+    with open(workdir / "metrics.jsonl") as f:
+        assert [json.loads(line)["step"] for line in f] == [1, 2, 3, 4]

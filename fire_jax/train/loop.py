@@ -38,15 +38,21 @@ class _Preemption:
 
 
 class MetricWriter:
-    """Metrics to ``metrics.jsonl`` and TensorBoard event files in the workdir (process 0 only)."""
+    """Metrics to ``metrics.jsonl`` and TensorBoard event files in the workdir (process 0 only).
 
-    def __init__(self, workdir: str):
+    ``resumed_at``: the step the run resumed from (0: from scratch). ``metrics.jsonl`` is first cut back to the
+    lines of steps up to it (a run stopped after its last checkpoint wrote steps it now does again), saying so.
+    """
+
+    def __init__(self, workdir: str, resumed_at: int = 0):
         self.enabled = jax.process_index() == 0
         if not self.enabled:
             return
         from tensorboardX import SummaryWriter
 
-        self.jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
+        path = os.path.join(workdir, "metrics.jsonl")
+        cut_metrics(path, resumed_at)
+        self.jsonl = open(path, "a")
         self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
@@ -70,6 +76,42 @@ class MetricWriter:
         if self.enabled:
             self.jsonl.close()
             self.tb.close()
+
+
+def cut_metrics(path: str, step: int) -> None:
+    """Cut ``path`` (metrics.jsonl) after its last line of a step <= ``step``, printing what was cut: the lines
+    of later steps and a last line cut short by the kill. A line that is not a JSON record of a step before
+    that ends in an :class:`InputError` naming the file and line."""
+    from fire_jax.config import InputError
+
+    if not os.path.exists(path):
+        return
+    keep, cut, partial = 0, [], False
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            complete = line.endswith(b"\n")
+            try:
+                record_step = int(json.loads(line)["step"]) if complete else None
+            except (ValueError, KeyError, TypeError) as e:
+                raise InputError(f"{path}: line {number}: not a JSON record with a step ({e})") from None
+            if record_step is None:
+                partial = True
+            elif record_step <= step and not cut:
+                keep += len(line)
+            else:
+                cut.append(record_step)
+    if not cut and not partial:
+        return
+    with open(path, "r+b") as f:
+        f.truncate(keep)
+    what = []
+    if cut:
+        what.append(f"the line of step {cut[0]}" if len(cut) == 1
+                    else f"{len(cut)} lines of steps {min(cut)}-{max(cut)}")
+    if partial:
+        what.append("a last line cut short")
+    print(f"{path}: cut back to step {step}: {' and '.join(what)} written after that checkpoint dropped "
+          f"(those steps run again)")
 
 
 def total_steps(config, pipeline) -> int:
@@ -124,16 +166,17 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
     del model
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.train.keep_checkpoints)
     state = trainer.initial_state
-    restored = checkpointer.restore(state)
+    restored = checkpointer.restore(state, fallback=True)  # a damaged latest step: the one before, said so
+    resumed_at = 0
     if restored is not None:
-        state, data_state, step = restored
+        state, data_state, resumed_at = restored
         pipeline.set_state(data_state)
-        print(f"resumed from {workdir}/checkpoints at step {step}")
+        print(f"resumed from {workdir}/checkpoints at step {resumed_at}")
     config_json = json.loads(config.to_json())
     if jax.process_index() == 0:
         with open(os.path.join(workdir, "config.json"), "w") as f:
             json.dump(config_json, f, indent=2)
-    writer = MetricWriter(workdir)
+    writer = MetricWriter(workdir, resumed_at)
     preemption = _Preemption()
     rng = jax.random.key(config.seed)
     start = int(jax.device_get(state.step))
