@@ -339,7 +339,8 @@ def create_app(models: dict[str, Served], *, max_queue: int = 256, limits: Limit
     async def health():
         return {"status": "ok", "models": {
             name: {"description": s.description, "in_flight": s.engine.in_flight, "admitted": len(admitted[name]),
-                   "finished": s.engine.stats["requests"], "cancelled": s.engine.stats["cancelled"]}
+                   "finished": s.engine.stats["requests"], "cancelled": s.engine.stats["cancelled"],
+                   **{key: s.engine.stats[key] for key in ("prompt_tokens", "reused_tokens", "prefilled_tokens")}}
             if s.script is None else
             {"description": s.description, "requests": dict(s.script.counts)} for name, s in models.items()}}
 
@@ -545,6 +546,9 @@ def parse_args(argv=None):
                              f"{PROMPT_TEXT_CHARS:,} characters of text in the model's tokens, plus max_tokens "
                              f"{DEFAULT_MAX_TOKENS} (e.g. 4352 for the SmolLM2 LLaVA, 10496 for the tiny one, "
                              "16640 for LLaVA-NeXT-8B)")
+    parser.add_argument("--no_prefix_cache", action="store_true",
+                        help="prefill every prompt whole (default: reuse the cached keys and values of a prompt's "
+                             "longest cached prefix across requests: a dialogue's previous turn, a shared instruction)")
     parser.add_argument("--prefill_batch", type=int, default=8,
                         help="rows per prefill at most (waiting prompts of one length bucket)")
     parser.add_argument("--prefill_tokens", type=int, default=1024,
@@ -579,7 +583,7 @@ def main(argv=None):
         init = args.init or init
         print(f"no --model: serving {why}", flush=True)
     engine_kwargs = dict(slots=args.slots, cache_len=args.cache_len, prefill_batch=args.prefill_batch,
-                         prefill_tokens=args.prefill_tokens, chunk=args.chunk)
+                         prefill_tokens=args.prefill_tokens, chunk=args.chunk, prefix_cache=not args.no_prefix_cache)
     if args.max_images > MAX_IMAGES:
         raise ValueError(f"--max_images {args.max_images}: at most {MAX_IMAGES} (the engine's limit)")
     models = load_models(config, specs, init, engine_kwargs, args.warm_up, args.max_text_chars, args.max_images)
