@@ -98,3 +98,64 @@ def load_tool(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _randomise(model, seed: int, embed_scale: float = 1.0):
+    """Every parameter random (norm scales near 1, biases and 1-d weights larger), the embedding scaled."""
+    import torch
+
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.5 if p.ndim == 1 else 0.08) + (1.0 if "norm" in name else 0.0))
+        model.get_input_embeddings().weight.mul_(embed_scale)
+    return model
+
+
+def tiny_vicuna_text_config():
+    """A tiny Llama-2 / Vicuna-7B-shaped LLM (lmsys/vicuna-7b-v1.5): RoPE theta 10000, no GQA, RMSNorm eps 1e-5."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=4, head_dim=16, intermediate_size=128,
+                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                       max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=False)
+
+
+def tiny_hf_llava15(directory: str, *, seed: int = 0, embed_scale: float = 1.0):
+    """Build, randomise and save a tiny HF LLaVA-1.5 (``LlavaForConditionalGeneration``, llava-1.5-7b-hf's
+    class): CLIP 32 px / 8 px patches (16 image tokens, no image_newline), the 2-layer GELU connector, a Vicuna LLM."""
+    from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    vision = CLIPVisionConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                              intermediate_size=128, projection_dim=32)
+    cfg = LlavaConfig(vision_config=vision, text_config=tiny_vicuna_text_config(), image_token_index=IMAGE_TOKEN,
+                      image_seq_length=16, vision_feature_layer=-2, tie_word_embeddings=False)
+    model = _randomise(LlavaForConditionalGeneration(cfg).eval(), seed, embed_scale)
+    model.save_pretrained(directory)
+    return model
+
+
+def tiny_hf_next_vicuna(directory: str, *, seed: int = 0, embed_scale: float = 1.0):
+    """Build, randomise and save a tiny HF LLaVA-NeXT-Vicuna (llava-v1.6-vicuna-7b-hf's class and LLM shape)."""
+    from transformers import CLIPVisionConfig, LlavaNextConfig, LlavaNextForConditionalGeneration
+
+    vision = CLIPVisionConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                              intermediate_size=128, projection_dim=32)
+    cfg = LlavaNextConfig(vision_config=vision, text_config=tiny_vicuna_text_config(), image_token_index=IMAGE_TOKEN,
+                          image_grid_pinpoints=PINPOINTS, vision_feature_layer=-2, tie_word_embeddings=False)
+    model = _randomise(LlavaNextForConditionalGeneration(cfg).eval(), seed, embed_scale)
+    model.save_pretrained(directory)
+    return model
+
+
+def hf_llava15_logits(model, input_ids, pixel_values=None):
+    """Logits of one unpadded example from a PyTorch ``LlavaForConditionalGeneration``: ``pixel_values``
+    ``[images, 3, H, W]`` (no image_sizes: given them, transformers' LlavaModel splits features as Pixtral's)."""
+    import torch
+
+    kwargs = {"input_ids": torch.as_tensor(input_ids)[None]}
+    if pixel_values is not None and len(pixel_values):
+        kwargs["pixel_values"] = torch.as_tensor(pixel_values)
+    with torch.no_grad():
+        return model(**kwargs).logits[0].float().numpy()

@@ -1,16 +1,17 @@
-"""Greedy generation from a Hugging Face LLaVA-NeXT checkpoint, or a GGUF file's LLM, with fire_jax (to set
-beside HF ``generate``).
+"""Greedy generation from a Hugging Face LLaVA-NeXT or LLaVA-1.5 checkpoint, or a GGUF file's LLM, with fire_jax
+(to set beside HF ``generate``).
 
     python tools/hf_generate.py --model DIR|FILE.gguf --inputs IN.npz --max_new_tokens N --out OUT.npz
 
 IN.npz as for ``tools/hf_logits.py`` (``input_ids`` padded on either side, with
-``attention_mask``; text-only for a ``.gguf`` model). Stops on ``--stop_ids`` (default: the
+``attention_mask``; text-only for a ``.gguf`` model; LLaVA-1.5: one tile per image, no ``image_sizes``). Stops on ``--stop_ids`` (default: the
 checkpoint's generation_config.json ``eos_token_id``, or the GGUF file's EOS id; with neither, none).
 OUT.npz gets ``generated_ids [B, N]`` int32: the stop token kept, -1 after it,
 and ``logprobs [B, N]`` of the generated tokens.
 """
 
 import argparse
+import importlib.util
 import json
 import os
 
@@ -18,7 +19,15 @@ import numpy as np
 
 from fire_jax.convert.gguf import load_model, read_gguf
 from fire_jax.infer.decode import DecodeConfig, generate, unpad
-from fire_jax.infer.forward import hf_image_sizes, read_hf_inputs
+from fire_jax.infer.forward import read_hf_inputs
+
+
+def _hf_logits_tool():
+    """tools/hf_logits.py (its ``model_inputs``), wherever this script is run from."""
+    spec = importlib.util.spec_from_file_location("hf_logits", os.path.join(os.path.dirname(__file__), "hf_logits.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def default_stop_ids(model: str) -> tuple[int, ...]:
@@ -48,8 +57,9 @@ def main(argv=None):
     ids = inputs["input_ids"]
     stop_ids = default_stop_ids(args.model) if args.stop_ids is None else args.stop_ids
     config = DecodeConfig(max_new_tokens=args.max_new_tokens, stop_ids=stop_ids)
-    out = generate(model, unpad(ids, inputs.get("attention_mask")), pixel_values=inputs.get("pixel_values"),
-                   image_sizes=hf_image_sizes(ids, inputs.get("image_sizes"), model.cfg.image_token_id), config=config)
+    pixel_values, image_sizes = _hf_logits_tool().model_inputs(model, inputs)
+    out = generate(model, unpad(ids, inputs.get("attention_mask")), pixel_values=pixel_values,
+                   image_sizes=image_sizes, config=config)
     np.savez(args.out, generated_ids=out.tokens, logprobs=out.logprobs)
     print(f"{args.out}: generated_ids {out.tokens.shape}, stop ids {stop_ids}, tokens per row {out.lengths.tolist()}")
 

@@ -1,5 +1,5 @@
-"""Logits of a Hugging Face LLaVA-NeXT checkpoint, or of a GGUF file's LLM, computed by fire_jax (to set
-beside transformers').
+"""Logits of a Hugging Face LLaVA-NeXT or LLaVA-1.5 checkpoint, or of a GGUF file's LLM, computed by fire_jax (to
+set beside transformers').
 
     python tools/hf_logits.py --model DIR|FILE.gguf --inputs IN.npz --out OUT.npz
 
@@ -8,6 +8,11 @@ placeholders, optional ``pixel_values [B, crops, 3, H, W]`` and
 ``image_sizes [B, 2]`` (rows without image tokens are text-only; a ``.gguf`` model reads text only),
 ``attention_mask [B, T]`` and ``position_ids [B, T]`` (default ``arange(T)``,
 as HF's forward). OUT.npz gets ``logits [B, T, V]`` float32.
+
+A LLaVA-1.5 checkpoint (``LlavaForConditionalGeneration``, e.g. llava-hf/llava-1.5-7b-hf) takes one tile per
+image and no ``image_sizes``: ``pixel_values [B, images, 3, H, W]``, or its processor's ``[images, 3, H, W]``
+(the images of all rows in order, each row with ``576 * k`` image tokens having k of them; or one per row,
+text-only rows' ignored).
 """
 
 import argparse
@@ -15,7 +20,44 @@ import argparse
 import numpy as np
 
 from fire_jax.convert.gguf import load_model
+from fire_jax.data.images import pad_tiles
 from fire_jax.infer.forward import forward_logits, hf_image_sizes, read_hf_inputs
+
+
+def llava15_inputs(cfg, input_ids: np.ndarray, pixel_values: np.ndarray | None):
+    """(pixel_values ``[B, images, 3, H, W]``, per row a list of image sizes or None) of a LLaVA-1.5 batch."""
+    per_tile = cfg.geometry.tokens_per_tile
+    counts = (np.asarray(input_ids) == cfg.image_token_id).sum(axis=1)
+    if (counts % per_tile).any():
+        raise ValueError(f"rows {np.flatnonzero(counts % per_tile).tolist()}: image token counts {counts.tolist()} "
+                         f"are not multiples of {per_tile} (one LLaVA-1.5 image)")
+    images = counts // per_tile
+    if not images.any():
+        return None, [None] * len(images)
+    if pixel_values is None:
+        raise ValueError(f"rows {np.flatnonzero(images).tolist()} have image tokens but there are no pixel_values")
+    pixel_values = np.asarray(pixel_values, np.float32)
+    if pixel_values.ndim == 5:
+        rows = [pixel_values[b, :k] for b, k in enumerate(images)]
+    elif pixel_values.ndim == 4 and len(pixel_values) == images.sum():  # HF: every row's images, in order
+        starts = np.cumsum(images) - images
+        rows = [pixel_values[s:s + k] for s, k in zip(starts, images)]
+    elif pixel_values.ndim == 4 and len(pixel_values) == len(images) and images.max() == 1:  # one per row
+        rows = [pixel_values[b:b + k] for b, k in enumerate(images)]
+    else:
+        raise ValueError(f"pixel_values {pixel_values.shape}: expected [B, images, 3, H, W] or [images, 3, H, W] "
+                         f"for {int(images.sum())} images in {len(images)} rows")
+    tile = cfg.vision.image_size
+    sizes = [[(tile, tile)] * int(k) if k else None for k in images]  # LLaVA-1.5's features do not depend on it
+    return pad_tiles([r if len(r) else None for r in rows], tile_size=tile), sizes
+
+
+def model_inputs(model, inputs: dict):
+    """(pixel_values, image sizes per row) for fire_jax's forward / generate from HF-style inputs."""
+    ids = inputs["input_ids"]
+    if getattr(model.cfg, "architecture", "llava_next") == "llava":
+        return llava15_inputs(model.cfg, ids, inputs.get("pixel_values"))
+    return inputs.get("pixel_values"), hf_image_sizes(ids, inputs.get("image_sizes"), model.cfg.image_token_id)
 
 
 def main(argv=None):
@@ -28,9 +70,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     model = load_model(args.model, dtype=args.dtype, param_dtype=args.dtype)
     inputs = read_hf_inputs(args.inputs)
-    ids = inputs["input_ids"]
-    logits = forward_logits(model, ids, pixel_values=inputs.get("pixel_values"),
-                            image_sizes=hf_image_sizes(ids, inputs.get("image_sizes"), model.cfg.image_token_id),
+    pixel_values, image_sizes = model_inputs(model, inputs)
+    logits = forward_logits(model, inputs["input_ids"], pixel_values=pixel_values, image_sizes=image_sizes,
                             attention_mask=inputs.get("attention_mask"), positions=inputs.get("position_ids"))
     np.savez(args.out, logits=logits)
     print(f"{args.out}: logits {logits.shape} {logits.dtype}")

@@ -1,4 +1,9 @@
-"""Hugging Face LLaVA-NeXT checkpoints <-> fire_jax NNX models, and PEFT adapters out.
+"""Hugging Face LLaVA-NeXT and LLaVA-1.5 checkpoints <-> fire_jax NNX models, and PEFT adapters out.
+
+Two architectures: transformers' ``LlavaNextForConditionalGeneration`` (``model_type`` "llava_next": llava-hf's
+llama3-llava-next-8b-hf and llava-v1.6-vicuna-7b-hf) and ``LlavaForConditionalGeneration`` ("llava":
+llava-1.5-7b-hf; no image_newline, one padded-to-square tile per image: ``architecture="llava"``,
+``image_mode="pad"``). Both store the same keys apart from image_newline.
 
 One function per tensor family (MaxText's layout): a rule maps each HF key to a
 path in our state and a transform of the tensor. Loading streams one tensor at
@@ -24,7 +29,7 @@ import numpy as np
 from flax import nnx
 
 from fire_jax.geometry import DEFAULT_PINPOINTS
-from fire_jax.models.config import LlamaConfig, LlavaNextConfig, LoraConfig, VisionConfig
+from fire_jax.models.config import ARCHITECTURES, LlamaConfig, LlavaNextConfig, LoraConfig, VisionConfig
 from fire_jax.models.layers import LoRAParam
 from fire_jax.models.llava_next import LlavaNext
 
@@ -40,8 +45,27 @@ _LLAVA_DEFAULT_VISION = dict(hidden_size=1024, intermediate_size=4096, num_hidde
 
 # --------------------------------------------------------------------------- configs
 
+def hf_architecture(hf: dict) -> str:
+    """``LlavaNextConfig.architecture`` of a HF ``config.json`` dict: by ``model_type``, else ``architectures``."""
+    by_type = {"llava_next": "llava_next", "llava": "llava"}
+    if hf.get("model_type") in by_type:
+        return by_type[hf["model_type"]]
+    for name in hf.get("architectures") or ():
+        for ours, theirs in ARCHITECTURES.items():
+            if name == theirs:
+                return ours
+    if "model_type" in hf or hf.get("architectures"):
+        raise ValueError(f"config.json: model_type={hf.get('model_type')!r}, architectures={hf.get('architectures')}"
+                         f" is neither of {sorted(ARCHITECTURES.values())}")
+    return "llava_next"
+
+
 def config_from_hf(hf: dict, lora: LoraConfig | None = LoraConfig(), **overrides) -> LlavaNextConfig:
-    """Our config from a HF LLaVA-NeXT ``config.json`` dict (missing keys take HF's defaults)."""
+    """Our config from a HF LLaVA-NeXT or LLaVA ``config.json`` dict (missing keys take HF's defaults).
+
+    A LLaVA (1.5) config gives ``architecture="llava"``, ``image_mode="pad"`` (``image_grid_pinpoints`` unused).
+    """
+    architecture = hf_architecture(hf)
     text = {**_HF_LLAMA_DEFAULTS, **hf.get("text_config", {})}
     vision = {**_HF_CLIP_DEFAULTS, **hf.get("vision_config", _LLAVA_DEFAULT_VISION)}
     if hf.get("vision_feature_select_strategy", "default") != "default":
@@ -72,13 +96,18 @@ def config_from_hf(hf: dict, lora: LoraConfig | None = LoraConfig(), **overrides
                        feature_layer=layer)
     kwargs = dict(vision=vis, llm=llm, lora=lora, image_token_id=hf.get("image_token_index", 32000),
                   image_grid_pinpoints=tuple(tuple(p) for p in hf.get("image_grid_pinpoints", DEFAULT_PINPOINTS)),
-                  projector_bias=hf.get("multimodal_projector_bias", True))
+                  projector_bias=hf.get("multimodal_projector_bias", True), architecture=architecture)
+    if architecture == "llava":
+        kwargs.update(image_mode="pad", pad_newline=False)
+        seq = hf.get("image_seq_length", vis.num_patches)
+        if seq != vis.num_patches:
+            raise ValueError(f"image_seq_length={seq}, but the vision tower gives {vis.num_patches} patches")
     kwargs.update(overrides)
     return LlavaNextConfig(**kwargs)
 
 
 def config_to_hf(cfg: LlavaNextConfig) -> dict:
-    """A ``config.json`` dict that transformers' LlavaNextConfig reads back to the same model."""
+    """A ``config.json`` dict that transformers' LlavaNextConfig (or LlavaConfig) reads back to the same model."""
     llm, vis = cfg.llm, cfg.vision
     text = dict(model_type="llama", vocab_size=llm.vocab_size, hidden_size=llm.dim, intermediate_size=llm.mlp_dim,
                 num_hidden_layers=llm.layers, num_attention_heads=llm.heads, num_key_value_heads=llm.kv_heads,
@@ -91,11 +120,15 @@ def config_to_hf(cfg: LlavaNextConfig) -> dict:
     vision = dict(model_type="clip_vision_model", hidden_size=vis.width, intermediate_size=vis.mlp_dim,
                   num_hidden_layers=vis.layers, num_attention_heads=vis.heads, image_size=vis.image_size,
                   patch_size=vis.patch_size, layer_norm_eps=vis.layer_norm_eps, hidden_act="quick_gelu")
-    return dict(architectures=["LlavaNextForConditionalGeneration"], model_type="llava_next", text_config=text,
-                vision_config=vision, image_token_index=cfg.image_token_id, projector_hidden_act="gelu",
-                vision_feature_select_strategy="default", vision_feature_layer=vis.feature_layer,
-                image_grid_pinpoints=[list(p) for p in cfg.image_grid_pinpoints],
-                multimodal_projector_bias=cfg.projector_bias, tie_word_embeddings=llm.tie_word_embeddings)
+    out = dict(architectures=[ARCHITECTURES[cfg.architecture]], model_type=cfg.architecture, text_config=text,
+               vision_config=vision, image_token_index=cfg.image_token_id, projector_hidden_act="gelu",
+               vision_feature_select_strategy="default", vision_feature_layer=vis.feature_layer,
+               multimodal_projector_bias=cfg.projector_bias, tie_word_embeddings=llm.tie_word_embeddings)
+    if cfg.architecture == "llava":
+        out["image_seq_length"] = vis.num_patches
+    else:
+        out["image_grid_pinpoints"] = [list(p) for p in cfg.image_grid_pinpoints]
+    return out
 
 
 # --------------------------------------------------------------------------- key mapping
@@ -274,7 +307,7 @@ def load_tensors(tensors: Iterable[tuple[str, np.ndarray]], ours: dict[str, Any]
 
 def load_hf_checkpoint(directory: str, lora: LoraConfig | None = LoraConfig(), *, seed: int = 0,
                        sharding: Callable[[str, Any], Any] | None = None, **overrides) -> LlavaNext:
-    """Load a HF LLaVA-NeXT checkpoint directory (config.json + safetensors) into a fresh NNX model.
+    """Load a HF LLaVA-NeXT or LLaVA-1.5 checkpoint directory (config.json + safetensors) into a fresh NNX model.
 
     ``overrides`` set LlavaNextConfig fields (e.g. ``dtype``, ``param_dtype``,
     ``remat``, ``image_mode``). ``sharding(path, abstract_leaf)`` may return a

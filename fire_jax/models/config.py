@@ -109,8 +109,17 @@ class LoraConfig:
         return self.alpha / self.rank
 
 
+#: ``LlavaNextConfig.architecture``: transformers' class each one is (the key layout and config.json it reads
+#: and writes).
+ARCHITECTURES = {"llava_next": "LlavaNextForConditionalGeneration", "llava": "LlavaForConditionalGeneration"}
+
+
 @dataclasses.dataclass(frozen=True)
 class LlavaNextConfig:
+    """A LLaVA model: LLaVA-NeXT (``architecture="llava_next"``, anyres tiles and image_newline) or LLaVA-1.5
+    (``"llava"``: llava-hf's ``LlavaForConditionalGeneration``, one padded-to-square tile per image, its
+    ``grid**2`` features and no image_newline parameter; ``image_mode`` must be "pad")."""
+
     vision: VisionConfig = VisionConfig()
     llm: LlamaConfig = LlamaConfig()
     lora: LoraConfig | None = LoraConfig()
@@ -123,9 +132,20 @@ class LlavaNextConfig:
     scan_layers: bool = False  # LLM layers stored stacked and run as one lax.scan (training); False: a list (decoding)
     dtype: str = "float32"  # activation / compute dtype
     param_dtype: str = "float32"  # frozen weights' storage dtype
+    architecture: str = "llava_next"  # or "llava" (LLaVA-1.5): see the class docstring
 
     def __post_init__(self):  # hashable all the way down: jit keys its cache on the graphdef, config included
         object.__setattr__(self, "image_grid_pinpoints", tuple(tuple(p) for p in self.image_grid_pinpoints))
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"model.architecture must be one of {sorted(ARCHITECTURES)}, got {self.architecture!r}")
+        if self.architecture == "llava" and (self.image_mode != "pad" or self.pad_newline):
+            raise ValueError("model.architecture='llava' (LLaVA-1.5) has no image_newline: it needs image_mode='pad' "
+                             f"and pad_newline=False, got image_mode={self.image_mode!r}, "
+                             f"pad_newline={self.pad_newline}")
+
+    @property
+    def has_image_newline(self) -> bool:
+        return self.architecture == "llava_next"
 
     @property
     def geometry(self) -> ImageGeometry:

@@ -1,4 +1,9 @@
-"""LLaVA-NeXT: CLIP tiles -> 2-layer GELU connector -> merged into Llama-3 embeddings.
+"""LLaVA-NeXT and LLaVA-1.5: CLIP tiles -> 2-layer GELU connector -> merged into Llama embeddings.
+
+One module for both: ``cfg.architecture="llava"`` (LLaVA-1.5, transformers' ``LlavaForConditionalGeneration``)
+has no image_newline parameter and one padded-to-square tile per image (``image_mode="pad"``), whose
+``grid**2`` features replace its placeholders in raster order, as ``LlavaModel.get_image_features`` /
+``masked_scatter`` do; the merge below is the same gather.
 
 The merge has static shapes: the host computes ``image_index`` (see
 :func:`fire_jax.geometry.place_images`), the position of every image feature
@@ -60,7 +65,8 @@ class LlavaNext(nnx.Module):
         self.vision_tower = CLIPVisionTower(cfg.vision, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.multi_modal_projector = Projector(cfg, param_dtype=param_dtype, rngs=rngs)
         self.image_newline = nnx.Param(
-            jax.random.normal(rngs.params(), (cfg.llm.dim,), param_dtype) * cfg.llm.dim ** -0.5, axes=("embed",))
+            jax.random.normal(rngs.params(), (cfg.llm.dim,), param_dtype) * cfg.llm.dim ** -0.5,
+            axes=("embed",)) if cfg.has_image_newline else None
         self.language_model = LanguageModel(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
     def image_features(self, pixel_values: jax.Array) -> jax.Array:
@@ -78,8 +84,10 @@ class LlavaNext(nnx.Module):
             return embeds
         feats = self.image_features(pixel_values)
         b, t, p, d = feats.shape
-        newline = jnp.broadcast_to(self.image_newline[...].astype(feats.dtype), (b, 1, d))
-        bank = jnp.concatenate([feats.reshape(b, t * p, d), newline], axis=1)  # [batch, tiles*patches+1, dim]
+        bank = feats.reshape(b, t * p, d)
+        if self.image_newline is not None:  # [batch, tiles*patches+1, dim]; LLaVA-1.5's index never reaches it
+            newline = jnp.broadcast_to(self.image_newline[...].astype(feats.dtype), (b, 1, d))
+            bank = jnp.concatenate([bank, newline], axis=1)
         gathered = jnp.take_along_axis(bank, jnp.maximum(image_index, 0)[..., None], axis=1)
         return jnp.where(image_index[..., None] >= 0, gathered.astype(embeds.dtype), embeds)
 
