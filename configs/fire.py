@@ -3,7 +3,8 @@
 #   python -m fire_jax.train --config configs/fire.py:fire_student,released=True --workdir DIR
 #   python -m fire_jax.train --config configs/fire.py:fire_student,fire_1m=200000 --workdir DIR   (Fig. 6 ablation)
 #   python -m fire_jax.train --config configs/fire.py:fire_teacher,llava_n=100000 --workdir DIR   (less LLaVA-665K)
-"""FIRE100K-LLaVA, FIRE-LLaVA and FD-LLaVA on LLaVA-NeXT-8B.
+#   python -m fire_jax.train --config configs/fire.py:fire_student,base=llava_15_vicuna_7b --workdir DIR   (Table A6)
+"""FIRE100K-LLaVA, FIRE-LLaVA and FD-LLaVA on LLaVA-NeXT-8B, or on the appendix's Vicuna-7B bases.
 
 The paper (Sec. 5.1, Training Data) trains every model on its FIRE data *combined with LLaVA-665K* "to avoid
 catastrophic forgetting", for the student and for the teacher: so does every recipe here by default (source
@@ -21,11 +22,14 @@ arg: ``<recipe>[,key=value...]`` with recipe one of fire100k_student, fire_stude
   fire_1m      how many FIRE-1M examples the student sees (fire_student: 1000000; the ablation: 200000..1000000)
   released     True: as the released checkpoints were trained: LoRA on q,k,v, the connector trained, and the
                student's r_1 labelled (loss.student_first_turn); False (default): the paper (q,k; Eq. 5)
+  base         the model trained (see BASES): llava_next_8b (default; Tables 1-6), llava_next_vicuna_7b
+               (FIRE-LLaVA-Vicuna, Table A5) or llava_15_vicuna_7b (FIRE-LLaVA-1.5, Table A6); it sets the model
+               sizes and the default hf / tokenizer folders
 """
 
 import os
 
-from fire_jax.config import InputError, load_config, loss_config, mesh_config, parse_arg, train_config
+from fire_jax.config import DATA_DEFAULTS, InputError, load_config, loss_config, mesh_config, parse_arg, train_config
 
 RECIPES = ("fire100k_student", "fire_student", "fire_teacher")
 # Release sizes: FIRE-100K, FIRE-1M (the paper), llava_v1_5_mix665k.json (LLaVA-1.5's instruction mix).
@@ -42,10 +46,21 @@ MAX_LEN = 4096
 BUCKETS = (1024, 1536, 2048, 2560, 3072, 3584, 4096)
 
 
-#: The options of ``arg`` (after the recipe) with their defaults.
+#: The bases the paper trains FIRE on: the model config file beside this one, the llava-hf checkpoint folder (its
+#: tokenizer.json is the default tokenizer) and the chat template (fire_jax/assets/chat_templates). Llama-3's at 8B;
+#: llava-hf's Vicuna v1 ("USER: ... ASSISTANT:") for LLaVA-NeXT-Vicuna and LLaVA-1.5 (FIRE, Appendix, Tables A5-A6).
+BASES = {
+    "llava_next_8b": dict(model="llava_next_8b.py", hf="/data/llama3-llava-next-8b-hf", template="llama3",
+                          name="LLaVA-NeXT-8B"),
+    "llava_next_vicuna_7b": dict(model="llava_next_vicuna_7b.py", hf="/data/llava-v1.6-vicuna-7b-hf",
+                                 template="vicuna_v1", name="LLaVA-NeXT-Vicuna-7B"),
+    "llava_15_vicuna_7b": dict(model="llava_15_vicuna_7b.py", hf="/data/llava-1.5-7b-hf", template="vicuna_v1",
+                               name="LLaVA-1.5-Vicuna-7B"),
+}
+
+#: The options of ``arg`` (after the recipe) with their defaults ("" tokenizer / hf: the base's).
 OPTIONS = dict(data_dir="/data/fire_tfds", llava="", images="/data/llava/images", llava_n=-1, llava_ratio=0.0,
-               tokenizer="/data/llama3-llava-next-8b-hf/tokenizer.json", hf="/data/llama3-llava-next-8b-hf",
-               fire_1m=SIZES["fire_1m"], released=False)
+               tokenizer="", hf="", fire_1m=SIZES["fire_1m"], released=False, base="llava_next_8b")
 
 
 def recipe_options(arg: str) -> tuple[str, dict]:
@@ -55,6 +70,11 @@ def recipe_options(arg: str) -> tuple[str, dict]:
     recipe, options = parse_arg(arg, where="configs/fire.py", names=RECIPES, **OPTIONS)
     if "llava_n=" in arg and "llava_ratio=" in arg:
         raise InputError("configs/fire.py: give llava_n (a count) or llava_ratio (per FIRE example), not both")
+    if options["base"] not in BASES:
+        raise InputError(f"configs/fire.py: base={options['base']!r} unknown; choose from {list(BASES)}")
+    base = BASES[options["base"]]
+    options["hf"] = options["hf"] or base["hf"]
+    options["tokenizer"] = options["tokenizer"] or os.path.join(options["hf"], "tokenizer.json")
     return recipe, options
 
 
@@ -78,7 +98,8 @@ def instruction_count(fire_examples: int, o: dict) -> int:
 
 def get_config(arg: str = "fire_student"):
     recipe, o = recipe_options(arg)
-    config = load_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), "llava_next_8b.py"))
+    base = BASES[o["base"]]
+    config = load_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), base["model"]))
     config.init = dict(hf_checkpoint=o["hf"])
     if o["released"]:
         config.model.lora.targets = ("q", "k", "v")
@@ -97,6 +118,9 @@ def get_config(arg: str = "fire_student"):
         eval_sources={"fire_bench": dict(tfds=o["data_dir"], split="fire_bench")},
         on_bad_record="skip", max_len=MAX_LEN, buckets=BUCKETS, batch_size=64, shuffle=True, seed=0,
         num_epochs=1, num_threads=16, num_workers=8)
+    if "template" in DATA_DEFAULTS:  # the data config names its chat template: the base's
+        config.data.template = base["template"]
+    # Otherwise the template is the tokenizer_config.json's beside data.tokenizer (llava-hf ships each base's).
     config.train = train_config(train_connector=o["released"], accum_steps=8, checkpoint_every=200, shard_init=True)  # 1 example per device per micro-batch on 8 GPUs
     config.loss = loss_config(student_first_turn=o["released"] and role == "student")
     config.mesh = mesh_config((1, -1, 1))  # FSDP over all devices; set (data, fsdp, tensor) per cluster

@@ -1,6 +1,8 @@
 # FIRE-LLaVA: the student on FIRE-100K + FIRE-1M (8B). Options as in configs/fire.py, e.g. released=True:
 #   python -m fire_jax.train --config configs/fire_student.py --workdir DIR
 #   python -m fire_jax.train --config configs/fire_student.py:released=True --workdir DIR
+#   python -m fire_jax.train --config configs/fire_student.py:base=llava_15_vicuna_7b --workdir DIR   (Table A6)
+#   python -m fire_jax.train --config configs/fire_student.py:base=llava_next_vicuna_7b --workdir DIR   (Table A5)
 """FIRE-LLaVA: the student on FIRE-100K + FIRE-1M."""
 
 import os

@@ -1,6 +1,8 @@
 # FD-LLaVA: the teacher on FIRE-100K (8B). Options as in configs/fire.py, e.g. released=True:
 #   python -m fire_jax.train --config configs/fire_teacher.py --workdir DIR
 #   python -m fire_jax.train --config configs/fire_teacher.py:released=True --workdir DIR
+#   python -m fire_jax.train --config configs/fire_teacher.py:base=llava_15_vicuna_7b --workdir DIR   (Table A6)
+#   python -m fire_jax.train --config configs/fire_teacher.py:base=llava_next_vicuna_7b --workdir DIR   (Table A5)
 """FD-LLaVA: the teacher on FIRE-100K."""
 
 import os

@@ -1,5 +1,6 @@
 # LLaVA-NeXT-Vicuna-7B (llava-hf llava-v1.6-vicuna-7b-hf) at its real sizes: the base of FIRE-LLaVA-Vicuna in the
-# FIRE paper's Table A5 (docs/model.md). Model sizes only: configs/fire.py:<recipe>,base=llava_next_vicuna_7b trains on it.
+# FIRE paper's Table A5 (docs/model.md). Model sizes only: configs/fire.py:<recipe>,base=llava_next_vicuna_7b trains
+# on it.
 """LLaVA-NeXT-Vicuna-7B: CLIP ViT-L/14-336 anyres, 2-layer GELU connector, Vicuna-7B-v1.5 (Llama-2), LoRA r64 on q,k."""
 
 import ml_collections

@@ -366,4 +366,28 @@ def test_7b_parameter_counts_abstract(name):
     if name == "llava_15_vicuna_7b":
         assert cfg.architecture == "llava" and cfg.geometry.num_tokens((480, 640)) == 576
     else:
-        assert cfg.architecture == "llava_next" and cfg.geometry.num_tokens((336, 336)) == 576 + 24 * 25  # a 1 x 2 grid, half unpadded
+        # a square 336 px image: a 1 x 2 grid whose padded half is cut
+        assert cfg.architecture == "llava_next" and cfg.geometry.num_tokens((336, 336)) == 576 + 24 * 25
+
+
+@pytest.mark.parametrize("base,arch,hf", [("llava_next_vicuna_7b", "llava_next", "/data/llava-v1.6-vicuna-7b-hf"),
+                                          ("llava_15_vicuna_7b", "llava", "/data/llava-1.5-7b-hf"),
+                                          ("llava_next_8b", "llava_next", "/data/llama3-llava-next-8b-hf")])
+def test_fire_recipes_take_the_base_model(base, arch, hf):
+    """configs/fire.py's base option: the student and teacher recipes on FIRE-LLaVA-Vicuna (Table A5) and
+    FIRE-LLaVA-1.5 (Table A6): the base's model sizes, llava-hf checkpoint and tokenizer."""
+    from fire_jax.config import load_config
+
+    root = os.path.join(os.path.dirname(__file__), "..", "configs")
+    for recipe in ("fire_student.py", "fire_teacher.py"):
+        config = load_config(os.path.join(root, recipe) + f":base={base}")
+        cfg = LlavaNextConfig.from_dict(config.model)
+        assert cfg == LlavaNextConfig.from_dict(_config(base).model) and cfg.architecture == arch
+        assert config.init.hf_checkpoint == hf and config.data.tokenizer == f"{hf}/tokenizer.json"
+        assert config.data.role == ("student" if recipe == "fire_student.py" else "teacher")
+    other = load_config(os.path.join(root, "fire.py") + f":fire_student,base={base},hf=/x,tokenizer=/t/tok.json")
+    assert (other.init.hf_checkpoint, other.data.tokenizer) == ("/x", "/t/tok.json")
+    from fire_jax.config import InputError
+
+    with pytest.raises(InputError, match="base="):
+        load_config(os.path.join(root, "fire.py") + ":fire_student,base=llava_2")

@@ -4,7 +4,8 @@
     python tools/hf_generate.py --model DIR|FILE.gguf --inputs IN.npz --max_new_tokens N --out OUT.npz
 
 IN.npz as for ``tools/hf_logits.py`` (``input_ids`` padded on either side, with
-``attention_mask``; text-only for a ``.gguf`` model; LLaVA-1.5: one tile per image, no ``image_sizes``). Stops on ``--stop_ids`` (default: the
+``attention_mask``; text-only for a ``.gguf`` model; LLaVA-1.5: one tile per image, no ``image_sizes``).
+Stops on ``--stop_ids`` (default: the
 checkpoint's generation_config.json ``eos_token_id``, or the GGUF file's EOS id; with neither, none).
 OUT.npz gets ``generated_ids [B, N]`` int32: the stop token kept, -1 after it,
 and ``logprobs [B, N]`` of the generated tokens.
