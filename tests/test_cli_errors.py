@@ -121,3 +121,41 @@ def test_make_fire1m_cli_runs_and_resumes(tmp_path):
     assert len(done) == 4 and len({r["id"] for r in done}) == 4
     again = run(*argv)
     assert again.returncode == 0 and "0 to run" in again.stdout, again.stdout[-2000:]
+
+
+def test_data_tools_keep_good_records_and_name_bad_ones(tmp_path):
+    """A byte that is not UTF-8 in one JSONL record: build_dataset and data.inspect skip and count it (file, record,
+    field named) and keep the others; a cut JSON array ends in one line naming the file and byte; an --index out of
+    range ends in one line, exit 2."""
+    assets = os.path.join(ROOT, "fire_jax", "assets", "synthetic_fire")
+    with open(os.path.join(assets, "train.json")) as f:
+        records = json.load(f)[:3]
+    lines = [json.dumps(r).encode() for r in records]
+    lines[1] = lines[1].replace(b"Which", b"Wh\xffich", 1)
+    assert b"\xff" in lines[1]
+    jsonl = tmp_path / "latin1.jsonl"
+    jsonl.write_bytes(b"\n".join(lines) + b"\n")
+    bad = f"{jsonl}: record 1 (id {records[1]['id']!r}): field 'question.value': invalid_utf8"
+    images = os.path.join(assets, "images")
+    built = run("tools/build_dataset.py", "--json", str(jsonl), "--image_root", images, "--split", "x",
+                "--out", str(tmp_path / "out"))
+    assert built.returncode == 0 and "Traceback" not in built.stderr, built.stderr[-2000:]
+    assert "split x: 2 examples" in built.stdout and f"invalid_utf8              1   e.g. {bad}" in built.stdout
+
+    source = f"--config.data.sources.synthetic.json={jsonl}"
+    shown = run("-m", "fire_jax.data.inspect", "--config", "configs/tiny.py", source, "--index", "1")
+    assert shown.returncode == 0 and "record 1 of 2" in shown.stdout, shown.stderr[-2000:]
+    assert bad in shown.stderr
+    beyond = run("-m", "fire_jax.data.inspect", "--config", "configs/tiny.py", source, "--index", "2")
+    assert beyond.returncode == 2 and beyond.stderr.strip().splitlines()[-1] == (
+        "fire_jax.data.inspect: error: --index 2: source 'synthetic' has records 0..1 (2 usable, 1 bad records "
+        "skipped)")
+
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(json.dumps(records).encode()[:500])
+    broken = run("tools/build_dataset.py", "--json", str(cut), "--image_root", images, "--split", "y",
+                 "--out", str(tmp_path / "out"))
+    assert broken.returncode == 2 and "Traceback" not in broken.stderr
+    assert broken.stderr.strip().splitlines()[-1] == (
+        f"build_dataset: error: {cut}: not a valid JSON array: the file ends inside a record at byte 500 "
+        "(in record 0)")

@@ -184,3 +184,89 @@ def test_invalid_json_array_file_raises(tmp_path):
     path.write_text('[{"a": 1},')
     with pytest.raises(ValueError, match="broken.json: not a valid JSON array"):
         load_records(str(path), str(tmp_path))
+
+
+def _line(record) -> bytes:
+    return json.dumps(record).encode() + b"\n"
+
+
+def test_undecodable_truncated_and_oversize_records_are_bad_and_the_good_ones_kept(bad_dir, tmp_path):
+    """One JSONL file: a record with a byte that is not UTF-8, a question over its cap, an image path outside the
+    root (absolute, and climbing out with ..), a last line cut short; the good records before and after stay."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    _write_image(outside / "ok.png")
+    path = bad_dir / "hostile.jsonl"
+    path.write_bytes(_line(_fire(id="good-1"))
+                     + _line(_fire(id="latin1", groundtruth="Zwei.")).replace(b"Zwei.", b"Zw\xe9i.")
+                     + _line(_fire(id="huge", question="x" * (records_lib.FIELD_CAPS["question"] + 1)))
+                     + _line(_fire(id="abs", image=str(outside / "ok.png")))
+                     + _line(_fire(id="climb", image="../../../../etc/passwd"))
+                     + _line(_fire(id="good-2"))
+                     + _line(_fire(id="cut"))[:40])
+    records, bad = load_records(str(path), str(bad_dir))
+    assert [r.id for r in records] == ["good-1", "good-2"]
+    assert dict(bad) == {"invalid_utf8": 1, "oversize_field": 1, "image_outside_root": 2, "invalid_json": 1}
+    assert bad.first["invalid_utf8"] == (f"{path}: record 1 (id 'latin1'): field 'groundtruth': invalid_utf8 "
+                                         "(bytes that are not UTF-8)")
+    assert bad.first["oversize_field"] == (f"{path}: record 2 (id 'huge'): field 'question': oversize_field "
+                                           "(65,537 characters, over the cap of 65,536 (data.field_caps.question))")
+    assert bad.first["image_outside_root"].startswith(f"{path}: record 3 (id 'abs'): field 'image': "
+                                                      f"image_outside_root ('{outside / 'ok.png'}' is not inside")
+    assert bad.first["invalid_json"].startswith(f"{path}: record 6 (line 7): field '<line>': invalid_json")
+    assert "cut short" in bad.first["invalid_json"]
+    with pytest.raises(BadRecordError, match=r"record 1 \(id 'latin1'\): field 'groundtruth': invalid_utf8"):
+        load_records(str(path), str(bad_dir), on_bad_record="error")
+
+
+def test_an_image_outside_the_root_is_not_looked_at(bad_dir, monkeypatch):
+    looked = []
+    isfile = os.path.isfile
+    monkeypatch.setattr(records_lib.os.path, "isfile", lambda p: looked.append(p) or isfile(p))
+    monkeypatch.setattr(records_lib, "image_size_of", lambda p, **_: looked.append(p) or (1, 1))
+    path = bad_dir / "climb.json"
+    path.write_text(json.dumps([_fire(image="../../../../etc/passwd"), _fire(image="/etc/passwd"),
+                                _fire(image="sub/../ok.png")]))
+    records, bad = load_records(str(path), str(bad_dir))
+    assert dict(bad) == {"image_outside_root": 2} and len(records) == 1
+    assert not any("passwd" in p for p in looked) and looked == [str(bad_dir / "ok.png")] * 2
+
+
+def test_a_json_array_keeps_its_good_records_around_an_undecodable_one(bad_dir):
+    path = bad_dir / "array.json"
+    raw = json.dumps([_fire(id="a"), _fire(id="b", question="Wie viele?"), _fire(id="c")]).encode()
+    path.write_bytes(raw.replace(b"Wie viele?", b"Wie vi\xffle?"))
+    records, bad = load_records(str(path), str(bad_dir))
+    assert [r.id for r in records] == ["a", "c"] and dict(bad) == {"invalid_utf8": 1}
+    assert bad.first["invalid_utf8"].startswith(f"{path}: record 1 (id 'b'): field 'question': invalid_utf8")
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[{"a": 1},', "the file ends inside a record at byte 10 (in record 1)"),
+    ('[{"a": 1}, {"b" 2}]', "Expecting ':' delimiter at byte 16 (in record 1)"),
+    ('[{"a": "\xe9"} {"b": 2}]', "expected ',' or ']' after a record at byte 13 (in record 1)"),
+    ('[{"a": 1}] x', "extra data after the array at byte 11 (in record 1)"),
+])
+def test_a_json_array_that_does_not_parse_names_the_file_and_byte(tmp_path, text, message):
+    from fire_jax.config import InputError
+
+    path = tmp_path / "broken.json"
+    path.write_bytes(text.encode("utf-8"))
+    with pytest.raises(InputError) as e:
+        load_records(str(path), str(tmp_path))
+    assert str(e.value) == f"{path}: not a valid JSON array: {message}"
+
+
+def test_field_caps_are_set_in_the_data_config(bad_dir):
+    from fire_jax.config import InputError
+
+    path = bad_dir / "caps.jsonl"
+    path.write_bytes(_line(_fire(id="short")) + _line(_fire(id="long", question="What is shown here?"))
+                     + _line(_fire(id="turns", conversations=_turns(*[("student", "x"), ("teacher", "Score: 1.")] * 3))))
+    records, bad = load_records(str(path), str(bad_dir), caps={"question": 10, "messages": 4})
+    assert [r.id for r in records] == ["short"] and dict(bad) == {"oversize_field": 2}
+    assert "field 'question': oversize_field (19 characters, over the cap of 10" in bad.first["oversize_field"]
+    with pytest.raises(InputError, match=r"data.field_caps: unknown field\(s\) \['questions'\]"):
+        load_records(str(path), str(bad_dir), caps={"questions": 10})
+    with pytest.raises(InputError, match=r"data.field_caps.question: expected a positive integer, got 0"):
+        load_records(str(path), str(bad_dir), caps={"question": 0})

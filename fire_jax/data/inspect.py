@@ -13,10 +13,10 @@ import sys
 import numpy as np
 
 from fire_jax.cli import input_errors_end_in_one_line
-from fire_jax.config import apply_overrides, load_config, split_overrides
+from fire_jax.config import InputError, apply_overrides, load_config, split_overrides
 from fire_jax.data.chat import Encoded
 from fire_jax.data.pipeline import Preprocessor
-from fire_jax.data.records import BadRecords
+from fire_jax.data.records import BadRecords, field_caps
 from fire_jax.data.sources import geometry_from_model_config, open_source
 
 
@@ -33,9 +33,20 @@ def main(argv=None):
 
     config = apply_overrides(load_config(args.config), overrides)
     data = config.data
+    if not data.sources:
+        raise InputError(f"{args.config}: config.data.sources is empty")
     name = args.source or sorted(data.sources)[0]
+    if name not in data.sources:
+        raise InputError(f"--source {name!r}: no such source in config.data.sources; known: {sorted(data.sources)}")
     bad = BadRecords()
-    records = open_source(data.sources[name], on_bad_record=data.on_bad_record, bad=bad)
+    records = open_source(data.sources[name], on_bad_record=data.on_bad_record, bad=bad,
+                          caps=field_caps(data.get("field_caps")))
+    if bad:
+        print(bad.report("bad records skipped in this source"), file=sys.stderr)
+    if not 0 <= args.index < len(records):
+        usable = f"records 0..{len(records) - 1}" if len(records) else "no record"
+        raise InputError(f"--index {args.index}: source {name!r} has {usable} "
+                         f"({len(records):,} usable, {sum(bad.values()):,} bad records skipped)")
     record, image_source = records[args.index]
     preprocessor = Preprocessor(
         tokenizer_path=data.tokenizer, geometry=geometry_from_model_config(config.model),
@@ -60,8 +71,6 @@ def main(argv=None):
                       image_start=int(image_positions[0]) if len(image_positions) else -1,
                       image_tokens=len(image_positions))
     print(chat.show(encoded, size, color=args.color))
-    if bad:
-        print(bad.report("bad records skipped in this source"), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from PIL import Image
 from fire_jax.config import DATA_DEFAULTS, resolve_path
 from fire_jax.data import chat as chat_lib
 from fire_jax.data.images import load_image, normalise, pad_tiles, tiles
-from fire_jax.data.records import BadRecordError, BadRecords, Conversation, Record
+from fire_jax.data.records import BadRecordError, BadRecords, Conversation, Record, field_caps
 from fire_jax.data.sources import open_source
 from fire_jax.geometry import ImageGeometry, place_images
 
@@ -197,7 +197,7 @@ class InputPipeline:
         if "student_first_turn" in given or "student_first_turn" in overrides:
             raise ValueError("data.student_first_turn is now loss.student_first_turn (FIRE Eq. 5); the trainer passes "
                              "it to InputPipeline(student_first_turn=...)")
-        unknown = (set(given) | set(overrides)) - set(DATA_DEFAULTS) - {"tokenizer", "sources"}
+        unknown = (set(given) | set(overrides)) - set(DATA_DEFAULTS) - {"tokenizer", "sources", "field_caps"}
         missing = {"tokenizer", "sources"} - set(given) - set(overrides)
         if unknown or missing:
             raise ValueError(f"data config: unknown field(s) {sorted(unknown)}, missing {sorted(missing)}; "
@@ -223,8 +223,9 @@ class InputPipeline:
         self.dropped: collections.Counter = collections.Counter()  # dropped by the pipeline
 
         require_scores = cfg["role"] == "teacher"  # the student needs no scores: keep unscoreable feedback
+        caps = field_caps(cfg.get("field_caps"))  # the most characters per field of a record
         opened = {name: (open_source(source, on_bad_record=cfg["on_bad_record"], bad=self.bad_records,
-                                     require_scores=require_scores),
+                                     require_scores=require_scores, caps=caps),
                          float(source.get("weight", 1.0))) for name, source in sorted(cfg[sources].items())}
         self.source_sizes = {name: len(records) for name, (records, _) in opened.items()}  # after bad records
         self.stated_sizes = {name: source.get("num_examples") for name, source in cfg[sources].items()}

@@ -19,15 +19,23 @@ import io
 import json
 import os
 import re
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from PIL import Image
 
 from fire_jax.config import InputError
 
-# Reasons a record is skipped at parse time: invalid_json, missing_field, missing_image, unreadable_image,
-# bad_turn_order, empty_text, and no_score where scores are required (the teacher's data, the evaluations);
-# the pipeline adds image_cut, no_labelled_token (and no_score for a teacher reading a built split).
+# Reasons a record is skipped at parse time: invalid_json, invalid_utf8, oversize_field, missing_field,
+# missing_image, image_outside_root, unreadable_image, bad_turn_order, empty_text, and no_score where scores are
+# required (the teacher's data, the evaluations); the pipeline adds image_cut, no_labelled_token (and no_score for
+# a teacher reading a built split).
+
+#: The most characters a record's field may hold (``oversize_field`` past it), and the most messages in its
+#: ``conversations``; ``config.data.field_caps`` overrides any of them. A FIRE text is at most a few thousand
+#: characters and training cuts sequences at ``data.max_len`` tokens: a field far past that is a broken record,
+#: which would otherwise cost the tokenizer its whole length.
+FIELD_CAPS = dict(id=1_024, image=4_096, question=65_536, groundtruth=65_536, message=65_536, messages=1_024)
+_SURROGATE = re.compile("[\ud800-\udfff]")  # a byte that is not UTF-8, as surrogateescape decodes it
 
 IMAGE_PLACEHOLDER = "<image>"
 _SCORE_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
@@ -186,39 +194,93 @@ def _role(message: dict) -> str:
     return role.lower() if isinstance(role, str) else ""
 
 
+def field_caps(overrides: Mapping[str, int] | None = None) -> dict[str, int]:
+    """:data:`FIELD_CAPS` with ``overrides`` (``config.data.field_caps``); an unknown name is an InputError."""
+    overrides = dict(overrides.to_dict() if hasattr(overrides, "to_dict") else overrides or {})
+    unknown = set(overrides) - set(FIELD_CAPS)
+    if unknown:
+        raise InputError(f"data.field_caps: unknown field(s) {sorted(unknown)}; known: {sorted(FIELD_CAPS)}")
+    for name, value in overrides.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputError(f"data.field_caps.{name}: expected a positive integer, got {value!r}")
+    return {**FIELD_CAPS, **overrides}
+
+
+def _first_undecodable(value: Any, path: str = "") -> str | None:
+    """The path ("question", "conversations[2].value") of the first string of ``value`` holding bytes that are
+    not UTF-8 (decoded with surrogateescape), or None."""
+    if isinstance(value, str):
+        return path or "<record>" if _SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            name = f"{path}.{key}" if path else str(key)
+            found = _first_undecodable(key, name) or _first_undecodable(item, name)
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _first_undecodable(item, f"{path}[{i}]")
+            if found:
+                return found
+    return None
+
+
+def _check_size(where: str, field: str, text: str, caps: Mapping[str, int], cap_name: str) -> None:
+    if len(text) > caps[cap_name]:
+        raise BadRecordError("oversize_field", where, field,
+                             f"{len(text):,} characters, over the cap of {caps[cap_name]:,} "
+                             f"(data.field_caps.{cap_name})")
+
+
 def parse_record(raw: Any, *, default_id: str, default_split: str = "", where: str | None = None,
-                 require_scores: bool = True) -> Record:
+                 require_scores: bool = True, caps: Mapping[str, int] | None = None) -> Record:
     """A typed record from one raw JSON object; raises BadRecordError (image not checked).
 
     ``require_scores``: a feedback without a score is a bad record (``no_score``). The teacher learns
     and is judged on scores; the student needs only the feedback text, so its data passes False and
-    keeps such records (the turn's ``score`` is None).
+    keeps such records (the turn's ``score`` is None). ``caps``: :func:`field_caps` (default
+    :data:`FIELD_CAPS`); a longer field is ``oversize_field``.
     """
     where = where or default_id
+    caps = FIELD_CAPS if caps is None else caps
     if not isinstance(raw, dict):
         raise BadRecordError("missing_field", where, "<record>", f"expected a JSON object, got {type(raw).__name__}")
     record_id = str(raw.get("id") or default_id)
+    _check_size(where, "id", record_id, caps, "id")
     where = where if raw.get("id") is None else f"{where} (id {record_id!r})"
+    undecodable = _first_undecodable(raw)
+    if undecodable:
+        raise BadRecordError("invalid_utf8", where, undecodable, "bytes that are not UTF-8")
     image = raw.get("image", raw.get("img_path"))
     if image is not None and not isinstance(image, str):
         raise BadRecordError("missing_field", where, "image", f"expected a path, got {image!r}")
+    if image is not None:
+        _check_size(where, "image", image, caps, "image")
     source = str(raw.get("source") or "unknown")
     split = str(raw.get("split") or default_split)
     messages = raw.get("conversations")
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise BadRecordError("missing_field", where, "conversations", "expected a non-empty list of messages")
+    if len(messages) > caps["messages"]:
+        raise BadRecordError("oversize_field", where, "conversations",
+                             f"{len(messages):,} messages, over the cap of {caps['messages']:,} "
+                             f"(data.field_caps.messages)")
+    for i, message in enumerate(messages):
+        if isinstance(_text(message), str):
+            _check_size(where, f"conversations[{i}].value", _text(message), caps, "message")
     if "question" in raw:
-        return _parse_fire(raw, messages, record_id, image, source, split, where, require_scores)
+        return _parse_fire(raw, messages, record_id, image, source, split, where, require_scores, caps)
     return _parse_instruction(messages, record_id, image, source, split, where)
 
 
-def _parse_fire(raw, messages, record_id, image, source, split, where, require_scores) -> Conversation:
+def _parse_fire(raw, messages, record_id, image, source, split, where, require_scores, caps) -> Conversation:
     if image is None:
         raise BadRecordError("missing_field", where, "image")
     texts = {}
     for field in ("question", "groundtruth"):
         if field not in raw or _text(raw[field]) is None:
             raise BadRecordError("missing_field", where, field)
+        _check_size(where, field, _text(raw[field]), caps, field)
         texts[field] = _text(raw[field]).strip()
         if field == "question":
             texts[field] = strip_image_placeholder(texts[field])
@@ -283,11 +345,23 @@ def image_size_of(path_or_bytes: str | bytes, *, decode: bool = False) -> tuple[
         return image.height, image.width
 
 
+def image_path(image_root: str, image: str, where: str) -> str:
+    """``image`` joined to ``image_root``; an absolute path, or one whose ``..`` leads out of the root, is
+    ``image_outside_root`` (decided from the names alone: nothing outside the root is opened or looked at)."""
+    if "\0" in image:
+        raise BadRecordError("missing_field", where, "image", "the path holds a NUL character")
+    root = os.path.normpath(os.path.abspath(image_root or "."))
+    path = os.path.normpath(os.path.join(root, image))
+    if os.path.isabs(image) or os.path.commonpath([root, path]) != root:
+        raise BadRecordError("image_outside_root", where, "image", f"{image!r} is not inside the image root {root}")
+    return path
+
+
 def check_image(record: Record, image_root: str, where: str, *, decode: bool = False) -> str | None:
-    """The absolute image path of a record; raises missing_image / unreadable_image."""
+    """The absolute image path of a record; raises image_outside_root / missing_image / unreadable_image."""
     if record.image is None:
         return None
-    path = os.path.join(image_root, record.image)
+    path = image_path(image_root, record.image, where)
     if not os.path.isfile(path):
         raise BadRecordError("missing_image", where, "image", path)
     try:
@@ -297,27 +371,87 @@ def check_image(record: Record, image_root: str, where: str, *, decode: bool = F
     return path
 
 
+_JSON_WHITESPACE = " \t\n\r"
+
+
 def iter_raw(path: str) -> Iterator[tuple[int, Any]]:
-    """(index, raw object) of a JSON-array or JSONL file; unparsable JSONL lines give BadRecordError objects."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    if text.lstrip().startswith("["):
-        try:
-            records = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not a valid JSON array: {e}") from None
-        yield from enumerate(records)
+    """(index, raw object) of a JSON-array or JSONL file.
+
+    Bytes that are not UTF-8 are kept as surrogates (``surrogateescape``), so that :func:`parse_record` names the
+    record and field (``invalid_utf8``) and the other records stay good. An unparsable JSONL line gives a
+    BadRecordError object (``invalid_json``, the next lines are read on); a JSON array that does not parse is
+    an InputError naming the file, the byte offset and the record it stopped in.
+    """
+    with open(path, "rb") as f:
+        head = f.read(4096).lstrip(b"\xef\xbb\xbf" + _JSON_WHITESPACE.encode())
+    if head.startswith(b"["):
+        yield from enumerate(_json_array(path))
         return
     index = 0
-    for line_number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
+    with open(path, "rb") as f:
+        for line_number, raw_line in enumerate(f, 1):
+            line = raw_line.decode("utf-8", "surrogateescape")
+            if line_number == 1:
+                line = line.lstrip("\ufeff")
+            if not line.strip():
+                continue
+            try:
+                yield index, json.loads(line)
+            except json.JSONDecodeError as e:
+                where = f"{path}: record {index} (line {line_number})"
+                cut = "" if raw_line.endswith(b"\n") else ", the file's last line, cut short?"
+                yield index, BadRecordError("invalid_json", where, "<line>", f"{e}{cut}")
+            except RecursionError:
+                yield index, BadRecordError("invalid_json", f"{path}: record {index} (line {line_number})", "<line>",
+                                            "nested too deeply")
+            index += 1
+
+
+def _json_array(path: str) -> list[Any]:
+    """The records of a JSON-array file, parsed one by one so that an error names the record it is in."""
+    with open(path, "rb") as f:
+        data = f.read()
+    text = data.decode("utf-8", "surrogateescape").lstrip("\ufeff")
+    decoder = json.JSONDecoder()
+    records: list[Any] = []
+
+    def fail(pos: int, message: str) -> None:
+        offset = len(text[:pos].encode("utf-8", "surrogateescape")) + (len(data) - len(text.encode(
+            "utf-8", "surrogateescape")))  # the byte in the file (a BOM counted)
+        raise InputError(f"{path}: not a valid JSON array: {message} at byte {offset:,} "
+                         f"(in record {len(records)})")
+
+    def skip(pos: int) -> int:
+        while pos < len(text) and text[pos] in _JSON_WHITESPACE:
+            pos += 1
+        return pos
+
+    pos = skip(skip(0) + 1)  # past "["
+    if pos < len(text) and text[pos] == "]":
+        pos = skip(pos + 1)
+        if pos < len(text):
+            fail(pos, "extra data after the array")
+        return records
+    while True:
         try:
-            yield index, json.loads(line)
+            value, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as e:
-            where = f"{path}: record {index} (line {line_number})"
-            yield index, BadRecordError("invalid_json", where, "<line>", str(e))
-        index += 1
+            fail(e.pos, "the file ends inside a record" if e.pos >= len(text) else e.msg)
+        except RecursionError:
+            fail(pos, "a record nested too deeply")
+        records.append(value)
+        pos = skip(pos)
+        if pos >= len(text):
+            fail(pos, "the file ends before the array's closing ']'")
+        if text[pos] == ",":
+            pos = skip(pos + 1)
+            continue
+        if text[pos] == "]":
+            pos = skip(pos + 1)
+            if pos < len(text):
+                fail(pos, "extra data after the array")
+            return records
+        fail(pos, "expected ',' or ']' after a record")
 
 
 def load_records(
@@ -329,6 +463,7 @@ def load_records(
     decode_images: bool = False,
     bad: BadRecords | None = None,
     require_scores: bool = True,
+    caps: Mapping[str, int] | None = None,
 ) -> tuple[list[Record], BadRecords]:
     """Parse FIRE / instruction files into typed records, checking every image.
 
@@ -340,6 +475,7 @@ def load_records(
       decode_images: decode every image fully (slow) instead of reading its header.
       bad: a counter to add to.
       require_scores: skip conversations with an unscoreable feedback (``no_score``); False keeps them.
+      caps: the most characters per field (:func:`field_caps`; default :data:`FIELD_CAPS`).
 
     Returns:
       (records, bad record counts).
@@ -347,16 +483,17 @@ def load_records(
     bad = BadRecords() if bad is None else bad
     records = [record for record, _ in iter_records(paths, image_root, on_bad_record=on_bad_record, split=split,
                                                     decode_images=decode_images, bad=bad,
-                                                    require_scores=require_scores)]
+                                                    require_scores=require_scores, caps=caps)]
     return records, bad
 
 
 def iter_records(paths, image_root, *, on_bad_record="skip", split="", decode_images=False, bad=None,
-                 require_scores=True):
+                 require_scores=True, caps=None):
     """Like :func:`load_records`, streaming (record, absolute image path or None)."""
     if on_bad_record not in ("skip", "error"):
         raise ValueError(f"on_bad_record must be 'skip' or 'error', got {on_bad_record!r}")
     bad = BadRecords() if bad is None else bad
+    caps = field_caps(caps)
     for path in [paths] if isinstance(paths, str) else paths:
         stem = os.path.splitext(os.path.basename(path))[0]
         for index, raw in iter_raw(path):
@@ -365,7 +502,7 @@ def iter_records(paths, image_root, *, on_bad_record="skip", split="", decode_im
                     raise raw
                 where = f"{path}: record {index}"
                 record = parse_record(raw, default_id=f"{stem}:{index}", default_split=split, where=where,
-                                      require_scores=require_scores)
+                                      require_scores=require_scores, caps=caps)
                 if record.id != f"{stem}:{index}":
                     where = f"{where} (id {record.id!r})"
                 image_path = check_image(record, image_root, where, decode=decode_images)

@@ -74,12 +74,14 @@ class _Subset(SequenceABC):
 
 
 def open_source(source: Mapping[str, Any], *, on_bad_record: str = "skip", bad: BadRecords | None = None,
-                require_scores: bool = True) -> SequenceABC[tuple[Record, str | bytes | None]]:
+                require_scores: bool = True,
+                caps: Mapping[str, int] | None = None) -> SequenceABC[tuple[Record, str | bytes | None]]:
     """A random-access sequence of (record, image path / encoded bytes / None) for one source config.
 
     JSON sources are parsed (and their images checked) here; bad records are
     added to ``bad`` (or raise under ``on_bad_record="error"``); ``require_scores=False``
-    keeps conversations with an unscoreable feedback (the student's data). With
+    keeps conversations with an unscoreable feedback (the student's data); ``caps``: the most characters per
+    field (``config.data.field_caps``, :func:`fire_jax.data.records.field_caps`). With
     ``max_examples``, a fixed random subset of that size (the FIRE-1M
     data-size ablation: the 200K subset is part of the 400K one, ...).
     """
@@ -93,7 +95,8 @@ def open_source(source: Mapping[str, Any], *, on_bad_record: str = "skip", bad: 
         paths = source["json"]
         paths = [resolve_path(p) for p in ([paths] if isinstance(paths, str) else paths)]
         records = list(iter_records(paths, resolve_path(source.get("image_root", "")), on_bad_record=on_bad_record,
-                                    split=source.get("split", ""), bad=bad, require_scores=require_scores))
+                                    split=source.get("split", ""), bad=bad, require_scores=require_scores,
+                                    caps=caps))
     else:
         raise ValueError(f"a data source needs 'json' (+ 'image_root') or 'tfds' (+ 'split'), got {dict(source)}")
     size = source.get("max_examples")
