@@ -1,10 +1,15 @@
-"""Markdown tables shaped like the FIRE paper's, our row beside the published ones (Tables 2-6, Fig. 7).
+"""Markdown tables shaped like the FIRE paper's, our row beside the published ones (Tables 2-6, A5-A6, Fig. 7).
 
 The published numbers are the repo's copy of the paper's tables,
 ``fire_jax/eval/paper_results/fire.json``. Source datasets are matched to the
 paper's columns by name (lower case, without spaces, "-" and "_":
 ``synthdog-en`` is Synthdog, ``mm-vet`` is MM-Vet); sources the paper does
 not report get our rows only.
+
+Free dialogues on the other bases: Table A5 (LLaVA-NeXT-Vicuna-7B and FIRE-LLaVA-Vicuna) and Table A6
+(LLaVA-1.5-Vicuna-7B and FIRE-LLaVA-1.5), overall only, as the paper's appendix reports them. A run whose base is
+known (``results["base"]`` or its model config ``results["model"]``, see :func:`run_base`) gets its base's table;
+a run of unknown base gets Table 4 and both.
 """
 
 from __future__ import annotations
@@ -28,6 +33,34 @@ _PAPER_SOURCES = {
     "llavawild": "LLaVA-wild", "llavabench": "LLaVA-wild", "llavabenchinthewild": "LLaVA-wild",
     "llavainthewild": "LLaVA-wild",
 }
+
+
+#: The paper's base models, each with its free-dialogue overall table (key in fire.json, title).
+BASE_TABLES = {
+    "llava_next_8b": ("table4_free_dialogues_overall", "Table 4: free dialogues, overall (LLaVA-NeXT-8B)"),
+    "llava_next_vicuna_7b": ("tableA5_vicuna_7b", "Table A5: free dialogues, overall (LLaVA-NeXT-Vicuna-7B)"),
+    "llava_15_vicuna_7b": ("tableA6_llava15_vicuna_7b", "Table A6: free dialogues, overall (LLaVA-1.5-Vicuna-7B)"),
+}
+
+
+def run_base(results: Mapping) -> str | None:
+    """The paper's base model a run is compared with (a key of :data:`BASE_TABLES`), or None when unknown.
+
+    ``results["base"]`` when given, else read from ``results["model"]`` (a ``config.model`` dict):
+    architecture "llava" is LLaVA-1.5-Vicuna-7B; a 32,064-row LLaVA-NeXT is LLaVA-NeXT-Vicuna-7B; a 128,320-row
+    one LLaVA-NeXT-8B (configs/llava_*.py). Other models (the tiny and SmolLM2 ones) are of no paper base.
+    """
+    if results.get("base"):
+        if results["base"] not in BASE_TABLES:
+            raise ValueError(f"results base {results['base']!r}: choose from {sorted(BASE_TABLES)}")
+        return results["base"]
+    model = results.get("model")
+    if not model:
+        return None
+    vocab = (model.get("llm") or {}).get("vocab_size")
+    if model.get("architecture") == "llava":
+        return "llava_15_vicuna_7b" if vocab == 32064 else None
+    return {32064: "llava_next_vicuna_7b", 128320: "llava_next_8b"}.get(vocab)
 
 
 def paper_results(path: str = PAPER_RESULTS) -> dict:
@@ -100,7 +133,8 @@ def _free_row(label: str, m: Mapping) -> tuple:
 
 
 def free_report(results: Mapping, paper: Mapping | None = None) -> str:
-    """Table 4 (overall), Tables 5-6 (the paper's seen and new sources), other sources, Fig. 7's accuracy."""
+    """Table 4 (overall; A5 / A6 on the Vicuna bases), Tables 5-6 (the paper's seen and new sources, 8B), other
+    sources, Fig. 7's accuracy (8B)."""
     paper = paper_results() if paper is None else paper
     metrics = results["metrics"]
     name = results["student"]["name"]
@@ -115,14 +149,19 @@ def free_report(results: Mapping, paper: Mapping | None = None) -> str:
         (" (the release's get_score; a score of 0 stops a dialogue, as its model_fire_chat_loader.py)."
          if parser == "official" else " (a reply without a score stops the dialogue and counts 0)."),
     ]
-    table4 = paper["table4_free_dialogues_overall"]
-    rows = [(f"{model} (paper)", *values, "", "") for model, values in table4.items() if model != "columns"]
-    rows.append(_free_row(_ours(name), metrics["overall"]))
-    sections.append("### Table 4: free dialogues, overall\n\n" + markdown_table(header, rows))
+    base = run_base(results)
+    for table, title in [BASE_TABLES[base]] if base else BASE_TABLES.values():
+        rows = [(f"{model} (paper)", *values, "", "") for model, values in paper[table].items() if model != "columns"]
+        rows.append(_free_row(_ours(name), metrics["overall"]))
+        sections.append(f"### {title}\n\n" + markdown_table(header, rows))
+    if base is None:
+        sections.append("The run's base model is unknown: our row stands beside each base's published rows.")
 
     placed = set()
-    for key, title in (("table5_free_dialogues_seen_sources", "Table 5: free dialogues, seen sources"),
-                       ("table6_free_dialogues_new_sources", "Table 6: free dialogues, new sources")):
+    per_source = () if base not in (None, "llava_next_8b") else (  # the paper reports sources at 8B only
+        ("table5_free_dialogues_seen_sources", "Table 5: free dialogues, seen sources"),
+        ("table6_free_dialogues_new_sources", "Table 6: free dialogues, new sources"))
+    for key, title in per_source:
         rows = []
         for source, m in metrics["per_source"].items():
             column = paper_source(source)
@@ -139,7 +178,7 @@ def free_report(results: Mapping, paper: Mapping | None = None) -> str:
                         markdown_table(("source", *FREE_COLUMNS, "K", "items"), others))
 
     turns = len(metrics["overall"]["accuracy_by_turn"])
-    figure7 = paper["figure7_accuracy_by_turn"]
+    figure7 = paper["figure7_accuracy_by_turn"] if base in (None, "llava_next_8b") else {}  # Fig. 7: 8B only
     rows = [(f"{model} (paper)", *(values.get(f"turn{t}") for t in range(1, turns + 1)))
             for model, values in figure7.items() if model != "note"]
     rows.append((_ours(name), *(100 * a for a in metrics["overall"]["accuracy_by_turn"])))
