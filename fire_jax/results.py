@@ -22,7 +22,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from typing import Any, Iterable, Iterator
+
+from fire_jax.config import InputError
 
 
 class ResultStore:
@@ -36,31 +39,62 @@ class ResultStore:
         self.path, self.key_field = str(path), key_field
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         self._records: dict[str, dict] = {}
-        self.cut = False  # a partial last line was cut on opening
+        self.cut = False  # a partial last line was cut on opening (or, with repair=False, read past)
+        self.cut_line: bytes | None = None  # what it held
         self.unreadable = 0  # lines that were not records (unreadable="skip")
         if os.path.exists(self.path):
             with open(self.path, "rb") as f:
                 data = f.read()
             if data and not data.endswith(b"\n"):
-                data = data[:data.rfind(b"\n") + 1]
-                if repair:
-                    with open(self.path, "wb") as f:
-                        f.write(data)
-                    self.cut = True
-            for line_number, line in enumerate(data.decode("utf-8").splitlines(), 1):
-                if not line.strip():
+                data = self._last_line(data, repair)
+            first_unreadable = None
+            for line_number, raw in enumerate(data.split(b"\n")[:-1], 1):
+                if not raw.strip():
                     continue
                 try:
-                    record = json.loads(line)
+                    record = json.loads(raw.decode("utf-8"))
                     self._records[str(record[key_field])] = record
-                except (json.JSONDecodeError, KeyError, TypeError) as e:
-                    if unreadable == "skip":
-                        self.unreadable += 1
-                        continue
-                    raise ValueError(f"{self.path}: line {line_number} is not a result record ({e}); "
-                                     "remove it or use another workdir") from None
+                except UnicodeDecodeError as e:
+                    why = f"byte {e.start + 1} of the line is not UTF-8"
+                except (json.JSONDecodeError, KeyError, TypeError, RecursionError) as e:
+                    why = f"{type(e).__name__}: {e}" if isinstance(e, RecursionError) else str(e)
+                else:
+                    continue
+                if unreadable == "error":
+                    raise InputError(f"{self.path}: line {line_number} is not a result record ({why}); "
+                                     "remove it or use another workdir")
+                self.unreadable += 1
+                first_unreadable = first_unreadable or f"line {line_number}: {why}"
+            if self.unreadable:
+                print(f"{self.path}: {self.unreadable} line(s) that are not result records skipped "
+                      f"(first: {first_unreadable})", file=sys.stderr)
         # A writer's file exists from the start (an empty run leaves an empty file); a reader's is not created.
         self._file = open(self.path, "a", encoding="utf-8") if repair else None
+
+    def _last_line(self, data: bytes, repair: bool) -> bytes:
+        """``data`` (the file, its last line without a newline) with that line kept when it is a whole record
+        (written without its newline: one is added) or dropped when it is cut short (a kill while writing),
+        saying so on stderr; with ``repair`` the file is changed to match."""
+        start = data.rfind(b"\n") + 1
+        tail = data[start:]
+        try:
+            record = json.loads(tail.decode("utf-8"))
+            whole = isinstance(record, dict) and self.key_field in record
+        except (ValueError, RecursionError):
+            whole = False
+        if whole:
+            if repair:
+                with open(self.path, "ab") as f:
+                    f.write(b"\n")
+            return data + b"\n"
+        self.cut, self.cut_line = True, tail
+        line_number = data.count(b"\n") + 1
+        if repair:
+            with open(self.path, "r+b") as f:
+                f.truncate(start)
+        print(f"{self.path}: line {line_number} was cut short ({len(tail):,} bytes, a run stopped while writing "
+              f"it): {'dropped, its unit runs again' if repair else 'not read'}", file=sys.stderr)
+        return data[:start]
 
     @classmethod
     def read(cls, path: str | os.PathLike, key_field: str = "key", *, unreadable: str = "skip") -> dict[str, dict]:
@@ -110,15 +144,17 @@ class ResultStore:
 
 
 def read_json(path: str | os.PathLike) -> Any:
-    """A JSON file's value; a file that is not JSON raises :class:`fire_jax.config.InputError` naming the file,
-    line and column (a CLI then ends in that one line)."""
-    from fire_jax.config import InputError
-
-    with open(path, encoding="utf-8") as f:
-        try:
-            return json.load(f)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{path}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    """A JSON file's value; a file that is not JSON (or not UTF-8) raises :class:`fire_jax.config.InputError`
+    naming the file, line and column (a CLI then ends in that one line)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise InputError(f"{path}: not valid JSON: byte {e.start} (line {line}) is not UTF-8") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
 
 
 def _plain(value: Any) -> Any:
@@ -136,8 +172,9 @@ def check_settings(path: str | os.PathLike, settings: dict, *, key: str | None =
     settings = _plain(settings)
     recorded = {}
     if os.path.exists(path):
-        with open(path) as f:
-            recorded = json.load(f)
+        recorded = read_json(path)
+        if not isinstance(recorded, dict):
+            raise InputError(f"{path}: expected a JSON object of settings, got {type(recorded).__name__}")
     before = recorded.get(key) if key is not None else (recorded or None)
     if before is not None and has_outputs and before != settings:
         changed = sorted(k for k in set(before) | set(settings) if before.get(k) != settings.get(k))

@@ -78,3 +78,48 @@ def test_bad_records_handle_is_the_one_skip_or_raise_rule():
     with pytest.raises(ValueError, match="on_bad_record must be"):
         bad.handle(error, "ignore")
     assert sum(bad.values()) == 2
+
+
+def test_a_cut_last_line_is_reported_and_a_bad_byte_named(tmp_path, capsys):
+    path = tmp_path / "store.jsonl"
+    path.write_bytes(b'{"id": "a", "v": 1}\n{"id": "b", "v"')
+    assert ResultStore.read(path, "id") == {"a": {"id": "a", "v": 1}}
+    assert capsys.readouterr().err.strip() == f"{path}: line 2 was cut short (15 bytes, a run stopped while " \
+                                              "writing it): not read"
+    store = ResultStore(path, "id")
+    assert store.cut and store.cut_line == b'{"id": "b", "v"' and path.read_bytes() == b'{"id": "a", "v": 1}\n'
+    assert capsys.readouterr().err.strip() == f"{path}: line 2 was cut short (15 bytes, a run stopped while " \
+                                              "writing it): dropped, its unit runs again"
+    store.close()
+    # A whole record written without its newline is a record, not a cut: kept, the newline added.
+    path.write_bytes(b'{"id": "a", "v": 1}\n{"id": "b", "v": 2}')
+    with ResultStore(path, "id") as store:
+        assert sorted(store.records) == ["a", "b"] and not store.cut
+    assert path.read_bytes().endswith(b"2}\n") and capsys.readouterr().err == ""
+    # A byte that is not UTF-8 names the file and line; skipped, it is counted and said.
+    path.write_bytes(b'{"id": "a"}\n{"id": "b", "v": "\xff"}\n{"id": "c"}\n')
+    with pytest.raises(ValueError, match=r"store.jsonl: line 2 is not a result record \(byte 19 of the line is "
+                                         r"not UTF-8\)") as e:
+        ResultStore(path, "id")
+    from fire_jax.config import InputError
+
+    assert isinstance(e.value, InputError)
+    capsys.readouterr()
+    store = ResultStore(path, "id", unreadable="skip")
+    assert sorted(store.records) == ["a", "c"] and store.unreadable == 1
+    assert capsys.readouterr().err.strip() == (f"{path}: 1 line(s) that are not result records skipped (first: "
+                                               "line 2: byte 19 of the line is not UTF-8)")
+    store.close()
+    # U+2028 inside a string (written as is: ensure_ascii=False) is not a line break.
+    with ResultStore(tmp_path / "sep.jsonl", "id") as store:
+        store.add({"id": "x", "text": "a\u2028b"})
+    assert ResultStore.read(tmp_path / "sep.jsonl", "id") == {"x": {"id": "x", "text": "a\u2028b"}}
+
+
+def test_settings_file_that_is_not_json_names_the_file(tmp_path):
+    from fire_jax.config import InputError
+
+    path = tmp_path / "settings.json"
+    path.write_text("{broken")
+    with pytest.raises(InputError, match=r"settings.json: not valid JSON: Expecting property name"):
+        check_settings(path, {"a": 1})
