@@ -12,6 +12,7 @@ user's input, and the tool says so in one line on stderr::
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import os
@@ -46,6 +47,30 @@ def input_errors_end_in_one_line(prog: str):
         return guarded
 
     return wrap
+
+
+def int_at_least(low: int):
+    """An argparse ``type``: an integer >= ``low`` (argparse then ends a bad value in its one error line, exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
+        return value
+
+    parse.__name__ = f"int>={low}"
+    return parse
+
+
+def existing_dir(text: str) -> str:
+    """An argparse ``type``: a directory that exists."""
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a directory" + ("" if os.path.exists(text) else
+                                                                          " (it does not exist)"))
+    return text
 
 
 def _config_args(argv: list[str]):
@@ -114,7 +139,15 @@ def define_config_flag(module: str, prog: str, default: str | None, help_text: s
 
 
 def run_absl(main, prog: str) -> None:
-    """``app.run(main)``, input errors ending in one line (:func:`input_errors_end_in_one_line`)."""
-    from absl import app
+    """``app.run(main)``, input errors ending in one line (:func:`input_errors_end_in_one_line`), a flag that
+    does not parse too (absl's own report is two lines and exit 1)."""
+    from absl import app, flags
 
-    app.run(input_errors_end_in_one_line(prog)(main))
+    def parse(argv):
+        try:
+            return flags.FLAGS(argv)
+        except flags.Error as error:
+            print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
+            sys.exit(2)
+
+    app.run(input_errors_end_in_one_line(prog)(main), flags_parser=parse)

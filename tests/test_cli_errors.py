@@ -159,3 +159,31 @@ def test_data_tools_keep_good_records_and_name_bad_ones(tmp_path):
     assert broken.stderr.strip().splitlines()[-1] == (
         f"build_dataset: error: {cut}: not a valid JSON array: the file ends inside a record at byte 500 "
         "(in record 0)")
+
+
+@pytest.mark.parametrize("argv, last", [
+    (["tools/make_synthetic_fire.py", "--out", "o", "--num_train", "-1"],
+     "make_synthetic_fire.py: error: argument --num_train: expected an integer >= 1, got -1"),
+    (["tools/build_dataset.py", "--json", "a.json", "--image_root", "nope", "--split", "x", "--out", "o"],
+     "build_dataset.py: error: argument --image_root: 'nope' is not a directory (it does not exist)"),
+    (["tools/fire_lengths.py", "--max_len", "2048,x"],
+     "fire_lengths.py: error: argument --max_len: expected comma-separated integers, got '2048,x'"),
+    (["tools/hf_generate.py", "--model", "nope", "--inputs", "a", "--out", "b", "--max_new_tokens", "0"],
+     "hf_generate.py: error: argument --max_new_tokens: expected an integer >= 1, got 0"),
+    (["tools/hf_logits.py", "--model", "nope", "--inputs", "a", "--out", "b"],
+     "hf_logits.py: error: argument --model: 'nope' does not exist"),
+    (["tools/llama3_tokenizer.py", "--package", "nope"],
+     "llama3_tokenizer.py: error: argument --package: 'nope' is not a directory"),
+    (["tools/planted_bugs.py", "--only", "no-such-bug"],
+     "planted_bugs.py: error: argument --only: no planted bug's name contains any of ['no-such-bug']"),
+    (["tools/audit_vlrmbench.py", "nope.jsonl"], "audit_vlrmbench.py: error: argument files: 'nope.jsonl' is not a file"),
+    (["tools/make_fire1m.py", "--input", "a", "--image_root", "b", "--out", "c", "--max_turns", "0"],
+     "make_fire1m: error: flag --max_turns=0: 0 is not a positive integer"),
+    (["-m", "fire_jax.data.inspect", "--config", "configs/tiny.py", "--index", "-1"],
+     "fire_jax.data.inspect: error: --index -1: source 'synthetic' has records 0..719 (720 usable, 0 bad records "
+     "skipped)"),
+])
+def test_a_tools_bad_argument_ends_in_one_line(argv, last):
+    ended = run(*argv)
+    assert ended.returncode == 2 and "Traceback" not in ended.stderr, ended.stderr[-2000:]
+    assert ended.stderr.strip().splitlines()[-1] == last

@@ -27,9 +27,24 @@ def main(argv=None) -> dict:
     parser.add_argument("--json", help="write the audit here")
     parser.add_argument("--task", help="the task of every file (short or file name; default: each file's name)")
     args = parser.parse_args(argv)
+    for path in args.files:
+        if not Path(path).is_file():
+            parser.error(f"argument files: {path!r} is not a file")
+    if args.task is not None:
+        from fire_jax.vlrmbench.tasks import task_info
+
+        try:
+            task_info(args.task)
+        except ValueError as e:
+            parser.error(f"argument --task: {e}")
     audits = {}
     for path in args.files:
-        audit, data = audit_file(path, args.task)
+        try:
+            audit, data = audit_file(path, args.task)
+        except ValueError as e:
+            if "unknown VLRMBench task" not in str(e):
+                raise
+            parser.error(f"{path}: {e}; name the task with --task")
         name = Path(path).name
         audits[name] = audit
         print(audit_report(name, audit, data))

@@ -11,7 +11,7 @@ records), or any other name. A split already built is not rebuilt; its saved cou
 
 import argparse
 
-from fire_jax.cli import input_errors_end_in_one_line
+from fire_jax.cli import existing_dir, input_errors_end_in_one_line
 from fire_jax.data import tfds_fire
 from fire_jax.data.records import BadRecords
 
@@ -19,7 +19,7 @@ from fire_jax.data.records import BadRecords
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="append", required=True, help="JSON or JSONL file (repeatable)")
-    parser.add_argument("--image_root", required=True, help="directory the records' image paths are relative to")
+    parser.add_argument("--image_root", required=True, type=existing_dir, help="directory the records' image paths are relative to")
     parser.add_argument("--split", required=True, help=f"split name, e.g. {', '.join(tfds_fire.SPLITS)}")
     parser.add_argument("--out", required=True, help="TFDS data directory")
     parser.add_argument("--on_bad_record", choices=("skip", "error"), default="skip")

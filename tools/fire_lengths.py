@@ -100,7 +100,14 @@ def main():
     parser.add_argument("--max_len", default="2048,3072,4096", help="comma-separated max_len values to report")
     parser.add_argument("--json", help="write the summary rows here")
     args = parser.parse_args()
-    max_lens = [int(m) for m in args.max_len.split(",")]
+    try:
+        max_lens = [int(m) for m in args.max_len.split(",")]
+    except ValueError:
+        parser.error(f"argument --max_len: expected comma-separated integers, got {args.max_len!r}")
+    if not max_lens or min(max_lens) < 1:
+        parser.error(f"argument --max_len: expected positive integers, got {args.max_len!r}")
+    if args.tokenizer and not os.path.isfile(args.tokenizer):
+        parser.error(f"argument --tokenizer: {args.tokenizer!r} is not a file")
     lengths, bad = sequence_lengths(args.tokenizer or llama3_tokenizer.build())
     rows = summary(lengths, max_lens)
     print(f"records: {len({x.record for x in lengths})} ({', '.join(f'{k} {v}' for k, v in bad.items())} skipped)")
@@ -111,4 +118,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    from fire_jax.cli import input_errors_end_in_one_line
+
+    input_errors_end_in_one_line("fire_lengths")(main)()

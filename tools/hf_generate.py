@@ -18,6 +18,7 @@ import os
 
 import numpy as np
 
+from fire_jax.cli import int_at_least
 from fire_jax.convert.gguf import load_model, read_gguf
 from fire_jax.infer.decode import DecodeConfig, generate, unpad
 from fire_jax.infer.forward import read_hf_inputs
@@ -47,12 +48,17 @@ def main(argv=None):
     parser.add_argument("--model", required=True,
                         help="HF checkpoint directory (config.json + safetensors) or a .gguf file (its LLM alone)")
     parser.add_argument("--inputs", required=True, help="input .npz")
-    parser.add_argument("--max_new_tokens", type=int, required=True)
+    parser.add_argument("--max_new_tokens", type=int_at_least(1), required=True)
     parser.add_argument("--out", required=True, help="output .npz")
     parser.add_argument("--stop_ids", type=lambda s: tuple(int(i) for i in s.split(",") if i), default=None,
                         help="comma-separated stop token ids ('' for none)")
-    parser.add_argument("--dtype", default="float32", help="weights and compute dtype (float32, bfloat16)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                        help="weights and compute dtype")
     args = parser.parse_args(argv)
+    if not os.path.exists(args.model):
+        parser.error(f"argument --model: {args.model!r} does not exist")
+    if not os.path.isfile(args.inputs):
+        parser.error(f"argument --inputs: {args.inputs!r} is not a file")
     model = load_model(args.model, dtype=args.dtype, param_dtype=args.dtype)
     inputs = read_hf_inputs(args.inputs)
     ids = inputs["input_ids"]
@@ -66,4 +72,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    from fire_jax.cli import input_errors_end_in_one_line
+
+    input_errors_end_in_one_line(os.path.basename(__file__)[:-3])(main)()

@@ -16,6 +16,7 @@ text-only rows' ignored).
 """
 
 import argparse
+import os
 
 import numpy as np
 
@@ -66,8 +67,13 @@ def main(argv=None):
                         help="HF checkpoint directory (config.json + safetensors) or a .gguf file (its LLM alone)")
     parser.add_argument("--inputs", required=True, help="input .npz")
     parser.add_argument("--out", required=True, help="output .npz")
-    parser.add_argument("--dtype", default="float32", help="weights and compute dtype (float32, bfloat16)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                        help="weights and compute dtype")
     args = parser.parse_args(argv)
+    if not os.path.exists(args.model):
+        parser.error(f"argument --model: {args.model!r} does not exist")
+    if not os.path.isfile(args.inputs):
+        parser.error(f"argument --inputs: {args.inputs!r} is not a file")
     model = load_model(args.model, dtype=args.dtype, param_dtype=args.dtype)
     inputs = read_hf_inputs(args.inputs)
     pixel_values, image_sizes = model_inputs(model, inputs)
@@ -78,4 +84,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    from fire_jax.cli import input_errors_end_in_one_line
+
+    input_errors_end_in_one_line(os.path.basename(__file__)[:-3])(main)()

@@ -200,6 +200,8 @@ def main():
     parser.add_argument("--out", help=f"default {default_path()}")
     parser.add_argument("--force", action="store_true", help="rebuild even if the file exists")
     args = parser.parse_args()
+    if args.package and not os.path.isdir(args.package):
+        parser.error(f"argument --package: {args.package!r} is not a directory")
     out = args.out or default_path()
     if args.force and os.path.exists(out):
         os.remove(out)

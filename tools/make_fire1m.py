@@ -26,8 +26,9 @@ _CONFIG = define_config_flag(__name__, "make_fire1m", os.path.join(CONFIGS_DIR, 
 _INPUT = flags.DEFINE_multi_string("input", None, "triplet or FIRE records file (repeatable)", required=True)
 _IMAGE_ROOT = flags.DEFINE_string("image_root", None, "the inputs' image paths are relative to it", required=True)
 _OUT = flags.DEFINE_string("out", None, "JSONL of generated FIRE records", required=True)
-_MAX_ITEMS = flags.DEFINE_integer("max_items", 0, "a fixed random subset of this many triplets (0: all)")
-_MAX_TURNS = flags.DEFINE_integer("max_turns", 3, "turns at most per dialogue")
+_MAX_ITEMS = flags.DEFINE_integer("max_items", 0, "a fixed random subset of this many triplets (0: all)",
+                                  lower_bound=0)
+_MAX_TURNS = flags.DEFINE_integer("max_turns", 3, "turns at most per dialogue", lower_bound=1)
 _SPLIT = flags.DEFINE_string("split", "fire_1m", "the records' split field")
 
 

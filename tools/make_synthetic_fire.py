@@ -9,6 +9,8 @@ regenerates the copy shipped in the repo (seed 0, 720 train / 90 test records).
 import argparse
 import json
 
+from fire_jax.cli import input_errors_end_in_one_line, int_at_least
+from fire_jax.config import InputError
 from fire_jax.data.synthetic import corpus, write_synthetic_fire
 from fire_jax.data.tokenizer import train_tokenizer
 
@@ -16,11 +18,11 @@ from fire_jax.data.tokenizer import train_tokenizer
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="directory for train.json, test.json and images/")
-    parser.add_argument("--num_train", type=int, default=720)
-    parser.add_argument("--num_test", type=int, default=90)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num_train", type=int_at_least(1), default=720)
+    parser.add_argument("--num_test", type=int_at_least(1), default=90)
+    parser.add_argument("--seed", type=int_at_least(0), default=0)
     parser.add_argument("--tokenizer", help="also train a byte-level BPE on train.json and write it here")
-    parser.add_argument("--vocab_size", type=int, default=512, help="tokenizer size; <image> gets the last id")
+    parser.add_argument("--vocab_size", type=int_at_least(2), default=512, help="tokenizer size; <image> gets the last id")
     args = parser.parse_args()
     paths = write_synthetic_fire(args.out, num_train=args.num_train, num_test=args.num_test, seed=args.seed)
     for split, path in paths.items():
@@ -28,11 +30,14 @@ def main():
             print(f"{split}: {len(json.load(f))} records -> {path}")
     if args.tokenizer:
         with open(paths["train"], encoding="utf-8") as f:
-            tokenizer = train_tokenizer(corpus(json.load(f)), vocab_size=args.vocab_size)
+            try:
+                tokenizer = train_tokenizer(corpus(json.load(f)), vocab_size=args.vocab_size)
+            except ValueError as e:  # a vocabulary the corpus and byte alphabet cannot fill exactly
+                raise InputError(f"--vocab_size {args.vocab_size}: {e}") from None
         tokenizer.save(args.tokenizer)
         print(f"tokenizer: {tokenizer.get_vocab_size()} tokens, <image> = {tokenizer.token_to_id('<image>')} "
               f"-> {args.tokenizer}")
 
 
 if __name__ == "__main__":
-    main()
+    input_errors_end_in_one_line("make_synthetic_fire")(main)()

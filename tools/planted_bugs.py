@@ -193,7 +193,11 @@ def main() -> int:
     parser.add_argument("--no_baseline", action="store_true", help="skip the unpatched run of the test files")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per test run")
     args = parser.parse_args()
+    if args.timeout < 1:
+        parser.error(f"argument --timeout: expected a positive number of seconds, got {args.timeout}")
     bugs = [b for b in BUGS if not args.only or any(s in b.name for s in args.only)]
+    if not bugs:
+        parser.error(f"argument --only: no planted bug's name contains any of {list(args.only)}")
     if args.list:
         for b in bugs:
             print(f"{b.name:42s} {b.path:32s} {' '.join(b.tests)}\n    {b.what}")
