@@ -29,7 +29,7 @@ arg: ``<recipe>[,key=value...]`` with recipe one of fire100k_student, fire_stude
 
 import os
 
-from fire_jax.config import DATA_DEFAULTS, InputError, load_config, loss_config, mesh_config, parse_arg, train_config
+from fire_jax.config import InputError, load_config, loss_config, mesh_config, parse_arg, train_config
 
 RECIPES = ("fire100k_student", "fire_student", "fire_teacher")
 # Release sizes: FIRE-100K, FIRE-1M (the paper), llava_v1_5_mix665k.json (LLaVA-1.5's instruction mix).
@@ -118,9 +118,7 @@ def get_config(arg: str = "fire_student"):
         eval_sources={"fire_bench": dict(tfds=o["data_dir"], split="fire_bench")},
         on_bad_record="skip", max_len=MAX_LEN, buckets=BUCKETS, batch_size=64, shuffle=True, seed=0,
         num_epochs=1, num_threads=16, num_workers=8)
-    if "template" in DATA_DEFAULTS:  # the data config names its chat template: the base's
-        config.data.template = base["template"]
-    # Otherwise the template is the tokenizer_config.json's beside data.tokenizer (llava-hf ships each base's).
+    config.data.template = base["template"]  # the base's chat template, whatever tokenizer_config.json says
     config.train = train_config(train_connector=o["released"], accum_steps=8, checkpoint_every=200, shard_init=True)  # 1 example per device per micro-batch on 8 GPUs
     config.loss = loss_config(student_first_turn=o["released"] and role == "student")
     config.mesh = mesh_config((1, -1, 1))  # FSDP over all devices; set (data, fsdp, tensor) per cluster

@@ -142,3 +142,21 @@ def test_llava_hf_llama3_differs_from_llama3_only_before_text_only_messages():
     assert a.count("<|end_header_id|>\n\n\n") == 0
     assert b.count("<|end_header_id|>\n\n\n") == 1 + len(messages) - 1  # the system message, all but the image's
     assert b.replace("<|end_header_id|>\n\n\n", "<|end_header_id|>\n\n") == a[len("<|begin_of_text|>"):]
+
+
+def test_the_data_config_names_the_template(tmp_path):
+    """``data.template`` picks a shipped template over the tokenizer_config.json beside the tokenizer."""
+    import json
+
+    from fire_jax.data.pipeline import Preprocessor
+
+    path = str(tmp_path / "tokenizer.json")
+    _tokenizer("vicuna_v1").save(path)
+    with open(tmp_path / "tokenizer_config.json", "w") as f:
+        json.dump({"chat_template": template_source("chatml"), "bos_token": "<s>", "eos_token": "</s>"}, f)
+    messages = chat.student_messages(CONVERSATION)
+    from_file = Preprocessor(tokenizer_path=path, geometry=TINY).chat
+    assert from_file.render(messages).startswith("<|im_start|>system\n")
+    vicuna = Preprocessor(tokenizer_path=path, geometry=TINY, template="vicuna_v1").chat
+    assert vicuna.render(messages) == _chat("vicuna_v1").render(messages)
+    assert vicuna.render(messages).startswith(chat.SYSTEM) and "USER: <image>\n" in vicuna.render(messages)

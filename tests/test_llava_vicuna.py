@@ -385,6 +385,7 @@ def test_fire_recipes_take_the_base_model(base, arch, hf):
         assert cfg == LlavaNextConfig.from_dict(_config(base).model) and cfg.architecture == arch
         assert config.init.hf_checkpoint == hf and config.data.tokenizer == f"{hf}/tokenizer.json"
         assert config.data.role == ("student" if recipe == "fire_student.py" else "teacher")
+        assert config.data.template == ("llama3" if base == "llava_next_8b" else "vicuna_v1")
     other = load_config(os.path.join(root, "fire.py") + f":fire_student,base={base},hf=/x,tokenizer=/t/tok.json")
     assert (other.init.hf_checkpoint, other.data.tokenizer) == ("/x", "/t/tok.json")
     from fire_jax.config import InputError

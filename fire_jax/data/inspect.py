@@ -52,7 +52,7 @@ def main(argv=None):
         tokenizer_path=data.tokenizer, geometry=geometry_from_model_config(config.model),
         role=args.role or data.role, first_turn_labelled=config.loss.get("student_first_turn", False),
         teacher_history=data.teacher_history, max_len=data.max_len, image_token=data.image_token,
-        pad_token=data.pad_token)
+        pad_token=data.pad_token, template=data.get("template", ""))
     example = preprocessor((record, image_source))
     print(f"source {name!r}, record {args.index} of {len(records)}: id {record.id!r}, "
           f"source {record.source!r}, role {preprocessor.role}")

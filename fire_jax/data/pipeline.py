@@ -65,11 +65,13 @@ class Preprocessor:
     image_token: str = "<image>"
     pad_token: str = "<pad>"
     on_bad_record: str = "skip"
+    template: str = ""  # a shipped template name or .jinja file; "": the tokenizer_config.json's
 
     def __post_init__(self):
         if self.role not in chat_lib.ROLES:
             raise ValueError(f"data.role must be one of {chat_lib.ROLES}, got {self.role!r}")
         self.chat = chat_lib.ChatTokenizer.from_file(resolve_path(self.tokenizer_path), self.geometry,
+                                                     template=self.template or None,
                                                      image_token=self.image_token, pad_token=self.pad_token)
 
     def __getstate__(self):  # worker processes rebuild the tokenizer from its file
@@ -213,7 +215,7 @@ class InputPipeline:
             tokenizer_path=cfg["tokenizer"], geometry=geometry, role=cfg["role"],
             first_turn_labelled=student_first_turn, teacher_history=cfg["teacher_history"],
             max_len=cfg["max_len"], image_token=cfg["image_token"], pad_token=cfg["pad_token"],
-            on_bad_record=cfg["on_bad_record"])
+            on_bad_record=cfg["on_bad_record"], template=cfg["template"])
         chat = self.preprocessor.chat
         if image_token_id is not None and image_token_id != chat.image_token_id:
             raise ValueError(f"tokenizer {cfg['tokenizer']} gives {cfg['image_token']!r} id {chat.image_token_id}, "

@@ -151,6 +151,7 @@ def _loaded(model, config, description: str, tokenizer: str | None = None) -> Lo
         set_layer_layout(model, False)
     data = config.data
     chat = ChatTokenizer.from_file(tokenizer or resolve_path(data.tokenizer), model.cfg.geometry,
+                                   template=data.get("template") or None,
                                    image_token=data.get("image_token", "<image>"),
                                    pad_token=data.get("pad_token", "<pad>"))
     return Loaded(model, chat, config, description)
