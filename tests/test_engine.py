@@ -1,4 +1,4 @@
-"""Continuous batching (issue 16.1): a request's greedy tokens alone, among 31 others, and from generate."""
+"""Continuous batching: a request's greedy tokens alone, among 31 others, and from generate."""
 
 import numpy as np
 import pytest
@@ -238,3 +238,15 @@ def test_cancel_frees_the_slot_and_leaves_the_others_alone(engine, requests, tog
     assert cut.tokens == together[long].tokens[:len(cut.tokens)]
     assert neighbour.wait(0).tokens == together[other].tokens and not engine.cancel(neighbour)
     assert engine.stats["cancelled"] == before + 2 and all(t is None for t in engine.occupant)
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=float("nan")), dict(temperature=float("inf")),
+                                 dict(top_k=2 ** 31), dict(top_k=1.5), dict(top_p=float("nan")), dict(seed=-1),
+                                 dict(seed=2 ** 32), dict(stop_ids=(2 ** 31,)), dict(stop_ids=(-1,))])
+def test_settings_a_decode_chunk_cannot_hold_are_refused_at_submit(engine, requests, bad):
+    """A setting that would not fit the chunk's per-row arrays fails its own request at submit, never the chunk
+    of every request decoding beside it."""
+    good = requests[0]
+    with pytest.raises(ValueError):
+        engine.submit(Request(good.prompt, max_tokens=3, **{"stop_ids": (), **bad}))
+    assert engine.in_flight == 0

@@ -1,4 +1,4 @@
-"""Decoding (SPEC section 5) against transformers' generate and against our own full forward."""
+"""Decoding against transformers' generate and against our own full forward."""
 
 import dataclasses
 import os
@@ -377,7 +377,7 @@ def test_agents_generate_as_hf_on_their_prompts(pair, chat, images):
 
 
 def test_teacher_feedback_carries_the_parsed_score(pair, chat, images, monkeypatch):
-    """Feedback.score is the score of the generated text (SPEC "Score parsing"); no score line gives None."""
+    """Feedback.score is the score of the generated text (fire_jax.data.records.parse_score); no score line gives None."""
     teacher = Teacher(pair[1], chat)
     texts = ["Score: 7.\nFeedback: Count the squares too.", "Feedback: Look again.", "Score: 10/10\nFeedback: Yes."]
     monkeypatch.setattr(teacher, "_generate", lambda images_, prompts, rng: texts[:len(prompts)])

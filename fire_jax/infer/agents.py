@@ -1,4 +1,5 @@
-"""The student and the teacher as batched generators (SPEC sections 1 and 3).
+"""The student and the teacher as batched generators: the student answers and refines, the teacher scores
+and writes feedback.
 
 Prompts are the training sequences cut before the turn to generate, rendered
 by :mod:`fire_jax.data.chat` (the same code that renders training data), so
@@ -32,7 +33,7 @@ from fire_jax.infer.forward import normalise_sizes
 @dataclasses.dataclass(frozen=True)
 class Feedback:
     text: str  # the whole feedback f_k, score line included
-    score: float | None  # a_k parsed from it (SPEC "Score parsing"), None if it has none
+    score: float | None  # a_k parsed from it (fire_jax.data.records.parse_score), None if it has none
 
 
 def _conversation(question: str, groundtruth: str, turns: Sequence[Turn]) -> Conversation:

@@ -1,4 +1,4 @@
-"""Batched generation: a jitted prefill, then a KV-cache decode loop (SPEC section 5).
+"""Batched generation: a jitted prefill, then a KV-cache decode loop (docs/decoding.md).
 
 Prompts of different lengths are left-padded to a bucket length, so every
 prompt ends at the same cache slot and one shared ``cache.index`` serves the

@@ -1,6 +1,6 @@
 """The dialogue engine: a student and a teacher talk about items until a stop rule ends each dialogue.
 
-Evaluation (free dialogues, SPEC 6, Tables 4-6) and data generation (FIRE-1M-style records, Fig. 3b)
+Evaluation (FIRE-Bench free dialogues, Tables 4-6) and data generation (FIRE-1M-style records, Fig. 3b)
 both run this loop; they differ in the :class:`StopRule` and in what they keep.
 
 Per item: the student answers (r_k), the teacher scores it (f_k, a_k), and
@@ -25,7 +25,7 @@ the answer it scores, so each call prefills only what changed.
 rule (stop at 8 or after 3 turns, no "no_increase" stop); a dialogue is kept
 only if its last score is higher than its first (dialogues solved at once
 teach no refinement); each kept one is written as a raw record in the schema
-of SPEC section 3 and must parse through :func:`fire_jax.data.records.parse_record`
+of the FIRE release's data (docs/spec.md, "Records") and must parse through :func:`fire_jax.data.records.parse_record`
 (empty texts, feedback without "Feedback:" text, ... are dropped, by reason).
 Kept records go to a JSONL file, dropped dialogues (id, reason, scores) to
 ``<out>.dropped.jsonl``; a rerun skips the ids in either.
@@ -45,7 +45,7 @@ from fire_jax.results import ResultStore
 
 @dataclasses.dataclass(frozen=True)
 class StopRule:
-    """When a dialogue ends (SPEC 6), and how it reads the teacher's score.
+    """When a dialogue ends (solved, no score increase, or the turn limit: docs/spec.md), and how it reads the teacher's score.
 
     ``score_parser``: "robust" keeps the score the teacher agent read
     (:func:`fire_jax.data.records.parse_score`'s default); "official" reads
@@ -162,7 +162,7 @@ def dialogue_record(dialogue: Dialogue) -> dict:
 
 
 def fire_record(dialogue: Dialogue, *, split: str = "fire_1m", image_root: str = "") -> dict:
-    """A dialogue as a raw FIRE record (SPEC 3); the image path relative to ``image_root``."""
+    """A dialogue as a raw FIRE record (the release's JSON schema, docs/spec.md); the image path relative to ``image_root``."""
     item = dialogue.item
     image = os.path.relpath(item.image, image_root) if image_root and item.image_path else item.image_path
     conversations = []
@@ -196,7 +196,7 @@ def make_fire_records(items: Sequence[Item], student, teacher, out_path: str, *,
                      rng=None) -> tuple[int, BadRecords]:
     """Talk about every item not yet done; returns (records kept in total, dropped dialogues by reason).
 
-    ``out_path``: JSONL of kept records (SPEC 3 schema); ``out_path + ".dropped.jsonl"``: the dropped ones.
+    ``out_path``: JSONL of kept records (the FIRE record schema); ``out_path + ".dropped.jsonl"``: the dropped ones.
     """
     from tqdm.auto import tqdm
 

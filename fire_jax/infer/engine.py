@@ -72,6 +72,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import math
 import threading
 import time
 from typing import Callable, Sequence
@@ -321,6 +322,11 @@ def _swap_rows(cache: KVCache, source, target, count) -> KVCache:
     return jax.lax.fori_loop(0, count, one, cache)
 
 
+def _int_in(value, low: int, high: int) -> bool:
+    """An integer (numpy's too, not a bool) within [low, high]."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and low <= value <= high
+
+
 class Engine:
     """Continuous batching over ``slots`` decode slots of ``cache_len`` cache columns each.
 
@@ -401,14 +407,21 @@ class Engine:
             raise ValueError("empty prompt")
         if request.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {request.max_tokens}")
-        if request.temperature < 0 or not 0 <= request.top_p <= 1 or request.top_k < 0:
+        # Every setting must fit the per-row arrays of a decode chunk (float32, int32, uint32): one that does
+        # not is refused here, alone, not when the chunk that holds it and other requests is built.
+        if (not math.isfinite(request.temperature) or request.temperature < 0 or not 0 <= request.top_p <= 1
+                or not _int_in(request.top_k, 0, 2 ** 31 - 1)):
             raise ValueError(f"bad sampling settings: temperature={request.temperature}, top_k={request.top_k}, "
                              f"top_p={request.top_p}")
+        if not _int_in(request.seed, 0, 2 ** 32 - 1):
+            raise ValueError(f"seed must be an integer in [0, 2**32), got {request.seed!r}")
         if request.stop and self.tokenizer is None:
             raise ValueError("stop strings need an engine with a tokenizer")
         stop_ids = self.stop_ids if request.stop_ids is None else request.stop_ids
         if len(stop_ids) > MAX_STOP_IDS:
             raise ValueError(f"at most {MAX_STOP_IDS} stop ids, got {len(stop_ids)}")
+        if not all(_int_in(i, 0, 2 ** 31 - 1) for i in stop_ids):
+            raise ValueError(f"stop ids must be token ids, got {list(stop_ids)}")
         if len(request.image_sizes) > self.max_images:
             raise ValueError(f"at most {self.max_images} images per request, got {len(request.image_sizes)}")
         bucket = self.bucket(request)
