@@ -95,6 +95,11 @@ def main(argv=None, print_fn=print) -> list[dict]:
     parser.add_argument("--decode_batches", default=None, help="decode batch sizes (1,16,64; tiny 1,2)")
     parser.add_argument("--prompt", type=int, default=None, help="prompt tokens per row (1024; tiny 16)")
     parser.add_argument("--new", type=int, default=None, help="new tokens per row (128; tiny 4)")
+    parser.add_argument("--dialogues", type=int, default=None,
+                        help="concurrent multi-turn dialogues on the engine (64; tiny 4), 0 to skip")
+    parser.add_argument("--turns", type=int, default=None, help="turns a dialogue (3; tiny 2)")
+    parser.add_argument("--feedback", type=int, default=None, help="tokens appended after each answer (64; tiny 40)")
+    parser.add_argument("--dialogue_prompt", type=int, default=None, help="a dialogue's first prompt (1024; tiny 120)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--attention", default="cudnn", choices=("cudnn", "xla"), help="GPU attention kernel")
     parser.add_argument("--peak_tflops", type=float, default=None, help="device bf16 peak, for MFU")
@@ -107,6 +112,9 @@ def main(argv=None, print_fn=print) -> list[dict]:
     micros = [int(x) for x in (args.micro or ("1,2" if tiny else "1,2,4")).split(",")]
     decode_batches = [int(x) for x in (args.decode_batches or ("1,2" if tiny else "1,16,64")).split(",")]
     prompt_len, new = args.prompt or (16 if tiny else 1024), args.new or (4 if tiny else 128)
+    dialogues = (4 if tiny else 64) if args.dialogues is None else args.dialogues
+    turns, feedback = args.turns or (2 if tiny else 3), args.feedback or (40 if tiny else 64)
+    first_prompt = args.dialogue_prompt or (120 if tiny else 1024)
 
     import jax
     import jax.numpy as jnp
@@ -217,6 +225,34 @@ def main(argv=None, print_fn=print) -> list[dict]:
                          attention=("cudnn" if layers.GPU_ATTENTION else "xla") if on_gpu else "grouped (CPU)"))
         print_fn(f"decode batch {batch_size} done ({time.perf_counter() - start_all:.0f}s)")
 
+    from fire_jax.infer.engine import Engine, Request
+
+    def dialogue_run(prefix_cache: bool) -> dict:
+        """``dialogues`` concurrent dialogues of ``turns`` turns on one engine: each turn's prompt is the last
+        one, its answer and ``feedback`` new tokens (a student's next prompt in a free dialogue)."""
+        turn_rng = np.random.default_rng(1)
+        prompts = [turn_rng.integers(0, cfg.llm.vocab_size - 2, first_prompt).tolist() for _ in range(dialogues)]
+        longest = first_prompt + turns * (new + feedback)
+        engine = Engine(model, slots=dialogues, cache_len=longest + 2 * new + 64, prefix_cache=prefix_cache,
+                        stop_ids=(), pad_id=0)
+        start = time.perf_counter()
+        generated = 0
+        for _ in range(turns):
+            results = engine.generate([Request(p, max_tokens=new, stop_ids=()) for p in prompts])
+            generated += sum(len(r.tokens) for r in results)
+            prompts = [p + r.tokens + turn_rng.integers(0, cfg.llm.vocab_size - 2, feedback).tolist()
+                       for p, r in zip(prompts, results)]
+        seconds = time.perf_counter() - start
+        return dict(kind="dialogue", batch=dialogues, prefix_cache=prefix_cache, seconds=seconds,
+                    tokens_per_s=generated / seconds, turns=turns, peak_gib=_peak_gib(device),
+                    **{k: int(engine.stats[k]) for k in ("prompt_tokens", "reused_tokens", "prefilled_tokens")})
+
+    if dialogues and not out_of_time("multi-turn dialogues"):
+        dialogue_run(True)  # compiles the engine's kernels for these shapes (the cache-off run shares them)
+        for prefix_cache in (False, True):
+            record(dialogue_run(prefix_cache))
+        print_fn(f"multi-turn dialogues done ({time.perf_counter() - start_all:.0f}s)")
+
     fmt = lambda x, spec: "n/a" if x is None else format(x, spec)
     print_fn("")
     print_fn("| part | batch | s | tok/s | MFU 6N | MFU 4N (LoRA) | prefill s | decode tok/s | peak GiB | note |")
@@ -226,6 +262,11 @@ def main(argv=None, print_fn=print) -> list[dict]:
             print_fn(f"| train seq {seq} | {r['batch']} | {r['seconds']:.3f} | {r['tokens_per_s']:.0f} | "
                      f"{fmt(r['mfu_6n'], '.1%')} | {fmt(r['mfu_4n'], '.1%')} | | | {fmt(r['peak_gib'], '.1f')} | "
                      f"remat full, attention {r['attention']} |")
+        elif r["kind"] == "dialogue":
+            print_fn(f"| engine, {r['turns']}-turn dialogues, prompt {first_prompt}, {new} new + {feedback} a turn | "
+                     f"{r['batch']} | {r['seconds']:.3f} | {r['tokens_per_s']:.0f} | | | | | "
+                     f"{fmt(r['peak_gib'], '.1f')} | prefix cache {'on' if r['prefix_cache'] else 'off'}: "
+                     f"{r['prefilled_tokens']:,} of {r['prompt_tokens']:,} prompt tokens prefilled |")
         else:
             print_fn(f"| greedy decode, prompt {prompt_len}, {new} new | {r['batch']} | {r['seconds']:.3f} | "
                      f"{r['tokens_per_s']:.0f} | | | {r['prefill_s']:.3f} | {fmt(r['decode_tokens_per_s'], '.0f')} | "

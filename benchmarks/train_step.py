@@ -198,15 +198,16 @@ def flops_per_token_8b() -> None:
           f"GFLOP/token")
 
 
-def memory_8b(dtype: str | None) -> None:
-    """``dtype`` overrides the config's bfloat16 weights and activations. XLA:CPU computes bf16 dots in
+def memory_8b(dtype: str | None, base: str = "llava_next_8b") -> None:
+    """The FIRE student step of ``base`` (configs/fire.py's bases: llava_next_8b, llava_next_vicuna_7b,
+    llava_15_vicuna_7b). ``dtype`` overrides the config's bfloat16 weights and activations. XLA:CPU computes bf16 dots in
     float32 and hoists those casts out of the micro-batch loop, so a bf16 analysis on CPU holds a float32
     copy of every frozen weight that a GPU would not; at float32 there is no cast, and any weight copy
     the step makes shows up as such."""
     from fire_jax.convert.hf import abstract_model
     from fire_jax.config import load_config
 
-    config = load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "fire_student.py"))
+    config = load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "fire_student.py") + f":base={base}")
     if dtype:
         config.model.dtype = config.model.param_dtype = dtype
     cfg = LlavaNextConfig.from_dict(config.model)
@@ -223,7 +224,7 @@ def memory_8b(dtype: str | None) -> None:
     mem = compiled.memory_analysis()
     gib = 2 ** 30
     total = mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes - mem.alias_size_in_bytes
-    print(f"\n8B student step, global batch {b} x {s} tokens ({config.train.accum_steps} micro-batches), "
+    print(f"\n{base} student step, global batch {b} x {s} tokens ({config.train.accum_steps} micro-batches), "
           f"mesh (data 1, fsdp 8, tensor 1), remat {cfg.remat}, scan_layers {cfg.scan_layers}, weights and "
           f"activations {cfg.param_dtype}/{cfg.dtype}, compiled in {time.perf_counter() - start:.0f}s")
     print(f"  per device: arguments {mem.argument_size_in_bytes / gib:.2f} GiB, temporaries "
@@ -240,6 +241,8 @@ def main():
     parser.add_argument("--scan_layers", action="store_true", help="speed: fire_jax with stacked, scanned layers")
     parser.add_argument("--remat", default="none", help="speed: fire_jax's remat policy")
     parser.add_argument("--dtype", default=None, help="memory part: override the 8B config's bfloat16")
+    parser.add_argument("--base", default="llava_next_8b",
+                        help="memory part: the FIRE base model (llava_next_8b, llava_next_vicuna_7b, llava_15_vicuna_7b)")
     args = parser.parse_args()
     if args.part in ("all", "speed"):
         speed(args.batch, args.seq, args.steps, args.scan_layers, args.remat)
@@ -248,7 +251,7 @@ def main():
     if args.part in ("all", "flops"):
         flops_per_token_8b()
     if args.part in ("all", "memory"):
-        memory_8b(args.dtype)
+        memory_8b(args.dtype, args.base)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,12 @@ import gpu  # noqa: E402
 def test_tiny_gpu_benchmark_runs_on_cpu():
     lines = []
     rows = gpu.main(["--tiny", "--repeats", "1"], print_fn=lines.append)
-    assert [(r["kind"], r["batch"]) for r in rows] == [("train", 1), ("train", 2), ("decode", 1), ("decode", 2)]
+    assert [(r["kind"], r["batch"]) for r in rows] == [("train", 1), ("train", 2), ("decode", 1), ("decode", 2),
+                                                      ("dialogue", 4), ("dialogue", 4)]
+    off, on = rows[-2:]
+    assert (off["prefix_cache"], on["prefix_cache"]) == (False, True) and off["prompt_tokens"] == on["prompt_tokens"]
+    assert off["reused_tokens"] == 0 and off["prefilled_tokens"] == off["prompt_tokens"]
+    assert on["reused_tokens"] > 0 and on["prefilled_tokens"] == on["prompt_tokens"] - on["reused_tokens"]
     assert all(math.isfinite(r["tokens_per_s"]) and r["tokens_per_s"] > 0 for r in rows)
     assert all(r["prefill_s"] > 0 for r in rows if r["kind"] == "decode")
     table = [line for line in lines if line.startswith("| ")]
