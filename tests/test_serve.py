@@ -381,7 +381,30 @@ def test_api_agents_retry_429_and_5xx_and_count_every_failure(tmp_path):
         assert get_json(f"{base}/health")["models"]["m"]["requests"] == {"flaky": 3, "down": 3}
 
 
-def test_sigterm_drains_requests_in_flight(server):
+def test_a_dialogues_next_turn_reuses_the_cached_prefix_and_says_the_same(server, client):
+    """Across requests the engine reuses the KV of a prompt's longest cached prefix (a dialogue's previous
+    request, then the same prompt again): the reply is the same whichever part is reused, and /health counts
+    the reused tokens (identity with the cache off: tests/test_engine_prefix.py)."""
+    image = data_uri(picture(40, 72, seed=11))  # an image no other test sends: nothing cached covers it yet
+    first = [{"type": "image_url", "image_url": {"url": image}}, {"type": "text", "text": "What is it?"}]
+    answer = ask(client, first).choices[0].message.content
+    messages = [{"role": "user", "content": first}, {"role": "assistant", "content": answer},
+                {"role": "user", "content": "Look again."}]
+
+    def second_turn():
+        before = http(f"{server[1]}/health")[2]["models"]["tiny"]
+        reply = client.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=8)
+        after = http(f"{server[1]}/health")[2]["models"]["tiny"]
+        return reply.choices[0].message.content, {k: after[k] - before[k] for k in ("prompt_tokens", "reused_tokens")}
+
+    cold, cold_stats = second_turn()  # reuses the first turn's prompt, before the answer and "Look again."
+    warm, warm_stats = second_turn()  # the same prompt again: more of it is cached
+    assert warm == cold
+    assert 0 < cold_stats["reused_tokens"] < cold_stats["prompt_tokens"]
+    assert cold_stats["reused_tokens"] < warm_stats["reused_tokens"] < warm_stats["prompt_tokens"]
+
+
+def test_sigterm_drains_requests_in_flight(server):  # stops the module's server: keep it after its users
     process, base = server
     body = {"model": "tiny", "messages": [{"role": "user", "content": "a long one"}], "max_tokens": 300,
             "temperature": 0}
@@ -420,26 +443,3 @@ def test_default_context_holds_the_served_models_real_prompts():
     longest = max(len(tiny_tokenizer.encode(build_prompt(s, "IC", "official")).ids) + 88 * len(s.images)
                   for s in records)
     assert longest + 256 <= cache_len  # 5,716 text tokens at most: the old fixed 4,096 left one record out
-
-
-def test_a_dialogues_next_turn_reuses_the_cached_prefix_and_says_the_same(server, client):
-    """Across requests the engine reuses the KV of a prompt's longest cached prefix (a dialogue's previous
-    request, then the same prompt again): the reply is the same whichever part is reused, and /health counts
-    the reused tokens (identity with the cache off: tests/test_engine_prefix.py)."""
-    image = data_uri(picture(40, 72, seed=11))  # an image no other test sends: nothing cached covers it yet
-    first = [{"type": "image_url", "image_url": {"url": image}}, {"type": "text", "text": "What is it?"}]
-    answer = ask(client, first).choices[0].message.content
-    messages = [{"role": "user", "content": first}, {"role": "assistant", "content": answer},
-                {"role": "user", "content": "Look again."}]
-
-    def second_turn():
-        before = http(f"{server[1]}/health")[2]["models"]["tiny"]
-        reply = client.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=8)
-        after = http(f"{server[1]}/health")[2]["models"]["tiny"]
-        return reply.choices[0].message.content, {k: after[k] - before[k] for k in ("prompt_tokens", "reused_tokens")}
-
-    cold, cold_stats = second_turn()  # reuses the first turn's prompt, before the answer and "Look again."
-    warm, warm_stats = second_turn()  # the same prompt again: more of it is cached
-    assert warm == cold
-    assert 0 < cold_stats["reused_tokens"] < cold_stats["prompt_tokens"]
-    assert cold_stats["reused_tokens"] < warm_stats["reused_tokens"] < warm_stats["prompt_tokens"]
