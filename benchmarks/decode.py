@@ -2,6 +2,7 @@
 
     python benchmarks/decode.py                       # dim 256, 4 layers, vocab 32000, prompt 512, 128 new
     python benchmarks/decode.py --dim 512 --layers 8 --batches 1,8
+    python benchmarks/decode.py --gguf smollm2-135m-instruct --prompt 128 --new 64   # the main job's LLM
 
 A Llama-shaped LLaVA-NeXT with random weights (a tiny vision tower, never
 run: prompts are text-only) is built in PyTorch, saved, and loaded into
@@ -11,6 +12,11 @@ ids). Each configuration is run once to warm up (JAX compiles, PyTorch
 allocates), then timed, best of ``--repeats``. "prefill" is a run with one
 new token; "decode" is the rest: (time(new) - time(1)) over ``batch * (new - 1)``
 tokens.
+
+``--gguf`` (a model name of ``fire_jax.convert.fetch`` or a ``.gguf`` path) runs that file's LLM instead, both
+sides reading its weights (transformers: ``from_pretrained(folder, gguf_file=name)``), dequantized to float32,
+and adds the memory-bandwidth bound at batch 1: every float32 weight read once per token, at the rate this
+machine streams a 1 GiB array in the same run.
 """
 
 from __future__ import annotations
@@ -41,6 +47,16 @@ def build(directory: str, dim: int, layers: int, vocab: int):
     return model
 
 
+def stream_rate(gib: float = 1.0, repeats: int = 5) -> float:
+    """Bytes/s of a jitted sum over a ``gib`` GiB float32 array: the rate weights can be read from memory."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones((int(gib * 2 ** 28),), jnp.float32)
+    f = jax.jit(jnp.sum)
+    return x.nbytes / timed(lambda: f(x).block_until_ready(), repeats)
+
+
 def timed(fn, repeats: int) -> float:
     """Best of ``repeats`` runs after one warm-up (compile / allocate): the machine may be shared."""
     fn()
@@ -61,21 +77,39 @@ def main(argv=None):
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--gguf", default="", help="a GGUF model (name or path): its LLM, its weights, both sides")
     args = parser.parse_args(argv)
 
     import jax
     import torch
+    from flax import nnx
 
     from fire_jax.convert.hf import load_hf_checkpoint
     from fire_jax.infer.decode import DecodeConfig, generate
 
-    directory = tempfile.mkdtemp(prefix="decode_bench_")
-    hf = build(directory, args.dim, args.layers, args.vocab)
-    model = load_hf_checkpoint(directory, lora=None)
+    if args.gguf:
+        from transformers import AutoModelForCausalLM
+
+        from fire_jax.convert.fetch import resolve_model
+        from fire_jax.convert.gguf import load_model
+
+        path = resolve_model(args.gguf)
+        model = load_model(path)
+        hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                  torch_dtype=torch.float32).eval()
+        llm = model.config.llm
+        args.vocab = llm.vocab_size
+        described = (f"{os.path.basename(path)} ({llm.layers} layers, dim {llm.dim}, {llm.heads}/{llm.kv_heads} "
+                     f"heads, vocab {llm.vocab_size}, tied {llm.tie_word_embeddings})")
+    else:
+        directory = tempfile.mkdtemp(prefix="decode_bench_")
+        hf = build(directory, args.dim, args.layers, args.vocab)
+        model = load_hf_checkpoint(directory, lora=None)
+        described = f"random weights, dim {args.dim}, {args.layers} layers, vocab {args.vocab}"
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} | torch {torch.__version__} "
-          f"({torch.get_num_threads()} threads) | {os.cpu_count()} CPUs")
-    print(f"model: dim {args.dim}, {args.layers} layers, vocab {args.vocab}; prompt {args.prompt}, "
-          f"{args.new} new tokens, float32\n")
+          f"({torch.get_num_threads()} threads) | {os.cpu_count()} CPUs | load average "
+          "{:.2f} {:.2f} {:.2f} before".format(*os.getloadavg()))
+    print(f"model: {described}; prompt {args.prompt}, {args.new} new tokens, float32\n")
 
     rows = []
     for batch in [int(b) for b in args.batches.split(",")]:
@@ -109,6 +143,15 @@ def main(argv=None):
         (j, jd, jp), (h, hd, hp) = row["jax"], row["hf"]
         print(f"| {row['batch']} | {j:.0f} | {h:.0f} | {j / h:.2f}x | {jd:.0f} | {hd:.0f} | {jd / hd:.2f}x "
               f"| {jp:.2f} / {hp:.2f} |")
+    print("load average {:.2f} {:.2f} {:.2f} after".format(*os.getloadavg()))
+    if args.gguf:
+        weights = sum(x.size for x in jax.tree.leaves(nnx.state(model.language_model, nnx.Param))) * 4
+        rate = stream_rate()
+        batch1 = [row for row in rows if row["batch"] == 1]
+        print(f"\nmemory-bandwidth bound at batch 1: {weights / 2 ** 20:.0f} MiB of float32 LLM weights read once a "
+              f"token at {rate / 1e9:.1f} GB/s (a 1 GiB array streamed) -> {rate / weights:.0f} tokens/s"
+              + (f"; fire_jax decodes {batch1[0]['jax'][1]:.0f} ({batch1[0]['jax'][1] / (rate / weights):.0%} of it)"
+                 if batch1 else ""))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     python benchmarks/dialogue.py                        # configs/tiny.py's model, random weights
     python benchmarks/dialogue.py --model smollm2        # configs/smollm2_llava.py's shape, random weights
     python benchmarks/dialogue.py --model smollm2 --gguf # ... with the fetched SmolLM2-135M-Instruct weights
+    python benchmarks/dialogue.py --workload generation  # FIRE-1M-style generation (tools/make_fire1m.py's loop)
 
 :func:`fire_jax.infer.dialogue.run_dialogues` over ``--items`` items of the
 shipped synthetic test set, ``--batch`` dialogues in flight, one model as the
@@ -22,6 +23,11 @@ untimed (every shape compiled), then timed with fresh agents (empty caches).
 The texts of both settings are compared; prefill tokens are the prompt
 tokens the engines computed (not reused), tokens/s the generated tokens over
 the wall time.
+
+``--workload generation`` times FIRE-1M-style data generation the same way:
+:func:`fire_jax.infer.dialogue.make_fire_records` (Fig. 3b: 3 turns, no stop
+on a score that does not rise, records written to a temporary JSONL), and
+compares the written records instead of the texts.
 """
 
 from __future__ import annotations
@@ -50,44 +56,64 @@ def load_model(name: str, gguf: bool):
     return loaded
 
 
-def rising_teacher(loaded, decode):
-    """The model as the teacher, its reply to turn k scored k (so no dialogue stops before ``max_turns``)."""
+def rising_teacher(loaded, decode, score_line: bool = False):
+    """The model as the teacher, its reply to turn k scored k (so no dialogue stops before ``max_turns``);
+    ``score_line`` writes that score into the reply ("Score: k.\nFeedback: <text>"), as FIRE records need."""
     from fire_jax.infer.agents import Feedback, Teacher
 
     class RisingTeacher(Teacher):
         def feedback(self, images, questions, groundtruths, answers, histories=None, *, rng=None):
             out = super().feedback(images, questions, groundtruths, answers, histories, rng=rng)
             histories = histories or [()] * len(out)
-            return [Feedback(f.text, float(len(h) + 1)) for f, h in zip(out, histories)]
+            scores = [len(h) + 1 for h in histories]
+            return [Feedback(f"Score: {k}.\nFeedback: {f.text.strip() or '-'}" if score_line else f.text, float(k))
+                    for f, k in zip(out, scores)]
 
     return RisingTeacher(loaded.model, loaded.chat, decode, history="latest", batch_size=0)
 
 
 def run(loaded, items, args, prefix_cache: bool) -> dict:
+    import json
+    import tempfile
+
     from fire_jax.infer.agents import Student
     from fire_jax.infer.decode import DecodeConfig
-    from fire_jax.infer.dialogue import StopRule, run_dialogues
+    from fire_jax.infer.dialogue import FIRE_1M_GENERATION, StopRule, make_fire_records, run_dialogues
 
     decode = DecodeConfig(max_new_tokens=args.max_new_tokens, prefix_cache=prefix_cache)
     student = Student(loaded.model, loaded.chat, decode)
-    teacher = rising_teacher(loaded, decode)
+    teacher = rising_teacher(loaded, decode, score_line=args.workload == "generation")
     finished = []
+    steps = 0
     start = time.perf_counter()
-    steps = run_dialogues(items, student, teacher, StopRule(max_turns=args.turns), batch_size=args.batch,
-                          on_finish=finished.append)
-    wall = time.perf_counter() - start
+    if args.workload == "generation":
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "fire_1m.jsonl")
+            make_fire_records(items, student, teacher, out, rule=FIRE_1M_GENERATION, batch_size=args.batch)
+            wall = time.perf_counter() - start
+            with open(out) as f:
+                records = [json.loads(line) for line in f]
+        texts = {r["id"]: r["conversations"] for r in records}
+        turns = sum(r["round"] for r in records)
+    else:
+        steps = run_dialogues(items, student, teacher, StopRule(max_turns=args.turns), batch_size=args.batch,
+                              on_finish=finished.append)
+        wall = time.perf_counter() - start
+        texts = {d.item.id: [(t.response, t.feedback) for t in d.turns] for d in finished}
+        turns = sum(len(d.turns) for d in finished)
     stats = [agent._engine.stats for agent in (student, teacher)]
     total = lambda key: sum(s[key] for s in stats)
-    texts = {d.item.id: [(t.response, t.feedback) for t in d.turns] for d in finished}
     return dict(wall=wall, steps=steps, texts=texts, prompt=total("prompt_tokens"), reused=total("reused_tokens"),
-                prefilled=total("prefilled_tokens"), generated=total("tokens"),
-                turns=sum(len(d.turns) for d in finished))
+                prefilled=total("prefilled_tokens"), generated=total("tokens"), turns=turns,
+                in_steps=f" in {steps} steps" if steps else "")
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
     parser.add_argument("--gguf", action="store_true", help="smollm2: the fetched GGUF weights, not random ones")
+    parser.add_argument("--workload", choices=("dialogues", "generation"), default="dialogues",
+                        help="free dialogues (FIRE-Bench), or FIRE-1M-style generation (3 turns, records written)")
     parser.add_argument("--items", type=int, default=8)
     parser.add_argument("--batch", type=int, default=8, help="dialogues in flight")
     parser.add_argument("--turns", type=int, default=5)
@@ -100,18 +126,22 @@ def main(argv=None) -> None:
     loaded = load_model(args.model, args.gguf)
     items = load_triplets(resolve_path("assets:synthetic_fire/test.json"), "assets:synthetic_fire/images",
                           max_examples=args.items)[:args.items]
-    print(f"{args.model}: {len(items)} items, {args.batch} in flight, {args.turns} turns, "
-          f"max_new_tokens {args.max_new_tokens}")
+    turns = 3 if args.workload == "generation" else args.turns
+    print(f"{args.model}, {args.workload}: {len(items)} items, {args.batch} in flight, {turns} turns, "
+          f"max_new_tokens {args.max_new_tokens}; load average " + "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     results = {}
     for name, on in (("off", False), ("on", True)):
         run(loaded, items, args, on)  # compiles every shape this workload meets
         results[name] = r = run(loaded, items, args, on)
-        print(f"cache {name:3s}: wall {r['wall']:7.2f} s, {r['turns']} turns in {r['steps']} steps, prompt tokens "
+        print(f"cache {name:3s}: wall {r['wall']:7.2f} s, {r['turns']} turns{r['in_steps']}, prompt tokens "
               f"{r['prompt']}, reused {r['reused']}, prefill tokens {r['prefilled']}, generated {r['generated']} "
               f"({r['generated'] / r['wall']:.1f} tokens/s, {r['prompt'] / r['wall']:.1f} prompt tokens/s)")
     off, on = results["off"], results["on"]
-    print(f"texts identical with and without the cache: {off['texts'] == on['texts']}")
-    print(f"dialogue: prefill tokens {off['prefilled']} -> {on['prefilled']} "
+    print(f"texts identical with and without the cache: {off['texts'] == on['texts']} ({len(on['texts'])} "
+          f"{'records' if args.workload == 'generation' else 'dialogues'}); load average "
+          + "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
+    label = "generation" if args.workload == "generation" else "dialogue"
+    print(f"{label}: prefill tokens {off['prefilled']} -> {on['prefilled']} "
           f"({off['prefilled'] / max(on['prefilled'], 1):.2f}x fewer), wall {off['wall']:.2f} -> {on['wall']:.2f} s "
           f"({off['wall'] / on['wall']:.2f}x faster)")
 

@@ -123,7 +123,7 @@ def main(argv=None, print_fn=print) -> list[dict]:
 
     from fire_jax.config import load_config
     from fire_jax.infer.decode import DecodeConfig, generate
-    from fire_jax.models import LlavaNext, LlavaNextConfig, layers, set_layer_layout
+    from fire_jax.models import LlavaNext, LlavaNextConfig, set_attention, set_layer_layout
     from fire_jax.config import loss_config, train_config
     from fire_jax.sharding import make_mesh
     from fire_jax.train.step import Trainer
@@ -165,7 +165,7 @@ def main(argv=None, print_fn=print) -> list[dict]:
 
     rng = np.random.default_rng(0)
     on_gpu = device.platform == "gpu"
-    layers.GPU_ATTENTION = "cudnn" if on_gpu and args.attention == "cudnn" else None
+    set_attention(model, "cudnn" if on_gpu and args.attention == "cudnn" else "auto")
     for micro in micros:
         if out_of_time(f"train micro-batch {micro}"):
             continue
@@ -186,11 +186,13 @@ def main(argv=None, print_fn=print) -> list[dict]:
         try:
             seconds = _best(step, args.repeats)
         except Exception as error:  # noqa: BLE001 - cuDNN rejects some shapes/dtypes at compile time
-            if layers.GPU_ATTENTION is None:
+            if model.cfg.attention != "cudnn":
                 raise
             print_fn(f"cuDNN attention failed ({type(error).__name__}: {str(error)[:200]}); using XLA's")
-            layers.GPU_ATTENTION, attention = None, "xla (cuDNN failed)"
-            trainer._steps.clear()
+            set_attention(model, "auto")
+            attention = "xla (cuDNN failed)"
+            trainer = Trainer(model, train_config(batch_size=micro, loss_chunk=512, lr=1e-5), loss_config(), 1000,
+                              make_mesh((1, 1, 1), [device]))
             holder["state"] = trainer.initial_state
             seconds = _best(step, args.repeats)
         tokens = micro * seq / seconds
@@ -213,16 +215,16 @@ def main(argv=None, print_fn=print) -> list[dict]:
         try:
             total, prefill = _best(run(new), args.repeats), _best(run(1), args.repeats)
         except Exception as error:  # noqa: BLE001 - cuDNN may reject the prefill's padded shapes
-            if layers.GPU_ATTENTION is None:
+            if model.cfg.attention != "cudnn":
                 raise
             print_fn(f"cuDNN attention failed in prefill ({type(error).__name__}: {str(error)[:200]}); using XLA's")
-            layers.GPU_ATTENTION = None
+            set_attention(model, "auto")
             total, prefill = _best(run(new), args.repeats), _best(run(1), args.repeats)
         record(dict(kind="decode", batch=batch_size, seconds=total, prefill_s=prefill,
                          tokens_per_s=batch_size * new / total,
                          decode_tokens_per_s=batch_size * (new - 1) / (total - prefill) if total > prefill else None,
                          peak_gib=_peak_gib(device),
-                         attention=("cudnn" if layers.GPU_ATTENTION else "xla") if on_gpu else "grouped (CPU)"))
+                         attention=("cudnn" if model.cfg.attention == "cudnn" else "xla") if on_gpu else "grouped (CPU)"))
         print_fn(f"decode batch {batch_size} done ({time.perf_counter() - start_all:.0f}s)")
 
     from fire_jax.infer.engine import Engine, Request

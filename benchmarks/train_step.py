@@ -4,6 +4,14 @@
     python benchmarks/train_step.py --part speed     # tokens/s, ours vs PyTorch + peft, same config and batch
     python benchmarks/train_step.py --part profile   # where the speed part's step spends its time, per op class
     python benchmarks/train_step.py --part memory    # 8B student step lowered abstractly on 8 devices
+    python benchmarks/train_step.py --part smollm2   # SmolLM2-135M-Instruct's weights (the main job's LLM), both sides
+
+SmolLM2: the main job's model (configs/smollm2_llava.py: 30 layers, dim 576, 9 / 3 heads, vocab 49152, tied
+embeddings, LoRA rank 32 on q, k, v, o), text-only, with the fetched GGUF file's weights on both sides
+(transformers through ``from_pretrained(folder, gguf_file=name)``), at batch 8 x 256 with the last 16 tokens
+labelled (a teacher example: the score and verdict) and at batch 8 x 512 with the second half labelled. Beside
+the tokens/s: the step's FLOPs from XLA's cost analysis over its time, as a fraction of a float32 matmul's
+measured rate in the same run (the roofline).
 
 Speed: a small Llama-shaped LLaVA-NeXT (float32, CPU), LoRA on q,k, one AdamW
 step per iteration on the same [batch, seq] text batch with the same loss mask.
@@ -37,12 +45,26 @@ SMALL = dict(
     image_token_id=31999, image_grid_pinpoints=((32, 64), (64, 32), (64, 64)))
 
 
-def _batch(batch, seq, vocab, seed=0):
+def _batch(batch, seq, vocab, seed=0, labelled=None):
+    """Random ids; the last ``labelled`` tokens (default: the second half) are the labelled assistant turn."""
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, vocab - 1, (batch, seq)).astype(np.int32)
     loss_mask = np.zeros((batch, seq), np.float32)
-    loss_mask[:, seq // 2:] = 1.0  # the second half is the labelled assistant turn
+    loss_mask[:, seq - (labelled or seq // 2):] = 1.0
     return ids, loss_mask
+
+
+def matmul_rate(n: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of one float32 n x n matmul under jax.jit on this machine, best of ``repeats`` (the roofline)."""
+    a = jnp.ones((n, n), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        f(a).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2 * n ** 3 / best
 
 
 def _time(fn, steps, repeats=3):
@@ -113,6 +135,72 @@ def speed(batch: int, seq: int, steps: int, scan_layers: bool = False, remat: st
     print(f"{'implementation':32s} {'s/step':>8s} {'tokens/s':>10s} {'ratio':>6s}")
     print(f"{'transformers + peft (PyTorch)':32s} {t_ref:8.3f} {tokens / t_ref:10.0f} {1.0:6.2f}")
     print(f"{'fire_jax (jax.jit)':32s} {t_ours:8.3f} {tokens / t_ours:10.0f} {t_ref / t_ours:6.2f}")
+
+
+def smollm2(shapes: list[tuple[int, int, int]], steps: int, model_spec: str = "smollm2-135m-instruct") -> None:
+    """LoRA train steps on SmolLM2-135M-Instruct's weights: fire_jax against transformers + peft."""
+    import torch
+    from peft import LoraConfig as PeftLora, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from fire_jax.convert.fetch import resolve_model
+    from fire_jax.convert.gguf import TEXT_ONLY_VISION, llava_from_gguf
+    from fire_jax.models import LoraConfig
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    path = resolve_model(model_spec)
+    lora = LoraConfig(rank=32, alpha=64.0, dropout=0.0, targets=("q", "k", "v", "o"))  # configs/smollm2_llava.py
+    model = llava_from_gguf(path, TEXT_ONLY_VISION, lora, scan_layers=True)
+    llm = model.config.llm
+    hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                              torch_dtype=torch.float32)
+    peft_model = get_peft_model(hf, PeftLora(r=32, lora_alpha=64, lora_dropout=0.0,
+                                             target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    peft_model.train()
+    optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-4, weight_decay=0.0)
+    peak = matmul_rate()
+    load_before = _load()
+    rows = []
+    for batch, seq, labelled in shapes:
+        ids, loss_mask = _batch(batch, seq, llm.vocab_size, labelled=labelled)
+        tc = train_config(lr=1e-4, batch_size=batch, loss_chunk=128)  # the main job's chunk
+        trainer = Trainer(model, tc, loss_config(), 1000, make_mesh((1, 1, 1)))
+        jbatch = {"input_ids": jnp.asarray(ids), "attention_mask": jnp.ones_like(jnp.asarray(ids)),
+                  "loss_mask": jnp.asarray(loss_mask), "turn_ids": jnp.asarray(np.where(loss_mask > 0, 2, -1))}
+        state = {"s": trainer.initial_state}
+        rng = jax.random.key(0)
+        compiled = trainer.compiled_step(jbatch).lower(state["s"], trainer.frozen, jbatch, rng).compile()
+        cost = compiled.cost_analysis()
+        flops = float((cost[0] if isinstance(cost, list) else cost)["flops"])
+
+        def ours():
+            state["s"], metrics = trainer.step(state["s"], jbatch, rng)
+            jax.block_until_ready(metrics["loss"])
+
+        tids = torch.as_tensor(ids, dtype=torch.long)
+        labels = torch.where(torch.as_tensor(loss_mask) > 0, tids, torch.full_like(tids, -100))
+
+        def reference():
+            optimizer.zero_grad()
+            peft_model(input_ids=tids, labels=labels).loss.backward()
+            torch.nn.utils.clip_grad_norm_([p for p in peft_model.parameters() if p.requires_grad], 1.0)
+            optimizer.step()
+
+        t_ours, t_ref = _time(ours, steps), _time(reference, steps)
+        rows.append((batch, seq, int(loss_mask[0].sum()), t_ref, t_ours, flops))
+        print(f"batch {batch} x {seq} done", flush=True)
+    print(f"\ntrain step, SmolLM2-135M-Instruct ({os.path.basename(path)}, dequantized to float32 on both sides), "
+          f"{llm.layers} layers, dim {llm.dim}, {llm.heads}/{llm.kv_heads} heads, vocab {llm.vocab_size}, tied; LoRA r32 "
+          f"on q,k,v,o; CPU ({os.cpu_count()} cores); best of 3 x {steps} steps; {load_before} before, {_load()} after")
+    print(f"float32 matmul rate, 2048^3 under jax.jit: {peak / 1e9:.0f} GFLOP/s")
+    print("| batch x seq (labelled) | transformers + peft s/step | tokens/s | fire_jax s/step | tokens/s | ratio "
+          "| fire_jax step GFLOP (XLA) | GFLOP/s | of matmul rate |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for batch, seq, labelled, t_ref, t_ours, flops in rows:
+        tokens = batch * seq
+        print(f"| {batch} x {seq} ({labelled}) | {t_ref:.3f} | {tokens / t_ref:.0f} | {t_ours:.3f} | "
+              f"{tokens / t_ours:.0f} | {t_ref / t_ours:.2f}x | {flops / 1e9:.0f} | {flops / t_ours / 1e9:.0f} | "
+              f"{flops / t_ours / peak:.0%} |")
 
 
 def profile(batch: int, seq: int) -> None:
@@ -234,7 +322,7 @@ def memory_8b(dtype: str | None, base: str = "llava_next_8b") -> None:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--part", choices=("all", "speed", "profile", "flops", "memory"), default="all")
+    parser.add_argument("--part", choices=("all", "speed", "profile", "flops", "memory", "smollm2"), default="all")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--steps", type=int, default=5)
@@ -252,6 +340,8 @@ def main():
         flops_per_token_8b()
     if args.part in ("all", "memory"):
         memory_8b(args.dtype, args.base)
+    if args.part in ("all", "smollm2"):
+        smollm2([(8, 256, 16), (8, 512, 256)], max(2, args.steps // 2))
 
 
 if __name__ == "__main__":

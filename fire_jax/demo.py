@@ -21,8 +21,8 @@ in training and in the free dialogues: the student sees the feedback without
 its score line, the teacher sees the question, the groundtruth and the
 latest answer.
 
-The page is one self-contained HTML file served by FastAPI, the stack of
-:mod:`fire_jax.serve`: nothing is fetched from the internet, and its JSON
+The page is one static, self-contained HTML file (``fire_jax/assets/demo/index.html``)
+served by FastAPI, the stack of :mod:`fire_jax.serve`: nothing is fetched from the internet, and its JSON
 routes (``/api/respond``, ``/api/feedback``, ``/api/record``) are the same
 calls a script would make. With ``"stream": true`` the generating routes
 answer with server-sent events, so the page shows the text as it grows and
@@ -55,7 +55,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Streamin
 from fire_jax.cli import input_errors_end_in_one_line
 from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, split_overrides
 from fire_jax.data.images import preprocess
-from fire_jax.data.records import BadRecordError, Turn, parse_record, parse_score
+from fire_jax.data.records import BadRecordError, Turn, parse_record, parse_score, to_raw
 from fire_jax.infer.api import ApiAgent, chat_messages, load_agents as load_role_agents
 from fire_jax.infer.decode import DecodeConfig
 from fire_jax.infer.engine import Engine, Request
@@ -66,6 +66,8 @@ from fire_jax.serve import default_models
 #: Decode steps between two updates of the page (the engine's chunk).
 STREAM_CHUNK = 2
 EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "synthetic_fire")
+#: The page: one static HTML file (no template); it reads the models, sampling and examples from /api/settings.
+PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "demo", "index.html")
 NUM_EXAMPLES = 24
 
 
@@ -251,15 +253,8 @@ def fire_record(body: dict) -> dict:
     missing = [k for k, t in enumerate(turns, 1) if not t.feedback]
     if missing:
         raise BadRequest(400, f"turn {missing[0]} has no feedback")
-    conversations = []
-    for turn in turns:
-        conversations += [{"role": "student", "type": "response", "value": turn.response},
-                          {"role": "teacher", "type": "feedback", "value": turn.feedback}]
-    record = {"id": f"demo-{int(time.time() * 1000)}", "image": _text(body, "image_name"),
-              "question": {"role": "user", "value": _text(body, "question")},
-              "groundtruth": {"role": "user", "value": _text(body, "groundtruth", required=False) or "(none given)"},
-              "conversations": conversations, "source": "demo", "round": len(turns),
-              "score": [t.score for t in turns], "split": "demo"}
+    record = to_raw(f"demo-{int(time.time() * 1000)}", _text(body, "image_name"), _text(body, "question"),
+                    _text(body, "groundtruth", required=False) or "(none given)", turns, source="demo", split="demo")
     try:  # the demo's users may give feedback without a score line: the student's data keeps such records
         parse_record(record, default_id=record["id"], require_scores=False)
     except BadRecordError as e:
@@ -299,7 +294,7 @@ def create_app(student: Streaming, teacher: Streaming, descriptions: dict, decod
 
     @app.get("/", response_class=HTMLResponse)
     def page():
-        return PAGE.replace("__SETTINGS__", json.dumps(settings()).replace("<", "\\u003c"))
+        return FileResponse(PAGE, media_type="text/html")
 
     def settings() -> dict:
         return {"student": descriptions["student"], "teacher": descriptions["teacher"],
@@ -346,167 +341,6 @@ def create_app(student: Streaming, teacher: Streaming, descriptions: dict, decod
 
     return app
 
-
-PAGE = r"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>fire_jax: feedback chat</title>
-<style>
-body{font-family:system-ui,sans-serif;margin:0;background:#f4f5f7;color:#222}
-header{background:#b33a1f;color:#fff;padding:10px 18px}header h1{margin:0;font-size:20px}
-main{display:grid;grid-template-columns:330px 1fr;gap:16px;padding:16px}
-.card{background:#fff;border-radius:8px;padding:12px;box-shadow:0 1px 3px #0002}
-label{display:block;font-size:12px;font-weight:600;margin:8px 0 2px}
-textarea,input[type=text],select{width:100%;box-sizing:border-box;font:inherit;padding:5px}
-button{font:inherit;padding:6px 12px;margin:6px 4px 0 0;border:0;border-radius:5px;background:#b33a1f;color:#fff;cursor:pointer}
-button:disabled{background:#bbb;cursor:default}button.secondary{background:#555}
-#preview{max-width:100%;max-height:220px;image-rendering:pixelated;border:1px solid #ccc;margin-top:6px}
-.turn{border-left:4px solid #b33a1f;padding:6px 10px;margin:8px 0;background:#fafafa}
-.turn pre{white-space:pre-wrap;margin:2px 0 6px;font-family:inherit}
-.score{font-weight:700;color:#b33a1f}#error{color:#b00;white-space:pre-wrap;font-weight:600}
-#status{color:#555;font-style:italic}small{color:#555}
-#live{white-space:pre-wrap;font-family:inherit;background:#fffbe6;border-left:4px solid #e0b000;padding:6px 10px}
-</style></head><body>
-<header><h1>fire_jax &middot; FIRE feedback chat</h1></header>
-<main>
-<section class="card">
- <label for="example">Example image</label><select id="example"><option value="">(choose)</option></select>
- <label for="upload">or upload an image</label><input id="upload" type="file" accept="image/*">
- <img id="preview" alt="no image yet" hidden>
- <label for="question">Question</label><textarea id="question" rows="2"></textarea>
- <label for="groundtruth">Groundtruth (for the teacher)</label><textarea id="groundtruth" rows="2"></textarea>
- <button id="ask">Ask the student</button><button id="reset" class="secondary">Reset</button>
- <h3>Models</h3><div id="models"></div>
- <h3>Sampling</h3><div id="sampling"></div>
-</section>
-<section class="card">
- <div id="turns"></div>
- <label for="feedback">Feedback on the latest answer (yours, or the teacher's)</label>
- <textarea id="feedback" rows="4" placeholder="Score: 5.&#10;Feedback: ..."></textarea>
- <button id="teacher" disabled>Ask the teacher</button><button id="refine" disabled>Refine</button>
- <button id="download" disabled class="secondary">Download record</button>
- <div id="status"></div><pre id="live" hidden></pre><div id="error"></div>
-</section>
-</main>
-<script id="settings" type="application/json">__SETTINGS__</script>
-<script>
-const SETTINGS = JSON.parse(document.getElementById('settings').textContent);
-const $ = id => document.getElementById(id);
-let state = {image: null, imageName: null, turns: []};
-let busyTimer = null;
-
-function text(s){ const d=document.createElement('div'); d.textContent=s; return d.innerHTML; }
-$('models').innerHTML = `<small>student: ${text(SETTINGS.student)}<br>teacher: ${text(SETTINGS.teacher)}</small>`;
-$('sampling').innerHTML = '<small>' + Object.entries(SETTINGS.sampling).map(([k,v]) => `${k} = ${v}`).join('<br>') + '</small>';
-for (const ex of SETTINGS.examples) {
-  const o = document.createElement('option'); o.value = ex.image; o.textContent = `${ex.image}: ${ex.question}`;
-  $('example').appendChild(o);
-}
-function setImage(dataUri, name){ state.image = dataUri; state.imageName = name; $('preview').src = dataUri; $('preview').hidden = false; }
-function readFile(blob, name){
-  const reader = new FileReader(); reader.onload = () => setImage(reader.result, name); reader.readAsDataURL(blob);
-}
-$('example').onchange = async () => {
-  const ex = SETTINGS.examples.find(e => e.image === $('example').value); if (!ex) return;
-  const reply = await fetch('/examples/' + encodeURIComponent(ex.image));
-  readFile(await reply.blob(), ex.image);
-  $('question').value = ex.question; $('groundtruth').value = ex.groundtruth;
-};
-$('upload').onchange = () => { const f = $('upload').files[0]; if (f) readFile(f, f.name); };
-
-function render(){
-  $('turns').innerHTML = state.turns.map((t, i) => `<div class="turn" id="turn-${i+1}"><b>Turn ${i+1}</b>
-    <div>Student:</div><pre class="response">${text(t.response)}</pre>
-    <div>Feedback:</div><pre class="feedback">${t.feedback ? text(t.feedback) : '<i>(none yet)</i>'}</pre>
-    <div>Score: <span class="score">${t.score === null || t.score === undefined ? '-' : t.score}</span></div></div>`).join('');
-  const has = state.turns.length > 0;
-  $('teacher').disabled = !has; $('refine').disabled = !has; $('download').disabled = !has;
-}
-let live = null;  // the reply growing on the page: {text, tokens}
-window.progressLog = [];  // every update of the current step, for tests and the curious: {tokens, text}
-function busy(what){
-  const start = Date.now(); document.querySelectorAll('button').forEach(b => b.disabled = true);
-  $('error').textContent = ''; live = {text: '', tokens: 0}; window.progressLog = [];
-  const show = () => $('status').textContent =
-    `${what}... ${live.tokens} tokens, ${((Date.now()-start)/1000).toFixed(0)} s`;
-  show(); busyTimer = setInterval(show, 500);
-}
-function idle(message){
-  clearInterval(busyTimer); $('status').textContent = message || '';
-  live = null; $('live').hidden = true; $('live').textContent = '';
-  document.querySelectorAll('button').forEach(b => b.disabled = false); render();
-}
-async function failed(route, reply){
-  let data; try { data = await reply.json(); } catch (e) { throw new Error(`${route}: HTTP ${reply.status}`); }
-  throw new Error((data.error && data.error.message) || `${route}: HTTP ${reply.status}`);
-}
-async function call(route, body){
-  const reply = await fetch(route, {method: 'POST', headers: {'content-type': 'application/json'}, body: JSON.stringify(body)});
-  if (!reply.ok) await failed(route, reply);
-  return await reply.json();
-}
-// A generation as server-sent events: the text is shown as it grows; resolves with the final event.
-async function generate(route, body){
-  const reply = await fetch(route, {method: 'POST', headers: {'content-type': 'application/json'},
-                                    body: JSON.stringify({...body, stream: true})});
-  if (!reply.ok) await failed(route, reply);
-  const reader = reply.body.getReader(), decoder = new TextDecoder();
-  let buffer = '';
-  for (;;) {
-    const {value, done} = await reader.read();
-    if (done) throw new Error(`${route}: the stream ended early`);
-    buffer += decoder.decode(value, {stream: true});
-    let cut;
-    while ((cut = buffer.indexOf('\n\n')) >= 0) {
-      const line = buffer.slice(0, cut); buffer = buffer.slice(cut + 2);
-      if (!line.startsWith('data: ')) continue;
-      const event = JSON.parse(line.slice(6));
-      if (event.error) throw new Error(event.error.message);
-      if (event.done) return event;
-      live.text += event.delta; live.tokens = event.tokens;
-      window.progressLog.push({tokens: live.tokens, text: live.text});
-      $('live').hidden = false; $('live').textContent = live.text;
-    }
-  }
-}
-function base(){ return {image: state.image, question: $('question').value, groundtruth: $('groundtruth').value}; }
-async function step(what, work){
-  busy(what);
-  try { await work(); idle('done: ' + what); }
-  catch (e) { idle(); $('error').textContent = 'Error: ' + e.message; }
-}
-$('ask').onclick = () => step('the student answers', async () => {
-  if (!state.image) throw new Error('choose or upload an image first');
-  const r = await generate('/api/respond', {...base(), turns: []});
-  state.turns = [{response: r.response, feedback: '', score: null}]; $('feedback').value = '';
-});
-$('teacher').onclick = () => step('the teacher gives feedback', async () => {
-  const r = await generate('/api/feedback', {...base(), turns: state.turns});
-  const last = state.turns[state.turns.length - 1]; last.feedback = r.feedback; last.score = r.score;
-  $('feedback').value = r.feedback;
-});
-function takeFeedback(){
-  const last = state.turns[state.turns.length - 1];
-  if ($('feedback').value.trim()) last.feedback = $('feedback').value.trim();
-}
-$('refine').onclick = () => step('the student refines', async () => {
-  takeFeedback();
-  const r = await generate('/api/respond', {...base(), turns: state.turns});
-  state.turns = r.turns.concat([{response: r.response, feedback: '', score: null}]); $('feedback').value = '';
-});
-$('download').onclick = () => step('building the record', async () => {
-  takeFeedback();
-  const record = await call('/api/record', {...base(), image_name: state.imageName, turns: state.turns});
-  const a = document.createElement('a');
-  a.href = URL.createObjectURL(new Blob([JSON.stringify(record, null, 1)], {type: 'application/json'}));
-  a.download = 'fire_record.json'; document.body.appendChild(a); a.click(); a.remove();
-});
-$('reset').onclick = () => {
-  state = {image: null, imageName: null, turns: []};
-  ['question', 'groundtruth', 'feedback', 'example', 'upload'].forEach(id => $(id).value = '');
-  $('preview').hidden = true; $('error').textContent = ''; $('status').textContent = ''; render();
-};
-render();
-</script></body></html>
-"""
 
 
 def parse_args(argv=None):

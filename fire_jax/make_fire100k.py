@@ -48,7 +48,7 @@ import re
 from fire_jax.cli import input_errors_end_in_one_line
 from fire_jax.config import resolve_path
 from fire_jax.data.items import Item, load_triplets
-from fire_jax.data.records import BadRecordError, BadRecords, Turn, load_records, parse_record
+from fire_jax.data.records import BadRecordError, BadRecords, Turn, improved, load_records, parse_record
 from fire_jax.infer.api import ApiAgent, ApiError, image_url
 from fire_jax.infer.decode import DecodeConfig
 from fire_jax.infer.dialogue import fire_record
@@ -131,7 +131,7 @@ def drop_reason(turns: list[Turn], max_turns: int = MAX_TURNS) -> tuple[str, str
     scores = [t.score for t in turns]
     if len(turns) > max_turns:
         return "too_many_turns", f"{len(turns)} turns > {max_turns}"
-    if not scores[-1] > scores[0]:
+    if not improved(scores):
         return "no_improvement", f"scores {scores}"
     return None
 

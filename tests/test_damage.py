@@ -4,7 +4,6 @@ import collections
 import glob
 import json
 import os
-import shutil
 
 import jax.numpy as jnp
 import numpy as np

@@ -270,3 +270,22 @@ def test_field_caps_are_set_in_the_data_config(bad_dir):
         load_records(str(path), str(bad_dir), caps={"questions": 10})
     with pytest.raises(InputError, match=r"data.field_caps.question: expected a positive integer, got 0"):
         load_records(str(path), str(bad_dir), caps={"question": 0})
+
+
+def test_to_raw_writes_what_parse_record_reads_and_improved_is_the_papers_filter():
+    """One writer of raw FIRE records (generation, FIRE-100K-style data, the demo): parse_record reads it back
+    to the same conversation; ``improved`` keeps a conversation whose last score is above its first."""
+    from fire_jax.data.records import Turn, improved, parse_record, to_raw
+
+    turns = [Turn("Thought: one.\nAnswer: 3", "Score: 4.\nFeedback: count again.", 4.0),
+             Turn("Thought: two.\nAnswer: 2", "Score: 10.\nFeedback: correct.", 10.0)]
+    raw = to_raw("r1", "a/b.png", "How many?", "There are 2.", turns, source="synthetic", split="fire_1m")
+    assert raw["round"] == 2 and raw["score"] == [4.0, 10.0] and raw["split"] == "fire_1m"
+    assert [m["role"] for m in raw["conversations"]] == ["student", "teacher"] * 2
+    back = parse_record(json.loads(json.dumps(raw)), default_id="x")
+    assert isinstance(back, Conversation) and back.id == "r1" and back.image == "a/b.png"
+    assert back.question == "How many?" and back.groundtruth == "There are 2." and back.source == "synthetic"
+    assert list(back.turns) == turns
+    assert improved([4.0, 10.0]) and improved([1, 5, 2])
+    assert not improved([7.0]) and not improved([6, 9, 6]) and not improved([8, 3])
+    assert not improved([None, 9.0]) and not improved([3.0, None])

@@ -132,6 +132,7 @@ def test_demo_dialogue_in_browser(demo, browser, tmp_path):
     assert settings["student"] == "random init (seed 0)" and settings["teacher"].startswith("endpoint api:")
 
     driver.get(base)
+    wait.until(lambda d: find("body").get_attribute("data-ready") == "1")  # the static page read /api/settings
     assert "temperature = 0" in find("#sampling").text and "random init" in find("#models").text
     Select(find("#example")).select_by_value(EXAMPLE)
     wait.until(lambda d: find("#preview").get_attribute("src").startswith("data:image/png;base64,"))
@@ -211,6 +212,19 @@ def post_json(url: str, body) -> tuple[int, dict]:
             return reply.status, json.loads(reply.read()) if "json" in reply.headers["content-type"] else {}
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
+
+
+def test_the_page_is_the_static_file(limited_demo):
+    """GET / serves fire_jax/assets/demo/index.html byte for byte: the server's settings reach the page from
+    /api/settings, not by templating."""
+    from fire_jax.demo import PAGE
+
+    with urllib.request.urlopen(limited_demo + "/", timeout=60) as reply:
+        assert reply.headers["content-type"].startswith("text/html")
+        body = reply.read()
+    with open(PAGE, "rb") as f:
+        assert body == f.read()
+    assert b"fetch('/api/settings')" in body
 
 
 def test_bad_input_gets_4xx_not_a_model_failure(limited_demo):

@@ -20,7 +20,7 @@ from fire_jax.convert import hf as convert
 from fire_jax.data.images import load_image, pad_tiles, preprocess
 from fire_jax.geometry import ImageGeometry
 from fire_jax.models import LlavaNextConfig, LoRAParam, count_params
-from hf_reference import (IMAGE_TOKEN, PINPOINTS, hf_llava15_logits, hf_logits, load_tool, make_batch, rel_err,
+from hf_reference import (IMAGE_TOKEN, hf_llava15_logits, hf_logits, load_tool, make_batch, rel_err,
                           tiny_hf_llava15, tiny_hf_next_vicuna)
 
 TOL = 1e-6  # relative logit error, fp32

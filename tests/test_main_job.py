@@ -70,7 +70,7 @@ def test_summary_equals_results_and_tables(pipeline_run):
         markdown = open(os.path.join(workdir, "eval", f"{run_name}_free", "results.md")).read()
         overall = free["metrics"]["judged"]["overall"]
         agreement = "–" if overall["agreement"] is None else f"{100 * overall['agreement']:.1f}%"
-        assert f"| overall | " in markdown and f"| {agreement} |" in markdown
+        assert "| overall | " in markdown and f"| {agreement} |" in markdown
     # the non-trivial part: the trained student writes the answer format the base model learned from r_1
     assert summary["rows"]["fire"]["student BLEU-4"] > 0
 

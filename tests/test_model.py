@@ -378,6 +378,28 @@ def test_blocked_and_single_query_attention_equal_the_reference():
     np.testing.assert_allclose(last, ref[:, -1:], rtol=1e-5, atol=1e-5)
 
 
+def test_the_attention_kernel_is_a_model_config_field(pair, batch):
+    """model.attention picks the kernel of every attention layer: the CPU kernel ("auto" here) and XLA's
+    jax.nn.dot_product_attention give the same logits; set_attention switches a built model in place."""
+    from fire_jax.models import layers, set_attention
+
+    hf, model, directory = pair
+    assert model.cfg.attention == "auto"
+    auto = _ours(model, batch)
+    xla = convert.load_hf_checkpoint(directory, attention="xla")
+    kernels = {m.kernel for _, m in nnx.iter_modules(xla) if isinstance(getattr(m, "kernel", None), str)}
+    assert kernels == {"xla"} and xla.cfg.attention == "xla"
+    np.testing.assert_allclose(_ours(xla, batch), auto, rtol=1e-4, atol=1e-4)
+    set_attention(xla, "cpu")
+    assert xla.cfg.attention == "cpu"
+    np.testing.assert_array_equal(_ours(xla, batch), auto)  # "auto" on CPU is the CPU kernel
+    with pytest.raises(ValueError, match="model.attention must be one of"):
+        set_attention(xla, "flash")
+    with pytest.raises(ValueError, match="attention kernel 'flash'"):
+        layers.attention(jnp.zeros((1, 2, 1, 4)), jnp.zeros((1, 1, 2, 4)), jnp.zeros((1, 1, 2, 4)), None,
+                         kernel="flash")
+
+
 @pytest.mark.parametrize("t,mask_heads,causal", [(48, 1, False), (48, 4, False), (1024, 1, False), (300, 1, True),
                                                 (1024, 4, True)],
                          ids=["short", "per-head-mask", "blocked", "causal-blocks", "causal-blocks-remat"])

@@ -255,7 +255,7 @@ def main() -> int:
         rows.append((b, result, seconds, failed[0].split("/")[-1] if failed else ""))
         print(f"{result:8s} {b.name} ({seconds:.0f} s) {rows[-1][3]}", flush=True)
 
-    print(f"\n| planted bug | file | tests run | result | first failing test |\n|---|---|---|---|---|")
+    print("\n| planted bug | file | tests run | result | first failing test |\n|---|---|---|---|---|")
     for b, result, seconds, failure in rows:
         print(f"| {b.name} | {b.path} | {' '.join(os.path.basename(t) for t in b.tests)} | {result} | {failure} |")
     caught = sum(r == "caught" for _, r, _, _ in rows)

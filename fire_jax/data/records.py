@@ -314,6 +314,26 @@ def _parse_fire(raw, messages, record_id, image, source, split, where, require_s
                         turns=tuple(turns), source=source, split=split)
 
 
+def to_raw(record_id: str, image: str | None, question: str, groundtruth: str, turns: Sequence[Turn], *,
+           source: str, split: str) -> dict:
+    """A FIRE conversation as a raw record of the released schema (FIRE-train-100K.json): what
+    :func:`parse_record` reads back. ``score`` lists each turn's parsed score (None where there is none)."""
+    conversations = []
+    for turn in turns:
+        conversations += [{"role": "student", "type": "response", "value": turn.response},
+                          {"role": "teacher", "type": "feedback", "value": turn.feedback}]
+    return {"id": record_id, "image": image,
+            "question": {"role": "user", "value": question},
+            "groundtruth": {"role": "user", "value": groundtruth},
+            "conversations": conversations, "source": source, "round": len(turns),
+            "score": [t.score for t in turns], "split": split}
+
+
+def improved(scores: Sequence[float | None]) -> bool:
+    """The paper's filter on generated conversations (FIRE Sec. 3.2): the last score is higher than the first."""
+    return scores[-1] is not None and scores[0] is not None and scores[-1] > scores[0]
+
+
 _INSTRUCTION_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
 
 

@@ -39,7 +39,7 @@ import os
 from typing import Callable, Iterable, Sequence
 
 from fire_jax.data.items import Item
-from fire_jax.data.records import SCORE_PARSERS, BadRecordError, BadRecords, Turn, parse_record, parse_score
+from fire_jax.data.records import SCORE_PARSERS, BadRecordError, BadRecords, Turn, improved, parse_record, parse_score, to_raw
 from fire_jax.results import ResultStore
 
 
@@ -165,15 +165,7 @@ def fire_record(dialogue: Dialogue, *, split: str = "fire_1m", image_root: str =
     """A dialogue as a raw FIRE record (the release's JSON schema, docs/spec.md); the image path relative to ``image_root``."""
     item = dialogue.item
     image = os.path.relpath(item.image, image_root) if image_root and item.image_path else item.image_path
-    conversations = []
-    for turn in dialogue.turns:
-        conversations += [{"role": "student", "type": "response", "value": turn.response},
-                          {"role": "teacher", "type": "feedback", "value": turn.feedback}]
-    return {"id": item.id, "image": image,
-            "question": {"role": "user", "value": item.question},
-            "groundtruth": {"role": "user", "value": item.groundtruth},
-            "conversations": conversations, "source": item.source, "round": len(dialogue.turns),
-            "score": dialogue.scores, "split": split}
+    return to_raw(item.id, image, item.question, item.groundtruth, dialogue.turns, source=item.source, split=split)
 
 
 def drop_reason(dialogue: Dialogue, record: dict) -> BadRecordError | None:
@@ -182,7 +174,7 @@ def drop_reason(dialogue: Dialogue, record: dict) -> BadRecordError | None:
     if scores[-1] is None:
         return BadRecordError("no_score", f"id {record['id']!r}", f"conversations[{2 * len(scores) - 1}].value",
                               f"scores {scores}")
-    if not scores[-1] > scores[0]:
+    if not improved(scores):
         return BadRecordError("no_improvement", f"id {record['id']!r}", "score", f"scores {scores}")
     try:
         parse_record(record, default_id=record["id"])

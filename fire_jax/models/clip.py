@@ -21,8 +21,9 @@ def quick_gelu(x: jax.Array) -> jax.Array:
 
 
 class CLIPAttention(nnx.Module):
-    def __init__(self, cfg: VisionConfig, *, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, cfg: VisionConfig, *, param_dtype, rngs: nnx.Rngs, kernel: str = "auto"):
         w = cfg.width
+        self.kernel = kernel  # models.layers.ATTENTION_KERNELS
         self.heads = cfg.heads
         for name in ("q_proj", "k_proj", "v_proj"):
             setattr(self, name, Linear(w, w, axes=("vision_embed", "vision_heads"), bias=True,
@@ -34,7 +35,8 @@ class CLIPAttention(nnx.Module):
         b, t, w = x.shape
         split = lambda y: y.reshape(b, t, self.heads, w // self.heads)  # [batch, tokens, heads, head_dim]
         heads_major = lambda y: split(y).transpose(0, 2, 1, 3)  # [batch, heads, seq, head_dim]
-        out = attention(split(self.q_proj(x)), heads_major(self.k_proj(x)), heads_major(self.v_proj(x)), None)
+        out = attention(split(self.q_proj(x)), heads_major(self.k_proj(x)), heads_major(self.v_proj(x)), None,
+                        kernel=self.kernel)
         return self.out_proj(out.reshape(b, t, w))
 
 
@@ -50,9 +52,9 @@ class CLIPMLP(nnx.Module):
 
 
 class CLIPEncoderLayer(nnx.Module):
-    def __init__(self, cfg: VisionConfig, *, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, cfg: VisionConfig, *, param_dtype, rngs: nnx.Rngs, kernel: str = "auto"):
         self.layer_norm1 = LayerNorm(cfg.width, cfg.layer_norm_eps, param_dtype=param_dtype)
-        self.self_attn = CLIPAttention(cfg, param_dtype=param_dtype, rngs=rngs)
+        self.self_attn = CLIPAttention(cfg, param_dtype=param_dtype, rngs=rngs, kernel=kernel)
         self.layer_norm2 = LayerNorm(cfg.width, cfg.layer_norm_eps, param_dtype=param_dtype)
         self.mlp = CLIPMLP(cfg, param_dtype=param_dtype, rngs=rngs)
 
@@ -62,7 +64,7 @@ class CLIPEncoderLayer(nnx.Module):
 
 
 class CLIPVisionTower(nnx.Module):
-    def __init__(self, cfg: VisionConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, cfg: VisionConfig, *, dtype, param_dtype, rngs: nnx.Rngs, attention: str = "auto"):
         self.cfg = cfg
         self.dtype = dtype
         p, w = cfg.patch_size, cfg.width
@@ -75,7 +77,7 @@ class CLIPVisionTower(nnx.Module):
             jax.random.normal(rngs.params(), (cfg.num_patches + 1, w), param_dtype) * 0.02, axes=(None, "vision_embed"))
         self.pre_layrnorm = LayerNorm(w, cfg.layer_norm_eps, param_dtype=param_dtype)
         self.layers = nnx.List(
-            [CLIPEncoderLayer(cfg, param_dtype=param_dtype, rngs=rngs) for _ in range(cfg.layers)])
+            [CLIPEncoderLayer(cfg, param_dtype=param_dtype, rngs=rngs, kernel=attention) for _ in range(cfg.layers)])
         # post_layernorm only feeds CLIP's pooled output, which LLaVA never uses; kept for checkpoints.
         self.post_layernorm = LayerNorm(w, cfg.layer_norm_eps, param_dtype=param_dtype)
 

@@ -111,6 +111,12 @@ class LoraConfig:
 
 #: ``LlavaNextConfig.architecture``: transformers' class each one is (the key layout and config.json it reads
 #: and writes).
+#: Attention kernels (``model.attention``): "auto" (GPUs: ``jax.nn.dot_product_attention`` with JAX's
+#: choice, today XLA's generic kernel, which holds the [batch, heads, q, kv] scores; other backends:
+#: "cpu"), "xla" (``jax.nn.dot_product_attention(implementation="xla")``), "cudnn" (the fused flash
+#: kernel: GPUs, bf16/fp16 only) and "cpu" (``models.layers``' grouped-query kernel in blocks, any backend).
+ATTENTION_KERNELS = ("auto", "xla", "cudnn", "cpu")
+
 ARCHITECTURES = {"llava_next": "LlavaNextForConditionalGeneration", "llava": "LlavaForConditionalGeneration"}
 
 
@@ -133,9 +139,12 @@ class LlavaNextConfig:
     dtype: str = "float32"  # activation / compute dtype
     param_dtype: str = "float32"  # frozen weights' storage dtype
     architecture: str = "llava_next"  # or "llava" (LLaVA-1.5): see the class docstring
+    attention: str = "auto"  # the attention kernel, vision tower and LLM: auto, xla, cudnn, cpu (models.layers)
 
     def __post_init__(self):  # hashable all the way down: jit keys its cache on the graphdef, config included
         object.__setattr__(self, "image_grid_pinpoints", tuple(tuple(p) for p in self.image_grid_pinpoints))
+        if self.attention not in ATTENTION_KERNELS:
+            raise ValueError(f"model.attention must be one of {ATTENTION_KERNELS}, got {self.attention!r}")
         if self.architecture not in ARCHITECTURES:
             raise ValueError(f"model.architecture must be one of {sorted(ARCHITECTURES)}, got {self.architecture!r}")
         if self.architecture == "llava" and (self.image_mode != "pad" or self.pad_newline):

@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from fire_jax.models.config import ATTENTION_KERNELS
+
 
 class LoRAParam(nnx.Variable):
     """A LoRA factor: trainable, float32, never merged into frozen state implicitly."""
@@ -110,24 +112,20 @@ QUERY_CHUNK = 512
 #: keys up to its end, so the masked upper triangle is (mostly) never computed.
 CAUSAL_BLOCK = 128
 
-#: ``implementation`` of ``jax.nn.dot_product_attention`` on GPUs: None (JAX's choice, today XLA's
-#: generic kernel, which holds the [batch, heads, q, kv] scores) or "cudnn" (the fused flash kernel,
-#: bf16/fp16 only; benchmarks/gpu.py selects it).
-GPU_ATTENTION: str | None = None
-
-
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, causal: bool = False) -> jax.Array:
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, causal: bool = False,
+              kernel: str = "auto") -> jax.Array:
     """Scaled dot-product attention, grouped-query aware.
 
     q ``[batch, q_len, heads, head_dim]``; k/v ``[batch, kv_heads, kv_len, head_dim]``, the KV
     cache's layout (one head's keys contiguous, so a decode step and the CPU kernels read them in
     place); mask bool broadcastable to ``[batch, heads, q_len, kv_len]``. ``causal``: the mask hides every
     key after its query's position, counting both from the start (training, a prefill into a
-    fresh cache), so blocks of queries may skip the keys after them.
+    fresh cache), so blocks of queries may skip the keys after them. ``kernel``: one of
+    :data:`ATTENTION_KERNELS`.
 
-    - a single query (a decode step): reads the KV cache in place;
-    - on GPUs: ``jax.nn.dot_product_attention`` with :data:`GPU_ATTENTION` as its implementation;
-    - elsewhere: :func:`_grouped_attention` (its backward written out); causal self-attention in
+    - a single query (a decode step): reads the KV cache in place, whatever the kernel;
+    - "xla", "cudnn", and "auto" on GPUs: ``jax.nn.dot_product_attention`` with that implementation;
+    - "cpu", and "auto" elsewhere: :func:`_grouped_attention` (its backward written out); causal self-attention in
       blocks of :data:`CAUSAL_BLOCK` queries, each over the keys up to its end (about half the
       work); other sequences longer than :data:`QUERY_CHUNK` in blocks of queries. Beyond
       :data:`QUERY_CHUNK` queries each block is rematerialised, so scores never exist for the
@@ -137,9 +135,13 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, 
     b, t, heads, d = q.shape
     if t == 1:
         return _single_query(q, k, v, mask, scale)
-    if jax.default_backend() == "gpu":
+    if kernel not in ATTENTION_KERNELS:
+        raise ValueError(f"attention kernel {kernel!r}: choose from {ATTENTION_KERNELS}")
+    if kernel == "auto":
+        kernel = None if jax.default_backend() == "gpu" else "cpu"
+    if kernel != "cpu":
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [batch, kv_len, kv_heads, head_dim]
-        return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation=GPU_ATTENTION)
+        return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation=kernel)
     if causal and k.shape[2] == t and t > CAUSAL_BLOCK:
         return _causal_blocks(q, k, v, _full_mask(mask, q, k), scale)
     if t <= QUERY_CHUNK or t % QUERY_CHUNK:

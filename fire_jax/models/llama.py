@@ -104,8 +104,10 @@ def _lora_args(lora: LoraConfig | None, target: str) -> dict:
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: LlamaConfig, lora: LoraConfig | None, *, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, cfg: LlamaConfig, lora: LoraConfig | None, *, param_dtype, rngs: nnx.Rngs,
+                 kernel: str = "auto"):
         self.cfg = cfg
+        self.kernel = kernel  # models.layers.ATTENTION_KERNELS
         d, q_dim, kv_dim = cfg.dim, cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
         kw = dict(bias=cfg.attention_bias, param_dtype=param_dtype, rngs=rngs)
         self.q_proj = Linear(d, q_dim, axes=("embed", "heads"), **kw, **_lora_args(lora, "q"))
@@ -126,7 +128,7 @@ class Attention(nnx.Module):
             k_all, v_all = (write_columns(c, x.astype(c.dtype), cache_index, 2) for c, x in zip(cache_kv, (k, v)))
             cache_kv = (k_all, v_all)
             k, v = k_all.astype(x.dtype), v_all.astype(x.dtype)
-        out = attention(q, k, v, mask, causal=True)
+        out = attention(q, k, v, mask, causal=True, kernel=self.kernel)
         return self.o_proj(out.reshape(b, t, c.heads * c.head_dim), rngs[3]), cache_kv
 
 
@@ -142,9 +144,10 @@ class MLP(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, cfg: LlamaConfig, lora: LoraConfig | None, *, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, cfg: LlamaConfig, lora: LoraConfig | None, *, param_dtype, rngs: nnx.Rngs,
+                 kernel: str = "auto"):
         self.input_layernorm = RMSNorm(cfg.dim, cfg.norm_eps, param_dtype=param_dtype)
-        self.self_attn = Attention(cfg, lora, param_dtype=param_dtype, rngs=rngs)
+        self.self_attn = Attention(cfg, lora, param_dtype=param_dtype, rngs=rngs, kernel=kernel)
         self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.norm_eps, param_dtype=param_dtype)
         self.mlp = MLP(cfg, lora, param_dtype=param_dtype, rngs=rngs)
 
@@ -199,7 +202,7 @@ class LlamaModel(nnx.Module):
     """
 
     def __init__(self, cfg: LlamaConfig, lora: LoraConfig | None, *, dtype, param_dtype, remat: str,
-                 rngs: nnx.Rngs, scan_layers: bool = False):
+                 rngs: nnx.Rngs, scan_layers: bool = False, attention: str = "auto"):
         if remat not in REMAT_POLICIES:
             raise ValueError(f"model.remat={remat!r}: choose from {sorted(REMAT_POLICIES)}")
         self.cfg = cfg
@@ -208,7 +211,8 @@ class LlamaModel(nnx.Module):
         self.scan_layers = scan_layers
         self.embed_tokens = Embed(cfg.vocab_size, cfg.dim, axes=("vocab", "embed"), param_dtype=param_dtype,
                                   rngs=rngs)
-        layers = [DecoderLayer(cfg, lora, param_dtype=param_dtype, rngs=rngs) for _ in range(cfg.layers)]
+        layers = [DecoderLayer(cfg, lora, param_dtype=param_dtype, rngs=rngs, kernel=attention)
+                  for _ in range(cfg.layers)]
         self.layers = stack_layers(layers) if scan_layers else nnx.List(layers)
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps, param_dtype=param_dtype)
 

@@ -46,7 +46,7 @@ class LanguageModel(nnx.Module):
 
     def __init__(self, cfg: LlavaNextConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
         self.model = LlamaModel(cfg.llm, cfg.lora, dtype=dtype, param_dtype=param_dtype, remat=cfg.remat, rngs=rngs,
-                                scan_layers=cfg.scan_layers)
+                                scan_layers=cfg.scan_layers, attention=cfg.attention)
         self.lm_head = None if cfg.llm.tie_word_embeddings else Linear(
             cfg.llm.dim, cfg.llm.vocab_size, axes=("embed", "vocab"), param_dtype=param_dtype, rngs=rngs)
 
@@ -62,7 +62,8 @@ class LlavaNext(nnx.Module):
         self.cfg = cfg
         dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
         self.dtype = dtype
-        self.vision_tower = CLIPVisionTower(cfg.vision, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.vision_tower = CLIPVisionTower(cfg.vision, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
+                                            attention=cfg.attention)
         self.multi_modal_projector = Projector(cfg, param_dtype=param_dtype, rngs=rngs)
         self.image_newline = nnx.Param(
             jax.random.normal(rngs.params(), (cfg.llm.dim,), param_dtype) * cfg.llm.dim ** -0.5,
@@ -133,9 +134,19 @@ def set_layer_layout(model: LlavaNext, scan_layers: bool) -> LlavaNext:
     return model
 
 
+def set_attention(model: LlavaNext, kernel: str) -> LlavaNext:
+    """Switch every attention layer to ``kernel`` (``models.layers.ATTENTION_KERNELS``) in place; the config
+    records it. The weights are untouched; jitted functions retrace for the new graph. Returns the model."""
+    model.cfg = dataclasses.replace(model.cfg, attention=kernel)  # validates the name
+    for _, module in nnx.iter_modules(model):
+        if hasattr(module, "kernel") and isinstance(module.kernel, str):
+            module.kernel = kernel
+    return model
+
+
 def count_params(model: nnx.Module, filter_=nnx.Param) -> int:
     """Number of parameters of one variable type (works on abstract models too)."""
     return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, filter_)))
 
 
-__all__ = ["LlavaNext", "LoRAParam", "KVCache", "merge_lora", "set_layer_layout", "count_params"]
+__all__ = ["LlavaNext", "LoRAParam", "KVCache", "merge_lora", "set_layer_layout", "set_attention", "count_params"]
