@@ -97,7 +97,7 @@ def main(argv=None):
         model = load_model(path)
         hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
                                                   torch_dtype=torch.float32).eval()
-        llm = model.config.llm
+        llm = model.cfg.llm
         args.vocab = llm.vocab_size
         described = (f"{os.path.basename(path)} ({llm.layers} layers, dim {llm.dim}, {llm.heads}/{llm.kv_heads} "
                      f"heads, vocab {llm.vocab_size}, tied {llm.tie_word_embeddings})")

@@ -137,21 +137,16 @@ def speed(batch: int, seq: int, steps: int, scan_layers: bool = False, remat: st
     print(f"{'fire_jax (jax.jit)':32s} {t_ours:8.3f} {tokens / t_ours:10.0f} {t_ref / t_ours:6.2f}")
 
 
-def smollm2(shapes: list[tuple[int, int, int]], steps: int, model_spec: str = "smollm2-135m-instruct") -> None:
+def smollm2(shapes: list[tuple[int, int, int]], steps: int, model_spec: str = "smollm2-135m-instruct",
+            scan_layers: bool = True) -> None:
     """LoRA train steps on SmolLM2-135M-Instruct's weights: fire_jax against transformers + peft."""
     import torch
     from peft import LoraConfig as PeftLora, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from fire_jax.convert.fetch import resolve_model
-    from fire_jax.convert.gguf import TEXT_ONLY_VISION, llava_from_gguf
-    from fire_jax.models import LoraConfig
-
     torch.set_num_threads(os.cpu_count() or 1)
-    path = resolve_model(model_spec)
-    lora = LoraConfig(rank=32, alpha=64.0, dropout=0.0, targets=("q", "k", "v", "o"))  # configs/smollm2_llava.py
-    model = llava_from_gguf(path, TEXT_ONLY_VISION, lora, scan_layers=True)
-    llm = model.config.llm
+    path, model = smollm2_model(model_spec, scan_layers)
+    llm = model.cfg.llm
     hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
                                               torch_dtype=torch.float32)
     peft_model = get_peft_model(hf, PeftLora(r=32, lora_alpha=64, lora_dropout=0.0,
@@ -203,9 +198,21 @@ def smollm2(shapes: list[tuple[int, int, int]], steps: int, model_spec: str = "s
               f"{flops / t_ours / peak:.0%} |")
 
 
-def profile(batch: int, seq: int) -> None:
+def smollm2_model(model_spec: str = "smollm2-135m-instruct", scan_layers: bool = True):
+    """SmolLM2-135M-Instruct's LLM from its GGUF file, LoRA as configs/smollm2_llava.py (rank 32 on q, k, v, o)."""
+    from fire_jax.convert.fetch import resolve_model
+    from fire_jax.convert.gguf import TEXT_ONLY_VISION, llava_from_gguf
+    from fire_jax.models import LoraConfig
+
+    path = resolve_model(model_spec)
+    lora = LoraConfig(rank=32, alpha=64.0, dropout=0.0, targets=("q", "k", "v", "o"))
+    return path, llava_from_gguf(path, TEXT_ONLY_VISION, lora, scan_layers=scan_layers)
+
+
+def profile(batch: int, seq: int, shape: str = "small") -> None:
     """Per-op time split of the speed part's step: a jax.profiler trace of two steps, leaf XLA ops classed
-    by the shapes in their fused computation (a vocabulary-sized operand -> lm_head, MLP width -> MLP)."""
+    by the shapes in their fused computation (a vocabulary-sized operand -> lm_head, MLP width -> MLP).
+    ``shape="smollm2"``: the SmolLM2 part's model instead."""
     import collections
     import glob
     import gzip
@@ -213,9 +220,10 @@ def profile(batch: int, seq: int) -> None:
     import re
     import tempfile
 
-    cfg = LlavaNextConfig.from_dict(SMALL)
+    model = smollm2_model()[1] if shape == "smollm2" else LlavaNext(LlavaNextConfig.from_dict(SMALL), rngs=nnx.Rngs(0))
+    cfg = model.cfg
     ids, loss_mask = _batch(batch, seq, cfg.llm.vocab_size)
-    trainer = Trainer(LlavaNext(cfg, rngs=nnx.Rngs(0)), train_config(lr=1e-4, batch_size=batch, loss_chunk=seq),
+    trainer = Trainer(model, train_config(lr=1e-4, batch_size=batch, loss_chunk=seq),
                       loss_config(), 1000, make_mesh((1, 1, 1)))
     jbatch = {"input_ids": jnp.asarray(ids), "attention_mask": jnp.ones_like(jnp.asarray(ids)),
               "loss_mask": jnp.asarray(loss_mask), "turn_ids": jnp.asarray(np.where(loss_mask > 0, 2, -1))}
@@ -328,6 +336,7 @@ def main():
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--scan_layers", action="store_true", help="speed: fire_jax with stacked, scanned layers")
     parser.add_argument("--remat", default="none", help="speed: fire_jax's remat policy")
+    parser.add_argument("--shape", choices=("small", "smollm2"), default="small", help="profile: which model")
     parser.add_argument("--dtype", default=None, help="memory part: override the 8B config's bfloat16")
     parser.add_argument("--base", default="llava_next_8b",
                         help="memory part: the FIRE base model (llava_next_8b, llava_next_vicuna_7b, llava_15_vicuna_7b)")
@@ -335,7 +344,7 @@ def main():
     if args.part in ("all", "speed"):
         speed(args.batch, args.seq, args.steps, args.scan_layers, args.remat)
     if args.part in ("all", "profile"):
-        profile(args.batch, args.seq)
+        profile(args.batch, args.seq, args.shape)
     if args.part in ("all", "flops"):
         flops_per_token_8b()
     if args.part in ("all", "memory"):
