@@ -203,3 +203,26 @@ def test_compare_plateau_items_are_balanced_and_labelled_by_the_rule():
     assert 0.42 <= right <= 0.58
     assert all(len(i["conversations"][0]["value"].split("\n")) == 3
                for i in module.compare_records(shipped, 20, seed=3, max_filler=0))
+
+
+def test_the_protocols_stop_rule_is_the_judges_one_threshold():
+    """FIRE-Bench's protocols: the free one builds its StopRule from config.free, and the exact judge reads the
+    threshold from that rule alone (a score of 7 solves at threshold 7, not at the default 8); the fixed one has
+    the rule's default."""
+    import ml_collections
+
+    from fire_jax.eval.fire_bench import PROTOCOLS, FixedProtocol, FreeProtocol
+
+    section = ml_collections.ConfigDict(dict(max_turns=3, threshold=7.0, teacher_history="latest",
+                                             penalty_turns=2, baseline_results=""))
+    free_protocol = PROTOCOLS["free"](section)
+    assert isinstance(free_protocol, FreeProtocol)
+    assert free_protocol.rule == StopRule(max_turns=3, threshold=7.0, score_parser="robust")
+    records = [dialogue(n(3), [n(3)], [7], stop="solved"), dialogue(n(3), [n(2)], [7], stop="solved")]
+    judged = free_protocol.judged(records)
+    assert judged["threshold"] == 7.0
+    assert judged["overall"]["confusion"] == {"right_solved": 1, "right_unsolved": 0, "wrong_solved": 1,
+                                              "wrong_unsolved": 0}
+    assert judged["overall"]["accuracy_by_turn"] == [0.5, 0.5, 0.5]  # max_turns from the same rule
+    fixed_protocol = PROTOCOLS["fixed"](ml_collections.ConfigDict(dict(roles=("student", "teacher"))))
+    assert isinstance(fixed_protocol, FixedProtocol) and fixed_protocol.rule.threshold == 8.0

@@ -129,9 +129,9 @@ def evaluate(config, workdir: str, *, agents=None) -> dict:
     print(bad.report("test set bad records"))
     if not pairs:
         raise ValueError("the test set has no usable conversation")
-    protocol = config[setting]
+    protocol = PROTOCOLS[setting](config[setting])
     if agents is None:
-        agents = build_agents(config, protocol.teacher_history)
+        agents = build_agents(config, protocol.section.teacher_history)
     student, teacher = agents
     rng = None
     if config.decode.temperature > 0:
@@ -145,46 +145,14 @@ def evaluate(config, workdir: str, *, agents=None) -> dict:
                "test": config.test.to_dict(), "conversations": len(pairs), "bad_records": dict(bad),
                "outputs": outputs}
     figures = {}
-    if setting == "fixed":
-        turns = fixed.labelled_turns(pairs, protocol.roles, student_first_turn=protocol.student_first_turn)
-        records = fixed.run_fixed(turns, student, teacher, outputs, batch_size=config.decode.batch_size, rng=rng)
-        results["metrics"] = fixed.fixed_results(records, teacher_text=protocol.get("teacher_text", "feedback"),
-                                                 score_parser=protocol.get("score_parser", "robust"))
-        markdown = report.fixed_report(results)
-        figures["data_statistics"] = os.path.join(workdir, "data_statistics.png")
-        plots.plot_data_statistics([record for record, _ in pairs], figures["data_statistics"],
-                                   title=f"test set: {len(pairs)} dialogues")
-    else:
-        rule = dialogue.StopRule(max_turns=protocol.max_turns, threshold=protocol.threshold,
-                                 score_parser=protocol.get("score_parser", "robust"))
-        items = [item_of(record, image) for record, image in pairs]
-        records = free.run_free(items, student, teacher, outputs, rule=rule, batch_size=config.decode.batch_size,
-                                rng=rng)
-        baseline = free.load_baseline(resolve_path(protocol.baseline_results)) if protocol.baseline_results else None
-        results["metrics"] = free.free_results(records, rule=rule, penalty_turns=protocol.penalty_turns,
-                                               baseline=baseline)
-        markdown = report.free_report(results)
-        figures["accuracy_by_turn"] = os.path.join(workdir, "accuracy_by_turn.png")
-        curves = {f"{results['student']['name']} (all)": results["metrics"]["overall"]["accuracy_by_turn"]}
-        curves.update({source: m["accuracy_by_turn"] for source, m in results["metrics"]["per_source"].items()})
-        plots.plot_accuracy_by_turn(curves, figures["accuracy_by_turn"],
-                                    paper=report.paper_results()["figure7_accuracy_by_turn"])
-        figures["dialogue_statistics"] = os.path.join(workdir, "dialogue_statistics.png")
-        plots.plot_data_statistics(records, figures["dialogue_statistics"],
-                                   title=f"free dialogues of {results['student']['name']}")
+    records = protocol.run(pairs, student, teacher, outputs, batch_size=config.decode.batch_size, rng=rng)
+    results["metrics"] = protocol.score(records)
+    markdown = protocol.report(results)
+    figures.update(protocol.plot(pairs, records, results, workdir))
     if use_exact_judge(config, [record for record, _ in pairs]):
-        threshold = protocol.get("threshold", 8.0)
-        results["metrics"]["judged"] = judged_metrics(setting, records, threshold=threshold,
-                                                      max_turns=protocol.get("max_turns", 5))
+        results["metrics"]["judged"] = protocol.judged(records)
         markdown += "\n" + report.judged_report(results)
-        if setting == "free":
-            judged = results["metrics"]["judged"]["overall"]
-            figures["judged_accuracy_by_turn"] = os.path.join(workdir, "judged_accuracy_by_turn.png")
-            plots.plot_accuracy_by_turn(
-                {"exact judge: answer = groundtruth": judged["accuracy_by_turn"],
-                 f"teacher: score >= {threshold:g}": judged["teacher_accuracy_by_turn"]},
-                figures["judged_accuracy_by_turn"],
-                title=f"accuracy by turn, judged two ways ({results['student']['name']})")
+        figures.update(protocol.plot_judged(results, workdir))
     results["figures"] = figures
     results = write_json(os.path.join(workdir, "results.json"), results)
     title = f"# FIRE-Bench, {setting} dialogues\n\n"
@@ -193,6 +161,109 @@ def evaluate(config, workdir: str, *, agents=None) -> dict:
     print(title + markdown)
     print(f"wrote {workdir}/results.json, results.md, " + ", ".join(os.path.basename(p) for p in figures.values()))
     return results
+
+
+class Protocol:
+    """A FIRE-Bench setting (``config.fixed`` or ``config.free``): it runs the dialogues, scores them, writes its
+    tables and plots. :attr:`rule` is the one source of the stop threshold, which the exact judge also reads:
+    a teacher score >= ``rule.threshold`` says "right"."""
+
+    setting = ""
+
+    def __init__(self, section):
+        self.section = section
+        self.rule = dialogue.StopRule()
+
+    def run(self, pairs, student, teacher, outputs: str, *, batch_size: int, rng=None) -> list[dict]:
+        raise NotImplementedError
+
+    def score(self, records) -> dict:
+        raise NotImplementedError
+
+    def report(self, results: dict) -> str:
+        raise NotImplementedError
+
+    def plot(self, pairs, records, results: dict, workdir: str) -> dict[str, str]:
+        raise NotImplementedError
+
+    def judged(self, records) -> dict:
+        """The exact judge's metrics (synthetic test sets: the groundtruth is the answer)."""
+        return judged_metrics(self.setting, records, threshold=self.rule.threshold, max_turns=self.rule.max_turns)
+
+    def plot_judged(self, results: dict, workdir: str) -> dict[str, str]:
+        return {}
+
+
+class FixedProtocol(Protocol):
+    """Fixed dialogues (Table 3): each labelled turn of a test dialogue, generated from its true history
+    (:mod:`fire_jax.eval.fixed`); BLEU/CIDEr of the texts, the teacher's score MAE. Nothing stops a fixed
+    dialogue: the rule's default threshold only says which teacher scores count as "right" for the judge."""
+
+    setting = "fixed"
+
+    def run(self, pairs, student, teacher, outputs, *, batch_size, rng=None):
+        turns = fixed.labelled_turns(pairs, self.section.roles, student_first_turn=self.section.student_first_turn)
+        return fixed.run_fixed(turns, student, teacher, outputs, batch_size=batch_size, rng=rng)
+
+    def score(self, records):
+        return fixed.fixed_results(records, teacher_text=self.section.get("teacher_text", "feedback"),
+                                   score_parser=self.section.get("score_parser", "robust"))
+
+    def report(self, results):
+        return report.fixed_report(results)
+
+    def plot(self, pairs, records, results, workdir):
+        path = os.path.join(workdir, "data_statistics.png")
+        plots.plot_data_statistics([record for record, _ in pairs], path, title=f"test set: {len(pairs)} dialogues")
+        return {"data_statistics": path}
+
+
+class FreeProtocol(Protocol):
+    """Free dialogues (Tables 4-6): the student and the teacher talk until :attr:`rule` stops them
+    (:mod:`fire_jax.eval.free`); AT, ADR, ATR, RR."""
+
+    setting = "free"
+
+    def __init__(self, section):
+        super().__init__(section)
+        self.rule = dialogue.StopRule(max_turns=section.max_turns, threshold=section.threshold,
+                                      score_parser=section.get("score_parser", "robust"))
+
+    def run(self, pairs, student, teacher, outputs, *, batch_size, rng=None):
+        items = [item_of(record, image) for record, image in pairs]
+        return free.run_free(items, student, teacher, outputs, rule=self.rule, batch_size=batch_size, rng=rng)
+
+    def score(self, records):
+        baseline = (free.load_baseline(resolve_path(self.section.baseline_results))
+                    if self.section.baseline_results else None)
+        return free.free_results(records, rule=self.rule, penalty_turns=self.section.penalty_turns, baseline=baseline)
+
+    def report(self, results):
+        return report.free_report(results)
+
+    def plot(self, pairs, records, results, workdir):
+        figures = {"accuracy_by_turn": os.path.join(workdir, "accuracy_by_turn.png")}
+        metrics = results["metrics"]
+        curves = {f"{results['student']['name']} (all)": metrics["overall"]["accuracy_by_turn"]}
+        curves.update({source: m["accuracy_by_turn"] for source, m in metrics["per_source"].items()})
+        plots.plot_accuracy_by_turn(curves, figures["accuracy_by_turn"],
+                                    paper=report.paper_results()["figure7_accuracy_by_turn"])
+        figures["dialogue_statistics"] = os.path.join(workdir, "dialogue_statistics.png")
+        plots.plot_data_statistics(records, figures["dialogue_statistics"],
+                                   title=f"free dialogues of {results['student']['name']}")
+        return figures
+
+    def plot_judged(self, results, workdir):
+        judged = results["metrics"]["judged"]["overall"]
+        path = os.path.join(workdir, "judged_accuracy_by_turn.png")
+        plots.plot_accuracy_by_turn(
+            {"exact judge: answer = groundtruth": judged["accuracy_by_turn"],
+             f"teacher: score >= {self.rule.threshold:g}": judged["teacher_accuracy_by_turn"]},
+            path, title=f"accuracy by turn, judged two ways ({results['student']['name']})")
+        return {"judged_accuracy_by_turn": path}
+
+
+PROTOCOLS = {"fixed": FixedProtocol, "free": FreeProtocol}
 
 
 def use_exact_judge(config, conversations) -> bool:

@@ -57,7 +57,7 @@ class StopRule:
     """
 
     max_turns: int = 5  # n_max
-    threshold: float = 8  # a score >= threshold solves the item
+    threshold: float = 8.0  # a score >= threshold solves the item
     stop_on_no_increase: bool = True  # stop when a_k <= a_{k-1}
     score_parser: str = "robust"  # or "official" (above)
 
