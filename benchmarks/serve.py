@@ -65,9 +65,9 @@ def best(run, repeats: int):
 
 def cache_len(requests, bucket_step: int | None = None, **_) -> int:
     """The shortest cache (a multiple of 64) that holds every request's prompt bucket + max_tokens."""
-    from fire_jax.infer.engine import engine_bucket
+    from fire_jax.infer.engine import prompt_bucket
 
-    return -(-max(engine_bucket(len(p), 64, bucket_step) + m for p, m in requests) // 64) * 64
+    return -(-max(prompt_bucket(len(p), 64, bucket_step) + m for p, m in requests) // 64) * 64
 
 
 def engine_path(model, requests, clients: int, slots: int, repeats: int, **engine_kwargs):
@@ -195,8 +195,8 @@ def main():
                         help="the engine's rows per prefill at most (default: the Engine's)")
     parser.add_argument("--prefill_tokens", type=int, help="the engine's padded tokens per prefill at most (default: "
                         "the Engine's)")
-    parser.add_argument("--bucket_step", type=int, help="the engine's prompt buckets: decode.prompt_bucket's "
-                        "(default: the Engine's fine_bucket; --runner: 1024, as an Agent's engine)")
+    parser.add_argument("--bucket_step", type=int, help="the engine's prompt buckets (engine.prompt_bucket): powers of two "
+                        "up to this step (default: none, the server's finer buckets; --runner: 1024, as an Agent's)")
     args = parser.parse_args()
     engine_kwargs = {k: getattr(args, k) for k in ("prefill_batch", "prefill_tokens", "bucket_step")
                      if getattr(args, k) is not None}

@@ -73,7 +73,7 @@ from fire_jax.cli import input_errors_end_in_one_line
 from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, split_overrides
 from fire_jax.data.chat import Message
 from fire_jax.data.images import preprocess
-from fire_jax.infer.engine import Engine, Request, engine_bucket
+from fire_jax.infer.engine import Engine, Request, prompt_bucket
 from fire_jax.infer.loading import load
 from fire_jax.limits import (BadRequest, Limits, add_arguments, check_text, image_urls, json_body as limits_json_body,
                              limits_of, longest_token_chars, open_data_uri, sampling, text_chars_bound,
@@ -108,7 +108,7 @@ def default_cache_len(geometry, text_tokens: int, max_images: int = MAX_IMAGES,
     (:func:`prompt_text_tokens` of its tokenizer), plus ``new_tokens`` to generate (the server's default
     max_tokens)."""
     image_tokens = max(geometry.num_tokens(pinpoint) for pinpoint in geometry.pinpoints)
-    return engine_bucket(max_images * image_tokens + text_tokens) + new_tokens
+    return prompt_bucket(max_images * image_tokens + text_tokens) + new_tokens
 
 
 def kv_cache_bytes(model, slots: int, cache_len: int) -> int:

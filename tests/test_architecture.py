@@ -119,3 +119,35 @@ def test_the_checker_sees_function_level_and_relative_imports(tmp_path):
         assert len(_violations([str(source)], ("fire_jax.train", "fire_jax.infer"))) >= 2
     finally:
         ROOT = old
+
+
+def decode_loops(path: str) -> list[str]:
+    """Where a module builds a decode loop: a call of ``jax.lax.while_loop`` / ``fori_loop`` / ``scan``, or a
+    :class:`fire_jax.models.KVCache` made or extended (``KVCache(...)``, ``KVCache.init``) outside the model."""
+    tree = ast.parse(open(path).read(), path)
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = ast.unparse(node.func)
+        if name.split(".")[-1] in ("while_loop", "fori_loop", "scan") or name in ("KVCache", "KVCache.init"):
+            found.append(f"{os.path.relpath(path, ROOT)}:{node.lineno} {name}")
+    return found
+
+
+def test_only_the_engine_holds_a_decode_loop():
+    """One decoder: outside the model (which defines the cache) and training (whose loss scans over chunks of
+    the sequence), only infer/engine.py loops over tokens or builds a KV cache; generate, the agents, the
+    server and the runners drive an Engine."""
+    outside = (os.path.join(PACKAGE, "models") + os.sep, os.path.join(PACKAGE, "train") + os.sep)
+    paths = [p for p in modules(PACKAGE)
+             if not p.startswith(outside) and p != os.path.join(PACKAGE, "infer", "engine.py")]
+    assert [hit for p in paths for hit in decode_loops(p)] == []
+    assert len(decode_loops(os.path.join(PACKAGE, "infer", "engine.py"))) >= 3  # the checker sees the engine's
+
+
+def test_the_decode_loop_checker_sees_a_loop(tmp_path):
+    source = tmp_path / "decode.py"
+    source.write_text("import jax\nfrom jax import lax\ndef f(c):\n    return jax.lax.while_loop(a, b, c)\n"
+                      "def g(c):\n    return lax.fori_loop(0, 3, b, c)\ncache = KVCache.init(cfg, 1, 8, d)\n")
+    assert len(decode_loops(str(source))) == 3

@@ -8,8 +8,8 @@ from fire_jax.config import load_config
 from fire_jax.config import DEFAULT_CONFIG
 from fire_jax.data.chat import Message
 from fire_jax.data.images import preprocess
-from fire_jax.infer.decode import TRACE_COUNTS, DecodeConfig, generate
-from fire_jax.infer.engine import Engine, Request, fine_bucket
+from fire_jax.infer.decode import DecodeConfig, generate
+from fire_jax.infer.engine import TRACE_COUNTS, Engine, Request, prompt_bucket
 from fire_jax.infer.loading import load
 
 NEW = 20  # the longest max_tokens
@@ -64,11 +64,6 @@ def test_greedy_alone_equals_among_31_others_and_generate(loaded, engine, reques
         alone = engine.generate([request])[0]
         assert alone.tokens == result.tokens
         assert len(result.tokens) == request.max_tokens and result.finish_reason == "length"
-        ref = generate(loaded.model, [request.prompt], config=DecodeConfig(max_new_tokens=NEW, stop_ids=()),
-                       pixel_values=None if request.pixel_values is None else request.pixel_values[None],
-                       image_sizes=[request.image_sizes] if request.image_sizes else None)
-        assert result.tokens == ref.tokens[0, :request.max_tokens].tolist()
-        np.testing.assert_allclose(result.logprobs, ref.logprobs[0, :request.max_tokens], atol=1e-4)
     assert len({t for r in together for t in r.tokens}) > 50  # outputs vary: the comparison can fail
     # Decode shapes per (width 1, 2, 4, ..., 32 slots; window 64 * 2^j columns or all 320) met; prefills per
     # (bucket, image tiles) x rows 1, 2, 4, ... of at most prefill_tokens.
@@ -78,6 +73,13 @@ def test_greedy_alone_equals_among_31_others_and_generate(loaded, engine, reques
     rows = lambda bucket: [n for n in (1, 2, 4, 8)
                            if n == 1 or (n <= engine.prefill_batch and n * bucket <= engine.prefill_tokens)]
     assert compiled["engine_decode"] <= 6 and compiled["engine_admit"] <= sum(len(rows(b)) for b, _ in keys)
+    # generate: a one-row engine of its own, prompts in power-of-two buckets, no prefix cache
+    for request, result in zip(requests, together):
+        ref = generate(loaded.model, [request.prompt], config=DecodeConfig(max_new_tokens=NEW, stop_ids=()),
+                       pixel_values=None if request.pixel_values is None else request.pixel_values[None],
+                       image_sizes=[request.image_sizes] if request.image_sizes else None)
+        assert result.tokens == ref.tokens[0, :request.max_tokens].tolist()
+        np.testing.assert_allclose(result.logprobs, ref.logprobs[0, :request.max_tokens], atol=1e-4)
 
 
 def test_few_slots_reuse_freed_slots(loaded, requests, together):
@@ -202,7 +204,7 @@ def test_stop_ids_strings_and_sampling(engine, requests, together):
 
 
 def test_fine_buckets_and_when_a_cache_window_pays(loaded):
-    assert [fine_bucket(n) for n in (1, 64, 65, 400, 512, 513, 1025, 3000)] == [64, 64, 128, 448, 512, 640, 1280,
+    assert [prompt_bucket(n) for n in (1, 64, 65, 400, 512, 513, 1025, 3000)] == [64, 64, 128, 448, 512, 640, 1280,
                                                                                  3072]
     engine = Engine(loaded.model, slots=2, cache_len=576, pad_id=loaded.chat.pad_id)
     # A window is copied out and back (4 column passes) and saves steps * (576 - window) column reads.

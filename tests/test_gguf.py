@@ -18,7 +18,8 @@ from gguf import GGMLQuantizationType as Q, GGUFWriter, quants
 
 from fire_jax.convert.gguf import (TEXT_ONLY_VISION, GGUFError, LlavaNext, llava_from_gguf, load_gguf_llm, load_model,
                                    read_gguf)
-from fire_jax.infer.decode import DecodeConfig, generate, left_pad
+from fire_jax.infer.decode import DecodeConfig, generate
+from fire_jax.infer.engine import left_pad
 from fire_jax.infer.forward import forward_logits
 from fire_jax.models import count_params
 from hf_reference import load_tool

@@ -17,7 +17,8 @@ from fire_jax.data.chat import ChatTokenizer
 from fire_jax.data.images import preprocess
 from fire_jax.data.records import Turn, parse_score
 from fire_jax.infer.agents import Student, Teacher
-from fire_jax.infer.decode import TRACE_COUNTS, DecodeConfig, prompt_bucket, generate, left_pad, sample_token
+from fire_jax.infer.decode import DecodeConfig, generate
+from fire_jax.infer.engine import TRACE_COUNTS, left_pad, prompt_bucket
 from fire_jax.infer.forward import image_inputs, normalise_sizes
 from hf_reference import hf_logits, load_tool, make_batch, rel_err, tiny_hf_model
 
@@ -147,30 +148,24 @@ def test_cached_decode_equals_full_forward_every_step(pair, batch, free_run):
     assert len({tuple(r) for r in tokens}) == len(tokens) and all(len(set(r)) > 3 for r in tokens)
 
 
-def test_length_buckets_change_no_token(pair, batch, free_run, stop):
-    """The decode loop attends over a cache grown per length bucket: with buckets of 1, 2, 4 and 8 new slots
-    (and a stop mid-bucket) the tokens and log-probs equal one loop over the whole cache."""
-    from fire_jax.infer.decode import kv_buckets
-
-    assert kv_buckets(512, 128, 64) == [576, 640] and kv_buckets(512, 48, 64) == [560]
-    assert kv_buckets(2048, 1024, 64) == [2112, 2176, 2304, 2560, 3072] and kv_buckets(64, 12, 0) == [76]
-    assert kv_buckets(64, NEW, 1) == [65, 66, 68, 72, 76]
+def test_decode_chunks_and_windows_change_no_token(pair, batch, free_run, stop):
+    """A decode chunk attends over a window of the cache that grows between chunks: chunks of one step (a
+    window per 16 columns) and of all the steps (one window, the whole cache), with a stop mid-chunk, write
+    the same tokens and log-probs."""
     prompts, pixel_values = batch
-    whole = generate(pair[1], prompts, pixel_values=pixel_values, image_sizes=SIZES,
-                     config=dataclasses.replace(GREEDY, kv_block=0))
-    bucketed = generate(pair[1], prompts, pixel_values=pixel_values, image_sizes=SIZES,
-                        config=dataclasses.replace(GREEDY, kv_block=1))
-    for out in (whole, bucketed):
+    for chunk in (1, NEW):
+        out = generate(pair[1], prompts, pixel_values=pixel_values, image_sizes=SIZES,
+                       config=dataclasses.replace(GREEDY, chunk=chunk, bucket_min=16))
         np.testing.assert_array_equal(out.tokens, free_run.tokens)
         np.testing.assert_allclose(out.logprobs, free_run.logprobs, rtol=1e-5, atol=1e-6)
     stop_id, expected = stop
     stopped = generate(pair[1], prompts, pixel_values=pixel_values, image_sizes=SIZES,
-                       config=DecodeConfig(max_new_tokens=NEW, stop_ids=(stop_id,), kv_block=1))
+                       config=DecodeConfig(max_new_tokens=NEW, stop_ids=(stop_id,), chunk=1))
     np.testing.assert_array_equal(stopped.tokens, expected)
 
 
 def test_greedy_token_is_argmax_and_logprob_is_log_softmax():
-    from fire_jax.infer.decode import greedy_token, token_logprob
+    from fire_jax.infer.sampling import greedy_token, token_logprob
 
     logits = jnp.asarray(np.random.default_rng(0).standard_normal((4, 1000)), jnp.float32)
     logits = logits.at[1, 7].set(9.0).at[1, 500].set(9.0)  # a tie: the first index wins, as argmax
@@ -200,14 +195,20 @@ def test_sampling_reproducible_and_greedy_limits(pair, batch, free_run):
         generate(model, prompts, config=sampling, **kw)
 
 
-def test_sample_token_filters():
-    """Top-k and top-p keep exactly the tokens they should, in HF's proportions."""
-    probs = np.array([0.5, 0.3, 0.15, 0.05])
-    logits = jnp.asarray(np.tile(np.log(probs), (4000, 1)), jnp.float32)
-    key = jax.random.key(0)
+def test_sampler_filters_per_row():
+    """Top-k and top-p keep exactly the tokens they should, in HF's proportions, each row with its own
+    settings; a greedy row beside sampled ones takes its argmax."""
+    from fire_jax.infer.sampling import Nucleus, RowSettings, pick
 
-    def freq(**kw):
-        drawn = np.asarray(sample_token(logits, key, DecodeConfig(temperature=1.0, **kw)))
+    probs = np.array([0.5, 0.3, 0.15, 0.05])
+    n = 4000
+    logits = jnp.asarray(np.tile(np.log(probs), (n, 1)), jnp.float32)
+    keys = jax.random.split(jax.random.key(0), n)
+
+    def freq(temperature=1.0, top_k=0, top_p=1.0):
+        full = lambda v, dtype: jnp.full((n,), v, dtype)
+        drawn = np.asarray(Nucleus(full(temperature, jnp.float32), full(top_k, jnp.int32),
+                                   full(top_p, jnp.float32))(logits, keys))
         return np.bincount(drawn, minlength=4) / len(drawn)
 
     top_p = freq(top_p=0.7)  # 0.5 + 0.3 reaches 0.7: tokens 0 and 1
@@ -215,24 +216,35 @@ def test_sample_token_filters():
     top_k = freq(top_k=3)
     assert top_k[3] == 0 and abs(top_k[2] - 0.15 / 0.95) < 0.03
     assert abs(freq()[3] - 0.05) < 0.015
-    np.testing.assert_array_equal(np.asarray(sample_token(logits[:2], key, DecodeConfig(temperature=0.7, top_k=1))),
-                                  [0, 0])
+    assert freq(temperature=0.7, top_k=1)[0] == 1.0
+    skewed = np.log([0.1, 0.6, 0.3, 1e-9])
+    mixed = RowSettings(temperature=jnp.asarray([0.0, 1.0, 1.0, 0.0]), top_k=jnp.asarray([0, 0, 1, 0]),
+                        top_p=jnp.ones(4), seeds=jnp.arange(4, dtype=jnp.uint32))
+    token, logprob = pick(jnp.asarray(np.tile(skewed, (4, 1)), jnp.float32), mixed, jnp.zeros(4, jnp.int32))
+    token = np.asarray(token)
+    assert token[0] == 1 and token[2] == 1 and token[3] == 1  # greedy rows, and a top-1 row
+    np.testing.assert_allclose(logprob, skewed[token], rtol=1e-4)
 
 
 def test_compilations_bounded_by_buckets(pair):
     model = pair[1]
     config = DecodeConfig(max_new_tokens=3, stop_ids=())  # a config no other test compiles
-    assert [prompt_bucket(n) for n in (1, 64, 65, 1000, 1025, 3000)] == [64, 64, 128, 1024, 2048, 3072]
+    step = lambda n: prompt_bucket(n, 64, 1024)
+    assert [step(n) for n in (1, 64, 65, 1000, 1025, 3000)] == [64, 64, 128, 1024, 2048, 3072]
+    fine = lambda n: prompt_bucket(n, 64)
+    assert [fine(n) for n in (1, 64, 65, 400, 512, 513, 1025, 3000)] == [64, 64, 128, 448, 512, 640, 1280, 3072]
+    # a bucket past the room a cache row leaves falls back to the length rounded up to bucket_min
+    assert prompt_bucket(600, 64, 1024, room=1024) == 1024 and prompt_bucket(600, 64, 1024, room=700) == 640
 
     def traces_for(lengths):
         before = dict(TRACE_COUNTS)
         generate(model, [list(range(1, n + 1)) for n in lengths], config=config)
-        return {k: TRACE_COUNTS[k] - before.get(k, 0) for k in ("prefill", "decode")}
+        return {k: TRACE_COUNTS[k] - before.get(k, 0) for k in ("engine_admit", "engine_decode")}
 
-    assert traces_for([5, 9]) == {"prefill": 1, "decode": 1}
-    assert traces_for([17, 40]) == {"prefill": 0, "decode": 0}
-    assert traces_for([64, 2]) == {"prefill": 0, "decode": 0}
-    assert traces_for([3, 70]) == {"prefill": 1, "decode": 1}  # next bucket
+    assert traces_for([5, 9]) == {"engine_admit": 1, "engine_decode": 1}
+    assert traces_for([17, 40]) == {"engine_admit": 0, "engine_decode": 0}
+    assert traces_for([64, 2]) == {"engine_admit": 0, "engine_decode": 0}
+    assert traces_for([3, 70]) == {"engine_admit": 2, "engine_decode": 1}  # a row in the next bucket
 
 
 @pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (host) devices")
@@ -423,20 +435,19 @@ def test_decode_config_from_any_config_section():
     assert DecodeConfig.from_config({"max_new_tokens": 9}).max_new_tokens == 9
 
 
-def test_agent_on_the_engine_writes_what_generate_writes():
-    """Greedy agents without a mesh generate on the continuous-batching engine by default: the same texts as on
-    generate for one call of image prompts of several lengths (more rows than batch_size: the engine gets a
-    slot per row); a longer call gets a longer cache. Sampling stays on generate (draws keyed by the rng)."""
+def test_agent_writes_what_generate_writes_and_samples_by_its_key():
+    """An agent's engine (slots for batch_size or the call's rows, prefixes reused across calls, a longer cache
+    built when a call needs one) writes the texts of generate's one fixed batch for image prompts of several
+    lengths and for text prompts; a sampled call draws by its rng key: the same key the same texts, and those
+    of generate with that key."""
     from fire_jax.config import DEFAULT_CONFIG, load_config
+    from fire_jax.data.images import pad_tiles
     from fire_jax.infer.loading import load
 
     loaded = load(load_config(DEFAULT_CONFIG))
     embed = loaded.model.language_model.model.embed_tokens.embedding
     embed.set_value(embed.get_value() * 50)  # unit-scale embeddings: greedy outputs vary instead of repeating
-    decode = DecodeConfig(max_new_tokens=12)
-    on_engine = loaded.agent("student", decode, batch_size=4)
-    on_generate = loaded.agent("student", decode, batch_size=4, engine=False)
-    assert on_engine.use_engine and not on_generate.use_engine
+    student = loaded.agent("student", DecodeConfig(max_new_tokens=12), batch_size=4)
     rng = np.random.default_rng(3)
     images = [Image.fromarray(rng.integers(0, 255, (h, w, 3), np.uint8)) for h, w in
               [(40, 70), (64, 64), (30, 90), (50, 50), (70, 40), (32, 32)]]
@@ -444,41 +455,50 @@ def test_agent_on_the_engine_writes_what_generate_writes():
                  "Which shape?", "Where is it?", "Count them.", "What is this?"]
     turn = Turn("Thought: I count them.\nAnswer: 3", "Look again at the left side.\nScore: 4", 4.0)
     histories = [(), (turn,), (), (turn, turn), (), (turn, turn, turn)]
-    texts = on_engine.respond(images, questions, histories)
-    assert texts == on_generate.respond(images, questions, histories)
-    engine = on_engine._engine
+
+    def reference(images, questions, histories):
+        sizes = [(i.height, i.width) for i in images]
+        prompts = student.prompts(sizes, questions, histories)
+        pixel_values = pad_tiles([preprocess(i, loaded.model.cfg.geometry)[0] for i in images])
+        out = generate(loaded.model, [p.input_ids for p in prompts], pixel_values=pixel_values, image_sizes=sizes,
+                       config=student.config, tokenizer=loaded.chat.tokenizer)
+        return [t.strip() for t in out.texts]
+
+    texts = student.respond(images, questions, histories)
+    assert texts == reference(images, questions, histories)
+    engine = student._engine
     assert engine.slots == 6 and engine.stats["requests"] == 6
+    again = student.respond(images, questions, histories)  # the same prompts: prefixes reused
+    assert again == texts and student._engine.stats["reused_tokens"] > 0
     # Chat prompts end alike, so this random model answers them alike; random token prompts vary.
     prompts = [rng.integers(1, 500, n).tolist() for n in (5, 70, 130, 20, 250, 9)]
-    texts = on_engine.generate_ids(prompts, None, None)
-    assert texts == on_generate.generate_ids(prompts, None, None) and len(set(texts)) > 4
-    long = on_engine.respond(images[:1], questions[:1], [(turn,) * 12])
-    assert on_engine._engine.cache_len > engine.cache_len
-    assert long == on_generate.respond(images[:1], questions[:1], [(turn,) * 12])
-    assert not loaded.agent("student", DecodeConfig(max_new_tokens=4, temperature=1.0)).use_engine
+    texts = student.generate_ids(prompts, None, None)
+    ref = generate(loaded.model, prompts, config=student.config, tokenizer=loaded.chat.tokenizer).texts
+    assert texts == ref and len(set(texts)) > 4
+    long = student.respond(images[:1], questions[:1], [(turn,) * 12])
+    assert student._engine.cache_len > engine.cache_len
+    assert long == reference(images[:1], questions[:1], [(turn,) * 12])
+    sampler = loaded.agent("student", DecodeConfig(max_new_tokens=12, temperature=1.0), batch_size=4)
+    drawn = sampler.generate_ids(prompts, None, None, rng=jax.random.key(5))
+    assert drawn == sampler.generate_ids(prompts, None, None, rng=jax.random.key(5))
+    assert drawn != sampler.generate_ids(prompts, None, None, rng=jax.random.key(6)) and drawn != texts
+    assert drawn == generate(loaded.model, prompts, config=sampler.config, tokenizer=loaded.chat.tokenizer,
+                             rng=jax.random.key(5)).texts
 
 
-def test_agent_pads_a_short_call_with_inactive_rows(monkeypatch):
-    """An agent on generate (engine=False) built with batch_size pads every call to that many rows through
-    generate's pad_rows (inactive rows: one compiled shape), and returns the real rows' texts only."""
+def test_agent_keeps_one_engine_of_batch_size_slots_for_short_calls():
+    """An agent built with batch_size keeps one engine of that many slots (one set of compiled shapes) for
+    calls of fewer rows, and returns the real rows' texts only."""
     from fire_jax.config import DEFAULT_CONFIG, load_config
-    from fire_jax.infer import agents
     from fire_jax.infer.loading import load
 
-    seen = []
-    real = agents.generate
-
-    def spy(model, prompts, **kwargs):
-        seen.append((len(prompts), kwargs["pad_rows"]))
-        return real(model, prompts, **kwargs)
-
-    monkeypatch.setattr(agents, "generate", spy)
     loaded = load(load_config(DEFAULT_CONFIG))
-    student = loaded.agent("student", DecodeConfig(max_new_tokens=3), batch_size=4, engine=False)
+    student = loaded.agent("student", DecodeConfig(max_new_tokens=3), batch_size=4)
     image = Image.new("RGB", (40, 30), "red")
     one = student.respond([image], ["What colour?"])
+    engine = student._engine
     three = student.respond([image] * 3, ["What colour?", "Which shape?", "How many?"])
-    assert seen == [(1, 4), (3, 4)] and len(one) == 1 and len(three) == 3
-    assert three[0] == one[0]  # the same prompt, greedy: padding rows change nothing
-    unpadded = loaded.agent("student", DecodeConfig(max_new_tokens=3), engine=False)
-    assert unpadded.respond([image], ["What colour?"]) == one and seen[-1] == (1, 0)
+    assert student._engine is engine and engine.slots == 4 and len(one) == 1 and len(three) == 3
+    assert three[0] == one[0]  # the same prompt, greedy: the rows beside it change nothing
+    unpadded = loaded.agent("student", DecodeConfig(max_new_tokens=3))
+    assert unpadded.respond([image], ["What colour?"]) == one and unpadded._engine.slots == 1

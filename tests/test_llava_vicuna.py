@@ -125,7 +125,7 @@ def test_image_features_match_hf(pair, batch):
 
 def _hf_generate(arch, hf, prompts, pixel_values, sizes):
     """HF greedy generate on a left-padded batch of NEW tokens (no stop)."""
-    from fire_jax.infer.decode import left_pad
+    from fire_jax.infer.engine import left_pad
 
     length = max(map(len, prompts))
     ids, mask, _ = left_pad(prompts, length, 0)
@@ -302,7 +302,8 @@ def test_tools_read_either_architecture(arch, tmp_path):
     """tools/hf_logits.py and tools/hf_generate.py on a checkpoint folder of either architecture:
     pixel_values ``[batch, tiles, 3, H, W]`` (one tile for LLaVA-1.5, which may also pass HF's
     ``[batch, 3, H, W]`` and no image_sizes)."""
-    from fire_jax.infer.decode import DecodeConfig, generate, left_pad
+    from fire_jax.infer.decode import DecodeConfig, generate
+    from fire_jax.infer.engine import left_pad
     from fire_jax.infer.forward import forward_logits
 
     directory = str(tmp_path / "ckpt")

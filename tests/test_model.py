@@ -100,7 +100,7 @@ def test_llama31_rope_scaling_matches_hf_under_jit(tmp_path):
     assert rel_err(forward_logits(model, ids[None])[0], reference) < TOL  # jitted forward
     # Greedy decode (prefill + KV cache under jit) against HF's generate.
     new = 6
-    ours = generate(model, [ids.tolist()], config=DecodeConfig(max_new_tokens=new, stop_ids=(-1,))).tokens[0]
+    ours = generate(model, [ids.tolist()], config=DecodeConfig(max_new_tokens=new, stop_ids=())).tokens[0]
     with torch.no_grad():
         theirs = hf.generate(input_ids=torch.as_tensor(ids)[None], max_new_tokens=new, do_sample=False,
                              min_new_tokens=new, pad_token_id=0)[0, len(ids):].numpy()

@@ -1,4 +1,5 @@
-"""Decoding: jitted prefill + KV-cache decode loop, and the student / teacher agents built on it."""
+"""Inference: the engine (the one decode loop), its samplers and prefix cache, ``generate`` over it, and the
+student / teacher agents."""
 
 from fire_jax.infer.agents import Feedback, Student, Teacher
 from fire_jax.infer.decode import DecodeConfig, Generation, generate

@@ -25,9 +25,8 @@ import numpy as np
 from fire_jax.data.chat import TEACHER_HISTORIES, ChatTokenizer, Encoded, student_messages, teacher_messages
 from fire_jax.data.images import load_image, pad_tiles, preprocess
 from fire_jax.data.records import Conversation, Turn, parse_score
-from fire_jax.infer.decode import DecodeConfig, generate, prompt_bucket
-from fire_jax.infer.engine import Engine, Request
-from fire_jax.infer.forward import normalise_sizes
+from fire_jax.infer.decode import DecodeConfig, requests_for
+from fire_jax.infer.engine import Engine, prompt_bucket
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,13 +55,10 @@ class Agent:
     """A model, its chat tokenizer and decode settings: the one generation path from encoded prompts (the
     student, the teacher and VLRMBench's model all generate through :meth:`generate_ids`).
 
-    Greedy calls without a mesh run on the continuous-batching :class:`fire_jax.infer.engine.Engine`
-    (``engine=None``, the default: each prompt is prefilled in its own length bucket, not the call's longest,
-    short prompts several to a prefill, and a step attends over the columns its rows have filled;
-    ``benchmarks/serve.py --runner``: 1.29x the fixed path at 8 rows per call, 1.46x at 16);
-    the same tokens as ``generate`` (tested). Sampled calls keep ``generate``: their draws are keyed by the
-    call's ``rng``. ``engine=False``: always ``generate``, whose ``batch_size`` > 0 pads every call to
-    that many rows with inactive ones (``pad_rows``): one compiled shape for a whole run.
+    Every call runs on the agent's :class:`fire_jax.infer.engine.Engine`: each prompt is prefilled in its own
+    length bucket, short prompts several to a prefill, and a step attends over the columns its rows have
+    filled. ``batch_size`` > 0 gives the engine at least that many slots (one set of compiled shapes for a
+    whole run); a sampled call draws with seeds from its ``rng`` key, so the same key draws the same texts.
 
     The engine keeps each call's keys and values for the next (``config.prefix_cache``, on by default): a
     dialogue's prompt at turn k begins with its prompt at turn k - 1 (the student's: then r_{k-1} and f_{k-1};
@@ -71,23 +67,24 @@ class Agent:
     """
 
     def __init__(self, model, chat: ChatTokenizer, config: DecodeConfig = DecodeConfig(), *, mesh=None,
-                 batch_size: int = 0, engine: bool | None = None):
+                 batch_size: int = 0):
         if chat.image_token_id != model.cfg.image_token_id:
             raise ValueError(f"tokenizer image id {chat.image_token_id} != model image_token_id "
                              f"{model.cfg.image_token_id}")
         self.model, self.chat, self.mesh, self.batch_size = model, chat, mesh, batch_size
         self.config = dataclasses.replace(config, stop_ids=chat.stop_ids, pad_id=chat.pad_id)
-        self.use_engine = (mesh is None and self.config.greedy) if engine is None else engine
         self._engine: Engine | None = None
 
     def generate_ids(self, prompts: Sequence[Sequence[int]], pixel_values, image_sizes, rng=None) -> list[str]:
         """The texts generated for token-id prompts (images expanded), tiles ``[batch, tiles, 3, T, T]`` and
         each row's image size(s)."""
-        if self.use_engine:
-            return self._engine_texts(prompts, pixel_values, image_sizes)
-        out = generate(self.model, prompts, pixel_values=pixel_values, image_sizes=image_sizes, config=self.config,
-                       rng=rng, tokenizer=self.chat.tokenizer, mesh=self.mesh, pad_rows=self.batch_size)
-        return out.texts[:len(prompts)]
+        requests = requests_for(prompts, pixel_values, image_sizes, self.config, rng)
+        try:
+            engine = self.engine(prompts, max(len(r.image_sizes) for r in requests))
+            return [result.text for result in engine.generate(requests)]
+        except BaseException:  # an interrupted or failed call leaves requests in the engine: start afresh
+            self._engine = None
+            raise
 
     def engine(self, prompts: Sequence[Sequence[int]], images: int = 0) -> Engine:
         """The agent's engine: ``max(batch_size, rows)`` slots, cache rows long enough for every prompt's
@@ -106,27 +103,15 @@ class Agent:
                 slots, cache_len, images = (max(slots, old.slots), max(cache_len, old.cache_len),
                                             max(images, old.max_images))
             self._engine = Engine(self.model, tokenizer=self.chat.tokenizer, slots=slots, cache_len=cache_len,
-                                  stop_ids=c.stop_ids, pad_id=c.pad_id, bucket_min=c.bucket_min,
+                                  chunk=c.chunk, stop_ids=c.stop_ids, pad_id=c.pad_id, bucket_min=c.bucket_min,
                                   bucket_step=c.bucket_step, min_width=slots, max_images=max(4, images),
                                   logprobs=False,  # agents read texts
-                                  prefix_cache=c.prefix_cache)
+                                  prefix_cache=c.prefix_cache, mesh=self.mesh)
             if old is not None:
                 self._engine.stats.update(old.stats)  # counts over the agent's calls
                 if c.prefix_cache:
                     self._engine.adopt(old)
         return self._engine
-
-    def _engine_texts(self, prompts, pixel_values, image_sizes) -> list[str]:
-        sizes = normalise_sizes(image_sizes, len(prompts))
-        requests = [Request(list(prompt), max_tokens=self.config.max_new_tokens, stop_ids=self.config.stop_ids,
-                            pixel_values=None if not sizes[b] else np.asarray(pixel_values[b], np.float32),
-                            image_sizes=sizes[b]) for b, prompt in enumerate(prompts)]
-        try:
-            engine = self.engine(prompts, max(map(len, sizes)))
-            return [result.text for result in engine.generate(requests)]
-        except BaseException:  # an interrupted or failed call leaves requests in the engine: start afresh
-            self._engine = None
-            raise
 
     def _generate(self, images, prompts: Sequence[Encoded], rng) -> list[str]:
         pixel_values = pad_tiles([preprocess(image, self.model.cfg.geometry)[0] for image in images])
@@ -159,10 +144,10 @@ class Teacher(Agent):
     """Scores a student answer against the groundtruth and writes feedback."""
 
     def __init__(self, model, chat: ChatTokenizer, config: DecodeConfig = DecodeConfig(), *, history: str = "latest",
-                 mesh=None, batch_size: int = 0, engine: bool | None = None):
+                 mesh=None, batch_size: int = 0):
         if history not in TEACHER_HISTORIES:
             raise ValueError(f"teacher history must be one of {TEACHER_HISTORIES}, got {history!r}")
-        super().__init__(model, chat, config, mesh=mesh, batch_size=batch_size, engine=engine)
+        super().__init__(model, chat, config, mesh=mesh, batch_size=batch_size)
         self.history = history
 
     def prompts(self, image_sizes, questions: Sequence[str], groundtruths: Sequence[str], answers: Sequence[str],

@@ -1,70 +1,45 @@
-"""Continuous batching: fixed decode slots over one static-shape KV cache.
+"""The decoder: continuous batching over fixed decode slots of one static-shape KV cache.
 
-:func:`fire_jax.infer.decode.generate` runs a fixed batch: every row waits for
-the longest one. Here a fixed number of *slots* share one cache
-``[slots, cache_len]`` per layer. Between decode chunks the host admits
-waiting requests into free slots (batched prefills of prompts that share a
-length bucket, written into the slots' cache rows), and a request that stops
-frees its slot at the next chunk boundary; while requests wait, a chunk ends
-early as soon as a row finishes. A started engine (a server), after a chunk
-that finished requests, waits up to ``admit_wait`` (2 ms) for as many new ones:
-closed-loop clients send their next request as soon as they are answered.
-Rows left running high up when the queue runs dry move down to the lowest free
-slots, so the chunks of a run's tail decode a narrower batch.
+Every generation in fire_jax runs here: a server's requests as they arrive,
+an agent's batch of dialogue turns, and :func:`fire_jax.infer.decode.generate`'s
+fixed batch (a short driver over an :class:`Engine`). ``slots`` rows share one
+cache ``[slots, cache_len]`` per layer. Between decode chunks the host admits
+waiting requests into free slots (a batched prefill of prompts of one length
+bucket, written into the slots' cache rows), and a request that stops frees
+its slot at the next chunk boundary.
 
-**A write column per slot.** An admitted prompt, left-padded to its bucket B
-as ``generate`` lays it out, fills columns ``[0, B)`` of its slot's cache
-row, and its decode steps write columns B, B + 1, ...: each row of the cache
-looks like a one-row ``generate``'s. A decode step is the model's ordinary
-batched one-token forward; only the cache write is a scatter (one column per
-row, :func:`fire_jax.models.llama.write_columns`) instead of a slice. So a
-request runs as soon as a slot is free, whatever its neighbours' lengths
-(``bucket + max_tokens <= cache_len`` is checked on submit). Masked columns
-weigh exactly zero in attention, so a request's greedy tokens are the same
-alone or among 31 others, and equal to ``generate``'s (tested). A prefill
-takes the waiting requests of the first one's bucket, as many as fit: a power
-of two of rows, at most ``prefill_batch`` rows and ``prefill_tokens`` padded
-tokens (one row at least), never a dead row. Short prompts gain from company
-(on CPU, ms per row at dim 256: bucket 64 8.1 alone, 4.3 in 4 rows; 128: 11.2,
-7.5; 448: no gain), and no request waits for a group to fill. A request's cache
-rows are bit-identical however many rows its prefill has. A prefill leaves each
-prompt's last hidden state in the slot; the first tokens of all the prompts
-admitted at a chunk boundary come from one LM-head product, synced once (one
-per prefill read the whole LM head each time). So a first token's log-prob may
-differ in the last bit with the number of prompts admitted beside it (a product
-of another row count runs another kernel, as between decode widths).
+**A write column per slot.** A prompt left-padded to its bucket B fills columns
+``[0, B)`` of its row and its decode steps write columns B, B + 1, ...; a decode
+step is the model's batched one-token forward, the cache write a scatter of one
+column per row (:func:`fire_jax.models.llama.write_columns`). Masked columns
+weigh exactly zero in attention, so a request's greedy tokens do not depend on
+what runs beside it (tested alone and among 31 others, and against
+transformers' ``generate``).
 
-**Prefix caching** (``prefix_cache=True``, the default; vLLM's automatic prefix caching, SGLang's
-RadixAttention): a slot's row outlives its request. :class:`fire_jax.infer.prefix_cache.PrefixCache`
-records the tokens whose keys and values each row holds (the prompt and every generated token but the
-last, the one never fed), and a waiting request whose prompt begins with a held prefix (the same
-dialogue's previous turn; a prompt shared with another request; a prefix over image tokens only for the
-same images) prefills only the rest, when that rest has a shorter bucket than the whole prompt: the
-prefix is cut out of its row (the first prefill's left padding dropped, so it starts at column 0) into
-the request's slot, the rest is prefilled after it over a window of the first columns (one ``_extend``
-call per group of rests of one bucket), and decoding goes on from there. A request that reuses a free
-row's prefix goes into that row; the others take free rows least recently used first (LRU eviction), rows
-that waiting requests will reuse last. The reused keys and values were computed by another prefill
-(another bucket) and by decode steps, where a whole-prompt prefill computes them anew: they may differ
-in the last bits, so a log-prob may too (tested within 1e-4), and greedy tokens are the same on the tests'
-workloads. ``stats``: ``prompt_tokens`` admitted, of which ``reused_tokens`` and ``prefilled_tokens``.
+**The one bucket rule and the one window rule.** :func:`prompt_bucket` pads every
+prefill; a decode chunk attends over the first ``bucket_min * 2^j`` columns
+that hold its rows' columns for the chunk, or all of them (:meth:`Engine._window`),
+so compiled shapes are few and known up front.
 
-Per request: ``max_tokens``, temperature / top-k / top-p with its own seed
-(the key of token t is ``fold_in(key(seed), t)``, so a sampled request is
-reproducible whatever runs beside it), stop ids and stop strings.
+**Prefix caching** (``prefix_cache=True``; vLLM's automatic prefix caching,
+SGLang's RadixAttention): a row outlives its request.
+:class:`fire_jax.infer.prefix_cache.PrefixCache` records the tokens whose keys and
+values each row holds, and a request whose prompt begins with a held prefix
+(the same dialogue's previous turn, a prompt shared with another request, image
+tokens only for the same images) prefills only the rest (:func:`_extend`). Free
+rows are evicted least recently used first. Reused keys and values were computed
+by another prefill and by decode steps, so a log-prob may differ in the last
+bits from a whole-prompt prefill; greedy tokens are the same on the tests'
+workloads. ``stats`` counts prompt tokens admitted, reused and prefilled.
 
-Compiled shapes, all known up front: a decode chunk per (width, window): the
-first 1, 2, 4, ... ``slots`` slots, enough for the live ones (a lone request
-decodes as a batch of one; at least ``min_width``), over the first 64, 128,
-256, ... columns or all ``cache_len``, enough for the live rows' columns; one
-row swap (up to ``slots / 2`` pairs); a first-token product per row count 1, 2,
-4, ... ``slots``; and one prefill per (prompt bucket, rows 1, 2,
-4, ..., image-tile bucket), buckets from
-:func:`fine_bucket` (multiples of 64 up to 512, then coarser: about 8 + 4
-log2(cache_len / 512) of them), or as :func:`fire_jax.infer.decode.prompt_bucket`
-when ``bucket_step`` is given (the batch runners, which write what ``generate``
-writes), at most ``cache_len``; with the prefix cache, one ``_extend`` per (rest bucket, rows 1, 2, 4, ...,
-window ``bucket_min * 2^j`` or ``cache_len``).
+**Per request:** ``max_tokens``, stop ids and stop strings, and greedy or
+temperature / top-k / top-p sampling (:mod:`fire_jax.infer.sampling`) with its
+own seed: the key of token t is ``fold_in(key(seed), t)``, so a sampled request
+draws the same tokens whatever runs beside it.
+
+**On a mesh** the slots are split over the ``data`` axis and the cache's KV
+heads over ``tensor`` (when it divides them); the weights are replicated
+unless the caller placed them. docs/decoding.md has the design and its measurements.
 """
 
 from __future__ import annotations
@@ -82,12 +57,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
 from fire_jax.data.images import pad_tiles
-from fire_jax.infer.decode import (TRACE_COUNTS, greedy_token, left_pad, prompt_bucket,
-                                   token_logprob)
 from fire_jax.infer.forward import image_inputs
 from fire_jax.infer.prefix_cache import PrefixCache, image_key
+from fire_jax.infer.sampling import RowSettings, pick
 from fire_jax.models.llama import KVCache
+
+#: Times each jitted function was traced (= compiled): one per new shape or static config.
+TRACE_COUNTS: collections.Counter = collections.Counter()
 
 #: Stop ids per request, padded with -1 on the device.
 MAX_STOP_IDS = 8
@@ -144,34 +123,6 @@ class Ticket:
         if self.error is not None:
             raise self.error
         return self.result
-
-
-def _pick_rows(logits, seeds, counts, temperature, top_k, top_p, logprobs: bool = True):
-    """Per row: greedy where temperature is 0, else temperature -> top-k -> top-p sampling (HF order).
-
-    logits ``[rows, vocab]``; the rest ``[rows]``. Returns (token, log p(token) under the raw logits, or 0
-    without ``logprobs``: a log-softmax over the vocabulary is 5-10% of a decode step on CPU).
-    """
-    logits = logits.astype(jnp.float32)
-    greedy = greedy_token(logits)
-
-    def sampled():
-        vocab = logits.shape[-1]
-        scores = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
-        ranked = jnp.sort(scores, axis=-1)[:, ::-1]  # descending
-        kth = jnp.take_along_axis(ranked, jnp.clip(top_k - 1, 0, vocab - 1)[:, None], axis=-1)
-        scores = jnp.where((top_k[:, None] > 0) & (scores < kth), -jnp.inf, scores)
-        ranked = jnp.sort(scores, axis=-1)[:, ::-1]
-        probs = jax.nn.softmax(ranked, axis=-1)
-        keep = ((jnp.cumsum(probs, axis=-1) - probs) < top_p[:, None]).at[:, 0].set(True)
-        threshold = jnp.min(jnp.where(keep, ranked, jnp.inf), axis=-1, keepdims=True)
-        scores = jnp.where((top_p[:, None] < 1) & (scores < threshold), -jnp.inf, scores)
-        keys = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(seeds, counts)
-        drawn = jax.vmap(lambda k, s: jax.random.categorical(k, s))(keys, scores).astype(jnp.int32)
-        return jnp.where(temperature > 0, drawn, greedy)
-
-    token = jax.lax.cond(jnp.any(temperature > 0), sampled, lambda: greedy)
-    return token, token_logprob(logits, token) if logprobs else jnp.zeros(token.shape, jnp.float32)
 
 
 class _Graph:
@@ -233,18 +184,18 @@ def _extend(graph: _Graph, state, cache: KVCache, hidden, input_ids, attention_m
 
 
 @functools.partial(jax.jit, static_argnames=("graph", "logprobs"))
-def _first_tokens(graph: _Graph, state, hidden, slots, seeds, temperature, top_k, top_p, *, logprobs: bool):
+def _first_tokens(graph: _Graph, state, hidden, slots, settings: RowSettings, *, logprobs: bool):
     """The first token (and its log-prob) of the requests prefilled into ``slots`` (``[rows]``): one LM-head
     product for every prompt admitted at a chunk boundary, not one per prefill (on CPU a one-row product
     reads the whole LM head, ~1 ms at vocab 32000)."""
     TRACE_COUNTS["engine_first"] += 1
     model = nnx.merge(graph.graphdef, state)
-    return _pick_rows(model.logits(hidden[slots]), seeds, jnp.zeros_like(seeds), temperature, top_k, top_p, logprobs)
+    return pick(model.logits(hidden[slots]), settings, jnp.zeros(slots.shape, jnp.int32), logprobs)
 
 
 @functools.partial(jax.jit, static_argnames=("graph", "steps", "window", "logprobs"), donate_argnames=("cache",))
-def _decode_chunk(graph: _Graph, state, cache: KVCache, column, token, position, count, budget, live, stop_ids, seeds,
-                  temperature, top_k, top_p, wanted, *, steps: int, window: int, logprobs: bool):
+def _decode_chunk(graph: _Graph, state, cache: KVCache, column, token, position, count, budget, live, stop_ids,
+                  settings: RowSettings, wanted, *, steps: int, window: int, logprobs: bool):
     """Up to ``steps`` one-token steps of the first ``width`` slots (the ``[width]`` arguments; the cache has
     ``slots >= width`` rows, the rest idle), in one ``while_loop``, attending over the first ``window``
     columns: the host picks a window past every live row's last column in this chunk, so a step reads the
@@ -271,7 +222,7 @@ def _decode_chunk(graph: _Graph, state, cache: KVCache, column, token, position,
         step, token, cache, (tokens_out, logprobs_out), done, finished = carry
         logits, cache = model(jnp.maximum(token, 0)[:, None], attention_mask=jnp.ones((slots, 1), bool),
                               positions=(position + step)[:, None], cache=cache)
-        new, logprob = _pick_rows(logits[:, 0], seeds, count + step, temperature, top_k, top_p, logprobs)
+        new, logprob = pick(logits[:, 0], settings, count + step, logprobs)
         new, logprob = jnp.where(done, -1, new), jnp.where(done, 0.0, logprob)
         tokens_out = jax.lax.dynamic_update_slice(tokens_out, new[:, None], (0, step))
         logprobs_out = jax.lax.dynamic_update_slice(logprobs_out, logprob[:, None], (0, step))
@@ -287,22 +238,48 @@ def _decode_chunk(graph: _Graph, state, cache: KVCache, column, token, position,
     return cache, tokens, logprobs
 
 
-def fine_bucket(n: int, step: int = 64, per_octave: int = 8) -> int:
-    """The engine's padded prompt length: a multiple of ``step`` up to ``per_octave * step`` tokens, then of
-    ``2 * step`` up to twice that, and so on. A prompt pads less than ``2 / per_octave`` of its length (power
-    of two buckets: up to all of it), and a context of C columns has ``per_octave`` buckets up to
-    ``per_octave * step`` and ``per_octave / 2`` per doubling after that. On CPU a prefill costs its padded
-    tokens: on the serve benchmark's prompts (16..400 tokens) these buckets prefill 15,744 columns where
-    power-of-two ones prefill 20,096."""
-    while n > per_octave * step:
-        step *= 2
-    return -(-n // step) * step
+def prompt_bucket(n: int, bucket_min: int = 64, bucket_step: int | None = None, room: int | None = None) -> int:
+    """A prompt's padded length: the one bucket rule of every prefill.
+
+    ``bucket_step`` None (a server's engine): a multiple of ``bucket_min`` up to ``8 * bucket_min`` tokens,
+    then of ``2 * bucket_min`` up to twice that, and so on: a prompt pads less than a quarter of its length,
+    and a context of C columns has 8 buckets up to ``8 * bucket_min`` and 4 per doubling after that (on CPU a
+    prefill costs its padded tokens: on the serve benchmark's prompts, 16..400 tokens, 15,744 padded columns
+    where powers of two pad 20,096). ``bucket_step`` given (the agents' and ``generate``'s
+    :class:`fire_jax.infer.decode.DecodeConfig`): the next power of two from ``bucket_min`` up to
+    ``bucket_step``, then multiples of ``bucket_step``: fewer shapes for the batch jobs to compile.
+    A bucket past ``room`` (the columns a cache row leaves the prompt) falls back to the length rounded up to
+    a multiple of ``bucket_min``.
+    """
+    if bucket_step is None:
+        step = bucket_min
+        while n > 8 * step:
+            step *= 2
+        length = -(-n // step) * step
+    else:
+        length = bucket_min
+        while length < min(n, bucket_step):
+            length *= 2
+        length = length if n <= length else -(-n // bucket_step) * bucket_step
+    if room is not None and length > room:
+        return -(-n // bucket_min) * bucket_min
+    return length
 
 
-def engine_bucket(n: int, bucket_min: int = 64, bucket_step: int | None = None) -> int:
-    """An engine's prompt bucket: :func:`fine_bucket`, or ``generate``'s :func:`prompt_bucket` when
-    ``bucket_step`` is given."""
-    return fine_bucket(n, bucket_min) if bucket_step is None else prompt_bucket(n, bucket_min, bucket_step)
+def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int):
+    """Left-pad token lists to ``length``. Returns int32 ids, bool mask, positions ``[batch, length]``.
+
+    positions = cumsum(mask) - 1 on real tokens and 0 on padding (HF ``generate``).
+    """
+    ids = np.full((len(prompts), length), pad_id, np.int32)
+    mask = np.zeros((len(prompts), length), bool)
+    for b, prompt in enumerate(prompts):
+        if not 0 < len(prompt) <= length:
+            raise ValueError(f"prompt {b} has {len(prompt)} tokens; expected 1..{length}")
+        ids[b, length - len(prompt):] = prompt
+        mask[b, length - len(prompt):] = True
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
+    return ids, mask, positions
 
 
 @functools.partial(jax.jit, donate_argnames=("cache",))
@@ -320,6 +297,16 @@ def _swap_rows(cache: KVCache, source, target, count) -> KVCache:
         return KVCache(tuple(map(swap, cache.k)), tuple(map(swap, cache.v)), swap(cache.mask), cache.index)
 
     return jax.lax.fori_loop(0, count, one, cache)
+
+
+def _state_on_mesh(state, mesh: Mesh | None):
+    """The weights replicated onto the mesh, unless the caller already placed them there."""
+    if mesh is None:
+        return state
+    devices = set(mesh.devices.flat)
+    if all(leaf.sharding.device_set == devices for leaf in jax.tree.leaves(state)):
+        return state
+    return jax.device_put(state, NamedSharding(mesh, P()))
 
 
 def _int_in(value, low: int, high: int) -> bool:
@@ -345,22 +332,27 @@ class Engine:
       admit_wait: on a started engine (a server), seconds to wait after a chunk that finished requests for
         as many new ones to arrive before the next chunk: closed-loop clients send their next request as soon
         as they are answered, and a request that misses the chunk waits a whole chunk for a slot.
-      bucket_min: the shortest prompt bucket and decode window (columns).
-      bucket_step: None: :func:`fine_bucket` prompt buckets; else :func:`fire_jax.infer.decode.prompt_bucket`
-        ones, as ``generate`` pads (the batch runners' agents pass their DecodeConfig's).
+      bucket_min, bucket_step: the prompt buckets (:func:`prompt_bucket`); ``bucket_min`` is also the
+        shortest decode window (columns).
       max_images: images per request (bounds the tile buckets).
       min_width: a decode chunk covers at least this many slots (fewer compiled shapes: a batch job that
         fills every slot gains little from narrower chunks in its tail, and compiles each width it meets).
       prefix_cache: reuse the cached keys and values of a prompt's longest cached prefix and prefill only the
         rest (:mod:`fire_jax.infer.prefix_cache`); False: prefill every prompt whole.
+      mesh: split the slots over its ``data`` axis (``slots`` is rounded up to a multiple of its size, and
+        every chunk decodes all of them) and the cache's KV heads over ``tensor`` when that divides them.
     """
 
     def __init__(self, model, *, tokenizer=None, slots: int = 32, cache_len: int = 1024, prefill_batch: int = 8,
                  prefill_tokens: int = 1024, chunk: int = 16, stop_ids: Sequence[int] = (),
                  pad_id: int = 0, bucket_min: int = 64, bucket_step: int | None = None, max_images: int = 4,
-                 min_width: int = 1, admit_wait: float = 0.002, logprobs: bool = True, prefix_cache: bool = True):
+                 min_width: int = 1, admit_wait: float = 0.002, logprobs: bool = True, prefix_cache: bool = True,
+                 mesh: Mesh | None = None):
         if pad_id == model.cfg.image_token_id:
             raise ValueError(f"pad_id {pad_id} is the image token id")
+        if mesh is not None:
+            slots = -(-slots // mesh.shape["data"]) * mesh.shape["data"]
+            min_width = slots  # a narrower chunk would gather rows across the data axis
         self.model, self.tokenizer = model, tokenizer
         self.slots, self.cache_len, self.chunk = slots, cache_len, chunk
         self.prefill_batch, self.prefill_tokens = max(1, min(prefill_batch, slots)), prefill_tokens
@@ -368,11 +360,20 @@ class Engine:
         self.stop_ids, self.pad_id = tuple(int(i) for i in stop_ids), pad_id
         self.bucket_min, self.bucket_step, self.max_images = bucket_min, bucket_step, max_images
         self.min_width = min(max(min_width, 1), slots)
-        graphdef, self.state = nnx.split(model)
-        self.graph = _Graph(graphdef)
+        self.mesh = mesh
+        graphdef, state = nnx.split(model)
+        self.graph, self.state = _Graph(graphdef), _state_on_mesh(state, mesh)
         k, v, mask, index = KVCache.init(model.cfg.llm, slots, cache_len, model.dtype)
         self.cache = KVCache(k, tuple(jnp.zeros_like(x) for x in v), mask, index)  # distinct buffers: donated
         self.hidden = jnp.zeros((slots, model.cfg.llm.dim), model.dtype)  # a prompt's last hidden state per slot
+        if mesh is not None:
+            heads = "tensor" if "tensor" in mesh.axis_names and model.cfg.llm.kv_heads % mesh.shape["tensor"] == 0 \
+                else None
+            put = lambda x, *spec: jax.device_put(x, NamedSharding(mesh, P("data", *spec)))
+            self.cache = KVCache(tuple(put(x, heads, None, None) for x in self.cache.k),
+                                 tuple(put(x, heads, None, None) for x in self.cache.v), put(self.cache.mask, None),
+                                 jax.device_put(self.cache.index, NamedSharding(mesh, P())))
+            self.hidden = put(self.hidden, None)
         self._fresh: list[int] = []  # slots prefilled since the last first-token product
         self.occupant: list[Ticket | None] = [None] * slots
         self.token = np.zeros(slots, np.int32)  # the last generated token, fed next
@@ -392,13 +393,9 @@ class Engine:
     # -- requests ---------------------------------------------------------------------------------
 
     def bucket(self, request: Request) -> int:
-        """Prompt bucket: :func:`fine_bucket` or :func:`prompt_bucket`, else (when that leaves too little room
-        for max_tokens) the prompt length rounded up to a multiple of ``bucket_min``."""
-        n = len(request.prompt)
-        bucket = engine_bucket(n, self.bucket_min, self.bucket_step)
-        if bucket + request.max_tokens > self.cache_len:
-            bucket = -(-n // self.bucket_min) * self.bucket_min
-        return bucket
+        """A request's prompt bucket, leaving room for its ``max_tokens`` in the cache row."""
+        return prompt_bucket(len(request.prompt), self.bucket_min, self.bucket_step,
+                             room=self.cache_len - request.max_tokens)
 
     def check(self, request: Request) -> None:
         """Raise ValueError when a request cannot run (too long, bad settings)."""
@@ -495,17 +492,15 @@ class Engine:
         zeros = np.zeros(max(1, self.slots // 2), np.int32)
         self.cache = _swap_rows(self.cache, zeros, zeros, np.int32(0))
         for rows in sorted({self._first_rows(n) for n in range(1, self.slots + 1)}):
-            settings = self._settings([], rows)
-            _first_tokens(self.graph, self.state, self.hidden, np.zeros(rows, np.int32), settings["seeds"],
-                          settings["temperature"], settings["top_k"], settings["top_p"], logprobs=self.logprobs)
+            _first_tokens(self.graph, self.state, self.hidden, np.zeros(rows, np.int32), self._settings([], rows)[0],
+                          logprobs=self.logprobs)
         shapes = self.widths_and_windows()
         for width, window in shapes:
-            settings = self._settings([], width)
+            settings, budget, stop_ids = self._settings([], width)
             zeros = np.zeros(width, np.int32)
             self.cache, *_ = _decode_chunk(
-                self.graph, self.state, self.cache, zeros, zeros, zeros, zeros, settings["budget"],
-                np.zeros(width, bool), settings["stop_ids"], settings["seeds"], settings["temperature"],
-                settings["top_k"], settings["top_p"], np.int32(0), steps=self.chunk, window=window,
+                self.graph, self.state, self.cache, zeros, zeros, zeros, zeros, budget, np.zeros(width, bool),
+                stop_ids, settings, np.int32(0), steps=self.chunk, window=window,
                 logprobs=self.logprobs)
         return len(shapes)
 
@@ -588,7 +583,7 @@ class Engine:
         request = ticket.request
         bucket = self.bucket(request)
         row, m = self.prefix.match(ticket.ids, ticket.images)
-        if m and (rest := engine_bucket(len(ticket.ids) - m, self.bucket_min, self.bucket_step)) < bucket:
+        if m and (rest := prompt_bucket(len(ticket.ids) - m, self.bucket_min, self.bucket_step)) < bucket:
             return ("extend", rest), row, m
         return ("fresh", bucket, self._tiles(request)), -1, 0
 
@@ -695,31 +690,25 @@ class Engine:
         first slot)."""
         slots, self._fresh = self._fresh, []
         rows = self._first_rows(len(slots))
-        settings = self._settings([self.occupant[s].request for s in slots], rows)
+        settings, _, _ = self._settings([self.occupant[s].request for s in slots], rows)
         token, logprob = _first_tokens(self.graph, self.state, self.hidden,
-                                       np.asarray(slots + slots[:1] * (rows - len(slots)), np.int32),
-                                       settings["seeds"], settings["temperature"], settings["top_k"],
-                                       settings["top_p"], logprobs=self.logprobs)
+                                       np.asarray(slots + slots[:1] * (rows - len(slots)), np.int32), settings,
+                                       logprobs=self.logprobs)
         token, logprob = np.asarray(token), np.asarray(logprob)
         self.stats["first_products"] += 1
         for b, slot in enumerate(slots):
             self.token[slot] = token[b]
             self._emit(slot, [int(token[b])], [float(logprob[b])])
 
-    def _settings(self, requests: Sequence[Request], rows: int) -> dict:
-        """Per-row sampling settings and stop ids, padded to ``rows`` (greedy, no stop ids)."""
-        pad = rows - len(requests)
+    def _settings(self, requests: Sequence[Request], rows: int) -> tuple[RowSettings, np.ndarray, np.ndarray]:
+        """Per-row sampling settings, token budgets and stop ids (-1 padded), padded to ``rows`` (greedy, a
+        budget of one, no stop ids)."""
         stop_ids = np.full((rows, MAX_STOP_IDS), -1, np.int32)
         for b, r in enumerate(requests):
             ids = self.stop_ids if r.stop_ids is None else tuple(r.stop_ids)
             stop_ids[b, :len(ids)] = ids
-        return dict(
-            seeds=np.asarray([r.seed for r in requests] + [0] * pad, np.uint32),
-            temperature=np.asarray([r.temperature for r in requests] + [0.0] * pad, np.float32),
-            top_k=np.asarray([r.top_k for r in requests] + [0] * pad, np.int32),
-            top_p=np.asarray([r.top_p for r in requests] + [1.0] * pad, np.float32),
-            budget=np.asarray([r.max_tokens for r in requests] + [1] * pad, np.int32),
-            stop_ids=stop_ids)
+        budget = np.asarray([r.max_tokens for r in requests] + [1] * (rows - len(requests)), np.int32)
+        return RowSettings.of(requests, rows), budget, stop_ids
 
     def _decode(self) -> None:
         # Decode only the first `width` slots (free slots are taken lowest first): one request alone costs a
@@ -734,14 +723,13 @@ class Engine:
         steps = min(self.chunk, sorted(left.values())[wanted - 1] if wanted else max(left.values()))
         window = self._window(max(int(self.column[s]) + min(self.chunk, left[s]) for s in live_slots), steps)
         requests = [t.request if t is not None else Request([0], max_tokens=1) for t in occupant]
-        settings = self._settings(requests, width)
+        settings, budget, stop_ids = self._settings(requests, width)
         live = np.asarray([t is not None for t in occupant])
         count = np.asarray([len(t.tokens) if t is not None else 0 for t in occupant], np.int32)
         self.cache, tokens, logprobs = _decode_chunk(
             self.graph, self.state, self.cache, self.column[:width], self.token[:width],
-            self.column[:width] - self.padding[:width],
-            count, settings["budget"], live, settings["stop_ids"], settings["seeds"], settings["temperature"],
-            settings["top_k"], settings["top_p"], np.int32(wanted), steps=self.chunk, window=window,
+            self.column[:width] - self.padding[:width], count, budget, live, stop_ids, settings, np.int32(wanted),
+            steps=self.chunk, window=window,
             logprobs=self.logprobs)
         tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
         self.stats["decode_chunks"] += 1

@@ -47,10 +47,10 @@ class Loaded:
     description: str
 
     def agent(self, role: str, decode: DecodeConfig = DecodeConfig(), *, teacher_history: str = "latest",
-              mesh=None, batch_size: int = 0, engine: bool | None = None) -> Student | Teacher:
-        """The model as a :class:`Student` or :class:`Teacher`; ``batch_size`` and ``engine`` as in
+              mesh=None, batch_size: int = 0) -> Student | Teacher:
+        """The model as a :class:`Student` or :class:`Teacher`; ``batch_size`` as in
         :class:`fire_jax.infer.agents.Agent`."""
-        kwargs = dict(mesh=mesh, batch_size=batch_size, engine=engine)
+        kwargs = dict(mesh=mesh, batch_size=batch_size)
         if role == "student":
             return Student(self.model, self.chat, decode, **kwargs)
         if role == "teacher":
