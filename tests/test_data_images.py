@@ -103,3 +103,32 @@ def test_pad_tiles_lays_out_rows_of_any_tile_count():
     raw = rng.integers(0, 256, (2, 4, 4, 3)).astype(np.uint8)
     np.testing.assert_array_equal(pad_tiles([raw], tiles=3, fill=normalise)[0, :2], normalise(raw))
     assert pad_tiles([None], tiles=2, tile_size=4).shape == (1, 2, 3, 4, 4)
+
+
+def test_tile_cache_tiles_an_image_once_and_drops_the_least_recently_used(tmp_path):
+    """A path, the same bytes, or the same PIL image is tiled once; past max_bytes the least recently used
+    entry goes; the cached tiles equal preprocess's."""
+    from fire_jax.data.images import TileCache
+
+    rng = np.random.default_rng(0)
+    paths = []
+    for k, (h, w) in enumerate([(20, 50), (40, 30), (30, 30)]):
+        paths.append(str(tmp_path / f"{k}.png"))
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), np.uint8)).save(paths[-1])
+    cache = TileCache()
+    first = cache.get(paths[0], TINY)
+    assert cache.get(paths[0], TINY) is first and (cache.hits, cache.misses) == (1, 1)
+    np.testing.assert_array_equal(first[0], preprocess(load_image(paths[0]), TINY)[0])
+    assert first[1] == (20, 50)
+    data = open(paths[1], "rb").read()
+    assert cache.get(data, TINY) is cache.get(bytes(data), TINY) and cache.misses == 2
+    image = load_image(paths[2])
+    assert cache.get(image, TINY) is cache.get(image, TINY) and cache.misses == 3
+    other = ImageGeometry(tile_size=16, patch_size=8, pinpoints=((16, 16),))
+    assert cache.get(paths[0], other)[0].shape[-1] == 16 and cache.misses == 4  # per geometry
+    b0, b1, b2 = (preprocess(load_image(p), TINY)[0].nbytes for p in paths)
+    small = TileCache(max_bytes=b0 + max(b1, b2))
+    small.get(paths[0], TINY), small.get(paths[2], TINY)
+    small.get(paths[0], TINY)  # paths[0] used last: paths[2] is now the least recently used
+    small.get(paths[1], TINY)
+    assert [key[0][1] for key in small.entries] == [paths[0], paths[1]] and small.bytes == b0 + b1

@@ -135,14 +135,20 @@ def test_an_engine_adopts_a_smaller_engines_prefixes(loaded):
     assert counts(large)[1] == len(prompt) + len(answer.tokens) - 1
 
 
-def test_free_dialogues_of_agents_reuse_every_turn_and_say_the_same(loaded):
+def test_free_dialogues_of_agents_reuse_every_turn_and_say_the_same(loaded, monkeypatch):
     """run_dialogues with the model as student and teacher (the teacher's reply to turn k scored k, so every
     dialogue runs three turns), with and without the cache (DecodeConfig.prefix_cache): the same texts; the
-    engines with the cache prefill less than half the prompt tokens, the others all of them."""
+    engines with the cache prefill less than half the prompt tokens, the others all of them. Each dialogue's
+    image is decoded and tiled once for both agents, all turns and both runs."""
     from fire_jax.config import resolve_path
+    from fire_jax.data.images import TileCache
     from fire_jax.data.items import load_triplets
+    from fire_jax.infer import agents
     from fire_jax.infer.agents import Feedback, Student, Teacher
     from fire_jax.infer.dialogue import StopRule, run_dialogues
+
+    tiles = TileCache()
+    monkeypatch.setattr(agents, "TILES", tiles)
 
     class RisingTeacher(Teacher):
         def feedback(self, images, questions, groundtruths, answers, histories=None, *, rng=None):
@@ -161,5 +167,6 @@ def test_free_dialogues_of_agents_reuse_every_turn_and_say_the_same(loaded):
         runs[on] = ({d.item.id: d.turns for d in finished}, [counts(a._engine) for a in (student, teacher)])
         assert all(a._engine.prefix.enabled == on for a in (student, teacher))
     assert runs[True][0] == runs[False][0]
+    assert tiles.misses == 3 and tiles.hits == 2 * 3 * 3 * 2 - 3  # runs x dialogues x turns x agents
     for (prompt, reused, prefilled), (prompt_off, reused_off, _) in zip(runs[True][1], runs[False][1]):
         assert prompt == prompt_off and reused_off == 0 and prefilled == prompt - reused < prompt / 2

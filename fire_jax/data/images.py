@@ -11,8 +11,11 @@ float32. Tile layout comes from :class:`fire_jax.geometry.ImageGeometry`.
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import io
 import math
+import threading
 
 import numpy as np
 from PIL import Image
@@ -104,6 +107,46 @@ def preprocess(image: Image.Image, geometry: ImageGeometry) -> tuple[np.ndarray,
     """pixel_values float32 ``[num_tiles, 3, tile, tile]`` (HF layout) and ``(height, width)`` of one image."""
     uint8_tiles, size = tiles(image, geometry)
     return normalise(uint8_tiles), size
+
+
+class TileCache:
+    """Images decoded and tiled once: ``(tiles, (height, width))`` by image and geometry, least recently used
+    dropped past ``max_bytes`` of tiles. A dialogue's student and teacher see its image at every turn; with
+    one cache they decode and tile it once. An image is known by its path, the digest of its bytes, or (a PIL
+    image) its identity, the image kept alive while cached so the identity is not reused (a file changed on
+    disk while its path is cached is not read again). Thread-safe."""
+
+    def __init__(self, max_bytes: int = 512 << 20):
+        self.max_bytes, self.bytes = max_bytes, 0
+        self.entries: collections.OrderedDict = collections.OrderedDict()
+        self.hits = self.misses = 0
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(image) -> tuple:
+        if isinstance(image, str):
+            return ("path", image)
+        if isinstance(image, bytes):
+            return ("bytes", hashlib.sha1(image).hexdigest())
+        return ("object", id(image))
+
+    def get(self, image: str | bytes | Image.Image, geometry: ImageGeometry) -> tuple[np.ndarray, tuple[int, int]]:
+        key = (self.key(image), geometry)
+        with self._lock:
+            if key in self.entries:
+                self.entries.move_to_end(key)
+                self.hits += 1
+                return self.entries[key][0]
+        value = preprocess(load_image(image), geometry)
+        with self._lock:
+            self.misses += 1
+            if key not in self.entries:
+                self.entries[key] = (value, image if key[0][0] == "object" else None)
+                self.bytes += value[0].nbytes
+            while self.bytes > self.max_bytes and len(self.entries) > 1:
+                _, (evicted, _) = self.entries.popitem(last=False)
+                self.bytes -= evicted[0].nbytes
+        return value
 
 
 def pad_tiles(rows, *, tiles: int = 0, multiple: int = 1, batch: int = 0, tile_size: int | None = None,

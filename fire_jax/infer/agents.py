@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from fire_jax.data.chat import TEACHER_HISTORIES, ChatTokenizer, Encoded, student_messages, teacher_messages
-from fire_jax.data.images import load_image, pad_tiles, preprocess
+from fire_jax.data.images import TileCache
 from fire_jax.data.records import Conversation, Turn, parse_score
 from fire_jax.infer.decode import DecodeConfig, requests_for
 from fire_jax.infer.engine import Engine, prompt_bucket
@@ -51,6 +51,11 @@ def teacher_prompt(question: str, groundtruth: str, answer: str, history: Sequen
     return teacher_messages(conv, history=mode, until_turn=len(history) + 1)
 
 
+#: Every in-process agent's decoded and tiled images: a dialogue's image is tiled once, not at every turn by
+#: the student and again by the teacher.
+TILES = TileCache()
+
+
 class Agent:
     """A model, its chat tokenizer and decode settings: the one generation path from encoded prompts (the
     student, the teacher and VLRMBench's model all generate through :meth:`generate_ids`).
@@ -76,8 +81,9 @@ class Agent:
         self._engine: Engine | None = None
 
     def generate_ids(self, prompts: Sequence[Sequence[int]], pixel_values, image_sizes, rng=None) -> list[str]:
-        """The texts generated for token-id prompts (images expanded), tiles ``[batch, tiles, 3, T, T]`` and
-        each row's image size(s)."""
+        """The texts generated for token-id prompts (images expanded), each row's tiles (a list of
+        ``[tiles, 3, T, T]`` arrays, None for a row without images, or one padded ``[batch, tiles, 3, T, T]``
+        array) and each row's image size(s)."""
         requests = requests_for(prompts, pixel_values, image_sizes, self.config, rng)
         try:
             engine = self.engine(prompts, max(len(r.image_sizes) for r in requests))
@@ -113,10 +119,16 @@ class Agent:
                     self._engine.adopt(old)
         return self._engine
 
-    def _generate(self, images, prompts: Sequence[Encoded], rng) -> list[str]:
-        pixel_values = pad_tiles([preprocess(image, self.model.cfg.geometry)[0] for image in images])
-        sizes = [(image.height, image.width) for image in images]
-        return [text.strip() for text in self.generate_ids([p.input_ids for p in prompts], pixel_values, sizes, rng)]
+    def tiled(self, images) -> list[tuple[np.ndarray, tuple[int, int]]]:
+        """Each image's tiles and (height, width), decoded and tiled once for all agents (``TILES``)."""
+        return [TILES.get(image, self.model.cfg.geometry) for image in images]
+
+    def _generate(self, tiled, prompts: Sequence[Encoded], rng) -> list[str]:
+        """Texts for one image per prompt: each request carries its own image's tiles, and the engine pads
+        them once, where it forms a prefill's batch."""
+        texts = self.generate_ids([p.input_ids for p in prompts], [tiles for tiles, _ in tiled],
+                                  [size for _, size in tiled], rng)
+        return [text.strip() for text in texts]
 
 
 class Student(Agent):
@@ -134,10 +146,10 @@ class Student(Agent):
         images: PIL images, paths or encoded bytes; histories: per example the
         earlier turns (r_j, f_j) as :class:`Turn` (default: none, so k = 1).
         """
-        images = [load_image(image) for image in images]
+        tiled = self.tiled(images)
         histories = [()] * len(images) if histories is None else histories
-        prompts = self.prompts([(i.height, i.width) for i in images], questions, histories)
-        return self._generate(images, prompts, rng)
+        prompts = self.prompts([size for _, size in tiled], questions, histories)
+        return self._generate(tiled, prompts, rng)
 
 
 class Teacher(Agent):
@@ -159,7 +171,7 @@ class Teacher(Agent):
     def feedback(self, images, questions: Sequence[str], groundtruths: Sequence[str], answers: Sequence[str],
                  histories: Sequence[Sequence[Turn]] | None = None, *, rng=None) -> list[Feedback]:
         """Feedback f_k with its parsed score on each answer r_k."""
-        images = [load_image(image) for image in images]
+        tiled = self.tiled(images)
         histories = [()] * len(images) if histories is None else histories
-        prompts = self.prompts([(i.height, i.width) for i in images], questions, groundtruths, answers, histories)
-        return [Feedback(text, parse_score(text)) for text in self._generate(images, prompts, rng)]
+        prompts = self.prompts([size for _, size in tiled], questions, groundtruths, answers, histories)
+        return [Feedback(text, parse_score(text)) for text in self._generate(tiled, prompts, rng)]

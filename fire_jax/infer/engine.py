@@ -60,7 +60,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fire_jax.data.images import pad_tiles
-from fire_jax.infer.forward import image_inputs
+from fire_jax.geometry import place_images
 from fire_jax.infer.prefix_cache import PrefixCache, image_key
 from fire_jax.infer.sampling import RowSettings, pick
 from fire_jax.models.llama import KVCache
@@ -624,11 +624,12 @@ class Engine:
         requests = [t.request for t in group]
         input_ids, attention_mask, positions = left_pad([list(r.prompt) for r in requests], bucket, self.pad_id)
         pixel_values, image_index = None, None
-        if tiles:
+        if tiles:  # the one place a request's tiles are padded: into its prefill's batch
+            cfg = self.model.cfg
             pixel_values = pad_tiles([r.pixel_values for r in requests], tiles=tiles, batch=len(group),
-                                     tile_size=self.model.cfg.geometry.tile_size)
+                                     tile_size=cfg.geometry.tile_size)
             sizes = [[tuple(s) for s in r.image_sizes] for r in requests]
-            pixel_values, image_index = image_inputs(self.model, input_ids, pixel_values, sizes)
+            image_index = place_images(input_ids, cfg.image_token_id, sizes, cfg.geometry, tiles)
         self.cache, self.hidden = _admit(self.graph, self.state, self.cache, self.hidden, input_ids, attention_mask,
                                          positions, pixel_values, image_index, np.asarray(slots, np.int32))
         self.stats["prefills"] += 1

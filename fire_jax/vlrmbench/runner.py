@@ -23,9 +23,9 @@ a multiple of one image's most tiles (few compiled shapes).
 any OpenAI-compatible endpoint, e.g. GPT-4o or ``python -m fire_jax.serve``
 (:class:`ApiResponder`; a served fire_jax model answers exactly as in process).
 
-**Generation.** Greedy, batched through :func:`fire_jax.infer.decode.generate`;
-a short last batch is filled with one-token dummy rows so every call has
-``batch_size`` rows (no recompiles). MJ is generated in both orders. ERA and
+**Generation.** Greedy (sampled for voting), through the agent's engine
+(:class:`fire_jax.infer.agents.Agent`), which has ``batch_size`` slots for
+every call (no recompiles). MJ is generated in both orders. ERA and
 EC: the model writes a critique (the candidate), then the judge (the same
 model unless ``config.judge`` names another) scores (reference, candidate)
 in both orders with the release's judge prompts. Every candidate that came
@@ -127,7 +127,8 @@ class Prepared:
 
 
 def build_batch(rows: Sequence[Prepared], max_tiles: int = 0, multiple: int = 1):
-    """(prompts, pixel_values ``[batch, tiles, 3, T, T]``, image_sizes) for ``generate``.
+    """(prompts, pixel_values ``[batch, tiles, 3, T, T]``, image_sizes): the rows as one fixed batch for
+    :func:`fire_jax.infer.decode.generate` or a forward pass (the runner's agent takes each row's tiles).
 
     The tile axis is ``max_tiles`` if > 0 (a row needing more raises), else
     the largest row's tile count rounded up to a multiple of ``multiple`` (one
@@ -230,7 +231,13 @@ class Responder:
         return results
 
     def _generate(self, rows: Sequence[Prepared], rng=None) -> list[str]:
-        return self.agent.generate_ids(*build_batch(rows, self.max_tiles, self.geometry.max_tiles), rng)
+        """Each row's own tiles go to the agent's engine, which pads them once into its prefill's batch."""
+        if self.max_tiles:
+            needed = max(len(row.tiles) for row in rows)
+            if needed > self.max_tiles:
+                raise ValueError(f"a sample's images need {needed} tiles, more than generate.max_tiles={self.max_tiles}")
+        return self.agent.generate_ids([row.ids for row in rows], [row.tiles if row.sizes else None for row in rows],
+                                       [row.sizes for row in rows], rng)
 
 
 class ApiResponder:
