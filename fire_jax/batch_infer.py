@@ -39,7 +39,8 @@ from fire_jax.cli import input_errors_end_in_one_line
 from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, resolve_path, split_overrides
 from fire_jax.data.images import load_image
 from fire_jax.data.records import BadRecordError, BadRecords, Turn, parse_score
-from fire_jax.infer.api import is_api_spec, load_agents
+from fire_jax.infer.agents import from_specs
+from fire_jax.infer.api import is_api_spec
 from fire_jax.infer.decode import DecodeConfig
 from fire_jax.infer.loading import check_checkpoint_arg
 from fire_jax.results import ResultStore
@@ -172,7 +173,7 @@ def main(argv=None, print_fn=print) -> dict:
     else:
         history = args.teacher_history or config.data.get("teacher_history", "full")
         decode = DecodeConfig.from_config(args)
-        agents, descriptions = load_agents(config, {args.role: args.checkpoint}, decode, teacher_history=history,
+        agents, descriptions = from_specs(config, {args.role: args.checkpoint}, decode, teacher_history=history,
                                            concurrency=args.concurrency, batch_size=args.batch_size)
         agent = agents[args.role]
         print_fn(f"{args.role}: {descriptions[args.role]}")

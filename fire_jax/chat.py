@@ -29,7 +29,8 @@ from PIL import Image, ImageDraw
 from fire_jax.cli import input_errors_end_in_one_line
 from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, split_overrides
 from fire_jax.data.records import Turn, parse_score
-from fire_jax.infer.api import is_api_spec, load_agents
+from fire_jax.infer.agents import from_specs
+from fire_jax.infer.api import is_api_spec
 from fire_jax.infer.decode import DecodeConfig
 from fire_jax.infer.loading import check_checkpoint_arg
 
@@ -97,7 +98,7 @@ def main(argv=None, input_fn=input, print_fn=print) -> list[Turn]:
 
     decode = DecodeConfig.from_config(args)
     specs = {"student": args.student, **({"teacher": args.teacher} if use_teacher else {})}
-    agents, descriptions = load_agents(config, specs, decode, teacher_history="latest", concurrency=1)
+    agents, descriptions = from_specs(config, specs, decode, teacher_history="latest", concurrency=1)
     student, teacher = agents["student"], agents.get("teacher")
     for role, description in descriptions.items():
         print_fn(f"{role}: {description}")

@@ -56,7 +56,8 @@ from fire_jax.cli import input_errors_end_in_one_line
 from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, split_overrides
 from fire_jax.data.images import preprocess
 from fire_jax.data.records import BadRecordError, Turn, parse_record, parse_score, to_raw
-from fire_jax.infer.api import ApiAgent, chat_messages, load_agents as load_role_agents
+from fire_jax.infer.agents import from_specs
+from fire_jax.infer.api import ApiAgent, chat_messages
 from fire_jax.infer.decode import DecodeConfig
 from fire_jax.infer.engine import Engine, Request
 from fire_jax.limits import (BadRequest, Limits, add_arguments, boolean, check_text, json_body, limits_of,
@@ -81,9 +82,9 @@ def examples(directory: str = EXAMPLES_DIR, limit: int = NUM_EXAMPLES) -> list[d
 
 def load_agents(config, student_spec: str | None, teacher_spec: str | None, init: str | None,
                 decode: DecodeConfig):
-    """(student, teacher, {role: description}): :func:`fire_jax.infer.api.load_agents`, one request at a time."""
-    agents, descriptions = load_role_agents(config, {"student": student_spec, "teacher": teacher_spec}, decode,
-                                            init=init, teacher_history="latest", concurrency=1)
+    """(student, teacher, {role: description}): :func:`fire_jax.infer.agents.from_spec`, one request at a time."""
+    agents, descriptions = from_specs(config, {"student": student_spec, "teacher": teacher_spec}, decode,
+                                      init=init, teacher_history="latest", concurrency=1)
     return agents["student"], agents["teacher"], descriptions
 
 

@@ -56,21 +56,14 @@ EXACT_TEACHER = dict(name="exact teacher", init="exact:synthetic", adapter="")
 
 def eval_stage(base, workdir: str, *, student: dict, teacher: dict, baseline_results: str = "") -> dict:
     """One FIRE-Bench evaluation; ``teacher=EXACT_TEACHER`` pairs the student with the synthetic set's rule."""
-    from fire_jax.eval.fire_bench import evaluate, load_agent
-    from fire_jax.infer.decode import DecodeConfig
-    from fire_jax.eval.judge import ExactTeacher
+    from fire_jax.eval.fire_bench import evaluate
 
     config = ml_collections.ConfigDict(base.to_dict())
     config.student, config.teacher = dict(student), dict(teacher)
     if baseline_results:
         config.free.baseline_results = baseline_results
     print(f"\n== {config.setting} dialogues: student {student['name']}, teacher {teacher['name']} -> {workdir}")
-    agents = None
-    if teacher.get("init") == EXACT_TEACHER["init"]:
-        student = load_agent(config, config.student).agent("student", DecodeConfig.from_config(config.decode),
-                                                           batch_size=config.decode.batch_size)
-        agents = (student, ExactTeacher())
-    return evaluate(config, workdir, agents=agents)
+    return evaluate(config, workdir)  # an "exact:" teacher is the judge's rule (fire_jax.infer.agents.from_spec)
 
 
 def fetch_stage(config) -> float:

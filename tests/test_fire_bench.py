@@ -11,7 +11,8 @@ from fire_jax.config import load_config, resolve_path
 from fire_jax.data.items import Item, load_conversations, load_triplets
 from fire_jax.data.records import BadRecords, feedback_text, load_records, parse_score
 from fire_jax.eval import fixed, free, plots, report
-from fire_jax.eval.fire_bench import build_agents, evaluate, load_agent, split_statistics
+from fire_jax.eval.fire_bench import agent_spec, build_agents, evaluate, model_config, split_statistics
+from fire_jax.infer.agents import from_spec
 from fire_jax.infer import dialogue
 from fire_jax.infer.agents import Feedback
 from fire_jax.infer.dialogue import make_fire_records
@@ -205,6 +206,37 @@ def test_fixed_run_resumes_and_scores_against_the_ground_truth(tmp_path):
         assert all(0 <= results[role]["overall"][f"BLEU-{n}"] <= 1 for n in range(1, 5))
 
 
+def load_model(config, section):
+    """The model of an agent section, built as the runners build it (agent_spec -> from_spec)."""
+    spec, init = agent_spec(section)
+    return from_spec(spec, "student", config=model_config(config), init=init).model
+
+
+def test_from_spec_builds_every_kind_of_agent_and_checks_roles():
+    """One factory: endpoint, exact-teacher and in-process specs; roles naming one checkpoint share its model;
+    a bad role or teacher history, and an exact student, are refused."""
+    from fire_jax.eval.judge import ExactTeacher
+    from fire_jax.infer.agents import from_specs
+    from fire_jax.infer.api import ApiStudent, ApiTeacher
+
+    config = eval_config("fixed")
+    agents, descriptions = from_specs(model_config(config), {"student": None, "teacher": "random"})
+    assert agents["student"].model is agents["teacher"].model and agents["teacher"].history == "latest"
+    assert descriptions["student"] == descriptions["teacher"] and "random" in descriptions["student"]
+    endpoint = from_spec("api:http://127.0.0.1:1/v1#m", "teacher", teacher_history="full")
+    assert isinstance(endpoint, ApiTeacher) and endpoint.history == "full"
+    assert endpoint.description == "endpoint api:http://127.0.0.1:1/v1#m"
+    assert isinstance(from_spec("api:http://127.0.0.1:1/v1#m", "student"), ApiStudent)
+    assert isinstance(from_spec("exact:synthetic", "teacher"), ExactTeacher)
+    assert agent_spec(dict(init="exact:synthetic", adapter="x")) == ("exact:synthetic", "")
+    with pytest.raises(ValueError, match="not a student"):
+        from_spec("exact:synthetic", "student")
+    with pytest.raises(ValueError, match="teacher history"):
+        from_spec("api:http://127.0.0.1:1/v1#m", "teacher", teacher_history="all")
+    with pytest.raises(ValueError, match="role"):
+        from_spec(None, "judge", config=model_config(config))
+
+
 @pytest.fixture(scope="module")
 def tiny_models():
     """One tiny random model shared by the student and the teacher."""
@@ -335,14 +367,14 @@ def test_load_agent_from_a_peft_adapter(tmp_path):
 
     config = eval_config("fixed")
     config.model.lora = dict(rank=4, alpha=8.0, dropout=0.0, targets=("q", "v"))
-    trained = load_agent(config, {}).model
+    trained = load_model(config, {})
     state = nnx.state(trained, LoRAParam)
     leaves = jax.tree.leaves(state)
     nnx.update(trained, jax.tree.unflatten(jax.tree.structure(state),
                                            [np.full(x.shape, i + 1.0, x.dtype) for i, x in enumerate(leaves)]))
     save_peft_adapter(trained, str(tmp_path / "adapter"))
     config.model.lora = dict(rank=8, alpha=32.0, dropout=0.05, targets=("q", "k"))  # the adapter's own wins
-    loaded = load_agent(config, dict(adapter=str(tmp_path / "adapter"))).model
+    loaded = load_model(config, dict(adapter=str(tmp_path / "adapter")))
     assert loaded.cfg.lora.targets == ("q", "v") and loaded.cfg.lora.rank == 4
     for a, b in zip(jax.tree.leaves(nnx.state(loaded, LoRAParam)), jax.tree.leaves(nnx.state(trained, LoRAParam))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -362,8 +394,8 @@ def test_load_agent_restores_a_training_workdir_as_its_exported_adapter(tmp_path
     workdir = str(tmp_path / "train")
     loop.train(train_config, workdir)
     config = eval_config("fixed")
-    restored = load_agent(config, dict(adapter=workdir)).model  # the orbax checkpoint
-    exported = load_agent(config, dict(adapter=os.path.join(workdir, "export", "peft_adapter"))).model
+    restored = load_model(config, dict(adapter=workdir))  # the orbax checkpoint
+    exported = load_model(config, dict(adapter=os.path.join(workdir, "export", "peft_adapter")))
     lora_b = restored.language_model.model.layers[0].self_attn.q_proj.lora_b[...]
     assert np.abs(np.asarray(lora_b)).max() > 0  # trained, not the B = 0 init
     for a, b in zip(jax.tree.leaves(nnx.state(restored, LoRAParam)), jax.tree.leaves(nnx.state(exported, LoRAParam))):

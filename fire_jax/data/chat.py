@@ -48,6 +48,14 @@ ROLES = ("student", "teacher")
 TEACHER_HISTORIES = ("full", "latest")
 
 
+def check_teacher_history(history: str) -> str:
+    """``history`` when it is one of :data:`TEACHER_HISTORIES` (the teacher's prompt sees every earlier turn,
+    or only the latest answer), else ValueError: the one check of every teacher."""
+    if history not in TEACHER_HISTORIES:
+        raise ValueError(f"teacher history must be one of {TEACHER_HISTORIES}, got {history!r}")
+    return history
+
+
 @dataclasses.dataclass(frozen=True)
 class Message:
     role: str  # "user" or "assistant"
@@ -83,8 +91,7 @@ def teacher_messages(conv: Conversation, *, history: str = "full", until_turn: i
     the last turn (or turn ``until_turn``), as the teacher sees it in free
     dialogues. With ``until_turn=k`` it is the prompt for f_k (ends with user r_k).
     """
-    if history not in TEACHER_HISTORIES:
-        raise ValueError(f"teacher history must be one of {TEACHER_HISTORIES}, got {history!r}")
+    check_teacher_history(history)
     messages = [Message("user", f"Question: {conv.question}\nGroundtruth: {conv.groundtruth}", images=1),
                 Message("user", TEACHER_INSTRUCTION)]
     last = len(conv.turns) if until_turn is None else until_turn

@@ -8,7 +8,7 @@
 2. builds the student and the teacher (``config.student`` / ``config.teacher``:
    ``init`` a Hugging Face checkpoint folder or "" for random weights,
    ``adapter`` a PEFT adapter folder, a training workdir, or ""; see
-   :func:`load_agent`);
+   :func:`agent_spec`, built by :func:`fire_jax.infer.agents.from_spec`);
 3. runs fixed dialogues (:mod:`fire_jax.eval.fixed`) or free dialogues
    (:mod:`fire_jax.eval.free`), appending to ``OUT/<setting>_outputs.jsonl``
    (a rerun resumes; ``OUT/settings.json`` stops a rerun with other settings
@@ -39,27 +39,44 @@ SETTINGS = ("fixed", "free")
 # ----------------------------------------------------------------------------
 
 
-def load_agent(config, agent: Mapping[str, Any]):
-    """The model (and its chat tokenizer) of one agent config ``dict(init=..., adapter=...)``, through
-    :func:`fire_jax.infer.loading.load`.
+def agent_spec(agent: Mapping[str, Any]) -> tuple[str | None, str]:
+    """(spec, init) of one agent section ``dict(init=..., adapter=...)`` for
+    :func:`fire_jax.infer.agents.from_spec`.
 
-    ``init``: a Hugging Face LLaVA-NeXT folder, or ""/None for random weights
-    of ``config.model`` (seed ``config.seed``). ``adapter``: ""/None; a PEFT
-    adapter folder (its r, alpha and targets set the LoRA; the base weights
-    are ``init``); or a training workdir (``python -m fire_jax.train``): the
-    model of the run's own config.json with the trainable parameters (LoRA,
-    and the connector if it trained) of its latest orbax checkpoint.
+    ``init``: a Hugging Face LLaVA-NeXT folder, ""/None for random weights of ``config.model``, or a backend
+    spec (``api:<base_url>#<model>``, ``exact:``), which is then the agent. ``adapter``: ""/None; a PEFT
+    adapter folder (its r, alpha and targets set the LoRA; the base weights are ``init``); or a training
+    workdir (``python -m fire_jax.train``): the model of the run's own config.json with the trainable
+    parameters (LoRA, and the connector if it trained) of its latest orbax checkpoint.
     """
+    from fire_jax.infer.agents import backend_of
+
+    init, adapter = agent.get("init") or "", agent.get("adapter") or ""
+    if backend_of(init):
+        return init, ""
+    return adapter or None, resolve_path(init)
+
+
+def model_config(config):
+    """What of an evaluation config builds its agents' models: seed, model and data (the chat template)."""
     import ml_collections
 
-    from fire_jax.infer.loading import load
+    return ml_collections.ConfigDict(dict(seed=config.seed, model=copy.deepcopy(config.model),
+                                          data=copy.deepcopy(config.data), init=dict(hf_checkpoint="")))
 
-    model_config = ml_collections.ConfigDict(dict(
-        seed=config.seed, model=copy.deepcopy(config.model), data=copy.deepcopy(config.data),
-        init=dict(hf_checkpoint=resolve_path(agent.get("init") or ""))))
-    loaded = load(model_config, agent.get("adapter") or None)
-    print(f"{agent_name(agent)}: {loaded.description}")
-    return loaded
+
+def agent_from_section(config, role: str, *, teacher_history: str = "latest", models: dict | None = None):
+    """The ``role`` agent of ``config[role]`` (or of the section passed as ``config.student`` / ``teacher``)
+    through :func:`fire_jax.infer.agents.from_spec`, with the config's decode settings and batch size."""
+    from fire_jax.infer.agents import from_spec
+
+    section = config[role]
+    spec, init = agent_spec(section)
+    agent = from_spec(spec, role, DecodeConfig.from_config(config.decode), config=model_config(config), init=init,
+                      teacher_history=teacher_history, batch_size=config.decode.get("batch_size", 0),
+                      seed=config.seed, models=models)
+    print(f"{agent_name(section)}: {agent.description}")
+    return agent
 
 
 def agent_name(agent: Mapping[str, Any]) -> str:
@@ -70,23 +87,10 @@ def agent_name(agent: Mapping[str, Any]) -> str:
 
 
 def build_agents(config, teacher_history: str):
-    """(Student, Teacher) of ``config.student`` / ``config.teacher``; identical specs share one model."""
-    specs = {role: (config[role].get("init") or "", config[role].get("adapter") or "")
-             for role in ("student", "teacher")}
-    from fire_jax.infer.api import api_agent, is_api_spec  # init "api:<base_url>#<model>": an endpoint
-
-    loaded = {}
-    for role in ("student", "teacher"):
-        if specs[role] not in loaded and not is_api_spec(specs[role][0]):
-            loaded[specs[role]] = load_agent(config, config[role])
-    decode, rows = DecodeConfig.from_config(config.decode), config.decode.batch_size
-    if is_api_spec(specs["student"][0]) or is_api_spec(specs["teacher"][0]):
-        agent = lambda role, **kw: (api_agent(specs[role][0], role, decode, seed=config.seed, **kw)
-                                    if is_api_spec(specs[role][0])
-                                    else loaded[specs[role]].agent(role, decode, batch_size=rows, **kw))
-        return agent("student"), agent("teacher", teacher_history=teacher_history)
-    return (loaded[specs["student"]].agent("student", decode, batch_size=rows),
-            loaded[specs["teacher"]].agent("teacher", decode, teacher_history=teacher_history, batch_size=rows))
+    """(student, teacher) of ``config.student`` / ``config.teacher``; identical specs share one model."""
+    models = {}
+    return (agent_from_section(config, "student", models=models),
+            agent_from_section(config, "teacher", teacher_history=teacher_history, models=models))
 
 
 # ----------------------------------------------------------------------------

@@ -24,6 +24,8 @@ import dataclasses
 import re
 from typing import Iterable, Mapping, Sequence
 
+from fire_jax.infer.agents import register_backend
+
 #: Trailing characters the judge ignores: final punctuation and quotes.
 _TRAILING = " \t\n.!?;:,'\"`"
 
@@ -167,3 +169,12 @@ class ExactTeacher:
             text, score = exact_feedback(groundtruth, answer_of(answer))
             out.append(ExactFeedback(text.strip(), float(score)))
         return out
+
+
+def _exact_teacher(spec: str, role: str, decode=None, **_) -> ExactTeacher:
+    if role != "teacher":
+        raise ValueError(f"{spec!r} is the exact teacher (the synthetic set's rule), not a {role}")
+    return ExactTeacher()
+
+
+register_backend("exact:", _exact_teacher)  # from_spec("exact:synthetic", "teacher")

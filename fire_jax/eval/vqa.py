@@ -123,12 +123,10 @@ def run_vqa(path: str, workdir: str, student, *, name: str = "student", image_ro
 
 def evaluate_vqa(config, path: str, workdir: str, *, image_root: str = "", benchmark: str = "") -> dict[str, Any]:
     """:func:`run_vqa` with ``config.student`` loaded as an eval config does (configs/eval_fixed.py)."""
-    from fire_jax.eval.fire_bench import agent_name, load_agent
-    from fire_jax.infer.decode import DecodeConfig
+    from fire_jax.eval.fire_bench import agent_from_section, agent_name
 
     rows = config.decode.get("batch_size", 16)
-    student = load_agent(config, config.student).agent("student", DecodeConfig.from_config(config.decode),
-                                                       batch_size=rows)
+    student = agent_from_section(config, "student")
     return run_vqa(path, workdir, student, name=agent_name(config.student), image_root=image_root,
                    benchmark=benchmark, batch_size=rows)
 

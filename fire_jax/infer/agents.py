@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from fire_jax.data.chat import TEACHER_HISTORIES, ChatTokenizer, Encoded, student_messages, teacher_messages
+from fire_jax.data.chat import ChatTokenizer, Encoded, check_teacher_history, student_messages, teacher_messages
 from fire_jax.data.images import TileCache
 from fire_jax.data.records import Conversation, Turn, parse_score
 from fire_jax.infer.decode import DecodeConfig, requests_for
@@ -157,10 +157,8 @@ class Teacher(Agent):
 
     def __init__(self, model, chat: ChatTokenizer, config: DecodeConfig = DecodeConfig(), *, history: str = "latest",
                  mesh=None, batch_size: int = 0):
-        if history not in TEACHER_HISTORIES:
-            raise ValueError(f"teacher history must be one of {TEACHER_HISTORIES}, got {history!r}")
         super().__init__(model, chat, config, mesh=mesh, batch_size=batch_size)
-        self.history = history
+        self.history = check_teacher_history(history)
 
     def prompts(self, image_sizes, questions: Sequence[str], groundtruths: Sequence[str], answers: Sequence[str],
                 histories: Sequence[Sequence[Turn]]) -> list[Encoded]:
@@ -175,3 +173,86 @@ class Teacher(Agent):
         histories = [()] * len(images) if histories is None else histories
         prompts = self.prompts([size for _, size in tiled], questions, groundtruths, answers, histories)
         return [Feedback(text, parse_score(text)) for text in self._generate(tiled, prompts, rng)]
+
+
+# ----------------------------------------------------------------------------
+# The one agent factory
+# ----------------------------------------------------------------------------
+
+#: Agent backends other than an in-process model, by spec prefix: ``factory(spec, role, decode, *,
+#: teacher_history, concurrency, seed)`` -> a student or teacher. ``api:`` (:mod:`fire_jax.infer.api`) is
+#: registered here; ``exact:`` (:class:`fire_jax.eval.judge.ExactTeacher`) by its module; tests register
+#: their doubles.
+BACKENDS: dict = {}
+
+
+def register_backend(prefix: str, factory) -> None:
+    """Make ``from_spec`` build the agents of specs that begin with ``prefix`` with ``factory``."""
+    BACKENDS[prefix] = factory
+
+
+def backend_of(spec) -> str | None:
+    """The registered prefix ``spec`` begins with, or None (a checkpoint, or the config's own model)."""
+    _register_builtin_backends()
+    return next((p for p in BACKENDS if isinstance(spec, str) and spec.startswith(p)), None)
+
+
+def _register_builtin_backends() -> None:
+    if "api:" not in BACKENDS:
+        from fire_jax.infer.api import api_agent  # api.py imports this module: imported when first needed
+
+        register_backend("api:", lambda spec, role, decode, **kw: api_agent(spec, role, decode, **kw))
+
+
+def from_spec(spec: str | None, role: str, decode: DecodeConfig = DecodeConfig(), *, config=None,
+              init: str | None = None, teacher_history: str = "latest", batch_size: int = 0, mesh=None,
+              concurrency: int = 32, seed: int = 0, models: dict | None = None):
+    """The student or teacher (``role``) of a model spec: the one way every CLI and runner builds an agent.
+
+    ``spec``:
+      - ``api:<base_url>#<model>``: an OpenAI-compatible endpoint (``concurrency`` requests at a time, sampled
+        requests seeded from ``seed``);
+      - another registered prefix (:data:`BACKENDS`): ``exact:`` for the synthetic set's exact teacher, or a
+        test double;
+      - a checkpoint (an HF folder, a PEFT adapter whose base is ``init``, a ``fire_jax.train`` workdir:
+        :func:`fire_jax.infer.loading.load`), or None / "" / "random": the model of ``config`` (its
+        ``init.hf_checkpoint``, else random weights), in process on an engine of ``batch_size`` slots.
+
+    ``models``: a dict shared between calls, so roles naming the same checkpoint share one loaded model. The
+    agent's ``description`` says where it came from.
+    """
+    if role not in ("student", "teacher"):
+        raise ValueError(f"role must be 'student' or 'teacher', got {role!r}")
+    if role == "teacher":
+        check_teacher_history(teacher_history)
+    spec = None if spec in (None, "", "random") else spec
+    prefix = backend_of(spec)
+    if prefix is not None:
+        agent = BACKENDS[prefix](spec, role, decode, teacher_history=teacher_history, concurrency=concurrency,
+                                 seed=seed)
+        if not getattr(agent, "description", ""):
+            agent.description = f"endpoint {spec}" if prefix == "api:" else spec
+        return agent
+    import copy
+
+    from fire_jax.infer.loading import load
+
+    models = {} if models is None else models
+    if (spec, init) not in models:
+        model_config = copy.deepcopy(config)
+        if init:
+            model_config.init = dict(hf_checkpoint=init)
+        models[(spec, init)] = load(model_config, spec)
+    loaded = models[(spec, init)]
+    agent = loaded.agent(role, decode, teacher_history=teacher_history, mesh=mesh, batch_size=batch_size)
+    agent.description = loaded.description
+    return agent
+
+
+def from_specs(config, specs: dict, decode: DecodeConfig = DecodeConfig(), **options) -> tuple[dict, dict]:
+    """({role: agent}, {role: description}) of :func:`from_spec` for each role's spec in ``specs``; roles naming
+    the same checkpoint share one loaded model."""
+    models = options.pop("models", {})
+    agents = {role: from_spec(spec, role, decode, config=config, models=models, **options)
+              for role, spec in specs.items()}
+    return agents, {role: agent.description for role, agent in agents.items()}

@@ -19,7 +19,7 @@ A spec is accepted wherever a model is loaded: FIRE-Bench fixed and free
 dialogues and FIRE-1M-style generation (``student.init`` / ``teacher.init``,
 :func:`fire_jax.eval.fire_bench.build_agents`), the VLRMBench model and
 ERA/EC judge (:class:`fire_jax.vlrmbench.runner.ApiResponder`),
-``python -m fire_jax.chat`` / ``.batch_infer`` / ``.demo`` (:func:`load_agents`)
+``python -m fire_jax.chat`` / ``.batch_infer`` / ``.demo`` (:func:`fire_jax.infer.agents.from_spec`)
 and ``python -m fire_jax.make_fire100k``.
 """
 
@@ -34,7 +34,7 @@ import threading
 import time
 from typing import Callable, Sequence
 
-from fire_jax.data.chat import SYSTEM, TEACHER_HISTORIES, Message
+from fire_jax.data.chat import SYSTEM, Message, check_teacher_history
 from fire_jax.data.images import load_image
 from fire_jax.data.records import Turn, parse_score
 from fire_jax.infer.agents import Feedback, student_prompt, teacher_prompt
@@ -182,10 +182,8 @@ class ApiStudent(ApiAgent):
 
 class ApiTeacher(ApiAgent):
     def __init__(self, spec: str, config: DecodeConfig = DecodeConfig(), *, history: str = "latest", **kwargs):
-        if history not in TEACHER_HISTORIES:
-            raise ValueError(f"teacher history must be one of {TEACHER_HISTORIES}, got {history!r}")
         super().__init__(spec, config, **kwargs)
-        self.history = history
+        self.history = check_teacher_history(history)
 
     def prompts(self, image_sizes, questions: Sequence[str], groundtruths: Sequence[str], answers: Sequence[str],
                 histories: Sequence[Sequence[Turn]]) -> list[list[Message]]:
@@ -208,33 +206,3 @@ def api_agent(spec: str, role: str, decode: DecodeConfig = DecodeConfig(), *, te
     if role == "teacher":
         return ApiTeacher(spec, decode, history=teacher_history, **kwargs)
     raise ValueError(f"role must be 'student' or 'teacher', got {role!r}")
-
-
-def load_agents(config, specs: dict[str, str | None], decode: DecodeConfig = DecodeConfig(), *,
-                init: str | None = None, teacher_history: str = "latest", concurrency: int = 32, batch_size: int = 0):
-    """({role: agent}, {role: description}) for the roles of ``specs`` ("student", "teacher").
-
-    A spec is a checkpoint (HF directory, PEFT adapter, train workdir: :func:`fire_jax.infer.loading.load`),
-    None or "random" (the config's own model), or ``api:<base_url>#<model>``. ``init`` is the base HF
-    checkpoint of PEFT adapters. Roles naming the same local checkpoint share one loaded model. In-process agents
-    pad every call to ``batch_size`` rows (0: no padding); an endpoint needs none.
-    """
-    import copy
-
-    from fire_jax.infer.loading import load
-
-    loaded, agents, descriptions = {}, {}, {}
-    for role, spec in specs.items():
-        spec = None if spec in (None, "", "random") else spec
-        if is_api_spec(spec):
-            agents[role] = api_agent(spec, role, decode, teacher_history=teacher_history, concurrency=concurrency)
-            descriptions[role] = f"endpoint {spec}"
-            continue
-        if spec not in loaded:
-            model_config = copy.deepcopy(config)
-            if init:
-                model_config.init = dict(hf_checkpoint=init)
-            loaded[spec] = load(model_config, spec)
-        agents[role] = loaded[spec].agent(role, decode, teacher_history=teacher_history, batch_size=batch_size)
-        descriptions[role] = loaded[spec].description
-    return agents, descriptions
