@@ -78,6 +78,8 @@ def main(argv=None):
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--gguf", default="", help="a GGUF model (name or path): its LLM, its weights, both sides")
+    parser.add_argument("--chunk", type=int, default=0, help="decode steps per engine dispatch (DecodeConfig.chunk; "
+                        "0: its default)")
     args = parser.parse_args(argv)
 
     import jax
@@ -117,7 +119,7 @@ def main(argv=None):
         ids = torch.as_tensor(prompts)
 
         def ours(new):
-            config = DecodeConfig(max_new_tokens=new, stop_ids=())
+            config = DecodeConfig(max_new_tokens=new, stop_ids=(), **({"chunk": args.chunk} if args.chunk else {}))
             return lambda: generate(model, list(prompts), config=config).tokens
 
         def theirs(new):
