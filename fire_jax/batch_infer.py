@@ -190,7 +190,7 @@ def main(argv=None, print_fn=print) -> dict:
                         continue
                     batch.append(prompt)
                 if batch:
-                    # The agent pads a short batch with inactive rows: one compiled shape for the whole job.
+                    # The agent's engine has batch_size slots for every batch, a short last one too.
                     results = infer_batch(agent, args.role, batch, images, jax.random.fold_in(key, start))
                     for prompt, result in zip(batch, results):
                         store.add({"id": prompt.id, **result})

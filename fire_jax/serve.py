@@ -3,7 +3,7 @@
     python -m fire_jax.serve                                   # the main job's student + teacher, else a random tiny model
     python -m fire_jax.serve --port 8000 --model student=WORKDIR_OR_ADAPTER_OR_HF_DIR --model teacher=...
     python -m fire_jax.serve --config configs/fire_student.py --init HF_BASE --model fd=PEFT_ADAPTER
-    python -m fire_jax.serve --model fixed=scripted:replies.json      # a test model with fixed replies
+    python -m fire_jax.serve --plugin scripted_model --model fixed=scripted:replies.json  # tests/: fixed replies
 
 Listens on 127.0.0.1 unless --host says otherwise. Routes:
 
@@ -37,14 +37,10 @@ is done cancels its request (the engine frees the slot); SIGTERM / Ctrl-C
 stop accepting, finish the requests in flight (for ``--graceful_timeout``
 seconds at most, then cancel them), then exit.
 
-A ``scripted:FILE.json`` model answers with fixed strings, for tests of the
-clients (the demo, FIRE-100K-style generation): FILE.json holds
-``{"rules": [{"contains": "...", "reply": "...", "delay_s": 0, "errors": []}, ...], "default": "..."}``;
-the first rule whose ``contains`` occurs in the request's text (all messages
-joined) gives the reply (after ``delay_s`` seconds, to stand for a slow
-model), else ``default``, else a 400 error. ``errors`` (HTTP statuses, e.g.
-``[503, 429]``) answer the rule's first requests with those errors, to stand
-for a flaky endpoint. ``/health`` counts the requests each rule got.
+A ``--plugin MODULE`` may register served models that answer without an engine
+(:func:`register_replier`): the tests' ``scripted:FILE.json`` endpoints
+(``tests/scripted_model.py``) answer the demo's and FIRE-100K-style
+generation's clients with fixed strings, delays and errors.
 """
 
 from __future__ import annotations
@@ -56,6 +52,7 @@ import asyncio
 import contextlib
 import copy
 import dataclasses
+import importlib
 import json
 import os
 import threading
@@ -121,43 +118,21 @@ def kv_cache_bytes(model, slots: int, cache_len: int) -> int:
 class Served:
     name: str
     description: str
-    loaded: Any  # fire_jax.infer.loading.Loaded; None for a scripted model
-    engine: Engine | None  # None for a scripted model
-    script: "Script | None" = None
+    loaded: Any  # fire_jax.infer.loading.Loaded; None for a replier
+    engine: Engine | None  # None for a replier
+    replier: Any = None  # a REPLIERS model: fixed replies instead of an engine
     max_text_chars: int = 0  # characters of text a request may hold (its context at the longest token); 0: any
 
 
-SCRIPTED_PREFIX = "scripted:"
+#: Served models that answer without an engine (test doubles of an endpoint), by spec prefix:
+#: ``factory(rest_of_spec)`` gives an object with ``description``, ``counts`` (a dict /health shows) and
+#: ``reply(text) -> (reply, delay_s)``, which may raise :class:`BadRequest` to answer with an error. A
+#: ``--plugin`` module's ``register(register_replier)`` registers its kinds here.
+REPLIERS: dict = {}
 
 
-class Script:
-    """Fixed replies chosen by substrings of the request text (a test model; see the module docstring)."""
-
-    def __init__(self, path: str):
-        with open(path, encoding="utf-8") as f:
-            spec = json.load(f)
-        rules = spec.get("rules") if isinstance(spec, dict) else None
-        if not isinstance(rules, list) or not all(
-                isinstance(r, dict) and isinstance(r.get("contains"), str) and isinstance(r.get("reply"), str)
-                for r in rules):
-            raise ValueError(f"{path}: expected {{'rules': [{{'contains': str, 'reply': str, 'delay_s'?: float}}, ...], "
-                             "'default'?: str}")
-        self.path, self.rules, self.default = path, rules, spec.get("default")
-        self.counts = {rule["contains"]: 0 for rule in rules}
-
-    def reply(self, text: str) -> tuple[str, float]:
-        """(reply, delay in seconds) for a request whose messages' text is ``text``."""
-        for rule in self.rules:
-            if rule["contains"] in text:
-                self.counts[rule["contains"]] += 1
-                errors = rule.get("errors", [])
-                if self.counts[rule["contains"]] <= len(errors):
-                    raise BadRequest(int(errors[self.counts[rule["contains"]] - 1]), "scripted failure",
-                                     "scripted_error", {"Retry-After": "0"})
-                return rule["reply"], float(rule.get("delay_s", 0))
-        if self.default is None:
-            raise BadRequest(400, f"scripted model {self.path}: no rule matches the request", "no_scripted_reply")
-        return self.default, 0.0
+def register_replier(prefix: str, factory) -> None:
+    REPLIERS[prefix] = factory
 
 
 # ------------------------------------------------------------------------------------------------
@@ -341,8 +316,8 @@ def create_app(models: dict[str, Served], *, max_queue: int = 256, limits: Limit
             name: {"description": s.description, "in_flight": s.engine.in_flight, "admitted": len(admitted[name]),
                    "finished": s.engine.stats["requests"], "cancelled": s.engine.stats["cancelled"],
                    **{key: s.engine.stats[key] for key in ("prompt_tokens", "reused_tokens", "prefilled_tokens")}}
-            if s.script is None else
-            {"description": s.description, "requests": dict(s.script.counts)} for name, s in models.items()}}
+            if s.replier is None else
+            {"description": s.description, "requests": dict(s.replier.counts)} for name, s in models.items()}}
 
     @app.get("/v1/models")
     async def list_models():
@@ -358,8 +333,8 @@ def create_app(models: dict[str, Served], *, max_queue: int = 256, limits: Limit
         if name not in models:
             raise BadRequest(404, f"model {name[:100]!r} is not served; serving {sorted(models)}", "model_not_found")
         served = models[name]
-        if served.script is not None:
-            return await _scripted(served, body, limits)
+        if served.replier is not None:
+            return await _replied(served, body, limits)
         request = build_request(served, body, limits)
         stream = body.get("stream") is True  # a boolean: build_request checked it
         queue = admitted[name]
@@ -405,12 +380,12 @@ def create_app(models: dict[str, Served], *, max_queue: int = 256, limits: Limit
     return app
 
 
-async def _scripted(served: Served, body: dict, limits: Limits):
-    """A scripted model's reply, non-streamed or as one server-sent chunk; fields and images are checked as for
-    a real model."""
+async def _replied(served: Served, body: dict, limits: Limits):
+    """A replier's answer, non-streamed or as one server-sent chunk; fields and images are checked as for a real
+    model."""
     settings = sampling(body)
     system, messages, _ = parse_messages(body.get("messages"), limits, limits.max_text_chars)
-    text, delay = served.script.reply("\n".join(([system] if system else []) + [m.text for m in messages]))
+    text, delay = served.replier.reply("\n".join(([system] if system else []) + [m.text for m in messages]))
     if delay:
         await asyncio.sleep(delay)
     rid, created, name = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), served.name
@@ -502,10 +477,11 @@ def load_models(config, specs: dict[str, str | None], init: str | None, engine_k
     model's context times its tokenizer's longest token (:func:`fire_jax.limits.text_chars_bound`)."""
     out = {}
     for name, checkpoint in specs.items():
-        if checkpoint is not None and checkpoint.startswith(SCRIPTED_PREFIX):
-            script = Script(checkpoint[len(SCRIPTED_PREFIX):])
-            out[name] = Served(name, f"scripted replies from {script.path}", None, None, script)
-            print(f"serving {name!r}: {out[name].description}", flush=True)
+        prefix = next((p for p in REPLIERS if checkpoint is not None and checkpoint.startswith(p)), None)
+        if prefix is not None:
+            replier = REPLIERS[prefix](checkpoint[len(prefix):])
+            out[name] = Served(name, replier.description, None, None, replier)
+            print(f"serving {name!r}: {replier.description}", flush=True)
             continue
         model_config = copy.deepcopy(config)
         if init:
@@ -536,8 +512,11 @@ def parse_args(argv=None):
     parser.add_argument("--config", default=DEFAULT_CONFIG,
                         help="config file[:arg] (default: configs/tiny.py); --config.<field>=<value> sets a field")
     parser.add_argument("--model", action="append", default=[], metavar="NAME=CHECKPOINT",
-                        help="a served model: an HF dir, a PEFT adapter, a train workdir, 'random', or scripted:FILE.json "
-                             "(fixed replies, for tests) (repeatable)")
+                        help="a served model: an HF dir, a PEFT adapter, a train workdir, 'random', or a spec of a "
+                             "kind a --plugin registers (repeatable)")
+    parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help="import MODULE first and call its register(register_replier) to add served model kinds, "
+                             "e.g. the tests' scripted endpoints (repeatable)")
     parser.add_argument("--init", help="base HF checkpoint for PEFT adapters (default: the config's init)")
     parser.add_argument("--slots", type=int, default=32, help="decode slots per model")
     parser.add_argument("--cache_len", type=int, default=0,
@@ -575,6 +554,8 @@ def main(argv=None):
     argv, overrides = split_overrides(sys.argv[1:] if argv is None else list(argv))
     args = parse_args(argv)
     config = apply_overrides(load_config(args.config), overrides)
+    for module in args.plugin:  # register() gets this module's function: under -m this module is __main__
+        importlib.import_module(module).register(register_replier)
     if args.model:
         specs = {name: (None if path == "random" else path) for name, path in (s.split("=", 1) for s in args.model)}
         init = args.init

@@ -27,6 +27,9 @@ def server(module: str, args: list[str], ready_path: str, timeout: float = 120):
     """``python -m module --port P *args`` on a free loopback port; yields (process, http://127.0.0.1:P)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    # tests/ on the path: a server started with --plugin scripted_model finds the tests' scripted endpoints
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.abspath(__file__))]
+                                        + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     process = subprocess.Popen([sys.executable, "-m", module, "--port", str(port), *args], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"

@@ -34,7 +34,7 @@ needs_chromium = pytest.mark.skipif(
 def demo(tmp_path_factory):
     script = tmp_path_factory.mktemp("teacher") / "teacher.json"
     script.write_text(json.dumps({"rules": [{"contains": "Groundtruth: There are 2.", "reply": TEACHER_REPLY}]}))
-    with server("fire_jax.serve", ["--model", f"teacher=scripted:{script}"], "/health") as (_, teacher_base):
+    with server("fire_jax.serve", ["--plugin", "scripted_model", "--model", f"teacher=scripted:{script}"], "/health") as (_, teacher_base):
         with server("fire_jax.demo", ["--student", "random", "--teacher", f"api:{teacher_base}/v1#teacher",
                                       "--max_new_tokens", "12"], "/api/settings") as (_, base):
             yield base, teacher_base

@@ -80,7 +80,8 @@ def triplets(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model(triplets):
-    with server("fire_jax.serve", ["--model", f"scripted=scripted:{triplets / 'model.json'}"], "/health") as (_, base):
+    with server("fire_jax.serve", ["--plugin", "scripted_model", "--model",
+                                    f"scripted=scripted:{triplets / 'model.json'}"], "/health") as (_, base):
         yield base
 
 

@@ -295,7 +295,8 @@ def test_graceful_shutdown_is_bounded(tmp_path):
 
     script = tmp_path / "slow.json"
     script.write_text(json.dumps({"rules": [{"contains": "slow", "reply": "late", "delay_s": 60}]}))
-    with loopback_server("fire_jax.serve", ["--model", f"m=scripted:{script}", "--graceful_timeout", "1"],
+    with loopback_server("fire_jax.serve", ["--plugin", "scripted_model", "--model", f"m=scripted:{script}",
+                                            "--graceful_timeout", "1"],
                          "/health") as (process, base):
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             reply = pool.submit(post, base, {"model": "m", "messages": [{"role": "user", "content": "slow"}]}, 120)

@@ -433,6 +433,9 @@ def test_decode_config_from_any_config_section():
     flags = argparse.Namespace(max_new_tokens=7, temperature=0.0, top_p=1.0, config="configs/tiny.py", seed=None)
     assert DecodeConfig.from_config(flags) == DecodeConfig(max_new_tokens=7)
     assert DecodeConfig.from_config({"max_new_tokens": 9}).max_new_tokens == 9
+    for bad in [(-1,), (2 ** 31,), tuple(range(9))]:  # what a decode chunk's stop-id rows cannot hold
+        with pytest.raises(ValueError, match="stop_ids"):
+            DecodeConfig(stop_ids=bad)
 
 
 def test_agent_writes_what_generate_writes_and_samples_by_its_key():
@@ -478,7 +481,8 @@ def test_agent_writes_what_generate_writes_and_samples_by_its_key():
     long = student.respond(images[:1], questions[:1], [(turn,) * 12])
     assert student._engine.cache_len > engine.cache_len
     assert long == reference(images[:1], questions[:1], [(turn,) * 12])
-    sampler = loaded.agent("student", DecodeConfig(max_new_tokens=12, temperature=1.0), batch_size=4)
+    sampler = loaded.agent("student", DecodeConfig(max_new_tokens=12, temperature=1.0, prefix_cache=False),
+                           batch_size=4)
     drawn = sampler.generate_ids(prompts, None, None, rng=jax.random.key(5))
     assert drawn == sampler.generate_ids(prompts, None, None, rng=jax.random.key(5))
     assert drawn != sampler.generate_ids(prompts, None, None, rng=jax.random.key(6)) and drawn != texts

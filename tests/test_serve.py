@@ -368,7 +368,8 @@ def test_api_agents_retry_429_and_5xx_and_count_every_failure(tmp_path):
     script.write_text(json.dumps({"rules": [
         {"contains": "flaky", "reply": "Score: 9.\nFeedback: Right.", "errors": [503, 429]},
         {"contains": "down", "reply": "never sent", "errors": [500] * 5}]}))
-    with loopback_server("fire_jax.serve", ["--model", f"m=scripted:{script}"], "/health") as (_, base):
+    args = ["--plugin", "scripted_model", "--model", f"m=scripted:{script}"]
+    with loopback_server("fire_jax.serve", args, "/health") as (_, base):
         teacher = ApiTeacher(f"api:{base}/v1#m", retries=3, backoff=0)
         feedback = teacher.feedback([picture(40, 70, 0)], ["flaky?"], ["2"], ["Answer: 2."])[0]
         assert (feedback.text, feedback.score) == ("Score: 9.\nFeedback: Right.", 9)

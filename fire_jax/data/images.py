@@ -123,6 +123,10 @@ class TileCache:
         self._lock = threading.Lock()
 
     @staticmethod
+    def _size(value, kept) -> int:
+        return value[0].nbytes + (kept.width * kept.height * len(kept.getbands()) if kept is not None else 0)
+
+    @staticmethod
     def key(image) -> tuple:
         if isinstance(image, str):
             return ("path", image)
@@ -141,11 +145,12 @@ class TileCache:
         with self._lock:
             self.misses += 1
             if key not in self.entries:
-                self.entries[key] = (value, image if key[0][0] == "object" else None)
-                self.bytes += value[0].nbytes
+                kept = image if key[0][0] == "object" else None  # a PIL image kept alive counts too
+                self.entries[key] = (value, kept)
+                self.bytes += self._size(value, kept)
             while self.bytes > self.max_bytes and len(self.entries) > 1:
-                _, (evicted, _) = self.entries.popitem(last=False)
-                self.bytes -= evicted[0].nbytes
+                _, (evicted, kept) = self.entries.popitem(last=False)
+                self.bytes -= self._size(evicted, kept)
         return value
 
 

@@ -91,8 +91,8 @@ def run_fixed(turns: Sequence[FixedTurn], student, teacher, path: str, *, batch_
               rng=None) -> list[dict]:
     """Generate every turn not yet in the JSONL file ``path``; returns all turn records in ``turns`` order.
 
-    Batches hold one role and at most ``batch_size`` rows (agents built with that ``batch_size`` pad a
-    short one with inactive rows: one compiled shape). ``rng``: a JAX key for sampling, folded with the
+    Batches hold one role and at most ``batch_size`` rows (agents built with that ``batch_size`` keep one
+    engine of that many slots for every batch). ``rng``: a JAX key for sampling, folded with the
     batch index (None for greedy decoding).
     """
     from tqdm.auto import tqdm

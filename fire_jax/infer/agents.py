@@ -63,7 +63,8 @@ class Agent:
     Every call runs on the agent's :class:`fire_jax.infer.engine.Engine`: each prompt is prefilled in its own
     length bucket, short prompts several to a prefill, and a step attends over the columns its rows have
     filled. ``batch_size`` > 0 gives the engine at least that many slots (one set of compiled shapes for a
-    whole run); a sampled call draws with seeds from its ``rng`` key, so the same key draws the same texts.
+    whole run); a sampled call draws with seeds from its ``rng`` key, so the same key draws the same texts
+    (bit for bit with ``prefix_cache=False``; a reused prefix's keys and values may differ in the last bits).
 
     The engine keeps each call's keys and values for the next (``config.prefix_cache``, on by default): a
     dialogue's prompt at turn k begins with its prompt at turn k - 1 (the student's: then r_{k-1} and f_{k-1};
@@ -181,8 +182,8 @@ class Teacher(Agent):
 
 #: Agent backends other than an in-process model, by spec prefix: ``factory(spec, role, decode, *,
 #: teacher_history, concurrency, seed)`` -> a student or teacher. ``api:`` (:mod:`fire_jax.infer.api`) is
-#: registered here; ``exact:`` (:class:`fire_jax.eval.judge.ExactTeacher`) by its module; tests register
-#: their doubles.
+#: registered here; ``exact:`` (:class:`fire_jax.eval.judge.ExactTeacher`) by its module, which the FIRE-Bench
+#: runners import (so ``exact:`` is a FIRE-Bench teacher spec); a new backend registers its own prefix.
 BACKENDS: dict = {}
 
 
@@ -212,8 +213,8 @@ def from_spec(spec: str | None, role: str, decode: DecodeConfig = DecodeConfig()
     ``spec``:
       - ``api:<base_url>#<model>``: an OpenAI-compatible endpoint (``concurrency`` requests at a time, sampled
         requests seeded from ``seed``);
-      - another registered prefix (:data:`BACKENDS`): ``exact:`` for the synthetic set's exact teacher, or a
-        test double;
+      - another registered prefix (:data:`BACKENDS`): ``exact:`` for the synthetic set's exact teacher (once
+        :mod:`fire_jax.eval.judge` is imported, as the FIRE-Bench runners do);
       - a checkpoint (an HF folder, a PEFT adapter whose base is ``init``, a ``fire_jax.train`` workdir:
         :func:`fire_jax.infer.loading.load`), or None / "" / "random": the model of ``config`` (its
         ``init.hf_checkpoint``, else random weights), in process on an engine of ``batch_size`` slots.

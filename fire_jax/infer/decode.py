@@ -22,14 +22,14 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from fire_jax.infer.engine import Engine, Request, prompt_bucket
+from fire_jax.infer.engine import MAX_STOP_IDS, Engine, Request, prompt_bucket
 from fire_jax.infer.forward import normalise_sizes
 from fire_jax.infer.sampling import seeds_from_key
 
 
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
-    """How to decode. Static under jit: changing a field compiles anew."""
+    """How to decode: the settings of every request of a call, and the engine's buckets and chunk length."""
 
     max_new_tokens: int = 128
     temperature: float = 0.0  # 0: greedy (argmax)
@@ -46,6 +46,8 @@ class DecodeConfig:
         object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if len(self.stop_ids) > MAX_STOP_IDS or not all(0 <= i < 2 ** 31 for i in self.stop_ids):
+            raise ValueError(f"stop_ids: at most {MAX_STOP_IDS} token ids, got {list(self.stop_ids)}")
         if self.chunk < 1:
             raise ValueError(f"chunk must be >= 1, got {self.chunk}")
         if self.temperature < 0 or not 0 <= self.top_p <= 1 or self.top_k < 0:
@@ -122,13 +124,13 @@ def generate(model, prompts: Sequence[Sequence[int]], *, pixel_values: np.ndarra
       rng: PRNG key, required when sampling (temperature > 0).
       tokenizer: anything with ``decode(ids, skip_special_tokens=True)`` (HF ``tokenizers.Tokenizer``).
       mesh: split the batch over its 'data' axis and the cache's KV heads over 'tensor'.
-      pad_rows: decode at least this many rows (idle ones beyond the batch), so a short last batch
-        reuses the compiled shapes.
+      pad_rows: at least this many slots (idle ones beyond the batch), so a short last batch decodes
+        at the full batch's width; prefills compile per (bucket, power-of-two rows), the decode per cache length.
     """
     requests = requests_for(prompts, pixel_values, image_sizes, config, rng)
     rows = max(len(prompts), pad_rows)
     bucket = max(prompt_bucket(len(p), config.bucket_min, config.bucket_step) for p in prompts)
-    engine = Engine(model, tokenizer=tokenizer, slots=rows, cache_len=bucket + config.max_new_tokens,
+    engine = Engine(model, slots=rows, cache_len=bucket + config.max_new_tokens,
                     prefill_batch=rows, prefill_tokens=rows * bucket, chunk=config.chunk, stop_ids=config.stop_ids,
                     pad_id=config.pad_id, bucket_min=config.bucket_min, bucket_step=config.bucket_step,
                     max_images=max(1, *(len(r.image_sizes) for r in requests)), min_width=rows,
@@ -139,4 +141,8 @@ def generate(model, prompts: Sequence[Sequence[int]], *, pixel_values: np.ndarra
     for b, result in enumerate(results):
         tokens[b, :len(result.tokens)] = result.tokens
         logprobs[b, :len(result.logprobs)] = result.logprobs
-    return Generation(tokens, logprobs, [r.text for r in results] if tokenizer is not None else None)
+    texts = None
+    if tokenizer is not None:  # once at the end (an engine with a tokenizer decodes every chunk's text)
+        texts = [tokenizer.decode([t for t in r.tokens if t not in config.stop_ids], skip_special_tokens=True)
+                 for r in results]
+    return Generation(tokens, logprobs, texts)

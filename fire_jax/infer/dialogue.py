@@ -113,8 +113,8 @@ def run_dialogues(items: Iterable[Item], student, teacher, rule: StopRule, *, ba
     ``student.respond(images, questions, histories)`` gives r_k and
     ``teacher.feedback(images, questions, groundtruths, answers, histories)``
     gives f_k with its score (:class:`fire_jax.infer.Student` / ``Teacher``).
-    Calls carry the live dialogues, at most ``batch_size`` (agents built with that ``batch_size`` pad a
-    short call with inactive rows: one compiled shape). ``on_finish`` gets each dialogue as it ends.
+    Calls carry the live dialogues, at most ``batch_size`` (agents built with that ``batch_size`` keep one
+    engine of that many slots for every call). ``on_finish`` gets each dialogue as it ends.
     ``rng``: a JAX key for sampling, folded with the step (None: greedy decoding needs none).
     """
     if batch_size < 1:

@@ -154,8 +154,8 @@ def model_name(config) -> str:
 class Responder:
     """A model answering VLRMBench requests: ``generator(requests)`` -> [(text, failure)].
 
-    Generation is the student's and the teacher's (:class:`fire_jax.infer.agents.Agent`, every call padded to
-    ``batch_size`` rows); what is VLRMBench's own is the multi-image prompt and the per-request failures.
+    Generation is the student's and the teacher's (:class:`fire_jax.infer.agents.Agent`, an engine of
+    ``batch_size`` slots for every call); what is VLRMBench's own is the multi-image prompt and the per-request failures.
     A request may have no image (its files were missing: ``missing_images="send_without"``).
     """
 
