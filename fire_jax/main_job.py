@@ -47,6 +47,9 @@ def train_and_report(config, workdir: str, name: str) -> dict:
     summary = train(config, workdir)
     print(f"{name}: step {summary['step']}/{summary['total_steps']}, last loss "
           f"{summary['metrics'].get('loss', float('nan')):.4f}")
+    if summary.get("preempted"):  # the next stage starts from this one's export, which a stopped stage lacks
+        raise SystemExit(f"{name}: stopped by SIGTERM at step {summary['step']} of {summary['total_steps']} "
+                         f"(checkpoint in {workdir}); the same command resumes")
     return {"workdir": workdir, "step": summary["step"], "source_sizes": summary.get("source_sizes", {})}
 
 

@@ -170,3 +170,19 @@ def test_8b_ablation_subsamples_fire_1m():
     assert config.ablation_source == "fire_1m" and "fire_1m" in sources
     assert sorted(sources)[-1] != "fire_1m"  # the old rule (last in sort order) would have picked another source
     assert sources["fire_1m"].split == "fire_1m"
+
+
+def test_a_stage_stopped_by_sigterm_ends_the_job_with_how_to_resume(monkeypatch, tmp_path, capsys):
+    """A stage stopped by SIGTERM (the train loop checkpointed and returned early) ends the main job there, with
+    one line saying how to resume, instead of starting the next stage without this one's export."""
+    from fire_jax import main_job
+    from fire_jax.train import loop
+
+    monkeypatch.setattr(loop, "train", lambda config, workdir: {"step": 16, "total_steps": 20, "preempted": True,
+                                                                 "metrics": {"loss": 0.1}})
+    with pytest.raises(SystemExit, match="stopped by SIGTERM at step 16 of 20 .* the same command resumes"):
+        main_job.train_stage(reduced_config().base_train, str(tmp_path / "base"), "base model")
+    monkeypatch.setattr(loop, "train", lambda config, workdir: {"step": 20, "total_steps": 20, "preempted": False,
+                                                                 "metrics": {"loss": 0.1}})
+    assert main_job.train_stage(reduced_config().base_train, str(tmp_path / "base"), "base model") == str(
+        tmp_path / "base")

@@ -227,7 +227,8 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
     final_step = int(jax.device_get(state.step))
     if (final_step == steps or data_ended) and config.train.get("export", True) and jax.process_index() == 0:
         export(trainer.model(state), workdir, config)
-    return {"step": final_step, "total_steps": steps, "data_ended": data_ended, "state": state, "trainer": trainer,
+    return {"step": final_step, "total_steps": steps, "data_ended": data_ended, "preempted": preemption.requested,
+            "state": state, "trainer": trainer,
             "source_sizes": dict(pipeline.source_sizes),  # usable examples per source (one epoch, all processes)
             "metrics": {k: np.asarray(v).tolist() for k, v in metrics.items()}}
 
