@@ -202,7 +202,12 @@ def _register_builtin_backends() -> None:
     if "api:" not in BACKENDS:
         from fire_jax.infer.api import api_agent  # api.py imports this module: imported when first needed
 
-        register_backend("api:", lambda spec, role, decode, **kw: api_agent(spec, role, decode, **kw))
+        def endpoint(spec, role, decode, **kw):
+            agent = api_agent(spec, role, decode, **kw)
+            agent.description = f"endpoint {spec}"
+            return agent
+
+        register_backend("api:", endpoint)
 
 
 def from_spec(spec: str | None, role: str, decode: DecodeConfig = DecodeConfig(), *, config=None,
@@ -232,7 +237,7 @@ def from_spec(spec: str | None, role: str, decode: DecodeConfig = DecodeConfig()
         agent = BACKENDS[prefix](spec, role, decode, teacher_history=teacher_history, concurrency=concurrency,
                                  seed=seed)
         if not getattr(agent, "description", ""):
-            agent.description = f"endpoint {spec}" if prefix == "api:" else spec
+            agent.description = spec
         return agent
     import copy
 
