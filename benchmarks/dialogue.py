@@ -69,7 +69,7 @@ def rising_teacher(loaded, decode, score_line: bool = False):
             return [Feedback(f"Score: {k}.\nFeedback: {f.text.strip() or '-'}" if score_line else f.text, float(k))
                     for f, k in zip(out, scores)]
 
-    return RisingTeacher(loaded.model, loaded.chat, decode, history="latest", batch_size=0)
+    return RisingTeacher(loaded.backend(decode), history="latest")
 
 
 def run(loaded, items, args, prefix_cache: bool) -> dict:
@@ -81,7 +81,7 @@ def run(loaded, items, args, prefix_cache: bool) -> dict:
     from fire_jax.infer.dialogue import FIRE_1M_GENERATION, StopRule, make_fire_records, run_dialogues
 
     decode = DecodeConfig(max_new_tokens=args.max_new_tokens, prefix_cache=prefix_cache)
-    student = Student(loaded.model, loaded.chat, decode)
+    student = Student(loaded.backend(decode))
     teacher = rising_teacher(loaded, decode, score_line=args.workload == "generation")
     finished = []
     steps = 0
@@ -101,7 +101,7 @@ def run(loaded, items, args, prefix_cache: bool) -> dict:
         wall = time.perf_counter() - start
         texts = {d.item.id: [(t.response, t.feedback) for t in d.turns] for d in finished}
         turns = sum(len(d.turns) for d in finished)
-    stats = [agent._engine.stats for agent in (student, teacher)]
+    stats = [agent.backend._engine.stats for agent in (student, teacher)]
     total = lambda key: sum(s[key] for s in stats)
     return dict(wall=wall, steps=steps, texts=texts, prompt=total("prompt_tokens"), reused=total("reused_tokens"),
                 prefilled=total("prefilled_tokens"), generated=total("tokens"), turns=turns,

@@ -28,7 +28,7 @@ request's submission to its answer (for a fixed batch, the batch's time).
 ``--runner`` asks whether the batch runners (free dialogues, FIRE-1M
 generation, VLRMBench: calls of ``--calls`` prompts) gain from the engine
 underneath: the same requests as fixed batches (``decode.generate``), as one
-engine call per batch (what a greedy ``Agent`` does: a slot per row, one
+engine call per batch (what an in-process agent does: a slot per row, one
 decode width), and given to the engine all at once (what a runner could do
 with requests that do not depend on each other, e.g. one VLRMBench task).
 """
@@ -154,7 +154,7 @@ def runner_paths(model, batch: int, n: int, repeats: int, **engine_kwargs) -> di
 
     requests = workload(n, model.cfg.llm.vocab_size - 1, seed=1)
     tokens = sum(m for _, m in requests)
-    engine_kwargs = {"bucket_step": 1024, **engine_kwargs}  # an Agent's engine pads prompts as generate does
+    engine_kwargs = {"bucket_step": 1024, **engine_kwargs}  # an agent's engine pads prompts as generate does
     engine = Engine(model, slots=batch, cache_len=cache_len(requests, **engine_kwargs), chunk=16,
                     stop_ids=(), min_width=batch, logprobs=False, **engine_kwargs)
     as_requests = lambda group: [Request(p, max_tokens=m, stop_ids=()) for p, m in group]
@@ -196,7 +196,7 @@ def main():
     parser.add_argument("--prefill_tokens", type=int, help="the engine's padded tokens per prefill at most (default: "
                         "the Engine's)")
     parser.add_argument("--bucket_step", type=int, help="the engine's prompt buckets (engine.prompt_bucket): powers of two "
-                        "up to this step (default: none, the server's finer buckets; --runner: 1024, as an Agent's)")
+                        "up to this step (default: none, the server's finer buckets; --runner: 1024, as an agent's)")
     args = parser.parse_args()
     engine_kwargs = {k: getattr(args, k) for k in ("prefill_batch", "prefill_tokens", "bucket_step")
                      if getattr(args, k) is not None}

@@ -106,12 +106,13 @@ class Streaming:
             engine.cache_len, longest_token_chars(engine.tokenizer)))
 
     def start(self, image, prompt_args: tuple, push: Callable[[dict], None]) -> Callable[[], None]:
-        """Generate for one image and ``agent.prompts(sizes, *prompt_args)``; ``push`` gets
+        """Generate for one image and ``agent.prompts(*prompt_args)``; ``push`` gets
         ``{"delta", "tokens"}`` as the text grows, then ``{"text"}`` or ``{"error"}``. Returns a cancel function.
         A prompt the engine cannot run (over its context) is a BadRequest here, before anything is pushed."""
-        if isinstance(self.agent, ApiAgent):
+        if isinstance(self.agent.backend, ApiAgent):
             return self._start_api(image, prompt_args, push)
-        (prompt,) = self.agent.prompts([(image.height, image.width)], *prompt_args)
+        (messages,) = self.agent.prompts(*prompt_args)
+        prompt = self.agent.backend.chat.encode(messages, (image.height, image.width), add_generation_prompt=True)
         tiles, size = preprocess(image, self.agent.model.cfg.geometry)
         d = self.decode
         request = Request(prompt.input_ids.tolist(), max_tokens=d.max_new_tokens, temperature=d.temperature,
@@ -137,7 +138,7 @@ class Streaming:
         return lambda: self.engine.cancel(ticket)
 
     def _start_api(self, image, prompt_args: tuple, push) -> Callable[[], None]:
-        (messages,) = self.agent.prompts(None, *prompt_args)
+        (messages,) = self.agent.prompts(*prompt_args)
         cancelled, pieces = threading.Event(), [0]
 
         def on_delta(delta: str) -> None:
@@ -148,7 +149,7 @@ class Streaming:
 
         def work():
             try:
-                push({"text": self.agent.stream(chat_messages(messages, image), on_delta)})
+                push({"text": self.agent.backend.stream(chat_messages(messages, image), on_delta)})
             except _Cancelled:
                 pass
             except Exception as e:  # shown in the page
@@ -168,12 +169,12 @@ def streaming_agents(student, teacher, decode: DecodeConfig, *, seed: int, cache
     when they share it)."""
     engines = {}
     for agent in (student, teacher):
-        if not isinstance(agent, ApiAgent) and id(agent.model) not in engines:
-            chat = agent.chat
+        if agent.model is not None and id(agent.model) not in engines:
+            chat = agent.backend.chat
             engines[id(agent.model)] = Engine(agent.model, tokenizer=chat.tokenizer, slots=slots, cache_len=cache_len,
                                               prefill_batch=1, chunk=STREAM_CHUNK, stop_ids=chat.stop_ids,
                                               pad_id=chat.pad_id, logprobs=False).start()
-    return tuple(Streaming(agent, None if isinstance(agent, ApiAgent) else engines[id(agent.model)], decode, seed,
+    return tuple(Streaming(agent, None if agent.model is None else engines[id(agent.model)], decode, seed,
                            max_text_chars) for agent in (student, teacher))
 
 

@@ -159,13 +159,13 @@ def test_free_dialogues_of_agents_reuse_every_turn_and_say_the_same(loaded, monk
     runs = {}
     for on in (False, True):
         decode = DecodeConfig(max_new_tokens=12, prefix_cache=on)
-        student = Student(loaded.model, loaded.chat, decode)
-        teacher = RisingTeacher(loaded.model, loaded.chat, decode, history="latest")
+        student = Student(loaded.backend(decode))
+        teacher = RisingTeacher(loaded.backend(decode), history="latest")
         finished = []
         run_dialogues(items, student, teacher, StopRule(max_turns=3), batch_size=3, on_finish=finished.append)
         assert sorted(len(d.turns) for d in finished) == [3, 3, 3]
-        runs[on] = ({d.item.id: d.turns for d in finished}, [counts(a._engine) for a in (student, teacher)])
-        assert all(a._engine.prefix.enabled == on for a in (student, teacher))
+        runs[on] = ({d.item.id: d.turns for d in finished}, [counts(a.backend._engine) for a in (student, teacher)])
+        assert all(a.backend._engine.prefix.enabled == on for a in (student, teacher))
     assert runs[True][0] == runs[False][0]
     assert tiles.misses == 3 and tiles.hits == 2 * 3 * 3 * 2 - 3  # runs x dialogues x turns x agents
     for (prompt, reused, prefilled), (prompt_off, reused_off, _) in zip(runs[True][1], runs[False][1]):

@@ -212,21 +212,49 @@ def load_model(config, section):
     return from_spec(spec, "student", config=model_config(config), init=init).model
 
 
+def test_a_backend_is_any_generator_of_texts_for_prompt_messages():
+    """Student and Teacher are one prompt builder each, over any backend with generate(images, prompts, rng): here
+    a test double that replies with the last message's text. The teacher's history mode decides what it sees."""
+    from fire_jax.data.records import Turn
+    from fire_jax.infer.agents import Student, Teacher
+
+    class Echo:
+        def __init__(self):
+            self.calls = []
+
+        def generate(self, images, prompts, rng=None):
+            self.calls.append((list(images), prompts, rng))
+            return [f"Score: {len(p)}. {p[-1].text}" for p in prompts]
+
+    echo = Echo()
+    history = [Turn("Answer: 2.", "Score: 4.\nFeedback: Too low.", 4.0)]
+    assert Student(echo).respond(["img"], ["How many?"], [history]) == ["Score: 3. Too low."]  # feedback text only
+    (_, [messages], _), = echo.calls
+    assert [(m.role, m.images) for m in messages] == [("user", 1), ("assistant", 0), ("user", 0)]
+    assert messages[0].text == "How many?" and messages[1].text == "Answer: 2."
+    for mode, length in (("latest", 3), ("full", 5)):
+        (feedback,) = Teacher(echo, mode).feedback(["img"], ["How many?"], ["3"], ["Answer: 3."], [history])
+        assert (feedback.text, feedback.score) == (f"Score: {length}. Answer: 3.", length)
+    assert Student(echo).model is None and Student(echo).description == ""
+
+
 def test_from_spec_builds_every_kind_of_agent_and_checks_roles():
     """One factory: endpoint, exact-teacher and in-process specs; roles naming one checkpoint share its model;
     a bad role or teacher history, and an exact student, are refused."""
     from fire_jax.eval.judge import ExactTeacher
-    from fire_jax.infer.agents import from_specs
-    from fire_jax.infer.api import ApiStudent, ApiTeacher
+    from fire_jax.infer.agents import InProcess, Student, Teacher, from_specs
+    from fire_jax.infer.api import ApiAgent
 
     config = eval_config("fixed")
     agents, descriptions = from_specs(model_config(config), {"student": None, "teacher": "random"})
     assert agents["student"].model is agents["teacher"].model and agents["teacher"].history == "latest"
+    assert isinstance(agents["student"], Student) and isinstance(agents["teacher"].backend, InProcess)
     assert descriptions["student"] == descriptions["teacher"] and "random" in descriptions["student"]
     endpoint = from_spec("api:http://127.0.0.1:1/v1#m", "teacher", teacher_history="full")
-    assert isinstance(endpoint, ApiTeacher) and endpoint.history == "full"
-    assert endpoint.description == "endpoint api:http://127.0.0.1:1/v1#m"
-    assert isinstance(from_spec("api:http://127.0.0.1:1/v1#m", "student"), ApiStudent)
+    assert isinstance(endpoint, Teacher) and isinstance(endpoint.backend, ApiAgent) and endpoint.history == "full"
+    assert endpoint.description == "endpoint api:http://127.0.0.1:1/v1#m" and endpoint.model is None
+    student = from_spec("api:http://127.0.0.1:1/v1#m", "student")
+    assert isinstance(student, Student) and isinstance(student.backend, ApiAgent)
     assert isinstance(from_spec("exact:synthetic", "teacher"), ExactTeacher)
     assert agent_spec(dict(init="exact:synthetic", adapter="x")) == ("exact:synthetic", "")
     with pytest.raises(ValueError, match="not a student"):
@@ -270,7 +298,7 @@ def test_free_evaluation_with_tiny_models_accounts_for_every_item(tmp_path, tiny
     from fire_jax.infer.agents import Teacher
 
     student, teacher = tiny_models
-    latest = Teacher(teacher.model, teacher.chat, teacher.config, history="latest")
+    latest = Teacher(teacher.backend, history="latest")
     results = evaluate(eval_config("free", max_examples=3), str(tmp_path), agents=(student, latest))
     with open(results["outputs"]) as f:
         records = [json.loads(line) for line in f]

@@ -16,7 +16,7 @@ from fire_jax.convert import hf as convert
 from fire_jax.data.chat import ChatTokenizer
 from fire_jax.data.images import preprocess
 from fire_jax.data.records import Turn, parse_score
-from fire_jax.infer.agents import Student, Teacher
+from fire_jax.infer.agents import InProcess, Student, Teacher
 from fire_jax.infer.decode import DecodeConfig, generate
 from fire_jax.infer.engine import TRACE_COUNTS, left_pad, prompt_bucket
 from fire_jax.infer.forward import image_inputs, normalise_sizes
@@ -332,24 +332,32 @@ def _shown(chat, encoded, size):
     return chat.decode(ids[:start + 1] + [i for i in ids[start:] if i != chat.image_token_id])
 
 
+def _encoded(chat, prompts, sizes):
+    """The token ids an in-process backend generates from: each prompt's messages rendered with the assistant
+    header, its image expanded for its size."""
+    return [chat.encode(messages, size, add_generation_prompt=True) for messages, size in zip(prompts, sizes)]
+
+
 def test_agents_render_spec_prompts(pair, chat):
-    student = Student(pair[1], chat)
-    first, third = student.prompts(IMAGES, ["How many shapes?", "How many shapes?"], [[], HISTORY])
+    student = Student(InProcess(pair[1], chat))
+    first, third = _encoded(chat, student.prompts(["How many shapes?", "How many shapes?"], [[], HISTORY]), IMAGES)
     assert _shown(chat, first, IMAGES[0]) == HEAD + _user("<image>\nHow many shapes?") + GEN
     assert _shown(chat, third, IMAGES[1]) == (
         HEAD + _user("<image>\nHow many shapes?") + _assistant("Thought: two red shapes.\nAnswer: 2")
         + _user("Count the squares too.") + _assistant("Thought: and one square.\nAnswer: 3")
         + _user("Look at the right edge.") + GEN)
     question = _user("<image>\nQuestion: How many shapes?\nGroundtruth: 4") + _user(INSTRUCTION)
-    latest = Teacher(pair[1], chat).prompts(IMAGES[1:], ["How many shapes?"], ["4"], ["Answer: 4"], [HISTORY])[0]
+    backend = InProcess(pair[1], chat)
+    (latest,) = _encoded(chat, Teacher(backend).prompts(["How many shapes?"], ["4"], ["Answer: 4"], [HISTORY]),
+                         IMAGES[1:])
     assert _shown(chat, latest, IMAGES[1]) == HEAD + question + _user("Answer: 4") + GEN
-    full = Teacher(pair[1], chat, history="full").prompts(IMAGES[1:], ["How many shapes?"], ["4"], ["Answer: 4"],
-                                                          [HISTORY])[0]
+    (full,) = _encoded(chat, Teacher(backend, history="full").prompts(["How many shapes?"], ["4"], ["Answer: 4"],
+                                                                      [HISTORY]), IMAGES[1:])
     assert _shown(chat, full, IMAGES[1]) == (
         HEAD + question + _user(HISTORY[0].response) + _assistant(HISTORY[0].feedback)
         + _user(HISTORY[1].response) + _assistant(HISTORY[1].feedback) + _user("Answer: 4") + GEN)
     with pytest.raises(ValueError, match="history"):
-        Teacher(pair[1], chat, history="all")
+        Teacher(backend, history="all")
 
 
 def _hf_greedy_text(hf, model, chat, image, prompt, max_new_tokens):
@@ -371,17 +379,18 @@ def test_agents_generate_as_hf_on_their_prompts(pair, chat, images):
     config = DecodeConfig(max_new_tokens=NEW)
     questions = ["How many shapes?", "What colour is the square?"]
     histories = [[], HISTORY[:1]]
-    student = Student(model, chat, config)
+    backend = InProcess(model, chat, config)
+    student = Student(backend)
     responses = student.respond(images, questions, histories)
-    prompts = student.prompts(IMAGES, questions, histories)
+    prompts = _encoded(chat, student.prompts(questions, histories), IMAGES)
     for image, prompt, response in zip(images, prompts, responses):
         assert response == _hf_greedy_text(hf, model, chat, image, prompt, NEW)
     assert any(responses)
     groundtruths, answers = ["3", "red"], ["Thought: I see three.\nAnswer: 3", responses[1]]
     for history in ("latest", "full"):  # the teacher's prompt for f_k with and without the earlier turns
-        teacher = Teacher(model, chat, config, history=history)
+        teacher = Teacher(backend, history=history)
         feedback = teacher.feedback(images, questions, groundtruths, answers, histories)
-        prompts = teacher.prompts(IMAGES, questions, groundtruths, answers, histories)
+        prompts = _encoded(chat, teacher.prompts(questions, groundtruths, answers, histories), IMAGES)
         assert len(feedback) == 2 and any(f.text for f in feedback)
         for image, prompt, f in zip(images, prompts, feedback):
             assert f.text == _hf_greedy_text(hf, model, chat, image, prompt, NEW)
@@ -390,9 +399,9 @@ def test_agents_generate_as_hf_on_their_prompts(pair, chat, images):
 
 def test_teacher_feedback_carries_the_parsed_score(pair, chat, images, monkeypatch):
     """Feedback.score is the score of the generated text (fire_jax.data.records.parse_score); no score line gives None."""
-    teacher = Teacher(pair[1], chat)
+    teacher = Teacher(InProcess(pair[1], chat))
     texts = ["Score: 7.\nFeedback: Count the squares too.", "Feedback: Look again.", "Score: 10/10\nFeedback: Yes."]
-    monkeypatch.setattr(teacher, "_generate", lambda images_, prompts, rng: texts[:len(prompts)])
+    monkeypatch.setattr(teacher.backend, "generate", lambda images_, prompts, rng: texts[:len(prompts)])
     feedback = teacher.feedback(images + images[:1], ["q"] * 3, ["gt"] * 3, ["Answer: 1"] * 3)
     assert [(f.text, f.score) for f in feedback] == list(zip(texts, [7, None, 10]))
 
@@ -451,6 +460,7 @@ def test_agent_writes_what_generate_writes_and_samples_by_its_key():
     embed = loaded.model.language_model.model.embed_tokens.embedding
     embed.set_value(embed.get_value() * 50)  # unit-scale embeddings: greedy outputs vary instead of repeating
     student = loaded.agent("student", DecodeConfig(max_new_tokens=12), batch_size=4)
+    backend = student.backend
     rng = np.random.default_rng(3)
     images = [Image.fromarray(rng.integers(0, 255, (h, w, 3), np.uint8)) for h, w in
               [(40, 70), (64, 64), (30, 90), (50, 50), (70, 40), (32, 32)]]
@@ -461,28 +471,27 @@ def test_agent_writes_what_generate_writes_and_samples_by_its_key():
 
     def reference(images, questions, histories):
         sizes = [(i.height, i.width) for i in images]
-        prompts = student.prompts(sizes, questions, histories)
+        prompts = _encoded(loaded.chat, student.prompts(questions, histories), sizes)
         pixel_values = pad_tiles([preprocess(i, loaded.model.cfg.geometry)[0] for i in images])
         out = generate(loaded.model, [p.input_ids for p in prompts], pixel_values=pixel_values, image_sizes=sizes,
-                       config=student.config, tokenizer=loaded.chat.tokenizer)
+                       config=backend.config, tokenizer=loaded.chat.tokenizer)
         return [t.strip() for t in out.texts]
 
     texts = student.respond(images, questions, histories)
     assert texts == reference(images, questions, histories)
-    engine = student._engine
+    engine = backend._engine
     assert engine.slots == 6 and engine.stats["requests"] == 6
     again = student.respond(images, questions, histories)  # the same prompts: prefixes reused
-    assert again == texts and student._engine.stats["reused_tokens"] > 0
+    assert again == texts and backend._engine.stats["reused_tokens"] > 0
     # Chat prompts end alike, so this random model answers them alike; random token prompts vary.
     prompts = [rng.integers(1, 500, n).tolist() for n in (5, 70, 130, 20, 250, 9)]
-    texts = student.generate_ids(prompts, None, None)
-    ref = generate(loaded.model, prompts, config=student.config, tokenizer=loaded.chat.tokenizer).texts
+    texts = backend.generate_ids(prompts, None, None)
+    ref = generate(loaded.model, prompts, config=backend.config, tokenizer=loaded.chat.tokenizer).texts
     assert texts == ref and len(set(texts)) > 4
     long = student.respond(images[:1], questions[:1], [(turn,) * 12])
-    assert student._engine.cache_len > engine.cache_len
+    assert backend._engine.cache_len > engine.cache_len
     assert long == reference(images[:1], questions[:1], [(turn,) * 12])
-    sampler = loaded.agent("student", DecodeConfig(max_new_tokens=12, temperature=1.0, prefix_cache=False),
-                           batch_size=4)
+    sampler = loaded.backend(DecodeConfig(max_new_tokens=12, temperature=1.0, prefix_cache=False), batch_size=4)
     drawn = sampler.generate_ids(prompts, None, None, rng=jax.random.key(5))
     assert drawn == sampler.generate_ids(prompts, None, None, rng=jax.random.key(5))
     assert drawn != sampler.generate_ids(prompts, None, None, rng=jax.random.key(6)) and drawn != texts
@@ -500,9 +509,9 @@ def test_agent_keeps_one_engine_of_batch_size_slots_for_short_calls():
     student = loaded.agent("student", DecodeConfig(max_new_tokens=3), batch_size=4)
     image = Image.new("RGB", (40, 30), "red")
     one = student.respond([image], ["What colour?"])
-    engine = student._engine
+    engine = student.backend._engine
     three = student.respond([image] * 3, ["What colour?", "Which shape?", "How many?"])
-    assert student._engine is engine and engine.slots == 4 and len(one) == 1 and len(three) == 3
+    assert student.backend._engine is engine and engine.slots == 4 and len(one) == 1 and len(three) == 3
     assert three[0] == one[0]  # the same prompt, greedy: the rows beside it change nothing
     unpadded = loaded.agent("student", DecodeConfig(max_new_tokens=3))
-    assert unpadded.respond([image], ["What colour?"]) == one and unpadded._engine.slots == 1
+    assert unpadded.respond([image], ["What colour?"]) == one and unpadded.backend._engine.slots == 1

@@ -295,7 +295,7 @@ def test_free_dialogues_through_api_specs_equal_in_process(checkpoint, server, t
         config.decode.update(max_new_tokens=6)
         config.student.init = config.teacher.init = init
         agents = build_agents(config, config.free.teacher_history)
-        assert type(agents[0]).__name__ == ("ApiStudent" if kind == "api" else "Student")
+        assert type(agents[0].backend).__name__ == ("ApiAgent" if kind == "api" else "InProcess")
         results = evaluate(config, str(tmp_path / kind), agents=agents)
         with open(results["outputs"]) as f:
             runs[kind] = [json.loads(line) for line in f]
@@ -310,16 +310,17 @@ def test_free_dialogues_through_api_specs_equal_in_process(checkpoint, server, t
         generated[kind] = [out.read_text() if out.exists() else "", (tmp_path / kind / "fire_1m.jsonl.dropped.jsonl")
                            .read_text()]
         if kind == "api":
-            assert not agents[0].failures and not agents[1].failures
+            assert not agents[0].backend.failures and not agents[1].backend.failures
     assert len(runs["api"]) == 2 and sum(len(r["turns"]) for r in runs["api"]) >= 2
     assert runs["api"] == runs["in_process"]
     assert generated["api"] == generated["in_process"] and generated["api"][1].count("\n") >= 1
     assert sum(len(json.loads(line)["scores"]) for line in generated["api"][1].splitlines()) >= 6
 
-    from fire_jax.infer.api import ApiError, ApiStudent
-    unknown = ApiStudent(f"api:{server[1]}/v1#gpt-4o", retries=3, backoff=0)
+    from fire_jax.infer.agents import Student, generator
+    from fire_jax.infer.api import ApiError
+    unknown = generator(f"api:{server[1]}/v1#gpt-4o", retries=3, backoff=0)
     with pytest.raises(ApiError, match="http_404"):
-        unknown.respond([picture(40, 70, 0)], ["Q"])
+        Student(unknown).respond([picture(40, 70, 0)], ["Q"])
     assert unknown.failures == {"http_404": 1}  # a 4xx is counted and not retried
 
 
@@ -361,7 +362,8 @@ def test_chat_and_batch_generation_through_api_specs_equal_in_process(checkpoint
 def test_api_agents_retry_429_and_5xx_and_count_every_failure(tmp_path):
     """A flaky scripted endpoint: 503 then 429 are retried and counted; a 500 that persists fails once retries
     are spent, by reason."""
-    from fire_jax.infer.api import ApiError, ApiStudent, ApiTeacher
+    from fire_jax.infer.agents import Student, Teacher
+    from fire_jax.infer.api import ApiAgent, ApiError
     from loopback import get_json, server as loopback_server
 
     script = tmp_path / "flaky.json"
@@ -370,15 +372,15 @@ def test_api_agents_retry_429_and_5xx_and_count_every_failure(tmp_path):
         {"contains": "down", "reply": "never sent", "errors": [500] * 5}]}))
     args = ["--plugin", "scripted_model", "--model", f"m=scripted:{script}"]
     with loopback_server("fire_jax.serve", args, "/health") as (_, base):
-        teacher = ApiTeacher(f"api:{base}/v1#m", retries=3, backoff=0)
+        teacher = Teacher(ApiAgent(f"api:{base}/v1#m", retries=3, backoff=0))
         feedback = teacher.feedback([picture(40, 70, 0)], ["flaky?"], ["2"], ["Answer: 2."])[0]
         assert (feedback.text, feedback.score) == ("Score: 9.\nFeedback: Right.", 9)
-        assert teacher.failures == {"http_503": 1, "http_429": 1}
+        assert teacher.backend.failures == {"http_503": 1, "http_429": 1}
 
-        student = ApiStudent(f"api:{base}/v1#m", retries=2, backoff=0)
+        student = Student(ApiAgent(f"api:{base}/v1#m", retries=2, backoff=0))
         with pytest.raises(ApiError) as failed:
             student.respond([picture(40, 70, 0)], ["down?"])
-        assert failed.value.reason == "http_500" and student.failures == {"http_500": 3}
+        assert failed.value.reason == "http_500" and student.backend.failures == {"http_500": 3}
         assert get_json(f"{base}/health")["models"]["m"]["requests"] == {"flaky": 3, "down": 3}
 
 

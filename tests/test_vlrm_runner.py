@@ -69,16 +69,16 @@ def all_records(workdir):
 
 
 class CountingGenerate:
-    """Wraps Agent.generate_ids, every in-process agent's one generation path (the engine or generate):
+    """Wraps InProcess.generate_ids, every in-process backend's one generation path (the engine or generate):
     counts calls and prompts, can interrupt or fail a call or blank its texts. ``install`` puts it in place."""
 
     def __init__(self, interrupt_at=None, fail=None, blank=None):
-        self.real = agents.Agent.generate_ids
+        self.real = agents.InProcess.generate_ids
         self.calls, self.prompts = 0, 0
         self.interrupt_at, self.fail, self.blank = interrupt_at, fail, blank
 
     def install(self, monkeypatch) -> "CountingGenerate":
-        monkeypatch.setattr(agents.Agent, "generate_ids", lambda agent, *args, **kwargs: self(agent, *args, **kwargs))
+        monkeypatch.setattr(agents.InProcess, "generate_ids", lambda backend, *args, **kwargs: self(backend, *args, **kwargs))
         return self
 
     def __call__(self, agent, prompts, *args, **kwargs):

@@ -22,9 +22,10 @@ from typing import Sequence
 
 import numpy as np
 
-from fire_jax.data.chat import ChatTokenizer, Encoded, check_teacher_history, student_messages, teacher_messages
+from fire_jax.data.chat import ChatTokenizer, Message, check_teacher_history, student_messages, teacher_messages
 from fire_jax.data.images import TileCache
 from fire_jax.data.records import Conversation, Turn, parse_score
+from fire_jax.infer.api import ApiAgent
 from fire_jax.infer.decode import DecodeConfig, requests_for
 from fire_jax.infer.engine import Engine, prompt_bucket
 
@@ -56,15 +57,16 @@ def teacher_prompt(question: str, groundtruth: str, answer: str, history: Sequen
 TILES = TileCache()
 
 
-class Agent:
-    """A model, its chat tokenizer and decode settings: the one generation path from encoded prompts (the
-    student, the teacher and VLRMBench's model all generate through :meth:`generate_ids`).
+class InProcess:
+    """The in-process backend: a model, its chat tokenizer and decode settings, generating on the model's
+    :class:`fire_jax.infer.engine.Engine`. Every in-process generation goes through :meth:`generate_ids` (the
+    student's, the teacher's and VLRMBench's prompts alike).
 
-    Every call runs on the agent's :class:`fire_jax.infer.engine.Engine`: each prompt is prefilled in its own
-    length bucket, short prompts several to a prefill, and a step attends over the columns its rows have
-    filled. ``batch_size`` > 0 gives the engine at least that many slots (one set of compiled shapes for a
-    whole run); a sampled call draws with seeds from its ``rng`` key, so the same key draws the same texts
-    (bit for bit with ``prefix_cache=False``; a reused prefix's keys and values may differ in the last bits).
+    Each prompt is prefilled in its own length bucket, short prompts several to a prefill, and a step attends
+    over the columns its rows have filled. ``batch_size`` > 0 gives the engine at least that many slots (one set
+    of compiled shapes for a whole run); a sampled call draws with seeds from its ``rng`` key, so the same key
+    draws the same texts (bit for bit with ``prefix_cache=False``; a reused prefix's keys and values may differ
+    in the last bits).
 
     The engine keeps each call's keys and values for the next (``config.prefix_cache``, on by default): a
     dialogue's prompt at turn k begins with its prompt at turn k - 1 (the student's: then r_{k-1} and f_{k-1};
@@ -81,6 +83,18 @@ class Agent:
         self.config = dataclasses.replace(config, stop_ids=chat.stop_ids, pad_id=chat.pad_id)
         self._engine: Engine | None = None
 
+    def generate(self, images, prompts: Sequence[Sequence[Message]], rng=None) -> list[str]:
+        """The backend call of :class:`Student` and :class:`Teacher`: one image per prompt (messages), each
+        rendered by the chat template with the assistant header; the texts, stripped. Each request carries its
+        own image's tiles (decoded and tiled once for all agents, :data:`TILES`), and the engine pads them once,
+        where it forms a prefill's batch."""
+        tiled = self.tiled(images)
+        encoded = [self.chat.encode(messages, size, add_generation_prompt=True)
+                   for messages, (_, size) in zip(prompts, tiled)]
+        texts = self.generate_ids([e.input_ids for e in encoded], [tiles for tiles, _ in tiled],
+                                  [size for _, size in tiled], rng)
+        return [text.strip() for text in texts]
+
     def generate_ids(self, prompts: Sequence[Sequence[int]], pixel_values, image_sizes, rng=None) -> list[str]:
         """The texts generated for token-id prompts (images expanded), each row's tiles (a list of
         ``[tiles, 3, T, T]`` arrays, None for a row without images, or one padded ``[batch, tiles, 3, T, T]``
@@ -94,7 +108,7 @@ class Agent:
             raise
 
     def engine(self, prompts: Sequence[Sequence[int]], images: int = 0) -> Engine:
-        """The agent's engine: ``max(batch_size, rows)`` slots, cache rows long enough for every prompt's
+        """The backend's engine: ``max(batch_size, rows)`` slots, cache rows long enough for every prompt's
         bucket + max_new_tokens (a power of two), at least ``images`` images per request; built anew, larger,
         when a call needs more."""
         c = self.config
@@ -115,30 +129,40 @@ class Agent:
                                   logprobs=False,  # agents read texts
                                   prefix_cache=c.prefix_cache, mesh=self.mesh)
             if old is not None:
-                self._engine.stats.update(old.stats)  # counts over the agent's calls
+                self._engine.stats.update(old.stats)  # counts over the backend's calls
                 if c.prefix_cache:
                     self._engine.adopt(old)
         return self._engine
 
     def tiled(self, images) -> list[tuple[np.ndarray, tuple[int, int]]]:
-        """Each image's tiles and (height, width), decoded and tiled once for all agents (``TILES``)."""
+        """Each image's tiles and (height, width), decoded and tiled once for all agents (:data:`TILES`)."""
         return [TILES.get(image, self.model.cfg.geometry) for image in images]
 
-    def _generate(self, tiled, prompts: Sequence[Encoded], rng) -> list[str]:
-        """Texts for one image per prompt: each request carries its own image's tiles, and the engine pads
-        them once, where it forms a prefill's batch."""
-        texts = self.generate_ids([p.input_ids for p in prompts], [tiles for tiles, _ in tiled],
-                                  [size for _, size in tiled], rng)
-        return [text.strip() for text in texts]
+
+class _Role:
+    """A prompt builder over a backend: :class:`InProcess`, an endpoint's :class:`fire_jax.infer.api.ApiAgent`,
+    or any object with ``generate(images, prompts, rng) -> texts`` (``prompts``: one message list per image)."""
+
+    role = ""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.description = getattr(backend, "description", "")
+
+    @property
+    def model(self):
+        """The in-process model (None for an endpoint)."""
+        return getattr(self.backend, "model", None)
 
 
-class Student(Agent):
+class Student(_Role):
     """Answers a question about an image, refining earlier answers from feedback."""
 
-    def prompts(self, image_sizes, questions: Sequence[str], histories: Sequence[Sequence[Turn]]) -> list[Encoded]:
-        """The prompt for r_k, k = len(history) + 1, per example."""
-        return [self.chat.encode(student_prompt(q, h), size, add_generation_prompt=True)
-                for size, q, h in zip(image_sizes, questions, histories)]
+    role = "student"
+
+    def prompts(self, questions: Sequence[str], histories: Sequence[Sequence[Turn]]) -> list[list[Message]]:
+        """The prompt messages for r_k, k = len(history) + 1, per example."""
+        return [student_prompt(q, h) for q, h in zip(questions, histories)]
 
     def respond(self, images, questions: Sequence[str], histories: Sequence[Sequence[Turn]] | None = None, *,
                 rng=None) -> list[str]:
@@ -147,43 +171,51 @@ class Student(Agent):
         images: PIL images, paths or encoded bytes; histories: per example the
         earlier turns (r_j, f_j) as :class:`Turn` (default: none, so k = 1).
         """
-        tiled = self.tiled(images)
         histories = [()] * len(images) if histories is None else histories
-        prompts = self.prompts([size for _, size in tiled], questions, histories)
-        return self._generate(tiled, prompts, rng)
+        return self.backend.generate(images, self.prompts(questions, histories), rng)
 
 
-class Teacher(Agent):
-    """Scores a student answer against the groundtruth and writes feedback."""
+class Teacher(_Role):
+    """Scores a student answer against the groundtruth and writes feedback, seeing the teacher history
+    ``history`` ("latest" or "full": the one place it is checked)."""
 
-    def __init__(self, model, chat: ChatTokenizer, config: DecodeConfig = DecodeConfig(), *, history: str = "latest",
-                 mesh=None, batch_size: int = 0):
-        super().__init__(model, chat, config, mesh=mesh, batch_size=batch_size)
+    role = "teacher"
+
+    def __init__(self, backend, history: str = "latest"):
+        super().__init__(backend)
         self.history = check_teacher_history(history)
 
-    def prompts(self, image_sizes, questions: Sequence[str], groundtruths: Sequence[str], answers: Sequence[str],
-                histories: Sequence[Sequence[Turn]]) -> list[Encoded]:
-        """The prompt for f_k on answer r_k, k = len(history) + 1, per example."""
-        return [self.chat.encode(teacher_prompt(q, gt, a, h, self.history), size, add_generation_prompt=True)
-                for size, q, gt, a, h in zip(image_sizes, questions, groundtruths, answers, histories)]
+    def prompts(self, questions: Sequence[str], groundtruths: Sequence[str], answers: Sequence[str],
+                histories: Sequence[Sequence[Turn]]) -> list[list[Message]]:
+        """The prompt messages for f_k on answer r_k, k = len(history) + 1, per example."""
+        return [teacher_prompt(q, gt, a, h, self.history)
+                for q, gt, a, h in zip(questions, groundtruths, answers, histories)]
 
     def feedback(self, images, questions: Sequence[str], groundtruths: Sequence[str], answers: Sequence[str],
                  histories: Sequence[Sequence[Turn]] | None = None, *, rng=None) -> list[Feedback]:
         """Feedback f_k with its parsed score on each answer r_k."""
-        tiled = self.tiled(images)
         histories = [()] * len(images) if histories is None else histories
-        prompts = self.prompts([size for _, size in tiled], questions, groundtruths, answers, histories)
-        return [Feedback(text, parse_score(text)) for text in self._generate(tiled, prompts, rng)]
+        texts = self.backend.generate(images, self.prompts(questions, groundtruths, answers, histories), rng)
+        return [Feedback(text, parse_score(text)) for text in texts]
+
+
+def role_agent(role: str, backend, *, teacher_history: str = "latest") -> Student | Teacher:
+    """``backend`` as the student or the teacher (``role``)."""
+    if role == "student":
+        return Student(backend)
+    if role == "teacher":
+        return Teacher(backend, teacher_history)
+    raise ValueError(f"role must be 'student' or 'teacher', got {role!r}")
 
 
 # ----------------------------------------------------------------------------
 # The one agent factory
 # ----------------------------------------------------------------------------
 
-#: Agent backends other than an in-process model, by spec prefix: ``factory(spec, role, decode, *,
-#: teacher_history, concurrency, seed)`` -> a student or teacher. ``api:`` (:mod:`fire_jax.infer.api`) is
-#: registered here; ``exact:`` (:class:`fire_jax.eval.judge.ExactTeacher`) by its module, which the FIRE-Bench
-#: runners import (so ``exact:`` is a FIRE-Bench teacher spec); a new backend registers its own prefix.
+#: Agent factories by spec prefix, for specs that are not an in-process checkpoint: ``factory(spec, role, decode,
+#: *, teacher_history, concurrency, seed)`` -> a student or teacher. ``api:`` (an endpoint) is registered here;
+#: ``exact:`` (:class:`fire_jax.eval.judge.ExactTeacher`, a teacher with no generator) by its module, which the
+#: FIRE-Bench runners import (so ``exact:`` is a FIRE-Bench teacher spec); a new backend registers its own prefix.
 BACKENDS: dict = {}
 
 
@@ -194,51 +226,38 @@ def register_backend(prefix: str, factory) -> None:
 
 def backend_of(spec) -> str | None:
     """The registered prefix ``spec`` begins with, or None (a checkpoint, or the config's own model)."""
-    _register_builtin_backends()
     return next((p for p in BACKENDS if isinstance(spec, str) and spec.startswith(p)), None)
 
 
-def _register_builtin_backends() -> None:
-    if "api:" not in BACKENDS:
-        from fire_jax.infer.api import api_agent  # api.py imports this module: imported when first needed
-
-        def endpoint(spec, role, decode, **kw):
-            agent = api_agent(spec, role, decode, **kw)
-            agent.description = f"endpoint {spec}"
-            return agent
-
-        register_backend("api:", endpoint)
+def _endpoint(spec, role, decode, *, teacher_history="latest", concurrency=32, seed=0):
+    return role_agent(role, generator(spec, decode, concurrency=concurrency, seed=seed),
+                      teacher_history=teacher_history)
 
 
-def from_spec(spec: str | None, role: str, decode: DecodeConfig = DecodeConfig(), *, config=None,
-              init: str | None = None, teacher_history: str = "latest", batch_size: int = 0, mesh=None,
-              concurrency: int = 32, seed: int = 0, models: dict | None = None):
-    """The student or teacher (``role``) of a model spec: the one way every CLI and runner builds an agent.
+register_backend("api:", _endpoint)
+
+
+def generator(spec: str | None, decode: DecodeConfig = DecodeConfig(), *, config=None, init: str | None = None,
+              batch_size: int = 0, mesh=None, concurrency: int = 32, seed: int = 0, models: dict | None = None,
+              **endpoint):
+    """The text generator behind an agent, before any role: the backend of a model spec.
 
     ``spec``:
-      - ``api:<base_url>#<model>``: an OpenAI-compatible endpoint (``concurrency`` requests at a time, sampled
-        requests seeded from ``seed``);
-      - another registered prefix (:data:`BACKENDS`): ``exact:`` for the synthetic set's exact teacher (once
-        :mod:`fire_jax.eval.judge` is imported, as the FIRE-Bench runners do);
+      - ``api:<base_url>#<model>``: an OpenAI-compatible endpoint (:class:`fire_jax.infer.api.ApiAgent`,
+        ``concurrency`` requests at a time, sampled requests seeded from ``seed``, ``endpoint``: its other
+        options, such as ``retries`` and ``timeout``);
       - a checkpoint (an HF folder, a PEFT adapter whose base is ``init``, a ``fire_jax.train`` workdir:
         :func:`fire_jax.infer.loading.load`), or None / "" / "random": the model of ``config`` (its
-        ``init.hf_checkpoint``, else random weights), in process on an engine of ``batch_size`` slots.
+        ``init.hf_checkpoint``, else random weights), :class:`InProcess` on an engine of ``batch_size`` slots.
 
-    ``models``: a dict shared between calls, so roles naming the same checkpoint share one loaded model. The
-    agent's ``description`` says where it came from.
+    ``models``: a dict shared between calls, so generators of the same checkpoint share one loaded model. The
+    generator's ``description`` says where it came from.
     """
-    if role not in ("student", "teacher"):
-        raise ValueError(f"role must be 'student' or 'teacher', got {role!r}")
-    if role == "teacher":
-        check_teacher_history(teacher_history)
     spec = None if spec in (None, "", "random") else spec
-    prefix = backend_of(spec)
-    if prefix is not None:
-        agent = BACKENDS[prefix](spec, role, decode, teacher_history=teacher_history, concurrency=concurrency,
-                                 seed=seed)
-        if not getattr(agent, "description", ""):
-            agent.description = spec
-        return agent
+    if isinstance(spec, str) and spec.startswith("api:"):
+        return ApiAgent(spec, decode, concurrency=concurrency, seed=seed, **endpoint)
+    if endpoint:
+        raise TypeError(f"{sorted(endpoint)}: options of an endpoint, not of an in-process model ({spec!r})")
     import copy
 
     from fire_jax.infer.loading import load
@@ -249,10 +268,33 @@ def from_spec(spec: str | None, role: str, decode: DecodeConfig = DecodeConfig()
         if init:
             model_config.init = dict(hf_checkpoint=init)
         models[(spec, init)] = load(model_config, spec)
-    loaded = models[(spec, init)]
-    agent = loaded.agent(role, decode, teacher_history=teacher_history, mesh=mesh, batch_size=batch_size)
-    agent.description = loaded.description
-    return agent
+    return models[(spec, init)].backend(decode, mesh=mesh, batch_size=batch_size)
+
+
+def from_spec(spec: str | None, role: str, decode: DecodeConfig = DecodeConfig(), *, config=None,
+              init: str | None = None, teacher_history: str = "latest", batch_size: int = 0, mesh=None,
+              concurrency: int = 32, seed: int = 0, models: dict | None = None):
+    """The student or teacher (``role``) of a model spec: the one way every CLI and runner builds an agent.
+
+    A spec with a registered prefix (:data:`BACKENDS`: ``api:``; ``exact:`` for the synthetic set's exact
+    teacher once :mod:`fire_jax.eval.judge` is imported, as the FIRE-Bench runners do) is built by its
+    factory; any other is a checkpoint or the config's own model, run in process (:func:`generator`). The
+    agent's ``description`` says where it came from.
+    """
+    if role not in ("student", "teacher"):
+        raise ValueError(f"role must be 'student' or 'teacher', got {role!r}")
+    if role == "teacher":
+        check_teacher_history(teacher_history)
+    spec = None if spec in (None, "", "random") else spec
+    prefix = backend_of(spec)
+    if prefix is not None:
+        made = BACKENDS[prefix](spec, role, decode, teacher_history=teacher_history, concurrency=concurrency,
+                                seed=seed)
+        if not getattr(made, "description", ""):
+            made.description = spec
+        return made
+    backend = generator(spec, decode, config=config, init=init, batch_size=batch_size, mesh=mesh, models=models)
+    return role_agent(role, backend, teacher_history=teacher_history)
 
 
 def from_specs(config, specs: dict, decode: DecodeConfig = DecodeConfig(), **options) -> tuple[dict, dict]:

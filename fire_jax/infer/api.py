@@ -34,10 +34,8 @@ import threading
 import time
 from typing import Callable, Sequence
 
-from fire_jax.data.chat import SYSTEM, Message, check_teacher_history
+from fire_jax.data.chat import SYSTEM, Message
 from fire_jax.data.images import load_image
-from fire_jax.data.records import Turn, parse_score
-from fire_jax.infer.agents import Feedback, student_prompt, teacher_prompt
 from fire_jax.infer.decode import DecodeConfig
 
 API_PREFIX = "api:"
@@ -83,7 +81,8 @@ def chat_messages(messages: Sequence[Message], image) -> list[dict]:
 
 
 class ApiAgent:
-    """Chat completions from one endpoint's model, rows in parallel, retried, failures counted."""
+    """Chat completions from one endpoint's model, rows in parallel, retried, failures counted: the endpoint
+    backend of a student or teacher (:func:`fire_jax.infer.agents.from_spec`)."""
 
     def __init__(self, spec: str, config: DecodeConfig = DecodeConfig(), *, concurrency: int = 32, retries: int = 4,
                  backoff: float = 0.5, timeout: float = 600.0, seed: int = 0):
@@ -98,6 +97,7 @@ class ApiAgent:
         self.failures: collections.Counter = collections.Counter()  # reason -> count, retried ones included
         self._lock = threading.Lock()
         self.model = None  # no in-process model
+        self.description = f"endpoint {spec}"
 
     def _create(self, messages: list[dict], seed: int | None = None, **kwargs):
         c = self.config
@@ -158,51 +158,12 @@ class ApiAgent:
         with concurrent.futures.ThreadPoolExecutor(max(1, min(self.concurrency, len(messages)))) as pool:
             return list(pool.map(one, range(len(messages))))
 
-    def _generate(self, images, prompts: Sequence[Sequence[Message]]) -> list[str]:
-        """The agents' batch call: every row's text, or the first failure raised (the runners resume)."""
+    def generate(self, images, prompts: Sequence[Sequence[Message]], rng=None) -> list[str]:
+        """The backend call of :class:`fire_jax.infer.agents.Student` and ``Teacher``: one image per prompt
+        (messages), every row's text, or the first failure raised (the runners resume). ``rng`` is unused:
+        sampled requests are seeded from ``seed``."""
         out = self.complete_many([chat_messages(p, image) for p, image in zip(prompts, images)])
         failed = next((o for o in out if isinstance(o, ApiError)), None)
         if failed is not None:
             raise failed
         return out
-
-
-class ApiStudent(ApiAgent):
-    def prompts(self, image_sizes, questions: Sequence[str], histories: Sequence[Sequence[Turn]]
-                ) -> list[list[Message]]:
-        """The prompt messages for r_k, k = len(history) + 1 (as :meth:`fire_jax.infer.Student.prompts`, not
-        tokenised; ``image_sizes`` unused: the endpoint sees the image itself)."""
-        return [student_prompt(q, h) for q, h in zip(questions, histories)]
-
-    def respond(self, images, questions: Sequence[str], histories: Sequence[Sequence[Turn]] | None = None, *,
-                rng=None) -> list[str]:
-        histories = [()] * len(images) if histories is None else histories
-        return self._generate(images, self.prompts(None, questions, histories))
-
-
-class ApiTeacher(ApiAgent):
-    def __init__(self, spec: str, config: DecodeConfig = DecodeConfig(), *, history: str = "latest", **kwargs):
-        super().__init__(spec, config, **kwargs)
-        self.history = check_teacher_history(history)
-
-    def prompts(self, image_sizes, questions: Sequence[str], groundtruths: Sequence[str], answers: Sequence[str],
-                histories: Sequence[Sequence[Turn]]) -> list[list[Message]]:
-        """The prompt messages for f_k on answer r_k (as :meth:`fire_jax.infer.Teacher.prompts`, not tokenised)."""
-        return [teacher_prompt(q, gt, a, h, self.history)
-                for q, gt, a, h in zip(questions, groundtruths, answers, histories)]
-
-    def feedback(self, images, questions: Sequence[str], groundtruths: Sequence[str], answers: Sequence[str],
-                 histories: Sequence[Sequence[Turn]] | None = None, *, rng=None) -> list[Feedback]:
-        histories = [()] * len(images) if histories is None else histories
-        texts = self._generate(images, self.prompts(None, questions, groundtruths, answers, histories))
-        return [Feedback(text, parse_score(text)) for text in texts]
-
-
-def api_agent(spec: str, role: str, decode: DecodeConfig = DecodeConfig(), *, teacher_history: str = "latest",
-              **kwargs) -> ApiStudent | ApiTeacher:
-    """The endpoint model of ``spec`` as a student or a teacher (the batch runners' interface)."""
-    if role == "student":
-        return ApiStudent(spec, decode, **kwargs)
-    if role == "teacher":
-        return ApiTeacher(spec, decode, history=teacher_history, **kwargs)
-    raise ValueError(f"role must be 'student' or 'teacher', got {role!r}")

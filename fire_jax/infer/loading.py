@@ -30,7 +30,7 @@ from fire_jax.checkpoint import build_model, restore_params
 from fire_jax.config import resolve_path
 from fire_jax.convert.hf import load_peft_adapter, peft_lora_config
 from fire_jax.data.chat import ChatTokenizer
-from fire_jax.infer.agents import Student, Teacher
+from fire_jax.infer.agents import InProcess, Student, Teacher, role_agent
 from fire_jax.infer.decode import DecodeConfig
 from fire_jax.results import read_json
 
@@ -46,16 +46,17 @@ class Loaded:
     config: object  # the ConfigDict it was built from (a train workdir's own config.json)
     description: str
 
+    def backend(self, decode: DecodeConfig = DecodeConfig(), *, mesh=None, batch_size: int = 0) -> InProcess:
+        """The model as an in-process generator (``batch_size`` as in :class:`fire_jax.infer.agents.InProcess`)."""
+        backend = InProcess(self.model, self.chat, decode, mesh=mesh, batch_size=batch_size)
+        backend.description = self.description
+        return backend
+
     def agent(self, role: str, decode: DecodeConfig = DecodeConfig(), *, teacher_history: str = "latest",
               mesh=None, batch_size: int = 0) -> Student | Teacher:
-        """The model as a :class:`Student` or :class:`Teacher`; ``batch_size`` as in
-        :class:`fire_jax.infer.agents.Agent`."""
-        kwargs = dict(mesh=mesh, batch_size=batch_size)
-        if role == "student":
-            return Student(self.model, self.chat, decode, **kwargs)
-        if role == "teacher":
-            return Teacher(self.model, self.chat, decode, history=teacher_history, **kwargs)
-        raise ValueError(f"role must be 'student' or 'teacher', got {role!r}")
+        """The model as a :class:`Student` or :class:`Teacher` on its :meth:`backend`."""
+        backend = self.backend(decode, mesh=mesh, batch_size=batch_size)
+        return role_agent(role, backend, teacher_history=teacher_history)
 
 
 def display_name(*, name: str = "", checkpoint: str = "", init: str = "", fallback: str = "random init") -> str:

@@ -439,9 +439,8 @@ def correction(config, generator, workdir: Path) -> dict:
     from fire_jax.config import load_config
     from fire_jax.data.items import load_triplets
     from fire_jax.infer.dialogue import StopRule, run_dialogues
-    from fire_jax.infer.agents import Student
+    from fire_jax.infer.agents import from_spec
     from fire_jax.infer.decode import DecodeConfig
-    from fire_jax.infer.loading import load
 
     settings = config.analyses.correction
     if not settings.data:
@@ -454,10 +453,9 @@ def correction(config, generator, workdir: Path) -> dict:
                              "student_checkpoint": settings.student_checkpoint,
                              "max_examples": settings.max_examples, "max_new_tokens": settings.max_new_tokens,
                              "reward_model": generator.name})
-    loaded = load(student_config, settings.student_checkpoint or student_config.get("checkpoint") or None)
-    student = Student(loaded.model, loaded.chat,
-                      DecodeConfig.from_config(config.generate, max_new_tokens=settings.max_new_tokens),
-                      batch_size=config.generate.batch_size)
+    student = from_spec(settings.student_checkpoint or student_config.get("checkpoint") or None, "student",
+                        DecodeConfig.from_config(config.generate, max_new_tokens=settings.max_new_tokens),
+                        config=student_config, batch_size=config.generate.batch_size)
     items = load_triplets(settings.data, settings.image_root, max_examples=settings.max_examples)
     teacher = RewardModelTeacher(generator.variant(max_new_tokens=settings.max_new_tokens))
     rule = StopRule(max_turns=2, threshold=8, stop_on_no_increase=False)

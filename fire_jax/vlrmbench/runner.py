@@ -23,8 +23,8 @@ a multiple of one image's most tiles (few compiled shapes).
 any OpenAI-compatible endpoint, e.g. GPT-4o or ``python -m fire_jax.serve``
 (:class:`ApiResponder`; a served fire_jax model answers exactly as in process).
 
-**Generation.** Greedy (sampled for voting), through the agent's engine
-(:class:`fire_jax.infer.agents.Agent`), which has ``batch_size`` slots for
+**Generation.** Greedy (sampled for voting), on the in-process backend's engine
+(:class:`fire_jax.infer.agents.InProcess`), which has ``batch_size`` slots for
 every call (no recompiles). MJ is generated in both orders. ERA and
 EC: the model writes a critique (the candidate), then the judge (the same
 model unless ``config.judge`` names another) scores (reference, candidate)
@@ -74,10 +74,11 @@ import numpy as np
 from fire_jax.config import load_config
 from fire_jax.data.chat import SYSTEM, ChatTokenizer, Message
 from fire_jax.data.images import load_image, pad_tiles, preprocess
-from fire_jax.infer.agents import Agent
-from fire_jax.infer.api import ApiAgent, ApiError, image_url, is_api_spec
+from fire_jax.infer import agents
+from fire_jax.infer.agents import InProcess
+from fire_jax.infer.api import ApiAgent, ApiError, image_url
 from fire_jax.infer.decode import DecodeConfig
-from fire_jax.infer.loading import display_name, load
+from fire_jax.infer.loading import display_name
 from fire_jax.results import ResultStore, check_settings, write_json
 from fire_jax.vlrmbench.data import MISSING_IMAGES, Sample, TaskData, load_task
 from fire_jax.vlrmbench.score import ACCOUNTINGS, TaskResult, results_table, score_both, theme_average
@@ -154,40 +155,39 @@ def model_name(config) -> str:
 class Responder:
     """A model answering VLRMBench requests: ``generator(requests)`` -> [(text, failure)].
 
-    Generation is the student's and the teacher's (:class:`fire_jax.infer.agents.Agent`, an engine of
-    ``batch_size`` slots for every call); what is VLRMBench's own is the multi-image prompt and the per-request failures.
-    A request may have no image (its files were missing: ``missing_images="send_without"``).
+    Generation is the student's and the teacher's (an :class:`fire_jax.infer.agents.InProcess` backend, an
+    engine of ``batch_size`` slots for every call); what is VLRMBench's own is the multi-image prompt and the
+    per-request failures. A request may have no image (its files were missing:
+    ``missing_images="send_without"``).
     """
 
-    def __init__(self, model, chat: ChatTokenizer, *, name: str, batch_size: int, decode: DecodeConfig,
-                 max_tiles: int = 0):
-        self.agent = Agent(model, chat, decode, batch_size=batch_size)
-        self.model, self.chat, self.name = model, chat, name
+    def __init__(self, backend: InProcess, *, name: str, batch_size: int, max_tiles: int = 0):
+        self.backend, self.name = backend, name
+        self.model, self.chat, self.decode = backend.model, backend.chat, backend.config
         self.batch_size, self.max_tiles = batch_size, max_tiles
-        self.decode = self.agent.config
 
     def variant(self, *, name: str | None = None, batch_size: int | None = None, max_new_tokens: int | None = None,
                 temperature: float | None = None) -> "Responder":
         """The same model with other decode settings (the judge, the voting sampler)."""
         changes = {k: v for k, v in dict(max_new_tokens=max_new_tokens, temperature=temperature).items()
                    if v is not None}
-        return Responder(self.model, self.chat, name=name or self.name, batch_size=batch_size or self.batch_size,
-                         decode=dataclasses.replace(self.decode, **changes), max_tiles=self.max_tiles)
+        batch_size = batch_size or self.batch_size
+        backend = InProcess(self.model, self.chat, dataclasses.replace(self.decode, **changes), batch_size=batch_size)
+        return Responder(backend, name=name or self.name, batch_size=batch_size, max_tiles=self.max_tiles)
 
     @classmethod
     def from_config(cls, config, generate_config, *, name: str, max_new_tokens: int) -> "Responder | ApiResponder":
-        """The model of ``config``: ``config.checkpoint`` (HF / PEFT adapter / train workdir, see
-        :func:`fire_jax.infer.loading.load`, or an ``api:<base_url>#<model>`` endpoint: an
-        :class:`ApiResponder`), else ``config.init.hf_checkpoint``, else random weights."""
-        if is_api_spec(config.get("checkpoint")):
-            print(f"{name}: endpoint {config.checkpoint}")
-            return ApiResponder(config.checkpoint, name=name, batch_size=generate_config.batch_size,
-                                max_new_tokens=max_new_tokens, seed=config.seed)
-        loaded = load(config, config.get("checkpoint") or None)
-        print(f"{name}: {loaded.description}")
-        return cls(loaded.model, loaded.chat, name=name, batch_size=generate_config.batch_size,
-                   decode=DecodeConfig.from_config(generate_config, max_new_tokens=max_new_tokens),
-                   max_tiles=generate_config.max_tiles)
+        """The model of ``config`` (:func:`fire_jax.infer.agents.generator` of ``config.checkpoint``): an
+        ``api:<base_url>#<model>`` endpoint (an :class:`ApiResponder`), an HF / PEFT adapter / train workdir
+        checkpoint (:func:`fire_jax.infer.loading.load`), else ``config.init.hf_checkpoint``, else random
+        weights."""
+        decode = DecodeConfig.from_config(generate_config, max_new_tokens=max_new_tokens)
+        backend = agents.generator(config.get("checkpoint") or None, decode, config=config,
+                                   batch_size=generate_config.batch_size, seed=config.seed)
+        print(f"{name}: {backend.description}")
+        if isinstance(backend, ApiAgent):
+            return ApiResponder(backend, name=name, batch_size=generate_config.batch_size)
+        return cls(backend, name=name, batch_size=generate_config.batch_size, max_tiles=generate_config.max_tiles)
 
     @property
     def geometry(self):
@@ -236,8 +236,8 @@ class Responder:
             needed = max(len(row.tiles) for row in rows)
             if needed > self.max_tiles:
                 raise ValueError(f"a sample's images need {needed} tiles, more than generate.max_tiles={self.max_tiles}")
-        return self.agent.generate_ids([row.ids for row in rows], [row.tiles if row.sizes else None for row in rows],
-                                       [row.sizes for row in rows], rng)
+        return self.backend.generate_ids([row.ids for row in rows], [row.tiles if row.sizes else None for row in rows],
+                                         [row.sizes for row in rows], rng)
 
 
 class ApiResponder:
@@ -256,24 +256,22 @@ class ApiResponder:
 
     max_tiles = 0  # the endpoint tiles the images
 
-    def __init__(self, spec: str, *, name: str, batch_size: int, max_new_tokens: int, temperature: float = 0.0,
-                 seed: int = 0, concurrency: int = 32):
-        self.spec, self.name, self.batch_size, self.seed, self.concurrency = spec, name, batch_size, seed, concurrency
-        self.agent = ApiAgent(spec, DecodeConfig(max_new_tokens=max_new_tokens, temperature=temperature),
-                              concurrency=concurrency, seed=seed)
+    def __init__(self, backend: ApiAgent, *, name: str, batch_size: int):
+        self.backend, self.name, self.batch_size = backend, name, batch_size
+        self.spec, self.seed = backend.spec, backend.seed
 
     @property
     def failures(self):
         """Failed tries by reason, retried ones included."""
-        return self.agent.failures
+        return self.backend.failures
 
     def variant(self, *, name: str | None = None, batch_size: int | None = None, max_new_tokens: int | None = None,
                 temperature: float | None = None) -> "ApiResponder":
-        c = self.agent.config
-        return ApiResponder(self.spec, name=name or self.name, batch_size=batch_size or self.batch_size,
-                            max_new_tokens=max_new_tokens or c.max_new_tokens, seed=self.seed,
-                            temperature=c.temperature if temperature is None else temperature,
-                            concurrency=self.concurrency)
+        changes = {k: v for k, v in dict(max_new_tokens=max_new_tokens, temperature=temperature).items()
+                   if v is not None}
+        b = self.backend
+        backend = ApiAgent(b.spec, dataclasses.replace(b.config, **changes), concurrency=b.concurrency, seed=b.seed)
+        return ApiResponder(backend, name=name or self.name, batch_size=batch_size or self.batch_size)
 
     def __call__(self, requests: Sequence[Request], rng=None) -> list[tuple[str | None, str | None]]:
         """(text, failure) per request, as :meth:`Responder.__call__`. ``rng``: request i samples with seed
@@ -291,7 +289,7 @@ class ApiResponder:
             ready.append(i)
             messages.append(api_messages(request.prompt, [uris[path] for path in request.images]))
         base = self.seed if rng is None else int(jax.random.randint(rng, (), 0, 2 ** 30))
-        for i, out in zip(ready, self.agent.complete_many(messages, [base + i for i in ready])):
+        for i, out in zip(ready, self.backend.complete_many(messages, [base + i for i in ready])):
             if isinstance(out, ApiError):
                 results[i] = (None, f"api_{out.reason}: {out}")
             else:
