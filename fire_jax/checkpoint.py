@@ -152,7 +152,10 @@ def _sums(x):
                       for seed in _CHECKSUM_SEEDS])
 
 
-_tree_sums = jax.jit(lambda tree: jax.tree.map(_sums, tree))
+#: One program per array shape, dtype and sharding, not one per tree: a model's hundreds of arrays share a few
+#: dozen shapes, so a checkpoint traces and compiles a few dozen small programs instead of one with an input per
+#: array (which took longer to trace than the steps it followed took to run).
+_leaf_sums = jax.jit(_sums)
 
 
 def _path_name(path) -> str:
@@ -163,7 +166,7 @@ def _path_name(path) -> str:
 def array_checksums(tree: Any) -> dict[str, str]:
     """``{array path: 16 hex digits}`` for every array of ``tree`` (:data:`CHECKSUM_ALGORITHM`), computed where
     the arrays are (sharded or not, one process or many: every process gets the same sums)."""
-    sums = _tree_sums(tree)
+    sums = jax.tree.map(_leaf_sums, tree)
     out = {}
     for path, value in jax.tree_util.tree_flatten_with_path(sums)[0]:
         local = value.addressable_data(0) if isinstance(value, jax.Array) else value  # a replicated (2,) array

@@ -15,10 +15,13 @@ ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 
 def reduced_config(steps=12):
+    """configs/main_job.py:tiny at test scale. Every stage pads to one length bucket, so the three stages (and
+    the ablation's and the retrained teacher's) run one step program, compiled once per run."""
     config = load_config(os.path.join(ROOT, "configs", "main_job.py:tiny"))
     for stage in (config.base_train, config.teacher_train, config.student_train):
         stage.train.total_steps = steps
         stage.train.checkpoint_every = 100
+        stage.data.buckets = (stage.data.max_len,)
     for setting in (config.eval_fixed, config.eval_free):
         setting.test.max_examples = 6
         setting.decode.max_new_tokens = 12
