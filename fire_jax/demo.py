@@ -112,10 +112,10 @@ class Streaming:
         if isinstance(self.agent.backend, ApiAgent):
             return self._start_api(image, prompt_args, push)
         (messages,) = self.agent.prompts(*prompt_args)
-        prompt = self.agent.backend.chat.encode(messages, (image.height, image.width), add_generation_prompt=True)
+        prompt = self.agent.backend.encode(messages, (image.height, image.width))
         tiles, size = preprocess(image, self.agent.model.cfg.geometry)
         d = self.decode
-        request = Request(prompt.input_ids.tolist(), max_tokens=d.max_new_tokens, temperature=d.temperature,
+        request = Request(prompt, max_tokens=d.max_new_tokens, temperature=d.temperature,
                           top_p=d.top_p, top_k=d.top_k, seed=next(self.seeds) % 2 ** 32, pixel_values=tiles,
                           image_sizes=[size])
 

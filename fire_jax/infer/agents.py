@@ -25,7 +25,7 @@ import numpy as np
 from fire_jax.data.chat import ChatTokenizer, Message, check_teacher_history, student_messages, teacher_messages
 from fire_jax.data.images import TileCache
 from fire_jax.data.records import Conversation, Turn, parse_score
-from fire_jax.infer.api import ApiAgent
+from fire_jax.infer.api import ApiAgent, is_api_spec
 from fire_jax.infer.decode import DecodeConfig, requests_for
 from fire_jax.infer.engine import Engine, prompt_bucket
 
@@ -75,11 +75,12 @@ class InProcess:
     """
 
     def __init__(self, model, chat: ChatTokenizer, config: DecodeConfig = DecodeConfig(), *, mesh=None,
-                 batch_size: int = 0):
+                 batch_size: int = 0, description: str = ""):
         if chat.image_token_id != model.cfg.image_token_id:
             raise ValueError(f"tokenizer image id {chat.image_token_id} != model image_token_id "
                              f"{model.cfg.image_token_id}")
         self.model, self.chat, self.mesh, self.batch_size = model, chat, mesh, batch_size
+        self.description = description  # where the model came from (fire_jax.infer.loading.Loaded.description)
         self.config = dataclasses.replace(config, stop_ids=chat.stop_ids, pad_id=chat.pad_id)
         self._engine: Engine | None = None
 
@@ -89,11 +90,14 @@ class InProcess:
         own image's tiles (decoded and tiled once for all agents, :data:`TILES`), and the engine pads them once,
         where it forms a prefill's batch."""
         tiled = self.tiled(images)
-        encoded = [self.chat.encode(messages, size, add_generation_prompt=True)
-                   for messages, (_, size) in zip(prompts, tiled)]
-        texts = self.generate_ids([e.input_ids for e in encoded], [tiles for tiles, _ in tiled],
-                                  [size for _, size in tiled], rng)
+        ids = [self.encode(messages, size) for messages, (_, size) in zip(prompts, tiled)]
+        texts = self.generate_ids(ids, [tiles for tiles, _ in tiled], [size for _, size in tiled], rng)
         return [text.strip() for text in texts]
+
+    def encode(self, messages: Sequence[Message], image_size) -> list[int]:
+        """A prompt's token ids: its messages rendered by the chat template with the assistant header, the image
+        expanded for its (height, width)."""
+        return self.chat.encode(messages, image_size, add_generation_prompt=True).input_ids.tolist()
 
     def generate_ids(self, prompts: Sequence[Sequence[int]], pixel_values, image_sizes, rng=None) -> list[str]:
         """The texts generated for token-id prompts (images expanded), each row's tiles (a list of
@@ -254,7 +258,7 @@ def generator(spec: str | None, decode: DecodeConfig = DecodeConfig(), *, config
     generator's ``description`` says where it came from.
     """
     spec = None if spec in (None, "", "random") else spec
-    if isinstance(spec, str) and spec.startswith("api:"):
+    if is_api_spec(spec):
         return ApiAgent(spec, decode, concurrency=concurrency, seed=seed, **endpoint)
     if endpoint:
         raise TypeError(f"{sorted(endpoint)}: options of an endpoint, not of an in-process model ({spec!r})")
@@ -285,7 +289,6 @@ def from_spec(spec: str | None, role: str, decode: DecodeConfig = DecodeConfig()
         raise ValueError(f"role must be 'student' or 'teacher', got {role!r}")
     if role == "teacher":
         check_teacher_history(teacher_history)
-    spec = None if spec in (None, "", "random") else spec
     prefix = backend_of(spec)
     if prefix is not None:
         made = BACKENDS[prefix](spec, role, decode, teacher_history=teacher_history, concurrency=concurrency,

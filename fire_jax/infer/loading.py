@@ -48,9 +48,8 @@ class Loaded:
 
     def backend(self, decode: DecodeConfig = DecodeConfig(), *, mesh=None, batch_size: int = 0) -> InProcess:
         """The model as an in-process generator (``batch_size`` as in :class:`fire_jax.infer.agents.InProcess`)."""
-        backend = InProcess(self.model, self.chat, decode, mesh=mesh, batch_size=batch_size)
-        backend.description = self.description
-        return backend
+        return InProcess(self.model, self.chat, decode, mesh=mesh, batch_size=batch_size,
+                         description=self.description)
 
     def agent(self, role: str, decode: DecodeConfig = DecodeConfig(), *, teacher_history: str = "latest",
               mesh=None, batch_size: int = 0) -> Student | Teacher:

@@ -152,6 +152,12 @@ def model_name(config) -> str:
                         init=config.get("init", {}).get("hf_checkpoint") or "", fallback="fire_jax (random init)")
 
 
+def _decode_variant(decode: DecodeConfig, max_new_tokens: int | None, temperature: float | None) -> DecodeConfig:
+    """``decode`` with the settings a variant (the judge, the voting sampler) gives; None keeps one."""
+    changes = dict(max_new_tokens=max_new_tokens, temperature=temperature)
+    return dataclasses.replace(decode, **{k: v for k, v in changes.items() if v is not None})
+
+
 class Responder:
     """A model answering VLRMBench requests: ``generator(requests)`` -> [(text, failure)].
 
@@ -169,10 +175,9 @@ class Responder:
     def variant(self, *, name: str | None = None, batch_size: int | None = None, max_new_tokens: int | None = None,
                 temperature: float | None = None) -> "Responder":
         """The same model with other decode settings (the judge, the voting sampler)."""
-        changes = {k: v for k, v in dict(max_new_tokens=max_new_tokens, temperature=temperature).items()
-                   if v is not None}
         batch_size = batch_size or self.batch_size
-        backend = InProcess(self.model, self.chat, dataclasses.replace(self.decode, **changes), batch_size=batch_size)
+        backend = InProcess(self.model, self.chat, _decode_variant(self.decode, max_new_tokens, temperature),
+                            batch_size=batch_size, description=self.backend.description)
         return Responder(backend, name=name or self.name, batch_size=batch_size, max_tiles=self.max_tiles)
 
     @classmethod
@@ -267,10 +272,9 @@ class ApiResponder:
 
     def variant(self, *, name: str | None = None, batch_size: int | None = None, max_new_tokens: int | None = None,
                 temperature: float | None = None) -> "ApiResponder":
-        changes = {k: v for k, v in dict(max_new_tokens=max_new_tokens, temperature=temperature).items()
-                   if v is not None}
         b = self.backend
-        backend = ApiAgent(b.spec, dataclasses.replace(b.config, **changes), concurrency=b.concurrency, seed=b.seed)
+        backend = ApiAgent(b.spec, _decode_variant(b.config, max_new_tokens, temperature), concurrency=b.concurrency,
+                           seed=b.seed)
         return ApiResponder(backend, name=name or self.name, batch_size=batch_size or self.batch_size)
 
     def __call__(self, requests: Sequence[Request], rng=None) -> list[tuple[str | None, str | None]]:
