@@ -1,4 +1,5 @@
-"""Test-wide setup: 8 host CPU devices for mesh tests, tests/ on the path, one compilation cache per run, and
+"""Test-wide setup: 8 host CPU devices for mesh tests, tests/ on the path, XLA:CPU's backend at -O0
+(``loopback.TEST_XLA_FLAGS``, also in the subprocesses the tests start), one compilation cache per run, and
 compiled programs freed per module.
 
 **One compilation cache per run.** The suite builds the same tiny models in many modules and in the
@@ -26,9 +27,11 @@ import tempfile
 
 import pytest
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(__file__))
+from loopback import TEST_XLA_FLAGS  # noqa: E402  (tests/ is on the path from here)
+
+os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {TEST_XLA_FLAGS}")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 _cache = os.environ.get("FIRE_JAX_TEST_XLA_CACHE", "")
 if _cache != "off" and "JAX_COMPILATION_CACHE_DIR" not in os.environ:

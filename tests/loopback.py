@@ -11,6 +11,20 @@ import urllib.error
 import urllib.request
 
 
+#: XLA flags of every test process (tests/conftest.py sets them in the suite's own process, child_env in its
+#: subprocesses): LLVM's -O0 for XLA:CPU's generated code. Most of the suite's time is compiling many small
+#: programs, and -O0 compiles them faster; XLA's own HLO optimisations still run, and float semantics are LLVM's
+#: at any level (no reassociation), so the parity tests hold at their tolerances.
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+
+
+def child_env(devices: int | None = None, **extra: str) -> dict[str, str]:
+    """The environment of a test's subprocess: the suite's XLA flags, and ``devices`` host devices (one when
+    None, instead of the 8 the suite's own process has), plus ``extra``."""
+    flags = TEST_XLA_FLAGS if devices is None else f"--xla_force_host_platform_device_count={devices} {TEST_XLA_FLAGS}"
+    return {**os.environ, "XLA_FLAGS": flags, **extra}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -26,7 +40,7 @@ def get_json(url: str, timeout: float = 30):
 def server(module: str, args: list[str], ready_path: str, timeout: float = 120):
     """``python -m module --port P *args`` on a free loopback port; yields (process, http://127.0.0.1:P)."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = child_env()
     # tests/ on the path: a server started with --plugin scripted_model finds the tests' scripted endpoints
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.abspath(__file__))]
                                         + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])

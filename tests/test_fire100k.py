@@ -13,7 +13,7 @@ import pytest
 from fire_jax.data.records import load_records
 from fire_jax.demo import EXAMPLES_DIR
 from fire_jax.make_fire100k import Malformed, drop_reason, main, parse_conversation
-from loopback import get_json, server
+from loopback import child_env, get_json, server
 
 IMAGE_ROOT = os.path.join(EXAMPLES_DIR, "images")
 
@@ -95,7 +95,7 @@ def test_generate_kill_resume_filters_and_statistics(triplets, model, tmp_path, 
     counts = lambda: get_json(f"{model}/health")["models"]["scripted"]["requests"]
     before = counts()  # the fixture's model is shared by the module's tests
     served = lambda: {rule: n - before[rule] for rule, n in counts().items()}  # requests made by this test
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = child_env()
     process = subprocess.Popen([sys.executable, "-m", "fire_jax.make_fire100k",
                                 *args(triplets, model, out, "--concurrency", "1")],
                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -119,7 +119,7 @@ def test_generate_kill_resume_filters_and_statistics(triplets, model, tmp_path, 
     expected = {}
     for _, _, outcome in CASES.values():
         expected[outcome] = expected.get(outcome, 0) + 1
-    kept = expected.pop("kept")
+    expected.pop("kept")
     assert stats["dropped"] == {**expected, "api_error": 1}
     assert stats["per_source"] == {
         "bars": {"triplets": 3, "done": 3, "kept": 1, "yield": 1 / 3},

@@ -27,6 +27,7 @@ from fire_jax.data.images import preprocess
 from fire_jax.infer.decode import DecodeConfig, generate
 from fire_jax.serve import default_models
 from hf_reference import tiny_hf_model
+from loopback import child_env
 
 MAX_QUEUE = 40
 MAX_IMAGE_BYTES = 20000
@@ -71,7 +72,7 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(checkpoint):
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = child_env()
     process = subprocess.Popen(
         [sys.executable, "-m", "fire_jax.serve", "--port", str(port), "--model", f"tiny={checkpoint}",
          "--cache_len", "512", "--max_queue", str(MAX_QUEUE), "--max_image_bytes", str(MAX_IMAGE_BYTES)],

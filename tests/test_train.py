@@ -19,6 +19,7 @@ from fire_jax.sharding import make_mesh, put_batch
 from fire_jax.train import loop
 from fire_jax.train.loss import token_weights
 from fire_jax.train.step import Trainer
+from loopback import child_env
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
@@ -324,7 +325,7 @@ def test_two_processes_write_a_checkpoint_one_process_restores(tmp_path):
 
     workdir = str(tmp_path / "multi")
     port = portpicker.pick_unused_port()
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    env = child_env(devices=2, JAX_PLATFORMS="cpu")
     overrides = ["--config.train.total_steps=3", "--config.data.batch_size=4", "--config.train.batch_size=4",
                  "--config.data.buckets=(128, 256)", "--config.data.max_len=256"]  # hosts may pick different buckets
     procs = [subprocess.Popen(
