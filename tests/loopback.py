@@ -13,8 +13,8 @@ import urllib.request
 
 #: XLA flags of every test process (tests/conftest.py sets them in the suite's own process, child_env in its
 #: subprocesses): LLVM's -O0 for XLA:CPU's generated code. Most of the suite's time is compiling many small
-#: programs, and -O0 compiles them faster; XLA's own HLO optimisations still run, and float semantics are LLVM's
-#: at any level (no reassociation), so the parity tests hold at their tolerances.
+#: programs, and -O0 compiles them faster. XLA's own HLO optimisations still run (the level changes LLVM's
+#: passes only), and the parity tests hold at their tolerances. docs/testing.md has the figures.
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
 
 
