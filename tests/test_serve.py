@@ -27,7 +27,7 @@ from fire_jax.data.images import preprocess
 from fire_jax.infer.decode import DecodeConfig, generate
 from fire_jax.serve import default_models
 from hf_reference import tiny_hf_model
-from loopback import child_env
+from loopback import child_env, free_port
 
 MAX_QUEUE = 40
 MAX_IMAGE_BYTES = 20000
@@ -52,11 +52,6 @@ def poll(condition, tries: int = 5000) -> None:
     pytest.fail("the server never reached the state polled for")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
@@ -71,7 +66,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(checkpoint):
-    port = _free_port()
+    port = free_port()
     env = child_env()
     process = subprocess.Popen(
         [sys.executable, "-m", "fire_jax.serve", "--port", str(port), "--model", f"tiny={checkpoint}",
