@@ -16,7 +16,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         # lmsys/vicuna-7b-v1.5, 32064 rows in the llava-hf layout (<image> 32000, <pad> 32001).
         llm=dict(vocab_size=32064, dim=4096, layers=32, heads=32, kv_heads=32, head_dim=128, mlp_dim=11008,
                  norm_eps=1e-5, rope_theta=10000.0, rope_scaling=None),
-        lora=dict(rank=64, alpha=256.0, dropout=0.05, targets=("q", "k")),
+        lora=dict(rank=64, alpha=256.0, dropout=0.05, targets=("q", "k"), train_layers=0),  # 0: every layer
         image_token_id=32000,
         # LLaVA-1.5 (image_aspect_ratio "pad"): each image padded to a square of the CLIP mean colour, resized to
         # one 336 tile; its 24 x 24 features replace 576 <image> tokens. The pinpoints are unused.

@@ -16,7 +16,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         # llava-hf checkpoint stores its embedding and lm_head.
         llm=dict(vocab_size=128320, dim=4096, layers=32, heads=32, kv_heads=8, head_dim=128, mlp_dim=14336,
                  rope_theta=500000.0, rope_scaling=None),
-        lora=dict(rank=64, alpha=256.0, dropout=0.05, targets=("q", "k")),
+        lora=dict(rank=64, alpha=256.0, dropout=0.05, targets=("q", "k"), train_layers=0),  # 0: every layer
         image_token_id=128256,
         image_grid_pinpoints=((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008)),
         image_mode="anyres",

@@ -16,7 +16,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         # tokens + <image> (32000) + <pad> (32001), padded to 32064 rows as llava-hf stores embedding and lm_head.
         llm=dict(vocab_size=32064, dim=4096, layers=32, heads=32, kv_heads=32, head_dim=128, mlp_dim=11008,
                  norm_eps=1e-5, rope_theta=10000.0, rope_scaling=None),
-        lora=dict(rank=64, alpha=256.0, dropout=0.05, targets=("q", "k")),
+        lora=dict(rank=64, alpha=256.0, dropout=0.05, targets=("q", "k"), train_layers=0),  # 0: every layer
         image_token_id=32000,
         image_grid_pinpoints=((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008)),
         image_mode="anyres",

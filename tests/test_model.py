@@ -337,6 +337,61 @@ def test_stacked_layers_load_save_and_export_as_the_list(pair, batch, tmp_path):
     np.testing.assert_allclose(_ours(stacked, batch), with_lora, rtol=1e-5, atol=1e-5)
 
 
+def _dots(jaxpr, times: int = 1) -> int:
+    """dot_general equations in a jaxpr, scan bodies counted once per iteration."""
+    n = 0
+    for eqn in jaxpr.eqns:
+        n += times * (eqn.primitive.name == "dot_general")
+        length = eqn.params["length"] if eqn.primitive.name == "scan" else 1
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(sub, "jaxpr", None)
+                if inner is not None:
+                    n += _dots(inner if hasattr(inner, "eqns") else inner.jaxpr, times * length)
+    return n
+
+
+def test_lora_train_layers_trains_the_top_layers_and_runs_no_backward_below(tmp_path):
+    """lora.train_layers=1 of 2: the same loss, the top layer's adapter gradients equal to those of training
+    every layer, the bottom layer's exactly zero, in both layouts; and the backward pass has fewer than 0.6x the
+    matrix products (none through the bottom layer: nothing below it trains)."""
+    from fire_jax.models import LoraConfig
+
+    tiny_hf_model(str(tmp_path))
+    ids, mask, pv, idx, _ = (jnp.asarray(x) for x in make_batch(
+        convert.load_hf_checkpoint(str(tmp_path)).cfg.geometry, [(40, 70), None], [(3, 5), (9, 0)]))
+
+    def loss_and_grads(train_layers, scan_layers):
+        lora = LoraConfig(rank=8, alpha=16.0, dropout=0.0, train_layers=train_layers)
+        model = convert.load_hf_checkpoint(str(tmp_path), lora=lora)
+        rng = np.random.default_rng(0)
+        for _, variable in nnx.to_flat_state(nnx.state(model, LoRAParam)):  # non-zero A and B everywhere
+            variable[...] = jnp.asarray(rng.standard_normal(variable[...].shape) * 0.05, jnp.float32)
+        set_layer_layout(model, scan_layers)
+        graphdef, factors, rest = nnx.split(model, LoRAParam, ...)
+        weights = jnp.asarray(np.random.default_rng(1).standard_normal(ids.shape + (model.cfg.llm.vocab_size,)),
+                              jnp.float32)
+
+        def loss(factors):
+            return jnp.sum(nnx.merge(graphdef, factors, rest)(ids, pv, idx, mask) * weights)
+
+        backward = _dots(jax.make_jaxpr(jax.value_and_grad(loss))(factors).jaxpr) - _dots(
+            jax.make_jaxpr(loss)(factors).jaxpr)
+        value, grads = jax.value_and_grad(loss)(factors)
+        layers = grads["language_model"]["model"]["layers"]
+        per_layer = ([jax.tree.map(lambda g: g[i], layers) for i in range(2)] if scan_layers
+                     else [layers[i] for i in range(2)])
+        return float(value), [np.concatenate([np.ravel(g) for g in jax.tree.leaves(p)]) for p in per_layer], backward
+
+    for scan_layers in (False, True):
+        full_loss, (full_bottom, full_top), full_backward = loss_and_grads(0, scan_layers)
+        loss, (bottom, top), backward = loss_and_grads(1, scan_layers)
+        assert abs(loss - full_loss) <= 1e-6 * abs(full_loss)
+        assert np.abs(full_bottom).max() > 0 and not np.any(bottom)
+        np.testing.assert_allclose(top, full_top, rtol=1e-5, atol=1e-6)
+        assert backward < 0.6 * full_backward, (scan_layers, backward, full_backward)
+
+
 def test_8b_parameter_counts_abstract():
     import importlib.util
 

@@ -91,17 +91,27 @@ class LlamaConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LoraConfig:
-    """PEFT-style LoRA: W x + (alpha / rank) * B A dropout(x)."""
+    """PEFT-style LoRA: W x + (alpha / rank) * B A dropout(x).
+
+    ``train_layers``: 0 trains the adapters of every LLM layer; N > 0 trains only those of the top N layers.
+    The layers below run forward only: their adapters get no
+    gradient and the backward pass stops at the lowest trained layer (when nothing below it trains, such as a
+    vision tower), so a step costs about (L + N) / 2L of a full one. Their adapters stay as initialised (B = 0,
+    a no-op), so exports and merges are exact. PEFT's ``layers_to_transform`` is the same idea.
+    """
 
     rank: int = 64
     alpha: float = 256.0
     dropout: float = 0.05
     targets: tuple[str, ...] = ("q", "k")
+    train_layers: int = 0
 
     def __post_init__(self):
         bad = [t for t in self.targets if t not in LORA_TARGETS]
         if bad:
             raise ValueError(f"lora.targets: unknown target(s) {bad}; choose from {LORA_TARGETS}")
+        if self.train_layers < 0:
+            raise ValueError(f"lora.train_layers must be >= 0 (0: every layer), got {self.train_layers}")
         object.__setattr__(self, "targets", tuple(self.targets))
 
     @property

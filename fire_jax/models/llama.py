@@ -209,6 +209,9 @@ class LlamaModel(nnx.Module):
         self.dtype = dtype
         self.remat = remat
         self.scan_layers = scan_layers
+        # The layers below the top ``lora.train_layers`` run forward only in training (see LoraConfig).
+        trained = cfg.layers if lora is None or not lora.train_layers else min(lora.train_layers, cfg.layers)
+        self.frozen_layers = cfg.layers - trained
         self.embed_tokens = Embed(cfg.vocab_size, cfg.dim, axes=("vocab", "embed"), param_dtype=param_dtype,
                                   rngs=rngs)
         layers = [DecoderLayer(cfg, lora, param_dtype=param_dtype, rngs=rngs, kernel=attention)
@@ -264,6 +267,8 @@ class LlamaModel(nnx.Module):
             layers = [nnx.split(layer) for layer in self.layers]
         new_k, new_v = [], []
         for i, (graphdef, state) in enumerate(layers):
+            if i < self.frozen_layers:
+                state = jax.lax.stop_gradient(state)
             kv = None if cache is None else (cache.k[i], cache.v[i])
             rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, i)
             x, kv = apply(graphdef, state, x, kv, rng)
@@ -290,5 +295,13 @@ class LlamaModel(nnx.Module):
             x, _ = apply(graphdef, state, x, None, rng)
             return constrain(x, ("batch", None, None)), None
 
-        x, _ = jax.lax.scan(body, x, (jnp.arange(self.cfg.layers), stacked))
-        return x
+        layer_ids = jnp.arange(self.cfg.layers)
+        n = self.frozen_layers
+        if not n:
+            return jax.lax.scan(body, x, (layer_ids, stacked))[0]
+        # Two scans: the bottom n layers with their weights (adapters included) held constant, so autodiff
+        # keeps no residuals for them and, when x carries no gradient either, runs no backward pass there.
+        bottom = jax.tree.map(lambda w: jax.lax.stop_gradient(w[:n]), stacked)
+        x, _ = jax.lax.scan(body, x, (layer_ids[:n], bottom))
+        return jax.lax.scan(body, x, (layer_ids[n:], jax.tree.map(lambda w: w[n:], stacked)))[0]
+
