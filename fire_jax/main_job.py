@@ -86,28 +86,27 @@ def run(config, workdir: str) -> dict[str, Any]:
     """Train both agents, run all four evaluations, print and write ``summary.json`` / ``summary.md``."""
     fetch_seconds = fetch_stage(config)
     start = time.perf_counter()
-    baseline, teacher_dir = base_and_teacher(config, workdir)
-    student_dir = train_stage(config.student_train, os.path.join(workdir, "student"), "student (FIRE)")
+    seconds: dict[str, float] = {}  # each stage's wall time in this invocation (a resumed stage: its remainder)
+    baseline, teacher_dir = base_and_teacher(config, workdir, seconds)
+    student_dir = _timed(seconds, "student", train_stage, config.student_train, os.path.join(workdir, "student"),
+                         "student (FIRE)")
     fd = dict(name="FD (ours)", init=baseline["init"], adapter=teacher_dir)
     fire = dict(name="FIRE (ours)", init=baseline["init"], adapter=student_dir)
     untrained_teacher = dict(baseline, name=f"{baseline['name']} teacher")
     out = os.path.join(workdir, "eval")
-    results = {
-        ("baseline", "fixed"): eval_stage(config.eval_fixed, os.path.join(out, "baseline_fixed"),
-                                          student=baseline, teacher=untrained_teacher),
-        ("fire", "fixed"): eval_stage(config.eval_fixed, os.path.join(out, "fire_fixed"), student=fire, teacher=fd),
-        ("baseline", "free"): eval_stage(config.eval_free, os.path.join(out, "baseline_free"),
-                                         student=baseline, teacher=fd),
-    }
-    results[("fire", "free")] = eval_stage(config.eval_free, os.path.join(out, "fire_free"), student=fire,
-                                           teacher=fd,
-                                           baseline_results=os.path.join(out, "baseline_free", "results.json"))
+    runs = [("baseline", "fixed", baseline, untrained_teacher), ("fire", "fixed", fire, fd),
+            ("baseline", "free", baseline, fd), ("fire", "free", fire, fd)]
     if config.get("exact_teacher_runs"):  # synthetic test set: both students with a teacher that never errs
-        results[("baseline", "free_exact")] = eval_stage(config.eval_free, os.path.join(out, "baseline_free_exact"),
-                                                         student=baseline, teacher=EXACT_TEACHER)
-        results[("fire", "free_exact")] = eval_stage(
-            config.eval_free, os.path.join(out, "fire_free_exact"), student=fire, teacher=EXACT_TEACHER,
-            baseline_results=os.path.join(out, "baseline_free_exact", "results.json"))
+        runs += [("baseline", "free_exact", baseline, EXACT_TEACHER), ("fire", "free_exact", fire, EXACT_TEACHER)]
+    results = {}
+    for agent, setting, student, teacher in runs:
+        name = f"{agent}_{setting}"
+        # FIRE's free dialogues report AT / ADR against the baseline's in the same setting.
+        baseline_results = (os.path.join(out, f"baseline_{setting}", "results.json")
+                            if agent == "fire" and setting != "fixed" else "")
+        results[(agent, setting)] = _timed(
+            seconds, name, eval_stage, config.eval_fixed if setting == "fixed" else config.eval_free,
+            os.path.join(out, name), student=student, teacher=teacher, baseline_results=baseline_results)
     summary = summarize(results)
     figures = [p for r in results.values() for p in r.get("figures", {}).values()]
     if summary.get("judged"):
@@ -124,9 +123,11 @@ def run(config, workdir: str) -> dict[str, Any]:
         f.write(table)
     minutes = (time.perf_counter() - start) / 60
     with open(os.path.join(workdir, "timing.json"), "w") as f:
-        json.dump({"minutes": minutes, "fetch_seconds": fetch_seconds}, f)
+        json.dump({"minutes": minutes, "fetch_seconds": fetch_seconds,
+                   "stage_seconds": {k: round(v, 1) for k, v in seconds.items()}}, f, indent=2)
     print("\n== summary (overall, synthetic test set)\n" + table)
     print("plots:\n  " + "\n  ".join(os.path.join(workdir, p) for p in summary["figures"]))
+    print("stage minutes: " + ", ".join(f"{name} {value / 60:.1f}" for name, value in seconds.items()))
     print(f"done in {minutes:.1f} min (and {fetch_seconds:.0f} s fetching the pretrained LLM before it); "
           f"{workdir}/summary.json, summary.md, eval/*/results.md")
     return summary
@@ -216,15 +217,28 @@ def plot_judged_curves(results: dict, out_path: str) -> None:
 # ---------------------------------------------------------------------------- paper experiments
 
 
-def base_and_teacher(config, workdir: str) -> tuple[dict, str]:
-    """The baseline agent spec (training the tiny base model when the config has one) and a trained FD teacher."""
+def _timed(seconds: dict | None, name: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, its wall time added to ``seconds[name]``."""
+    start = time.perf_counter()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        if seconds is not None:
+            seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+def base_and_teacher(config, workdir: str, seconds: dict | None = None) -> tuple[dict, str]:
+    """The baseline agent spec (training the base model when the config has one) and a trained FD teacher;
+    ``seconds`` gets each stage's wall time."""
     baseline = dict(config.baseline)
     if config.get("base_train"):
-        base_dir = train_stage(config.base_train, os.path.join(workdir, "base"), "base model (instruction data)")
+        base_dir = _timed(seconds, "base", train_stage, config.base_train, os.path.join(workdir, "base"),
+                          "base model (instruction data)")
         baseline["init"] = os.path.abspath(os.path.join(base_dir, "export", "hf_merged"))
         for stage in (config.teacher_train, config.student_train):
             stage.init.hf_checkpoint = baseline["init"]
-    teacher_dir = train_stage(config.teacher_train, os.path.join(workdir, "teacher"), "teacher (FD)")
+    teacher_dir = _timed(seconds, "teacher", train_stage, config.teacher_train, os.path.join(workdir, "teacher"),
+                         "teacher (FD)")
     return baseline, teacher_dir
 
 

@@ -47,7 +47,10 @@ def test_pipeline_writes_every_table_and_plot(pipeline_run):
         assert os.listdir(os.path.join(workdir, stage, "checkpoints")) == ["12"]
     assert os.path.exists(os.path.join(workdir, "base", "export", "hf_merged", "config.json"))
     assert json.load(open(os.path.join(workdir, "summary.json"))) == json.loads(json.dumps(summary))
-    assert "minutes" in json.load(open(os.path.join(workdir, "timing.json")))
+    timing = json.load(open(os.path.join(workdir, "timing.json")))
+    assert list(timing["stage_seconds"]) == ["base", "teacher", "student", "baseline_fixed", "fire_fixed",
+                                             "baseline_free", "fire_free", "baseline_free_exact", "fire_free_exact"]
+    assert 0 < sum(timing["stage_seconds"].values()) <= 60 * timing["minutes"] + 1
 
 
 def test_summary_equals_results_and_tables(pipeline_run):
