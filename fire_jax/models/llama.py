@@ -304,4 +304,3 @@ class LlamaModel(nnx.Module):
         bottom = jax.tree.map(lambda w: jax.lax.stop_gradient(w[:n]), stacked)
         x, _ = jax.lax.scan(body, x, (layer_ids[:n], bottom))
         return jax.lax.scan(body, x, (layer_ids[n:], jax.tree.map(lambda w: w[n:], stacked)))[0]
-
