@@ -8,7 +8,11 @@ model and conversion together.
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import numpy as np
+from flax import nnx
 
 from fire_jax.geometry import place_images
 
@@ -81,6 +85,19 @@ def hf_logits(model, input_ids, pixel_values=None, image_size=None):
         kwargs["image_sizes"] = torch.as_tensor([image_size])
     with torch.no_grad():
         return model(**kwargs).logits[0].float().numpy()
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _call(graphdef, state, args, kwargs):
+    return nnx.merge(graphdef, state)(*args, **kwargs)
+
+
+def jit_call(model, *args, **kwargs):
+    """``model(*args, **kwargs)`` as one compiled program (array arguments; models of one structure and
+    arguments of one shape share it). Called eagerly, a forward runs op by op, and each of its few hundred
+    primitives compiles on its own the first time it meets a shape: most of a model test's compile time."""
+    graphdef, state = nnx.split(model)
+    return _call(graphdef, state, args, kwargs)
 
 
 def rel_err(ours, ref) -> float:

@@ -20,7 +20,7 @@ from fire_jax.infer.agents import InProcess, Student, Teacher
 from fire_jax.infer.decode import DecodeConfig, generate
 from fire_jax.infer.engine import TRACE_COUNTS, left_pad, prompt_bucket
 from fire_jax.infer.forward import image_inputs, normalise_sizes
-from hf_reference import hf_logits, load_tool, make_batch, rel_err, tiny_hf_model
+from hf_reference import hf_logits, jit_call, load_tool, make_batch, rel_err, tiny_hf_model
 
 # Mixed batch: three aspect ratios (different tile counts and token counts) and two text-only prompts.
 SIZES = [(40, 70), (30, 90), None, (64, 64), None]
@@ -137,7 +137,7 @@ def test_cached_decode_equals_full_forward_every_step(pair, batch, free_run):
     # Images are laid out from the prompt alone: a generated id may equal the image token (it is text there).
     prompt_only = np.where(np.arange(length) < length - NEW, ids, 0)
     pixels, image_index = image_inputs(model, prompt_only, pixel_values, normalise_sizes(SIZES, len(SIZES)))
-    logits = np.asarray(model(*map(jnp.asarray, (ids, pixels, image_index, mask, positions))))
+    logits = np.asarray(jit_call(model, *map(jnp.asarray, (ids, pixels, image_index, mask, positions))))
     # Left padding: every row ends at the last slot; generated token k is predicted at length - NEW - 1 + k.
     predicting = logits[:, length - NEW - 1:length - 1].astype(np.float64)
     top = predicting.max(-1, keepdims=True)

@@ -20,7 +20,7 @@ from fire_jax.convert import hf as convert
 from fire_jax.data.images import load_image, pad_tiles, preprocess
 from fire_jax.geometry import ImageGeometry
 from fire_jax.models import LlavaNextConfig, LoRAParam, count_params
-from hf_reference import (IMAGE_TOKEN, hf_llava15_logits, hf_logits, load_tool, make_batch, rel_err,
+from hf_reference import (IMAGE_TOKEN, hf_llava15_logits, hf_logits, jit_call, load_tool, make_batch, rel_err,
                           tiny_hf_llava15, tiny_hf_next_vicuna)
 
 TOL = 1e-6  # relative logit error, fp32
@@ -210,7 +210,7 @@ def test_save_and_peft_round_trip_through_transformers(pair, batch, tmp_path):
     assert config["architectures"] == [expected]
     reloaded = AutoModelForImageTextToText.from_pretrained(out).eval()
     assert type(reloaded).__name__ == expected
-    ours = np.asarray(model(jnp.asarray(ids), jnp.asarray(pv), jnp.asarray(idx), jnp.asarray(mask)))
+    ours = np.asarray(jit_call(model, jnp.asarray(ids), jnp.asarray(pv), jnp.asarray(idx), jnp.asarray(mask)))
     assert max(_per_example_errors((arch, reloaded, model, out), batch, ours)) <= TOL
     again = convert.load_hf_checkpoint(out)
     assert again.cfg == model.cfg
@@ -222,7 +222,8 @@ def test_save_and_peft_round_trip_through_transformers(pair, batch, tmp_path):
     for layer in lora_model.language_model.model.layers:
         for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
             proj.lora_b[...] = jnp.asarray(rng.standard_normal(proj.lora_b[...].shape) * 0.05, jnp.float32)
-    with_lora = np.asarray(lora_model(jnp.asarray(ids), jnp.asarray(pv), jnp.asarray(idx), jnp.asarray(mask)))
+    with_lora = np.asarray(jit_call(lora_model, jnp.asarray(ids), jnp.asarray(pv), jnp.asarray(idx),
+                                    jnp.asarray(mask)))
     assert rel_err(with_lora, ours) > 1e-3
     convert.save_peft_adapter(lora_model, str(tmp_path / "adapter"))
     peft_model = PeftModel.from_pretrained(hf, str(tmp_path / "adapter")).eval()

@@ -13,7 +13,7 @@ from flax import nnx
 from fire_jax.convert import hf as convert
 from fire_jax.geometry import ImageGeometry, select_best_resolution, unpadded_size
 from fire_jax.models import KVCache, LlavaNext, LlavaNextConfig, LoRAParam, count_params, merge_lora, set_layer_layout
-from hf_reference import IMAGE_TOKEN, PINPOINTS, hf_logits, make_batch, rel_err, tiny_hf_model
+from hf_reference import IMAGE_TOKEN, PINPOINTS, hf_logits, jit_call, make_batch, rel_err, tiny_hf_model
 
 TOL = 1e-4
 # Three aspect ratios with images, a square one and a text-only example, in one padded batch.
@@ -36,7 +36,7 @@ def batch(pair):
 
 def _ours(model, batch):
     ids, mask, pv, idx, _ = batch
-    return np.asarray(model(jnp.asarray(ids), jnp.asarray(pv), jnp.asarray(idx), jnp.asarray(mask)))
+    return np.asarray(jit_call(model, jnp.asarray(ids), jnp.asarray(pv), jnp.asarray(idx), jnp.asarray(mask)))
 
 
 def _check_each_example(hf, model, batch, ours=None):
@@ -267,12 +267,12 @@ def test_kv_cache_decoding_equals_full_forward(pair, batch):
     full = _ours(model, batch)
     prompt = 12
     cache = KVCache.init(model.cfg.llm, ids.shape[0], ids.shape[1], jnp.float32)
-    logits, cache = model(jnp.asarray(ids[:, :prompt]), jnp.asarray(pv), jnp.asarray(idx[:, :prompt]),
-                          jnp.asarray(mask[:, :prompt]), cache=cache)
+    logits, cache = jit_call(model, jnp.asarray(ids[:, :prompt]), jnp.asarray(pv), jnp.asarray(idx[:, :prompt]),
+                             jnp.asarray(mask[:, :prompt]), cache=cache)
     steps = [np.asarray(logits)]
     for t in range(prompt, ids.shape[1]):
-        logits, cache = model(jnp.asarray(ids[:, t:t + 1]), jnp.asarray(pv), jnp.asarray(idx[:, t:t + 1]),
-                              jnp.asarray(mask[:, t:t + 1]), cache=cache)
+        logits, cache = jit_call(model, jnp.asarray(ids[:, t:t + 1]), jnp.asarray(pv), jnp.asarray(idx[:, t:t + 1]),
+                                 jnp.asarray(mask[:, t:t + 1]), cache=cache)
         steps.append(np.asarray(logits))
     decoded = np.concatenate(steps, axis=1)
     valid = mask.astype(bool)
@@ -377,7 +377,7 @@ def test_lora_train_layers_trains_the_top_layers_and_runs_no_backward_below(tmp_
 
         backward = _dots(jax.make_jaxpr(jax.value_and_grad(loss))(factors).jaxpr) - _dots(
             jax.make_jaxpr(loss)(factors).jaxpr)
-        value, grads = jax.value_and_grad(loss)(factors)
+        value, grads = jax.jit(jax.value_and_grad(loss))(factors)
         layers = grads["language_model"]["model"]["layers"]
         per_layer = ([jax.tree.map(lambda g: g[i], layers) for i in range(2)] if scan_layers
                      else [layers[i] for i in range(2)])
@@ -388,7 +388,8 @@ def test_lora_train_layers_trains_the_top_layers_and_runs_no_backward_below(tmp_
         loss, (bottom, top), backward = loss_and_grads(1, scan_layers)
         assert abs(loss - full_loss) <= 1e-6 * abs(full_loss)
         assert np.abs(full_bottom).max() > 0 and not np.any(bottom)
-        np.testing.assert_allclose(top, full_top, rtol=1e-5, atol=1e-6)
+        # two compiled programs (one scan against two): equal to float32 rounding at the gradients' scale
+        np.testing.assert_allclose(top, full_top, rtol=1e-5, atol=1e-5 * np.abs(full_top).max())
         assert backward < 0.6 * full_backward, (scan_layers, backward, full_backward)
 
 
@@ -427,9 +428,10 @@ def test_blocked_and_single_query_attention_equal_the_reference():
     mask = (jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :])[:, None]
     ref = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=d ** -0.5)
     kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # the cache layout attention() takes
-    np.testing.assert_allclose(layers.attention(q, kh, vh, mask), ref, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(layers.attention(q, kh, vh, mask, causal=True), ref, rtol=1e-5, atol=1e-5)
-    last = layers.attention(q[:, -1:], kh, vh, mask[:, :, -1:])  # one decode step over the whole cache
+    attention = jax.jit(layers.attention, static_argnames="causal")
+    np.testing.assert_allclose(attention(q, kh, vh, mask), ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(attention(q, kh, vh, mask, causal=True), ref, rtol=1e-5, atol=1e-5)
+    last = attention(q[:, -1:], kh, vh, mask[:, :, -1:])  # one decode step over the whole cache
     np.testing.assert_allclose(last, ref[:, -1:], rtol=1e-5, atol=1e-5)
 
 
@@ -479,9 +481,9 @@ def test_cpu_attention_gradients_equal_the_reference(t, mask_heads, causal):
     from fire_jax.models import layers
 
     heads_major = lambda x: x.transpose(0, 2, 1, 3)
-    ours = jax.grad(loss(lambda q, k, v: layers.attention(q, heads_major(k), heads_major(v), mask, causal=causal)),
-                    (0, 1, 2))(q, k, v)
-    ref = jax.grad(loss(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask, scale=d ** -0.5)),
-                   (0, 1, 2))(q, k, v)
+    ours = jax.jit(jax.grad(loss(lambda q, k, v: layers.attention(q, heads_major(k), heads_major(v), mask,
+                                                                  causal=causal)), (0, 1, 2)))(q, k, v)
+    ref = jax.jit(jax.grad(loss(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask, scale=d ** -0.5)),
+                           (0, 1, 2)))(q, k, v)
     for a, r in zip(ours, ref):
         np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-4)

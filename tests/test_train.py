@@ -1,5 +1,6 @@
 """Training: mesh equivalence, masks reaching the loss, learning, exact resume, preemption, NaN guard."""
 
+import functools
 import json
 import os
 import signal
@@ -112,6 +113,29 @@ def _hand_loss(logits, batch, normalize, max_turns):
     return float((weights * nll).sum()), weights, turn_loss, turn_tokens
 
 
+#: The plain forward's inputs, from a batch. The plain forward and its gradient run under jax.jit: one program
+#: per batch shape, where eagerly, op by op, each of a few hundred primitives would compile on its own.
+PLAIN_INPUTS = ("input_ids", "pixel_values", "image_index", "attention_mask")
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _plain_logits(graphdef, state, inputs):
+    return nnx.merge(graphdef, state)(*inputs)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _plain_grads(graphdef, params, frozen, inputs, weights):
+    """d/dparams of sum(weights * nll) through the plain forward."""
+
+    def loss(p):
+        out = nnx.merge(graphdef, p, frozen)(*inputs)[:, :-1]
+        targets = inputs[0][:, 1:]
+        nll = jax.nn.logsumexp(out, -1) - jnp.take_along_axis(out, targets[..., None], -1)[..., 0]
+        return jnp.sum(weights * nll)
+
+    return jax.grad(loss)(params)
+
+
 @pytest.fixture(scope="module")
 def hand_setup():
     """Per role: (config, model config, batch, the model with random non-zero LoRA B, its plain-forward logits)."""
@@ -125,8 +149,8 @@ def hand_setup():
         rng = np.random.default_rng(0)
         lora = nnx.state(model, LoRAParam)  # B starts at zero: randomise it so A has a gradient too
         nnx.update(model, jax.tree.map(lambda x: jnp.asarray(rng.normal(0, 0.05, x.shape), x.dtype), lora))
-        logits = model(*(jnp.asarray(batch[k]) for k in ("input_ids", "pixel_values", "image_index",
-                                                           "attention_mask")))
+        graphdef, state = nnx.split(model)
+        logits = _plain_logits(graphdef, state, [jnp.asarray(batch[k]) for k in PLAIN_INPUTS])
         out[role] = config, cfg, batch, model, np.asarray(logits)
     return out
 
@@ -162,15 +186,8 @@ def test_step_loss_and_gradients_equal_a_hand_computation(hand_setup, role, norm
 
     # The same loss under jax.grad, through a plain forward: the step's gradient of the trainable parameters.
     graphdef, params, frozen = nnx.split(model, step_lib.trainable_filter(config.train), ...)
-    inputs = [jnp.asarray(batch[k]) for k in ("input_ids", "pixel_values", "image_index", "attention_mask")]
-    targets = jnp.asarray(batch["input_ids"][:, 1:])
-
-    def hand(p):
-        out = nnx.merge(graphdef, p, frozen)(*inputs)[:, :-1]
-        nll = jax.nn.logsumexp(out, -1) - jnp.take_along_axis(out, targets[..., None], -1)[..., 0]
-        return jnp.sum(jnp.asarray(weights, jnp.float32) * nll)
-
-    hand_grads = jax.device_get(jax.grad(hand)(params))
+    inputs = [jnp.asarray(batch[k]) for k in PLAIN_INPUTS]
+    hand_grads = jax.device_get(_plain_grads(graphdef, params, frozen, inputs, jnp.asarray(weights, jnp.float32)))
     leaves = jax.tree.leaves(hand_grads)
     assert len(leaves) == len(jax.tree.leaves(step_grads)) == 2 * 2 * cfg.llm.layers  # q, k LoRA A and B
     for ours, ref in zip(jax.tree.leaves(step_grads), leaves):
@@ -384,10 +401,12 @@ def test_fused_chunked_cross_entropy_values_and_gradients(chunk):
     def ours(h, k):
         return jnp.sum(weights * chunked_cross_entropy(h, k, targets, chunk)[0])
 
-    np.testing.assert_allclose(ours(hidden, kernel), reference(hidden, kernel), rtol=1e-5)
-    for a, b in zip(jax.grad(ours, (0, 1))(hidden, kernel), jax.grad(reference, (0, 1))(hidden, kernel)):
+    both = lambda f: jax.jit(jax.value_and_grad(f, (0, 1)))(hidden, kernel)  # one program, not op by op
+    (value, grads), (ref_value, ref_grads) = both(ours), both(reference)
+    np.testing.assert_allclose(value, ref_value, rtol=1e-5)
+    for a, b in zip(grads, ref_grads):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
-    correct = chunked_cross_entropy(hidden, kernel, targets, chunk)[1]
+    correct = jax.jit(chunked_cross_entropy, static_argnums=3)(hidden, kernel, targets, chunk)[1]
     np.testing.assert_array_equal(correct, jnp.argmax(hidden @ kernel, -1) == targets)
     # With a mask, only its positions count: values there, zeros (and no gradient) elsewhere.
     mask = jnp.asarray(rng.random((2, 13)) < 0.3)
@@ -400,10 +419,11 @@ def test_fused_chunked_cross_entropy_values_and_gradients(chunk):
         nll = jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, targets[..., None], -1)[..., 0]
         return jnp.sum(jnp.where(mask, weights * nll, 0.0))
 
-    np.testing.assert_allclose(masked(hidden, kernel), reference_masked(hidden, kernel), rtol=1e-5)
-    for a, b in zip(jax.grad(masked, (0, 1))(hidden, kernel), jax.grad(reference_masked, (0, 1))(hidden, kernel)):
+    (value, grads), (ref_value, ref_grads) = both(masked), both(reference_masked)
+    np.testing.assert_allclose(value, ref_value, rtol=1e-5)
+    for a, b in zip(grads, ref_grads):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
-    nll, correct = chunked_cross_entropy(hidden, kernel, targets, chunk, mask)
+    nll, correct = jax.jit(chunked_cross_entropy, static_argnums=3)(hidden, kernel, targets, chunk, mask)
     assert not np.any(np.asarray(nll)[~np.asarray(mask)]) and not np.any(np.asarray(correct)[~np.asarray(mask)])
 
 
