@@ -20,6 +20,7 @@ from fire_jax.sharding import make_mesh, put_batch
 from fire_jax.train import loop
 from fire_jax.train.loss import token_weights
 from fire_jax.train.step import Trainer
+from hf_reference import jit_call
 from loopback import child_env
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
@@ -113,14 +114,9 @@ def _hand_loss(logits, batch, normalize, max_turns):
     return float((weights * nll).sum()), weights, turn_loss, turn_tokens
 
 
-#: The plain forward's inputs, from a batch. The plain forward and its gradient run under jax.jit: one program
-#: per batch shape, where eagerly, op by op, each of a few hundred primitives would compile on its own.
+#: The plain forward's inputs, from a batch. The plain forward (jit_call) and its gradient run under jax.jit: one
+#: program per batch shape, where eagerly, op by op, each of a few hundred primitives would compile on its own.
 PLAIN_INPUTS = ("input_ids", "pixel_values", "image_index", "attention_mask")
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _plain_logits(graphdef, state, inputs):
-    return nnx.merge(graphdef, state)(*inputs)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -149,8 +145,7 @@ def hand_setup():
         rng = np.random.default_rng(0)
         lora = nnx.state(model, LoRAParam)  # B starts at zero: randomise it so A has a gradient too
         nnx.update(model, jax.tree.map(lambda x: jnp.asarray(rng.normal(0, 0.05, x.shape), x.dtype), lora))
-        graphdef, state = nnx.split(model)
-        logits = _plain_logits(graphdef, state, [jnp.asarray(batch[k]) for k in PLAIN_INPUTS])
+        logits = jit_call(model, *(jnp.asarray(batch[k]) for k in PLAIN_INPUTS))
         out[role] = config, cfg, batch, model, np.asarray(logits)
     return out
 
@@ -406,7 +401,8 @@ def test_fused_chunked_cross_entropy_values_and_gradients(chunk):
     np.testing.assert_allclose(value, ref_value, rtol=1e-5)
     for a, b in zip(grads, ref_grads):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
-    correct = jax.jit(chunked_cross_entropy, static_argnums=3)(hidden, kernel, targets, chunk)[1]
+    compiled = jax.jit(chunked_cross_entropy, static_argnums=3)
+    correct = compiled(hidden, kernel, targets, chunk)[1]
     np.testing.assert_array_equal(correct, jnp.argmax(hidden @ kernel, -1) == targets)
     # With a mask, only its positions count: values there, zeros (and no gradient) elsewhere.
     mask = jnp.asarray(rng.random((2, 13)) < 0.3)
@@ -423,7 +419,7 @@ def test_fused_chunked_cross_entropy_values_and_gradients(chunk):
     np.testing.assert_allclose(value, ref_value, rtol=1e-5)
     for a, b in zip(grads, ref_grads):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
-    nll, correct = jax.jit(chunked_cross_entropy, static_argnums=3)(hidden, kernel, targets, chunk, mask)
+    nll, correct = compiled(hidden, kernel, targets, chunk, mask)
     assert not np.any(np.asarray(nll)[~np.asarray(mask)]) and not np.any(np.asarray(correct)[~np.asarray(mask)])
 
 
