@@ -32,8 +32,9 @@ setup(
         "openai",  # api: model specs, and the serve tests' client
     ],
     extras_require={
-        # The PyTorch reference side of the parity tests (CPU build of torch, pinned).
-        "test": ["torch==2.13.0", "transformers>=5.24", "peft>=0.21", "pycocoevalcap", "pytest", "scikit-learn",
-                 "selenium"],  # selenium: tests/test_demo.py drives the demo in Debian chromium
+        # The PyTorch reference side of the parity tests (CPU build of torch, pinned); pytest-xdist runs the
+        # test files on every core (tests/conftest.py sizes the workers to the cores and the free memory).
+        "test": ["torch==2.13.0", "transformers>=5.24", "peft>=0.21", "pycocoevalcap", "pytest", "pytest-xdist",
+                 "scikit-learn", "selenium"],  # selenium: tests/test_demo.py drives the demo in Debian chromium
     },
 )

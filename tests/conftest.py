@@ -43,6 +43,23 @@ if _cache != "off" and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 
+#: Peak resident memory of one test worker, with headroom: PyTorch, transformers and JAX in one process, the real
+#: SmolLM2 file in both frameworks (tests/test_gguf.py), and the subprocesses a CLI or server test starts.
+WORKER_MEMORY = 5 << 30
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: a worker per usable core, as many as the available memory holds (at least one)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    available = None
+    try:
+        with open("/proc/meminfo") as f:
+            available = next(int(line.split()[1]) << 10 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        pass
+    return max(1, min(cores, available // WORKER_MEMORY) if available else cores)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _free_compiled_programs():
     yield

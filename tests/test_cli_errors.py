@@ -123,6 +123,19 @@ def test_make_fire1m_cli_runs_and_resumes(tmp_path):
     assert again.returncode == 0 and "0 to run" in again.stdout, again.stdout[-2000:]
 
 
+def test_inspect_renders_a_main_job_stage():
+    """--stage picks a main-job config's training config: the teacher stage's record 3 is a one-turn teacher
+    example (its reply labelled as turn 1) under the tiny model's Llama-3 template."""
+    shown = run("-m", "fire_jax.data.inspect", "--config", "configs/main_job.py:tiny", "--stage", "teacher",
+                "--index", "3")
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    lines = shown.stdout.splitlines()
+    assert lines[0] == ("source 'synthetic', record 3 of 1307: id 'synthetic_train_00002_t1', source "
+                        "'synthetic_color', role teacher")
+    assert lines[1].endswith("labelled per turn {1: 17}")
+    assert "[[1|Score: 10.\nFeedback: Correct! Your answer is right.<|eot_id|>]]" in shown.stdout
+
+
 def test_data_tools_keep_good_records_and_name_bad_ones(tmp_path):
     """A byte that is not UTF-8 in one JSONL record: build_dataset and data.inspect skip and count it (file, record,
     field named) and keep the others; a cut JSON array ends in one line naming the file and byte; an --index out of
@@ -179,6 +192,12 @@ def test_data_tools_keep_good_records_and_name_bad_ones(tmp_path):
     (["tools/audit_vlrmbench.py", "nope.jsonl"], "audit_vlrmbench.py: error: argument files: 'nope.jsonl' is not a file"),
     (["tools/make_fire1m.py", "--input", "a", "--image_root", "b", "--out", "c", "--max_turns", "0"],
      "make_fire1m: error: flag --max_turns=0: 0 is not a positive integer"),
+    (["-m", "fire_jax.data.inspect", "--config", "configs/main_job.py:tiny"],
+     "fire_jax.data.inspect: error: configs/main_job.py:tiny: a main-job config with the stages ['base', "
+     "'student', 'teacher']: pick one with --stage"),
+    (["-m", "fire_jax.data.inspect", "--config", "configs/main_job.py:tiny", "--stage", "fd"],
+     "fire_jax.data.inspect: error: --stage 'fd': configs/main_job.py:tiny has the stages ['base', 'student', "
+     "'teacher']"),
     (["-m", "fire_jax.data.inspect", "--config", "configs/tiny.py", "--index", "-1"],
      "fire_jax.data.inspect: error: --index -1: source 'synthetic' has records 0..719 (720 usable, 0 bad records "
      "skipped)"),

