@@ -114,24 +114,54 @@ def check_override_fields(argv: list[str], default_config: str | None = None) ->
             raise InputError(f"--config.{name}: {e}") from None
 
 
-def prepare_absl_argv(prog: str, default_config: str | None = None) -> None:
+#: The kinds of config file: a top-level field that only that kind has, its name, and the command that runs it.
+CONFIG_KINDS = (
+    ("base_train", "a main-job config", "python -m fire_jax.run"),
+    ("vlrm", "a VLRMBench config", "python -m fire_jax.evaluate_vlrm"),
+    ("setting", "a FIRE-Bench evaluation config", "python -m fire_jax.evaluate"),
+    ("train", "a training config", "python -m fire_jax.train"),
+)
+
+
+def check_config_kind(argv: list[str], kind: str, default_config: str | None = None) -> None:
+    """Raise :class:`InputError` when the ``--config`` of ``argv`` is not of ``kind`` (a field of
+    :data:`CONFIG_KINDS`), naming the kind it is and the command that runs it: the CLI would otherwise end
+    with a traceback on the first field it reads."""
+    spec = ([value for _, value, _ in _config_args(argv)] or [default_config])[-1]
+    if spec is None:
+        return  # no config given: absl says so
+    config = load_config(spec)
+    if kind in config:
+        return
+    wanted = next(name for field, name, _ in CONFIG_KINDS if field == kind)
+    for field, name, command in CONFIG_KINDS:
+        if field in config:
+            raise InputError(f"--config {spec}: {name} (it has '{field}'), not {wanted}; {command} runs it")
+    raise InputError(f"--config {spec}: not {wanted} (no field '{kind}'); its fields: {sorted(config)}")
+
+
+def prepare_absl_argv(prog: str, default_config: str | None = None, kind: str | None = None) -> None:
     """Before an absl CLI defines its ``--config`` flag (ml_collections loads the file and applies the
     ``--config.x`` overrides while defining it): resolve the ``--config`` path like load_config, and end with
-    one line on an override that names no field."""
+    one line on a config of another kind than ``kind`` (:data:`CONFIG_KINDS`) or an override that names no
+    field."""
     sys.argv = config_argv(sys.argv)
+    if kind is not None:
+        input_errors_end_in_one_line(prog)(check_config_kind)(sys.argv, kind, default_config)
     input_errors_end_in_one_line(prog)(check_override_fields)(sys.argv, default_config)
 
 
-def define_config_flag(module: str, prog: str, default: str | None, help_text: str):
+def define_config_flag(module: str, prog: str, default: str | None, help_text: str, *, kind: str | None = None):
     """An absl CLI's ``--config`` flag (``ml_collections.config_flags``). When ``module`` is ``"__main__"`` the
     command line is first prepared (:func:`prepare_absl_argv`): ml_collections loads the file and applies the
-    ``--config.x`` overrides while it defines the flag."""
+    ``--config.x`` overrides while it defines the flag. ``kind``: the field of :data:`CONFIG_KINDS` that this
+    CLI's configs have."""
     from ml_collections import config_flags
 
     from absl import flags
 
     if module == "__main__":
-        prepare_absl_argv(prog, default)
+        prepare_absl_argv(prog, default, kind)
     holder = config_flags.DEFINE_config_file("config", default, help_text)
     # A key flag of the CLI's own module (absl names the main module by sys.argv[0]), so its --help lists it.
     flags.FLAGS.register_key_flag_for_module(sys.argv[0] if module == "__main__" else module, flags.FLAGS["config"])

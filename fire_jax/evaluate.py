@@ -27,7 +27,7 @@ from fire_jax.cli import define_config_flag, run_absl
 from fire_jax.config import CONFIGS_DIR
 
 _CONFIG = define_config_flag(__name__, "fire_jax.evaluate", os.path.join(CONFIGS_DIR, "eval_fixed.py"),
-                             "config file (get_config(arg)); path:arg")
+                             "config file (get_config(arg)); path:arg", kind="setting")
 _WORKDIR = flags.DEFINE_string("workdir", "fire_eval", "outputs, results.json, results.md and plots go here")
 _DATA_STATS = flags.DEFINE_string("data_stats", None, "plot the statistics of this FIRE records file (JSON/JSONL) "
                                   "instead of evaluating")

@@ -21,7 +21,7 @@ from fire_jax.cli import define_config_flag, run_absl
 from fire_jax.config import CONFIGS_DIR
 
 _CONFIG = define_config_flag(__name__, "fire_jax.evaluate_vlrm", os.path.join(CONFIGS_DIR, "eval_vlrm.py"),
-                             "config file (get_config(arg)); path:arg")
+                             "config file (get_config(arg)); path:arg", kind="vlrm")
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "folder with the task files <task>.jsonl", required=True)
 _IMAGE_ROOT = flags.DEFINE_string("image_root", None, "the records' image paths are relative to it (default: --data_dir)")
 _TASKS = flags.DEFINE_string("tasks", None, "comma-separated tasks, short or file names (default: config.vlrm.tasks)")

@@ -18,7 +18,7 @@ from fire_jax.cli import define_config_flag, run_absl
 
 _DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "main_job.py")
 _CONFIG = define_config_flag(__name__, "fire_jax.run", os.path.normpath(_DEFAULT),
-                             "the main job's config (configs/main_job.py)")
+                             "the main job's config (configs/main_job.py)", kind="base_train")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/smollm2", "where models, evaluations and the summary go")
 
 

@@ -192,6 +192,18 @@ def test_data_tools_keep_good_records_and_name_bad_ones(tmp_path):
     (["tools/audit_vlrmbench.py", "nope.jsonl"], "audit_vlrmbench.py: error: argument files: 'nope.jsonl' is not a file"),
     (["tools/make_fire1m.py", "--input", "a", "--image_root", "b", "--out", "c", "--max_turns", "0"],
      "make_fire1m: error: flag --max_turns=0: 0 is not a positive integer"),
+    (["-m", "fire_jax.train", "--config", "configs/main_job.py:tiny", "--workdir", "w"],
+     "fire_jax.train: error: --config configs/main_job.py:tiny: a main-job config (it has 'base_train'), not a "
+     "training config; python -m fire_jax.run runs it"),
+    (["-m", "fire_jax.run", "--config", "configs/tiny.py", "--workdir", "w"],
+     "fire_jax.run: error: --config configs/tiny.py: a training config (it has 'train'), not a main-job config; "
+     "python -m fire_jax.train runs it"),
+    (["-m", "fire_jax.evaluate", "--config", "configs/eval_vlrm.py", "--workdir", "w"],
+     "fire_jax.evaluate: error: --config configs/eval_vlrm.py: a VLRMBench config (it has 'vlrm'), not a "
+     "FIRE-Bench evaluation config; python -m fire_jax.evaluate_vlrm runs it"),
+    (["-m", "fire_jax.evaluate_vlrm", "--config", "configs/eval_free.py", "--data_dir", "d"],
+     "fire_jax.evaluate_vlrm: error: --config configs/eval_free.py: a FIRE-Bench evaluation config (it has "
+     "'setting'), not a VLRMBench config; python -m fire_jax.evaluate runs it"),
     (["-m", "fire_jax.data.inspect", "--config", "configs/main_job.py:tiny"],
      "fire_jax.data.inspect: error: configs/main_job.py:tiny: a main-job config with the stages ['base', "
      "'student', 'teacher']: pick one with --stage"),

@@ -22,7 +22,7 @@ from fire_jax.cli import define_config_flag, run_absl
 from fire_jax.config import CONFIGS_DIR
 
 _CONFIG = define_config_flag(__name__, "make_fire1m", os.path.join(CONFIGS_DIR, "eval_free.py"),
-                             "evaluation config (agents, decoding)")
+                             "evaluation config (agents, decoding)", kind="setting")
 _INPUT = flags.DEFINE_multi_string("input", None, "triplet or FIRE records file (repeatable)", required=True)
 _IMAGE_ROOT = flags.DEFINE_string("image_root", None, "the inputs' image paths are relative to it", required=True)
 _OUT = flags.DEFINE_string("out", None, "JSONL of generated FIRE records", required=True)

@@ -14,7 +14,7 @@ from absl import flags
 from fire_jax.cli import define_config_flag, run_absl
 
 _CONFIG = define_config_flag(__name__, "fire_jax.train", None,
-                             "config file (get_config(arg)); path:arg for sweeps")
+                             "config file (get_config(arg)); path:arg for sweeps", kind="train")
 _WORKDIR = flags.DEFINE_string("workdir", None, "checkpoints, metrics and exports go here", required=True)
 _COORDINATOR = flags.DEFINE_string("coordinator", None, "jax.distributed coordinator address HOST:PORT")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "number of processes (multi-host)")
