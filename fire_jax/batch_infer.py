@@ -35,7 +35,7 @@ from typing import Sequence
 
 import jax
 
-from fire_jax.cli import input_errors_end_in_one_line
+from fire_jax.cli import input_errors_end_in_one_line, require_model_config
 from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, resolve_path, split_overrides
 from fire_jax.data.images import load_image
 from fire_jax.data.records import BadRecordError, BadRecords, Turn, parse_score
@@ -160,7 +160,7 @@ def main(argv=None, print_fn=print) -> dict:
 
     argv, overrides = split_overrides(sys.argv[1:] if argv is None else list(argv))
     args = parse_args(argv)
-    config = apply_overrides(load_config(args.config), overrides)
+    config = require_model_config(apply_overrides(load_config(args.config), overrides), args.config)
     store = ResultStore(args.output, key_field="id")  # resume: ids already written are skipped
     done = {str(record["id"]) for record in store}
     bad = BadRecords()

@@ -26,7 +26,7 @@ import argparse
 import jax
 from PIL import Image, ImageDraw
 
-from fire_jax.cli import input_errors_end_in_one_line
+from fire_jax.cli import input_errors_end_in_one_line, require_model_config
 from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, split_overrides
 from fire_jax.data.records import Turn, parse_score
 from fire_jax.infer.agents import from_specs
@@ -85,7 +85,7 @@ def main(argv=None, input_fn=input, print_fn=print) -> list[Turn]:
     """Run one dialogue; returns its turns (the last one's feedback is empty if the dialogue stopped there)."""
     argv, overrides = split_overrides(sys.argv[1:] if argv is None else list(argv))
     args = parse_args(argv)
-    config = apply_overrides(load_config(args.config), overrides)
+    config = require_model_config(apply_overrides(load_config(args.config), overrides), args.config)
     image = demo_image() if args.image is None else args.image
     question = args.question or (DEMO_QUESTION if args.image is None else _ask(input_fn, "question> "))
     use_teacher = args.auto or args.teacher is not None

@@ -140,6 +140,17 @@ def check_config_kind(argv: list[str], kind: str, default_config: str | None = N
     raise InputError(f"--config {spec}: not {wanted} (no field '{kind}'); its fields: {sorted(config)}")
 
 
+def require_model_config(config, spec: str):
+    """``config`` when it has a ``model`` field (a training or evaluation config, as the serving and chat CLIs
+    take), else :class:`InputError` naming its kind."""
+    if "model" in config:
+        return config
+    kind = next((f"{name} (it has '{field}')" for field, name, _ in CONFIG_KINDS if field in config),
+                f"fields {sorted(config)}")
+    raise InputError(f"--config {spec}: {kind} has no 'model' field; give a training or evaluation config "
+                     f"(configs/tiny.py, configs/smollm2_llava.py, configs/fire_student.py)")
+
+
 def prepare_absl_argv(prog: str, default_config: str | None = None, kind: str | None = None) -> None:
     """Before an absl CLI defines its ``--config`` flag (ml_collections loads the file and applies the
     ``--config.x`` overrides while defining it): resolve the ``--config`` path like load_config, and end with

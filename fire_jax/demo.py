@@ -52,7 +52,7 @@ from typing import Callable
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, StreamingResponse
 
-from fire_jax.cli import input_errors_end_in_one_line
+from fire_jax.cli import input_errors_end_in_one_line, require_model_config
 from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, split_overrides
 from fire_jax.data.images import preprocess
 from fire_jax.data.records import BadRecordError, Turn, parse_record, parse_score, to_raw
@@ -380,7 +380,7 @@ def main(argv=None):
         init = init or base
         print(f"default models: {why}", flush=True)
     decode = DecodeConfig.from_config(args)
-    config = apply_overrides(load_config(args.config), overrides)
+    config = require_model_config(apply_overrides(load_config(args.config), overrides), args.config)
     student, teacher, descriptions = load_agents(config, student_spec, teacher_spec, init, decode)
     for role, description in descriptions.items():
         print(f"{role}: {description}", flush=True)

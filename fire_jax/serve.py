@@ -66,7 +66,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from fire_jax.cli import input_errors_end_in_one_line
+from fire_jax.cli import input_errors_end_in_one_line, require_model_config
 from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, split_overrides
 from fire_jax.data.chat import Message
 from fire_jax.data.images import preprocess
@@ -553,7 +553,7 @@ def main(argv=None):
 
     argv, overrides = split_overrides(sys.argv[1:] if argv is None else list(argv))
     args = parse_args(argv)
-    config = apply_overrides(load_config(args.config), overrides)
+    config = require_model_config(apply_overrides(load_config(args.config), overrides), args.config)
     for module in args.plugin:  # register() gets this module's function: under -m this module is __main__
         importlib.import_module(module).register(register_replier)
     if args.model:

@@ -204,6 +204,10 @@ def test_data_tools_keep_good_records_and_name_bad_ones(tmp_path):
     (["-m", "fire_jax.evaluate_vlrm", "--config", "configs/eval_free.py", "--data_dir", "d"],
      "fire_jax.evaluate_vlrm: error: --config configs/eval_free.py: a FIRE-Bench evaluation config (it has "
      "'setting'), not a VLRMBench config; python -m fire_jax.evaluate runs it"),
+    (["-m", "fire_jax.serve", "--config", "configs/main_job.py:tiny"],
+     "fire_jax.serve: error: --config configs/main_job.py:tiny: a main-job config (it has 'base_train') has no "
+     "'model' field; give a training or evaluation config (configs/tiny.py, configs/smollm2_llava.py, "
+     "configs/fire_student.py)"),
     (["-m", "fire_jax.data.inspect", "--config", "configs/main_job.py:tiny"],
      "fire_jax.data.inspect: error: configs/main_job.py:tiny: a main-job config with the stages ['base', "
      "'student', 'teacher']: pick one with --stage"),
