@@ -123,6 +123,11 @@ CONFIG_KINDS = (
 )
 
 
+#: The config kind (a field of :data:`CONFIG_KINDS`) each absl CLI takes, by program name
+#: (:func:`define_config_flag` fills it).
+CLI_CONFIG_KINDS: dict[str, str] = {}
+
+
 def check_config_kind(argv: list[str], kind: str, default_config: str | None = None) -> None:
     """Raise :class:`InputError` when the ``--config`` of ``argv`` is not of ``kind`` (a field of
     :data:`CONFIG_KINDS`), naming the kind it is and the command that runs it: the CLI would otherwise end
@@ -171,6 +176,8 @@ def define_config_flag(module: str, prog: str, default: str | None, help_text: s
 
     from absl import flags
 
+    if kind is not None:
+        CLI_CONFIG_KINDS[prog] = kind
     if module == "__main__":
         prepare_absl_argv(prog, default, kind)
     holder = config_flags.DEFINE_config_file("config", default, help_text)

@@ -48,16 +48,39 @@ if _cache != "off" and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 WORKER_MEMORY = 5 << 30
 
 
-def pytest_xdist_auto_num_workers(config):
-    """``-n auto``: a worker per usable core, as many as the available memory holds (at least one)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    available = None
+def _read(path: str) -> str | None:
     try:
-        with open("/proc/meminfo") as f:
-            available = next(int(line.split()[1]) << 10 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError):
-        pass
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: a worker per usable core, as many as the available memory holds (at least one). A cgroup v2
+    limit (a container's ``cpu.max``, ``memory.max``) counts when it is lower."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = (_read("/sys/fs/cgroup/cpu.max") or "max").split()
+    if quota[0] != "max" and len(quota) == 2:
+        cores = min(cores, max(1, int(quota[0]) // int(quota[1])))
+    meminfo = _read("/proc/meminfo") or ""
+    available = next((int(line.split()[1]) << 10 for line in meminfo.splitlines()
+                      if line.startswith("MemAvailable:")), None)
+    limit = (_read("/sys/fs/cgroup/memory.max") or "max").strip()
+    if limit.isdigit():
+        used = (_read("/sys/fs/cgroup/memory.current") or "0").strip()
+        room = int(limit) - (int(used) if used.isdigit() else 0)
+        available = room if available is None else min(available, room)
     return max(1, min(cores, available // WORKER_MEMORY) if available else cores)
+
+
+def pytest_configure(config):
+    """With workers (``-n``) and no ``--dist`` given, each test file runs whole on one worker (``loadfile``): a
+    module's fixtures (the reduced main job, the engines, the GGUF models) are built once, and its compiled
+    programs are freed when it ends (below)."""
+    given = any(arg == "--dist" or arg.startswith("--dist=") for arg in config.invocation_params.args)
+    if getattr(config.option, "dist", "no") == "load" and not given:
+        config.option.dist = "loadfile"
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -1,5 +1,6 @@
 """Every command a config file's header names parses: the module exists, each flag is one it defines, the
---config file and its arg load, and every --config.x=y override names a field.
+--config file and its arg load, it is of the kind the CLI takes (``fire_jax.cli.check_config_kind``), and every
+--config.x=y override names a field.
 
 One subprocess per CLI module (absl flags are process-global): it imports the module, then parses each
 command's argv with the module's own flags, as ``app.run`` would, without running ``main``.
@@ -19,8 +20,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARSE = r"""
 import importlib, json, sys
 from absl import flags
+from fire_jax import cli
 module, commands = sys.argv[1], json.loads(sys.argv[2])
 importlib.import_module(module)
+kinds = sorted(set(cli.CLI_CONFIG_KINDS.values()))
+assert len(kinds) == 1, f"{module} declares config kinds {kinds}"
 failures = []
 for argv in commands:
     for name in [n for n in flags.FLAGS if n.startswith("config.")]:
@@ -32,6 +36,7 @@ for argv in commands:
         config = flags.FLAGS["config"].value if "config" in flags.FLAGS else None
         assert config is None or hasattr(config, "keys"), f"--config loaded {type(config)}"
         flags.FLAGS.validate_all_flags()
+        cli.check_config_kind(argv, kinds[0])
     except Exception as e:  # report every command, not only the first that fails
         failures.append(f"{' '.join(argv)}: {type(e).__name__}: {e}")
 print(json.dumps(failures))
@@ -75,11 +80,13 @@ def test_every_config_header_command_parses():
 
 
 def test_a_bad_header_command_is_caught():
-    """The check can fail: an unknown flag, an unknown config arg and an unknown override are reported."""
+    """The check can fail: an unknown flag, an unknown config arg, an unknown override and a config of another
+    kind (a training config given to the main job) are reported."""
     bad = [["--config", "configs/tiny.py", "--workdir", "DIR", "--hf-checkpoint", "X"],
            ["--config", "configs/main_job.py:nonsense"],
-           ["--config", "configs/eval_free.py", "--config.teacher.no_such_field=1"]]
-    modules = ["fire_jax.train.__main__", "fire_jax.run", "fire_jax.evaluate"]
+           ["--config", "configs/eval_free.py", "--config.teacher.no_such_field=1"],
+           ["--config", "configs/tiny.py", "--workdir", "DIR"]]
+    modules = ["fire_jax.train.__main__", "fire_jax.run", "fire_jax.evaluate", "fire_jax.run"]
     for module, argv in zip(modules, bad):
         result = subprocess.run([sys.executable, "-c", PARSE, module, json.dumps([argv])], cwd=REPO,
                                 capture_output=True, text=True, timeout=300)

@@ -118,8 +118,9 @@ def test_exact_teacher_runs_agree_with_the_judge(pipeline_run):
 
 
 def test_same_command_same_results(pipeline_run, tmp_path):
-    """Determinism: a stage trained again from scratch logs the same losses; an evaluation run again writes the
-    same metrics (the whole summary.json is then identical, which the README's two-run check shows)."""
+    """Determinism: a stage trained again from scratch logs the same losses (its first 4 steps, under the same
+    12-step schedule); an evaluation run again writes the same metrics (the whole summary.json is then identical,
+    which the README's two-run check shows)."""
     from fire_jax.train.loop import train
 
     workdir, _ = pipeline_run

