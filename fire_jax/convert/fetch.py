@@ -20,7 +20,7 @@ import sys
 import tempfile
 import zipfile
 
-from fire_jax.config import cache_dir
+from fire_jax.config import InputError, cache_dir
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,8 +43,9 @@ MODELS = {
 }
 
 
-class FetchError(RuntimeError):
-    """A named model could not be fetched or failed its checksum (one line: what, and why)."""
+class FetchError(InputError, RuntimeError):
+    """A named model could not be fetched or failed its checksum (one line: what, and why). An
+    :class:`~fire_jax.config.InputError`: a CLI that fetches (the main job, training) ends on it in that line."""
 
 
 def sha256(path: str, *, desc: str | None = None) -> str:
@@ -173,6 +174,12 @@ def prepare(spec: str) -> str:
     return path
 
 
-if __name__ == "__main__":  # python -m fire_jax.convert.fetch smollm2-135m-instruct
-    for name in sys.argv[1:] or sorted(MODELS):
+def main(names: list[str]) -> None:
+    for name in names or sorted(MODELS):
         print(prepare(name))
+
+
+if __name__ == "__main__":  # python -m fire_jax.convert.fetch smollm2-135m-instruct
+    from fire_jax.cli import input_errors_end_in_one_line
+
+    input_errors_end_in_one_line("fire_jax.convert.fetch")(main)(sys.argv[1:])
