@@ -139,10 +139,16 @@ def check_config_kind(argv: list[str], kind: str, default_config: str | None = N
     if kind in config:
         return
     wanted = next(name for field, name, _ in CONFIG_KINDS if field == kind)
-    for field, name, command in CONFIG_KINDS:
-        if field in config:
-            raise InputError(f"--config {spec}: {name} (it has '{field}'), not {wanted}; {command} runs it")
+    found = config_kind(config)
+    if found:
+        field, name, command = found
+        raise InputError(f"--config {spec}: {name} (it has '{field}'), not {wanted}; {command} runs it")
     raise InputError(f"--config {spec}: not {wanted} (no field '{kind}'); its fields: {sorted(config)}")
+
+
+def config_kind(config) -> tuple[str, str, str] | None:
+    """The entry of :data:`CONFIG_KINDS` whose field ``config`` has (None: none)."""
+    return next((entry for entry in CONFIG_KINDS if entry[0] in config), None)
 
 
 def require_model_config(config, spec: str):
@@ -150,8 +156,8 @@ def require_model_config(config, spec: str):
     take), else :class:`InputError` naming its kind."""
     if "model" in config:
         return config
-    kind = next((f"{name} (it has '{field}')" for field, name, _ in CONFIG_KINDS if field in config),
-                f"fields {sorted(config)}")
+    found = config_kind(config)
+    kind = f"{found[1]} (it has '{found[0]}')" if found else f"fields {sorted(config)}"
     raise InputError(f"--config {spec}: {kind} has no 'model' field; give a training or evaluation config "
                      f"(configs/tiny.py, configs/smollm2_llava.py, configs/fire_student.py)")
 
