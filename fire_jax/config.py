@@ -219,6 +219,8 @@ def train_config(**overrides) -> ml_collections.ConfigDict:
         export_merged=False,  # and merged HF weights
         shard_init=False,  # random weights made straight onto the mesh, each device its shard (jit: not
                            # bit-identical to eager init; the 8B configs set it)
+        xla_options=(),  # (name, value) pairs of XLA debug options for the step program alone, over XLA_FLAGS,
+                         # e.g. (("xla_backend_optimization_level", 2),)
     ))
     config.update(overrides)
     return config

@@ -273,6 +273,17 @@ def test_only_labelled_tokens_reach_the_loss(setup):
     assert loss_of(changed) != base
 
 
+def test_xla_options_reach_the_steps_compile(setup):
+    """``train.xla_options`` are the step program's compile options: a name XLA does not know is refused when
+    the step compiles (a level of 2 is what tests/test_main_job.py's stages run under the suite's -O0)."""
+    config, cfg, batch = setup
+    mesh = make_mesh((1, 1, 1), jax.devices()[:1])
+    trainer = Trainer(LlavaNext(cfg, rngs=nnx.Rngs(0)), tiny_config(xla_options=(("xla_no_such_option", 1),)).train,
+                      config.loss, 8, mesh)
+    with pytest.raises(Exception, match="No such compile option: 'xla_no_such_option'"):
+        trainer.step(trainer.initial_state, put_batch(batch, mesh), jax.random.key(0))
+
+
 def test_turn_normalisation_weights():
     mask = jnp.array([[0, 1, 1, 1, 1, 0]], jnp.float32)
     turns = jnp.array([[-1, 2, 2, 2, 3, -1]])

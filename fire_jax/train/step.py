@@ -146,7 +146,8 @@ class Trainer:
         return TrainState(state.step + 1, params, opt_state), metrics
 
     def compiled_step(self, batch: dict[str, jax.Array]):
-        """The jitted step for this batch's keys and shapes (compiled once per shape)."""
+        """The jitted step for this batch's keys and shapes (compiled once per shape), with
+        ``train.xla_options`` as its compile options (they override ``XLA_FLAGS`` for this program only)."""
         key = tuple(sorted((k, v.shape) for k, v in batch.items()))
         if key not in self._steps:
             batch_sh = {k: batch_sharding(self.mesh, v.ndim, self.rules) for k, v in batch.items()}
@@ -155,7 +156,8 @@ class Trainer:
                 self._step,
                 in_shardings=(self.state_sharding, self.frozen_sharding, batch_sh, replicated),
                 out_shardings=(self.state_sharding, replicated),
-                donate_argnums=(0,))
+                donate_argnums=(0,),
+                compiler_options=dict(self.train_cfg.get("xla_options", ())) or None)
         return self._steps[key]
 
     def step(self, state: TrainState, batch: dict[str, jax.Array], rng: jax.Array):
