@@ -31,7 +31,7 @@ from flax import nnx
 from orbax.checkpoint import checkpoint_managers as policies
 
 from fire_jax.config import InputError
-from fire_jax.models import LlavaNext, LlavaNextConfig, LoRAParam
+from fire_jax.models import InitKeys, LlavaNext, LlavaNextConfig, LoRAParam
 
 #: The build options of ``config.model`` that a Hugging Face checkpoint does not set.
 _RUNTIME_FIELDS = ("dtype", "param_dtype", "remat", "scan_layers", "image_mode", "pad_newline")
@@ -54,9 +54,9 @@ def build_model(config, mesh=None, rules=None) -> LlavaNext:
     if not checkpoint:
         if mesh is None:
             return LlavaNext(cfg, rngs=nnx.Rngs(config.seed))
-        graphdef, abstract = nnx.split(nnx.eval_shape(lambda: LlavaNext(cfg, rngs=nnx.Rngs(config.seed))))
+        graphdef, abstract = nnx.split(nnx.eval_shape(lambda: LlavaNext(cfg, rngs=InitKeys(config.seed))))
         shardings = state_shardings(abstract, mesh, rules or DEFAULT_RULES)
-        state = jax.jit(lambda: nnx.state(LlavaNext(cfg, rngs=nnx.Rngs(config.seed))), out_shardings=shardings)()
+        state = jax.jit(lambda: nnx.state(LlavaNext(cfg, rngs=InitKeys(config.seed))), out_shardings=shardings)()
         return nnx.merge(graphdef, state)
     from fire_jax.convert.hf import load_hf_checkpoint
 

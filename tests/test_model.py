@@ -416,6 +416,32 @@ def test_8b_parameter_counts_abstract():
     assert 0.003 < lora / llm < 0.005
 
 
+def test_traced_builds_draw_the_keys_of_nnx_rngs():
+    """abstract_model, fresh_lora_state and build_model on a mesh build the model under a trace with InitKeys:
+    the keys of nnx.Rngs(seed), so the jitted LoRA init is the eager model's bit for bit and the abstract model
+    has the eager one's graph and shapes."""
+    from fire_jax.models import InitKeys
+
+    rngs, keys = nnx.Rngs(7), InitKeys(7)
+    for _ in range(4):
+        np.testing.assert_array_equal(jax.random.key_data(keys.params()), jax.random.key_data(rngs.params()))
+    from fire_jax.config import load_config
+
+    cfg = LlavaNextConfig.from_dict(load_config(os.path.join(os.path.dirname(__file__), "..", "configs",
+                                                             "tiny.py")).model)
+    assert cfg.lora is not None
+    eager = LlavaNext(cfg, rngs=nnx.Rngs(7))
+    expected = nnx.to_flat_state(nnx.state(eager, LoRAParam))
+    drawn = nnx.to_flat_state(convert.fresh_lora_state(cfg, 7))
+    assert [path for path, _ in drawn] == [path for path, _ in expected] and len(expected) >= 4
+    for (path, a), (_, b) in zip(drawn, expected):
+        np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(path))
+    abstract = convert.abstract_model(cfg)
+    assert nnx.graphdef(abstract) == nnx.graphdef(eager)
+    assert [(x.shape, x.dtype) for x in jax.tree.leaves(nnx.state(abstract))] == \
+        [(x.shape, x.dtype) for x in jax.tree.leaves(nnx.state(eager))]
+
+
 def test_blocked_and_single_query_attention_equal_the_reference():
     from fire_jax.models import layers
 

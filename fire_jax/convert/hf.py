@@ -30,7 +30,7 @@ from flax import nnx
 
 from fire_jax.geometry import DEFAULT_PINPOINTS
 from fire_jax.models.config import ARCHITECTURES, LlamaConfig, LlavaNextConfig, LoraConfig, VisionConfig
-from fire_jax.models.layers import LoRAParam
+from fire_jax.models.layers import InitKeys, LoRAParam
 from fire_jax.models.llava_next import LlavaNext
 
 # Defaults of transformers' config classes, for keys a config.json leaves out.
@@ -259,7 +259,7 @@ def iter_hf_tensors(directory: str) -> Iterator[tuple[str, np.ndarray]]:
 
 def abstract_model(cfg: LlavaNextConfig) -> LlavaNext:
     """The model's structure with ShapeDtypeStructs for leaves: nothing allocated."""
-    return nnx.eval_shape(lambda: LlavaNext(cfg, rngs=nnx.Rngs(0)))
+    return nnx.eval_shape(lambda: LlavaNext(cfg, rngs=InitKeys(0)))
 
 
 def fresh_lora_state(cfg: LlavaNextConfig, seed: int = 0):
@@ -267,7 +267,7 @@ def fresh_lora_state(cfg: LlavaNextConfig, seed: int = 0):
 
     Under jit the frozen initialisers are dead code that XLA removes.
     """
-    return jax.jit(lambda: nnx.state(LlavaNext(cfg, rngs=nnx.Rngs(seed)), LoRAParam))()
+    return jax.jit(lambda: nnx.state(LlavaNext(cfg, rngs=InitKeys(seed)), LoRAParam))()
 
 
 def load_tensors(tensors: Iterable[tuple[str, np.ndarray]], ours: dict[str, Any], where: str,
