@@ -43,6 +43,35 @@ DIGIT_TEXTS = ["In 2024, 3.14159 and 1,000,000 people.", "Steps:\n\n1. Mix\n\n2.
                "Call 555-0100 before 9:30am", "\t42\t\t7"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _gguf_parsed_once():
+    """Each parse of a file's metadata, and each tensor-name map, once for this module.
+
+    transformers' GGUF loader parses the whole file again for the config, for the weights and for the tokenizer
+    (SmolLM2's 49,152 tokens and 48,900 merges: about 7 s a parse on the slow 2-core machine), as read_gguf
+    does for ours, and it rebuilds gguf's tensor-name map for every module of the model it walks (397 calls for
+    SmolLM2, about 13 s). Both are pure functions of their arguments (a file unchanged since, an architecture
+    and a layer count), so they are memoized here: each side still reads every tensor through the gguf
+    package, and nothing compared changes. A file that does not parse raises as before and is not kept."""
+    import functools
+
+    import gguf
+
+    reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers = {}
+
+    def reader(path, mode="r"):
+        stat = os.stat(path)
+        key = (os.path.abspath(path), mode, stat.st_size, stat.st_mtime_ns)
+        if key not in readers:
+            readers[key] = reader_class(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(name_map)
+    yield
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader_class, name_map
+
+
 # ------------------------------------------------------------------------------------------ the real file
 
 @pytest.fixture(scope="session")
