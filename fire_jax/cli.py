@@ -97,16 +97,21 @@ def config_argv(argv: list[str]) -> list[str]:
     return out
 
 
+def _given_config(argv: list[str], default_config: str | None):
+    """(spec, loaded config) of the last ``--config`` in ``argv``, else of ``default_config``; None when there is
+    neither (absl then says the flag is missing)."""
+    spec = ([value for _, value, _ in _config_args(argv)] or [default_config])[-1]
+    return None if spec is None else (spec, load_config(spec))
+
+
 def check_override_fields(argv: list[str], default_config: str | None = None) -> None:
     """Raise :class:`InputError` when a ``--config.a.b`` override of ``argv`` names no field of the config
     (ml_collections would end the absl CLI with a traceback); values are left to ml_collections."""
     names = [a[len("--config."):].partition("=")[0] for a in argv if a.startswith("--config.")]
-    if not names:
+    given = _given_config(argv, default_config) if names else None
+    if given is None:
         return
-    spec = ([value for _, value, _ in _config_args(argv)] or [default_config])[-1]
-    if spec is None:
-        return  # no config given: absl says so
-    config = load_config(spec)
+    spec, config = given
     for name in names:
         try:
             override_target(config, name, source=f" of {spec}")
@@ -132,10 +137,10 @@ def check_config_kind(argv: list[str], kind: str, default_config: str | None = N
     """Raise :class:`InputError` when the ``--config`` of ``argv`` is not of ``kind`` (a field of
     :data:`CONFIG_KINDS`), naming the kind it is and the command that runs it: the CLI would otherwise end
     with a traceback on the first field it reads."""
-    spec = ([value for _, value, _ in _config_args(argv)] or [default_config])[-1]
-    if spec is None:
-        return  # no config given: absl says so
-    config = load_config(spec)
+    given = _given_config(argv, default_config)
+    if given is None:
+        return
+    spec, config = given
     if kind in config:
         return
     wanted = next(name for field, name, _ in CONFIG_KINDS if field == kind)

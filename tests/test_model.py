@@ -420,13 +420,12 @@ def test_traced_builds_draw_the_keys_of_nnx_rngs():
     """abstract_model, fresh_lora_state and build_model on a mesh build the model under a trace with InitKeys:
     the keys of nnx.Rngs(seed), so the jitted LoRA init is the eager model's bit for bit and the abstract model
     has the eager one's graph and shapes."""
+    from fire_jax.config import load_config
     from fire_jax.models import InitKeys
 
     rngs, keys = nnx.Rngs(7), InitKeys(7)
     for _ in range(4):
         np.testing.assert_array_equal(jax.random.key_data(keys.params()), jax.random.key_data(rngs.params()))
-    from fire_jax.config import load_config
-
     cfg = LlavaNextConfig.from_dict(load_config(os.path.join(os.path.dirname(__file__), "..", "configs",
                                                              "tiny.py")).model)
     assert cfg.lora is not None

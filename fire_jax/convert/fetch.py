@@ -161,7 +161,8 @@ def llava_tokenizer(gguf_path: str, folder: str, *, image_token: str = "<image>"
     config = dict(chat_template=gguf.chat_template, bos_token=token(gguf.bos_id), eos_token=token(gguf.eos_id),
                   image_token=image_token, image_token_id=vocab, source=os.path.basename(gguf_path))
     # The config first: a reader takes the pair as written once tokenizer.json is there.
-    _write_whole(os.path.join(folder, "tokenizer_config.json"), lambda tmp: _write_text(tmp, json.dumps(config, indent=2)))
+    _write_whole(os.path.join(folder, "tokenizer_config.json"),
+                 lambda tmp: _write_text(tmp, json.dumps(config, indent=2)))
     _write_whole(path, tokenizer.save)
     return path
 
