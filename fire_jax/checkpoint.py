@@ -409,7 +409,9 @@ def restore_params(model, workdir: str, train_cfg, *, step: int | None = None) -
     no trainer, optimizer or mesh is built.
     """
     params = nnx.state(model, trainable_filter(train_cfg))
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jax.numpy.float32), params)
+    # Placed as the model's own weights, not by the shardings saved with the checkpoint (the training mesh, even
+    # of one device): programs that take the model's state would otherwise compile once per placement.
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jax.numpy.float32, sharding=x.sharding), params)
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"))
     try:
         available = checkpointer.all_steps()

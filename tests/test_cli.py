@@ -4,6 +4,7 @@ import json
 import os
 
 import jax
+from flax import nnx
 import numpy as np
 import pytest
 from PIL import Image
@@ -220,6 +221,11 @@ def test_train_workdir_restores_the_latest_checkpoint(config, tmp_path):
     for ours, theirs in zip(_lora_values(expected), _lora_values(loaded.model), strict=True):
         np.testing.assert_array_equal(ours, theirs)
     assert np.abs(_lora_values(loaded.model)[1]).min() == 0.25  # B was zero before "training"
+    # Placed as the untrained model's weights, not by the training mesh saved with them: an engine's programs
+    # compiled for one model serve the other (a NamedSharding leaf would be a new program's key).
+    placed = lambda model: [x.sharding for x in jax.tree.leaves(nnx.state(model))]
+    assert placed(loaded.model) == placed(loading.load(config).model)
+    assert {type(s).__name__ for s in placed(loaded.model)} == {"SingleDeviceSharding"}
     with pytest.raises(FileNotFoundError, match="no checkpoint at step 3; it has steps \\[7\\]"):
         loading.load(config, str(tmp_path), step=3)
     # The trained weights are an item of their own: inference reads only it, the optimizer state stays on disk.

@@ -435,6 +435,19 @@ def test_traced_builds_draw_the_keys_of_nnx_rngs():
     assert [path for path, _ in drawn] == [path for path, _ in expected] and len(expected) >= 4
     for (path, a), (_, b) in zip(drawn, expected):
         np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(path))
+    # Compiled once per (config, seed) in a process (each HF checkpoint load draws fresh factors), and each call
+    # returns arrays of its own.
+    compiles = []
+    listen = lambda event, seconds, **kw: compiles.append(event) if event.endswith("backend_compile_duration") else None
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        again = nnx.to_flat_state(convert.fresh_lora_state(cfg, 7))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert compiles == []
+    for (_, a), (_, b) in zip(drawn, again):
+        np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]))
+        assert a[...] is not b[...]
     abstract = convert.abstract_model(cfg)
     assert nnx.graphdef(abstract) == nnx.graphdef(eager)
     assert [(x.shape, x.dtype) for x in jax.tree.leaves(nnx.state(abstract))] == \

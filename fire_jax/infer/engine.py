@@ -57,7 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSharding
 
 from fire_jax.data.images import pad_tiles
 from fire_jax.geometry import place_images
@@ -300,9 +300,15 @@ def _swap_rows(cache: KVCache, source, target, count) -> KVCache:
 
 
 def _state_on_mesh(state, mesh: Mesh | None):
-    """The weights replicated onto the mesh, unless the caller already placed them there."""
+    """The weights replicated onto the mesh, unless the caller already placed them there.
+
+    Without a mesh, weights that all live on one device are committed to it (no copy): a model built in process
+    and one restored from a checkpoint (committed, as orbax places arrays) then meet the same compiled
+    programs, where an uncommitted and a committed argument would key two compiles of each.
+    """
     if mesh is None:
-        return state
+        devices = {d for leaf in jax.tree.leaves(state) for d in leaf.sharding.device_set}
+        return jax.device_put(state, SingleDeviceSharding(devices.pop())) if len(devices) == 1 else state
     devices = set(mesh.devices.flat)
     if all(leaf.sharding.device_set == devices for leaf in jax.tree.leaves(state)):
         return state
