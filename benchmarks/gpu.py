@@ -1,4 +1,4 @@
-"""LLaVA-NeXT-8B on one GPU: the student LoRA train step and greedy decoding, one table (< 8 minutes on an H200).
+"""LLaVA-NeXT-8B on one GPU: the student LoRA train step, greedy decoding and multi-turn dialogues, one table.
 
     python benchmarks/gpu.py                 # one CUDA GPU (H200, H100, A100, ...): random bf16 8B weights
     python benchmarks/gpu.py --tiny          # the tiny config on CPU, end to end (tests/test_gpu_bench.py)
@@ -22,7 +22,18 @@ one forward over the tiles).
   row, ``--new`` tokens with no stop ids, at batch 1, 16, 64; the layers are
   unstacked first (``scan_layers=False``, the decoding layout). Prefill is
   timed as a 1-token generation; decode tok/s = batch x (new - 1) / (total - prefill).
+- Multi-turn dialogues: the continuous-batching engine on ``--dialogues``
+  concurrent dialogues of ``--turns`` turns (a ``--dialogue_prompt``-token first
+  prompt; each turn adds its ``--new``-token answer and ``--feedback`` tokens),
+  prefix caching off and on: wall time, generated tokens/s, prompt tokens
+  prefilled of those requested, how many greedy answers are the same in both
+  (each dialogue compared up to its first turn that differs) and the largest
+  difference of a compared answer's first log-prob. Both modes run once
+  untimed first (each compiles its own prefills).
 - Peak memory: the device's ``peak_bytes_in_use`` after each row (cumulative).
+
+``--parts`` picks and orders the parts (``dialogue,train,decode`` on a short lease);
+``--deadline`` starts no row after that many seconds.
 
 Each timing is the best of ``--repeats`` after a warm-up call (which compiles).
 """
@@ -81,6 +92,26 @@ def _best(fn, repeats: int) -> float:
     return best
 
 
+def _agreement(off: list, on: list) -> dict:
+    """Greedy answers of the cache-off and cache-on runs (``[turn][dialogue] = (tokens, logprobs)``) compared.
+
+    A dialogue's prompts are the same in both runs up to and including its first turn whose answers differ;
+    for those turns the first token's log-prob is compared (the reused keys and values are the only difference).
+    """
+    identical, max_diff, common = 0, 0.0, []
+    for d in range(len(off[0])):
+        for turn in range(len(off)):
+            (a, la), (b, lb) = off[turn][d], on[turn][d]
+            max_diff = max(max_diff, abs(la[0] - lb[0]))
+            same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+            common.append(same)
+            if a != b:
+                break
+            identical += 1
+    return dict(same_tokens_as_off=identical == len(off) * len(off[0]), identical_answers=identical,
+                mean_common_prefix=sum(common) / len(common), first_logprob_max_diff=max_diff)
+
+
 def _peak_gib(device) -> float | None:
     stats = device.memory_stats() or {}
     peak = stats.get("peak_bytes_in_use")
@@ -100,6 +131,8 @@ def main(argv=None, print_fn=print) -> list[dict]:
     parser.add_argument("--turns", type=int, default=None, help="turns a dialogue (3; tiny 2)")
     parser.add_argument("--feedback", type=int, default=None, help="tokens appended after each answer (64; tiny 40)")
     parser.add_argument("--dialogue_prompt", type=int, default=None, help="a dialogue's first prompt (1024; tiny 120)")
+    parser.add_argument("--parts", default="train,decode,dialogue",
+                        help="which parts to run, in this order (a lease-limited run puts the one it needs first)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--attention", default="cudnn", choices=("cudnn", "xla"), help="GPU attention kernel")
     parser.add_argument("--peak_tflops", type=float, default=None, help="device bf16 peak, for MFU")
@@ -115,6 +148,9 @@ def main(argv=None, print_fn=print) -> list[dict]:
     dialogues = (4 if tiny else 64) if args.dialogues is None else args.dialogues
     turns, feedback = args.turns or (2 if tiny else 3), args.feedback or (40 if tiny else 64)
     first_prompt = args.dialogue_prompt or (120 if tiny else 1024)
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    if not parts or set(parts) - {"train", "decode", "dialogue"} or len(set(parts)) != len(parts):
+        parser.error(f"--parts {args.parts!r}: name each of train, decode, dialogue at most once")
 
     import jax
     import jax.numpy as jnp
@@ -163,97 +199,121 @@ def main(argv=None, print_fn=print) -> list[dict]:
             return True
         return False
 
-    rng = np.random.default_rng(0)
     on_gpu = device.platform == "gpu"
     set_attention(model, "cudnn" if on_gpu and args.attention == "cudnn" else "auto")
-    for micro in micros:
-        if out_of_time(f"train micro-batch {micro}"):
-            continue
-        ids = rng.integers(0, cfg.llm.vocab_size - 2, (micro, seq)).astype(np.int32)
-        loss_mask = np.zeros((micro, seq), np.float32)
-        loss_mask[:, seq // 2:] = 1.0
-        batch = {"input_ids": jnp.asarray(ids), "attention_mask": jnp.ones((micro, seq), jnp.int32),
-                 "loss_mask": jnp.asarray(loss_mask), "turn_ids": jnp.asarray(np.where(loss_mask > 0, 2, -1))}
-        trainer = Trainer(model, train_config(batch_size=micro, loss_chunk=512, lr=1e-5), loss_config(), 1000,
-                          make_mesh((1, 1, 1), [device]))
-        holder = {"state": trainer.initial_state}
+    kernel = lambda: ("cudnn" if model.cfg.attention == "cudnn" else "xla") if on_gpu else "grouped (CPU)"
 
-        def step():
-            holder["state"], metrics = trainer.step(holder["state"], batch, jax.random.key(0))
-            jax.block_until_ready(metrics["loss"])
-
-        attention = args.attention if on_gpu else "grouped (CPU)"
+    def with_fallback(what, fn):
+        """fn(), and again with XLA's attention if cuDNN's rejects the shapes (it does some, at compile time)."""
         try:
-            seconds = _best(step, args.repeats)
-        except Exception as error:  # noqa: BLE001 - cuDNN rejects some shapes/dtypes at compile time
+            return fn()
+        except Exception as error:  # noqa: BLE001
             if model.cfg.attention != "cudnn":
                 raise
-            print_fn(f"cuDNN attention failed ({type(error).__name__}: {str(error)[:200]}); using XLA's")
+            print_fn(f"cuDNN attention failed in {what} ({type(error).__name__}: {str(error)[:200]}); using XLA's")
             set_attention(model, "auto")
-            attention = "xla (cuDNN failed)"
-            trainer = Trainer(model, train_config(batch_size=micro, loss_chunk=512, lr=1e-5), loss_config(), 1000,
-                              make_mesh((1, 1, 1), [device]))
-            holder["state"] = trainer.initial_state
-            seconds = _best(step, args.repeats)
-        tokens = micro * seq / seconds
-        row = dict(kind="train", batch=micro, seconds=seconds, tokens_per_s=tokens, attention=attention,
-                   mfu_6n=None if peak is None else tokens * flops["6N"] / (peak * 1e12),
-                   mfu_4n=None if peak is None else tokens * flops["4N"] / (peak * 1e12), peak_gib=_peak_gib(device))
-        record(row)
-        print_fn(f"train micro-batch {micro} done ({time.perf_counter() - start_all:.0f}s)")
+            return fn()
 
-    set_layer_layout(model, False)  # decoding reads each layer's weights in place
-    for batch_size in decode_batches:
-        if out_of_time(f"decode batch {batch_size}"):
-            continue
-        prompts = list(rng.integers(0, cfg.llm.vocab_size - 2, (batch_size, prompt_len)))
+    def train_part():
+        set_layer_layout(model, True)  # the stacked, scanned layers of training
+        rng = np.random.default_rng(0)
+        for micro in micros:
+            if out_of_time(f"train micro-batch {micro}"):
+                continue
+            ids = rng.integers(0, cfg.llm.vocab_size - 2, (micro, seq)).astype(np.int32)
+            loss_mask = np.zeros((micro, seq), np.float32)
+            loss_mask[:, seq // 2:] = 1.0
+            batch = {"input_ids": jnp.asarray(ids), "attention_mask": jnp.ones((micro, seq), jnp.int32),
+                     "loss_mask": jnp.asarray(loss_mask), "turn_ids": jnp.asarray(np.where(loss_mask > 0, 2, -1))}
 
-        def run(n):
-            config_n = DecodeConfig(max_new_tokens=n, stop_ids=(), bucket_min=min(64, prompt_len))
-            return lambda: generate(model, prompts, config=config_n).tokens
+            def timed_step():
+                trainer = Trainer(model, train_config(batch_size=micro, loss_chunk=512, lr=1e-5), loss_config(),
+                                  1000, make_mesh((1, 1, 1), [device]))
+                holder = {"state": trainer.initial_state}
 
-        try:
-            total, prefill = _best(run(new), args.repeats), _best(run(1), args.repeats)
-        except Exception as error:  # noqa: BLE001 - cuDNN may reject the prefill's padded shapes
-            if model.cfg.attention != "cudnn":
-                raise
-            print_fn(f"cuDNN attention failed in prefill ({type(error).__name__}: {str(error)[:200]}); using XLA's")
-            set_attention(model, "auto")
-            total, prefill = _best(run(new), args.repeats), _best(run(1), args.repeats)
-        record(dict(kind="decode", batch=batch_size, seconds=total, prefill_s=prefill,
-                         tokens_per_s=batch_size * new / total,
-                         decode_tokens_per_s=batch_size * (new - 1) / (total - prefill) if total > prefill else None,
-                         peak_gib=_peak_gib(device),
-                         attention=("cudnn" if model.cfg.attention == "cudnn" else "xla") if on_gpu else "grouped (CPU)"))
-        print_fn(f"decode batch {batch_size} done ({time.perf_counter() - start_all:.0f}s)")
+                def step():
+                    holder["state"], metrics = trainer.step(holder["state"], batch, jax.random.key(0))
+                    jax.block_until_ready(metrics["loss"])
+
+                return _best(step, args.repeats)
+
+            seconds = with_fallback(f"the train step at micro-batch {micro}", timed_step)
+            tokens = micro * seq / seconds
+            record(dict(kind="train", batch=micro, seconds=seconds, tokens_per_s=tokens, attention=kernel(),
+                        mfu_6n=None if peak is None else tokens * flops["6N"] / (peak * 1e12),
+                        mfu_4n=None if peak is None else tokens * flops["4N"] / (peak * 1e12),
+                        peak_gib=_peak_gib(device)))
+            print_fn(f"train micro-batch {micro} done ({time.perf_counter() - start_all:.0f}s)")
+
+    def decode_part():
+        set_layer_layout(model, False)  # decoding reads each layer's weights in place
+        rng = np.random.default_rng(0)
+        for batch_size in decode_batches:
+            if out_of_time(f"decode batch {batch_size}"):
+                continue
+            prompts = list(rng.integers(0, cfg.llm.vocab_size - 2, (batch_size, prompt_len)))
+
+            def run(n):
+                config_n = DecodeConfig(max_new_tokens=n, stop_ids=(), bucket_min=min(64, prompt_len))
+                return lambda: generate(model, prompts, config=config_n).tokens
+
+            total, prefill = with_fallback(f"the prefill at batch {batch_size}",
+                                           lambda: (_best(run(new), args.repeats), _best(run(1), args.repeats)))
+            record(dict(kind="decode", batch=batch_size, seconds=total, prefill_s=prefill,
+                        tokens_per_s=batch_size * new / total,
+                        decode_tokens_per_s=batch_size * (new - 1) / (total - prefill) if total > prefill else None,
+                        peak_gib=_peak_gib(device), attention=kernel()))
+            print_fn(f"decode batch {batch_size} done ({time.perf_counter() - start_all:.0f}s)")
 
     from fire_jax.infer.engine import Engine, Request
 
     def dialogue_run(prefix_cache: bool) -> dict:
         """``dialogues`` concurrent dialogues of ``turns`` turns on one engine: each turn's prompt is the last
-        one, its answer and ``feedback`` new tokens (a student's next prompt in a free dialogue)."""
+        one, its answer and ``feedback`` new tokens (a student's next prompt in a free dialogue). The same
+        random tokens every call."""
         turn_rng = np.random.default_rng(1)
         prompts = [turn_rng.integers(0, cfg.llm.vocab_size - 2, first_prompt).tolist() for _ in range(dialogues)]
         longest = first_prompt + turns * (new + feedback)
         engine = Engine(model, slots=dialogues, cache_len=longest + 2 * new + 64, prefix_cache=prefix_cache,
                         stop_ids=(), pad_id=0)
         start = time.perf_counter()
-        generated = 0
+        generated, answers = 0, []
         for _ in range(turns):
             results = engine.generate([Request(p, max_tokens=new, stop_ids=()) for p in prompts])
             generated += sum(len(r.tokens) for r in results)
+            answers.append([(r.tokens, r.logprobs) for r in results])
             prompts = [p + r.tokens + turn_rng.integers(0, cfg.llm.vocab_size - 2, feedback).tolist()
                        for p, r in zip(prompts, results)]
+        jax.block_until_ready(engine.cache.k)
         seconds = time.perf_counter() - start
         return dict(kind="dialogue", batch=dialogues, prefix_cache=prefix_cache, seconds=seconds,
-                    tokens_per_s=generated / seconds, turns=turns, peak_gib=_peak_gib(device),
+                    tokens_per_s=generated / seconds, turns=turns, attention=kernel(),
+                    answers=answers,
                     **{k: int(engine.stats[k]) for k in ("prompt_tokens", "reused_tokens", "prefilled_tokens")})
 
-    if dialogues and not out_of_time("multi-turn dialogues"):
-        dialogue_run(True)  # compiles the engine's kernels for these shapes (the cache-off run shares them)
+    def dialogue_part():
+        if not dialogues or out_of_time("multi-turn dialogues"):
+            return
+        set_layer_layout(model, False)
+
+        def warm_up():  # each mode compiles its own programs: whole-prompt prefills of the later turns (off),
+            for mode in (False, True):  # cached-prefix prefills (on)
+                dialogue_run(mode)
+
+        with_fallback("the engine's prefills", warm_up)
         for prefix_cache in (False, True):
-            record(dialogue_run(prefix_cache))
+            runs = [dialogue_run(prefix_cache) for _ in range(max(1, args.repeats))]
+            row = min(runs, key=lambda r: r["seconds"])
+            row["peak_gib"] = _peak_gib(device)
+            answers = row.pop("answers")
+            if prefix_cache:  # greedy: the same answers with and without the cache?
+                row.update(_agreement(off_answers, answers))
+            off_answers = answers
+            record(row)
         print_fn(f"multi-turn dialogues done ({time.perf_counter() - start_all:.0f}s)")
+
+    for part in parts:
+        {"train": train_part, "decode": decode_part, "dialogue": dialogue_part}[part]()
 
     fmt = lambda x, spec: "n/a" if x is None else format(x, spec)
     print_fn("")
@@ -268,11 +328,21 @@ def main(argv=None, print_fn=print) -> list[dict]:
             print_fn(f"| engine, {r['turns']}-turn dialogues, prompt {first_prompt}, {new} new + {feedback} a turn | "
                      f"{r['batch']} | {r['seconds']:.3f} | {r['tokens_per_s']:.0f} | | | | | "
                      f"{fmt(r['peak_gib'], '.1f')} | prefix cache {'on' if r['prefix_cache'] else 'off'}: "
-                     f"{r['prefilled_tokens']:,} of {r['prompt_tokens']:,} prompt tokens prefilled |")
+                     f"{r['prefilled_tokens']:,} of {r['prompt_tokens']:,} prompt tokens prefilled"
+                     + ("" if "same_tokens_as_off" not in r else
+                        f"; answers identical to off: {r['identical_answers']} of {r['batch'] * r['turns']}, "
+                        f"first-token log-prob |diff| <= {r['first_logprob_max_diff']:.2g}")
+                     + f", attention {r['attention']} |")
         else:
             print_fn(f"| greedy decode, prompt {prompt_len}, {new} new | {r['batch']} | {r['seconds']:.3f} | "
                      f"{r['tokens_per_s']:.0f} | | | {r['prefill_s']:.3f} | {fmt(r['decode_tokens_per_s'], '.0f')} | "
                      f"{fmt(r['peak_gib'], '.1f')} | prefill attention {r['attention']} |")
+    pair = [r for r in rows if r["kind"] == "dialogue"]
+    if len(pair) == 2:
+        off, on = pair
+        print_fn(f"dialogue: prefill tokens {off['prefilled_tokens']:,} -> {on['prefilled_tokens']:,} "
+                 f"({off['prefilled_tokens'] / max(on['prefilled_tokens'], 1):.2f}x fewer), wall "
+                 f"{off['seconds']:.2f} -> {on['seconds']:.2f} s ({off['seconds'] / on['seconds']:.2f}x faster)")
     print_fn(f"total {time.perf_counter() - start_all:.0f}s")
     return rows
 
