@@ -2,6 +2,7 @@
 
 import json
 import os
+import tempfile
 
 import numpy as np
 import pytest
@@ -222,9 +223,13 @@ def test_data_config_defaults_and_unknown_fields():
 
 @pytest.fixture(scope="module")
 def tfds_dir(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("tfds"))
-    builder = tfds_fire.build(FIXTURE_FILES, os.path.join(FIXTURES, "images"), "fire_bench", out)
+    out, scratch = str(tmp_path_factory.mktemp("tfds")), str(tmp_path_factory.mktemp("scratch"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tempfile, "tempdir", scratch)
+        builder = tfds_fire.build(FIXTURE_FILES, os.path.join(FIXTURES, "images"), "fire_bench", out)
     assert dict(builder.bad) == {"missing_image": 1}
+    # nothing left in the temporary directory (tensorflow-datasets' bucket lookup, skipped, left a folder a build)
+    assert os.listdir(scratch) == []
     return out
 
 

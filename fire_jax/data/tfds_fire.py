@@ -49,6 +49,14 @@ def features() -> tfds.features.FeaturesDict:
     })
 
 
+class _LocalDatasetInfo(tfds.core.DatasetInfo):
+    """A FIRE build's info: built here, never looked up in tensorflow-datasets' gs://tfds-data bucket (its lookup
+    makes a temporary folder that it leaves behind, one per new build, even with the bucket disabled)."""
+
+    def initialize_from_bucket(self) -> None:
+        pass
+
+
 class Fire(tfds.core.GeneratorBasedBuilder):
     """FIRE conversations and instruction data with their encoded images."""
 
@@ -65,7 +73,7 @@ class Fire(tfds.core.GeneratorBasedBuilder):
         super().__init__(**kwargs)
 
     def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(builder=self, description=__doc__, features=features(),
+        return _LocalDatasetInfo(builder=self, description=__doc__, features=features(),
                                      metadata=tfds.core.MetadataDict())
 
     def _split_generators(self, dl_manager):
