@@ -92,6 +92,12 @@ def _best(fn, repeats: int) -> float:
     return best
 
 
+def attention_kernel(platform: str, requested: str) -> str:
+    """The model's attention kernel for every part: cuDNN's on a GPU when asked (the default), else "auto"
+    (XLA's on a GPU, the grouped CPU kernel elsewhere). Set once, before the first part, whatever their order."""
+    return "cudnn" if platform == "gpu" and requested == "cudnn" else "auto"
+
+
 def _agreement(off: list, on: list) -> dict:
     """Greedy answers of the cache-off and cache-on runs (``[turn][dialogue] = (tokens, logprobs)``) compared.
 
@@ -200,7 +206,7 @@ def main(argv=None, print_fn=print) -> list[dict]:
         return False
 
     on_gpu = device.platform == "gpu"
-    set_attention(model, "cudnn" if on_gpu and args.attention == "cudnn" else "auto")
+    set_attention(model, attention_kernel(device.platform, args.attention))
     kernel = lambda: ("cudnn" if model.cfg.attention == "cudnn" else "xla") if on_gpu else "grouped (CPU)"
 
     def with_fallback(what, fn):

@@ -30,6 +30,12 @@ def test_tiny_gpu_benchmark_runs_on_cpu():
     assert lines[-2].startswith(f"dialogue: prefill tokens {off['prefilled_tokens']:,} -> {on['prefilled_tokens']:,} (")
 
 
+def test_cudnn_attention_is_the_gpu_default():
+    assert gpu.attention_kernel("gpu", "cudnn") == "cudnn" and gpu.attention_kernel("gpu", "xla") == "auto"
+    assert gpu.attention_kernel("cpu", "cudnn") == "auto"
+    assert "attention_kernel" in gpu.main.__code__.co_names  # main sets the kernel before any part runs
+
+
 def test_parts_pick_and_order_the_rows():
     rows = gpu.main(["--tiny", "--repeats", "1", "--parts", "dialogue,decode", "--decode_batches", "1"],
                     print_fn=lambda line: None)
