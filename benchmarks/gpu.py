@@ -290,7 +290,6 @@ def main(argv=None, print_fn=print) -> list[dict]:
             answers.append([(r.tokens, r.logprobs) for r in results])
             prompts = [p + r.tokens + turn_rng.integers(0, cfg.llm.vocab_size - 2, feedback).tolist()
                        for p, r in zip(prompts, results)]
-        jax.block_until_ready(engine.cache.k)
         seconds = time.perf_counter() - start
         return dict(kind="dialogue", batch=dialogues, prefix_cache=prefix_cache, seconds=seconds,
                     tokens_per_s=generated / seconds, turns=turns, attention=kernel(),

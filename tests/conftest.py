@@ -19,6 +19,7 @@ A later module that needs one of them again loads it from the compilation cache.
 """
 
 import atexit
+import contextlib
 import gc
 import os
 import shutil
@@ -90,3 +91,26 @@ def _free_compiled_programs():
 
     jax.clear_caches()
     gc.collect()
+
+
+@pytest.fixture
+def backend_compiles():
+    """A context manager that lists the XLA backend compiles run inside its block (a load from the run's
+    compilation cache counts too): ``with backend_compiles() as compiles: ...`` then ``compiles == []``."""
+    import jax
+
+    @contextlib.contextmanager
+    def listen():
+        compiles = []
+
+        def on_event(event, seconds, **kwargs):
+            if event.endswith("backend_compile_duration"):
+                compiles.append(event)
+
+        jax.monitoring.register_event_duration_secs_listener(on_event)
+        try:
+            yield compiles
+        finally:
+            jax.monitoring.unregister_event_duration_listener(on_event)
+
+    return listen

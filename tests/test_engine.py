@@ -82,7 +82,8 @@ def test_greedy_alone_equals_among_31_others_and_generate(loaded, engine, reques
         np.testing.assert_allclose(result.logprobs, ref.logprobs[0, :request.max_tokens], atol=1e-4)
 
 
-def test_weights_committed_to_a_device_run_the_programs_already_compiled(loaded, requests, together):
+def test_weights_committed_to_a_device_run_the_programs_already_compiled(loaded, requests, together,
+                                                                          backend_compiles):
     """A model restored from a checkpoint holds arrays committed to a device (orbax places them), one built in
     process does not: an engine over either meets the programs the other compiled, with the same tokens.
     (Before, each evaluation of the main job that loaded a trained adapter compiled every engine program again.)"""
@@ -93,14 +94,9 @@ def test_weights_committed_to_a_device_run_the_programs_already_compiled(loaded,
     assert not any(x.committed for x in jax.tree.leaves(state))
     committed = jax.device_put(state, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
     restored_like = nnx.merge(nnx.graphdef(loaded.model), committed)
-    compiles = []
-    listen = lambda event, seconds, **kw: compiles.append(event) if event.endswith("backend_compile_duration") else None
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
+    with backend_compiles() as compiles:
         results = Engine(restored_like, tokenizer=loaded.chat.tokenizer, slots=32, cache_len=320, prefill_batch=4,
                          chunk=8, pad_id=loaded.chat.pad_id).generate(requests)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
     assert [r.tokens for r in results] == [r.tokens for r in together]
     assert compiles == []
 

@@ -416,7 +416,7 @@ def test_8b_parameter_counts_abstract():
     assert 0.003 < lora / llm < 0.005
 
 
-def test_traced_builds_draw_the_keys_of_nnx_rngs():
+def test_traced_builds_draw_the_keys_of_nnx_rngs(backend_compiles):
     """abstract_model, fresh_lora_state and build_model on a mesh build the model under a trace with InitKeys:
     the keys of nnx.Rngs(seed), so the jitted LoRA init is the eager model's bit for bit and the abstract model
     has the eager one's graph and shapes."""
@@ -437,13 +437,8 @@ def test_traced_builds_draw_the_keys_of_nnx_rngs():
         np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(path))
     # Compiled once per (config, seed) in a process (each HF checkpoint load draws fresh factors), and each call
     # returns arrays of its own.
-    compiles = []
-    listen = lambda event, seconds, **kw: compiles.append(event) if event.endswith("backend_compile_duration") else None
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
+    with backend_compiles() as compiles:
         again = nnx.to_flat_state(convert.fresh_lora_state(cfg, 7))
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
     assert compiles == []
     for (_, a), (_, b) in zip(drawn, again):
         np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]))
