@@ -202,4 +202,7 @@ def main(argv=None, print_fn=print) -> dict:
 
 
 if __name__ == "__main__":
+    from fire_jax.hugepages import reexec_with_huge_pages
+
+    reexec_with_huge_pages()
     input_errors_end_in_one_line("fire_jax.batch_infer")(main)()

@@ -139,4 +139,7 @@ def main(argv=None, input_fn=input, print_fn=print) -> list[Turn]:
 
 
 if __name__ == "__main__":
+    from fire_jax.hugepages import reexec_with_huge_pages
+
+    reexec_with_huge_pages()
     input_errors_end_in_one_line("fire_jax.chat")(main)()

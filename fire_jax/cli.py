@@ -199,8 +199,13 @@ def define_config_flag(module: str, prog: str, default: str | None, help_text: s
 
 def run_absl(main, prog: str) -> None:
     """``app.run(main)``, input errors ending in one line (:func:`input_errors_end_in_one_line`), a flag that
-    does not parse too (absl's own report is two lines and exit 1)."""
+    does not parse too (absl's own report is two lines and exit 1). A command's ``__main__`` only: it first
+    re-executes the process with transparent huge pages where they help (:mod:`fire_jax.hugepages`)."""
     from absl import app, flags
+
+    from fire_jax.hugepages import reexec_with_huge_pages
+
+    reexec_with_huge_pages()
 
     def parse(argv):
         try:

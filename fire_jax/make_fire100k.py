@@ -283,4 +283,7 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
+    from fire_jax.hugepages import reexec_with_huge_pages
+
+    reexec_with_huge_pages()
     input_errors_end_in_one_line("fire_jax.make_fire100k")(main)()
