@@ -1,6 +1,7 @@
 """Test-wide setup: 8 host CPU devices for mesh tests, tests/ on the path, XLA:CPU's backend at -O0
-(``loopback.TEST_XLA_FLAGS``, also in the subprocesses the tests start), one compilation cache per run, and
-compiled programs freed per module.
+(``loopback.TEST_XLA_FLAGS``, also in the subprocesses the tests start), one compilation cache per run,
+compiled programs freed per module, and glibc's huge pages for the workers (``fire_jax.hugepages``; the commands
+re-run themselves to get them, the workers start with them).
 
 **One compilation cache per run.** The suite builds the same tiny models in many modules and in the
 subprocesses of its CLI, server and main-job tests, and each training stage jits its own step, so the same
@@ -33,6 +34,11 @@ from loopback import TEST_XLA_FLAGS  # noqa: E402  (tests/ is on the path from h
 
 os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {TEST_XLA_FLAGS}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from fire_jax import hugepages  # noqa: E402
+
+if hugepages.wanted():  # huge pages for the test workers and their subprocesses, as the commands take them
+    os.environ["GLIBC_TUNABLES"] = hugepages.tunables()
 
 _cache = os.environ.get("FIRE_JAX_TEST_XLA_CACHE", "")
 if _cache != "off" and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
