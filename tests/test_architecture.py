@@ -97,6 +97,14 @@ def test_config_layer_imports_only_ml_collections():
     assert {n.split(".")[0] for n in names} - set(sys.stdlib_module_names) == {"ml_collections"}
 
 
+def test_hugepages_imports_only_the_standard_library():
+    """fire_jax.hugepages runs before a command imports anything heavy (it may re-execute the process)."""
+    import sys
+
+    names = imports_of(os.path.join(PACKAGE, "hugepages.py"))
+    assert names and {n.split(".")[0] for n in names} <= set(sys.stdlib_module_names) | {"__future__"}
+
+
 def test_config_files_import_only_the_config_layer():
     paths = modules(os.path.join(ROOT, "configs"))
     assert len(paths) >= 10
