@@ -35,7 +35,7 @@ from typing import Sequence
 
 import jax
 
-from fire_jax.cli import input_errors_end_in_one_line, require_model_config
+from fire_jax.cli import run_command, require_model_config
 from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, resolve_path, split_overrides
 from fire_jax.data.images import load_image
 from fire_jax.data.records import BadRecordError, BadRecords, Turn, parse_score
@@ -202,7 +202,4 @@ def main(argv=None, print_fn=print) -> dict:
 
 
 if __name__ == "__main__":
-    from fire_jax.hugepages import reexec_with_huge_pages
-
-    reexec_with_huge_pages()
-    input_errors_end_in_one_line("fire_jax.batch_infer")(main)()
+    run_command(main, "fire_jax.batch_infer")

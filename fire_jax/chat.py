@@ -26,7 +26,7 @@ import argparse
 import jax
 from PIL import Image, ImageDraw
 
-from fire_jax.cli import input_errors_end_in_one_line, require_model_config
+from fire_jax.cli import run_command, require_model_config
 from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, split_overrides
 from fire_jax.data.records import Turn, parse_score
 from fire_jax.infer.agents import from_specs
@@ -139,7 +139,4 @@ def main(argv=None, input_fn=input, print_fn=print) -> list[Turn]:
 
 
 if __name__ == "__main__":
-    from fire_jax.hugepages import reexec_with_huge_pages
-
-    reexec_with_huge_pages()
-    input_errors_end_in_one_line("fire_jax.chat")(main)()
+    run_command(main, "fire_jax.chat")

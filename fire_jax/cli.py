@@ -197,6 +197,16 @@ def define_config_flag(module: str, prog: str, default: str | None, help_text: s
     return holder
 
 
+def run_command(main, prog: str) -> None:
+    """A plain command's ``__main__`` (argparse): re-executed with transparent huge pages where they help
+    (:mod:`fire_jax.hugepages`), then ``main()`` with input errors ending in one line
+    (:func:`input_errors_end_in_one_line`). :func:`run_absl` is the same for absl commands."""
+    from fire_jax.hugepages import reexec_with_huge_pages
+
+    reexec_with_huge_pages()
+    input_errors_end_in_one_line(prog)(main)()
+
+
 def run_absl(main, prog: str) -> None:
     """``app.run(main)``, input errors ending in one line (:func:`input_errors_end_in_one_line`), a flag that
     does not parse too (absl's own report is two lines and exit 1). A command's ``__main__`` only: it first

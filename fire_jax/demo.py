@@ -52,7 +52,7 @@ from typing import Callable
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, StreamingResponse
 
-from fire_jax.cli import input_errors_end_in_one_line, require_model_config
+from fire_jax.cli import run_command, require_model_config
 from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, split_overrides
 from fire_jax.data.images import preprocess
 from fire_jax.data.records import BadRecordError, Turn, parse_record, parse_score, to_raw
@@ -392,7 +392,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from fire_jax.hugepages import reexec_with_huge_pages
-
-    reexec_with_huge_pages()
-    input_errors_end_in_one_line("fire_jax.demo")(main)()
+    run_command(main, "fire_jax.demo")

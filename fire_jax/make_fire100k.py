@@ -45,7 +45,7 @@ import math
 import os
 import re
 
-from fire_jax.cli import input_errors_end_in_one_line
+from fire_jax.cli import run_command
 from fire_jax.config import resolve_path
 from fire_jax.data.items import Item, load_triplets
 from fire_jax.data.records import BadRecordError, BadRecords, Turn, improved, load_records, parse_record
@@ -283,7 +283,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    from fire_jax.hugepages import reexec_with_huge_pages
-
-    reexec_with_huge_pages()
-    input_errors_end_in_one_line("fire_jax.make_fire100k")(main)()
+    run_command(main, "fire_jax.make_fire100k")

@@ -66,7 +66,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from fire_jax.cli import input_errors_end_in_one_line, require_model_config
+from fire_jax.cli import run_command, require_model_config
 from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, split_overrides
 from fire_jax.data.chat import Message
 from fire_jax.data.images import preprocess
@@ -574,7 +574,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from fire_jax.hugepages import reexec_with_huge_pages
-
-    reexec_with_huge_pages()
-    input_errors_end_in_one_line("fire_jax.serve")(main)()
+    run_command(main, "fire_jax.serve")
