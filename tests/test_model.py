@@ -468,6 +468,38 @@ def test_blocked_and_single_query_attention_equal_the_reference():
     np.testing.assert_allclose(last, ref[:, -1:], rtol=1e-5, atol=1e-5)
 
 
+def test_last_positions_alone_equal_the_full_forward(pair, batch):
+    """hidden_states(..., last=...) (a prefill's next-token position per row; the top layer's queries and MLP
+    run there alone) returns the full forward's hidden states at those positions, and writes the same cache,
+    in both layer layouts."""
+    _, model, directory = pair
+    ids, mask, pv, idx, lengths = batch
+    last = jnp.asarray(np.asarray(lengths) - 1, jnp.int32)  # right-padded rows end at different columns
+    args = tuple(map(jnp.asarray, (ids, pv, idx, mask)))
+    rows = np.arange(ids.shape[0])
+
+    def run(m, last, with_cache):
+        graphdef, state = nnx.split(m)
+
+        @jax.jit
+        def f(state, last):
+            cache = KVCache.init(m.cfg.llm, ids.shape[0], ids.shape[1], jnp.float32) if with_cache else None
+            return nnx.merge(graphdef, state).hidden_states(*args, cache=cache, last=last)
+
+        out, cache = f(state, last)
+        return np.asarray(out), cache
+
+    for m in (model, convert.load_hf_checkpoint(directory, scan_layers=True)):
+        for with_cache in ((False, True) if m is model else (False,)):
+            full, full_cache = run(m, None, with_cache)
+            picked, picked_cache = run(m, last, with_cache)
+            assert picked.shape == (ids.shape[0], 1, m.cfg.llm.dim)
+            np.testing.assert_allclose(picked[:, 0], full[rows, np.asarray(last)], rtol=1e-5, atol=1e-5)
+            if with_cache:
+                for a, b in zip(jax.tree.leaves(full_cache), jax.tree.leaves(picked_cache)):
+                    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+
+
 def test_the_attention_kernel_is_a_model_config_field(pair, batch):
     """model.attention picks the kernel of every attention layer: the CPU kernel ("auto" here) and XLA's
     jax.nn.dot_product_attention give the same logits; set_attention switches a built model in place."""

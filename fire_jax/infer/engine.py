@@ -150,12 +150,13 @@ def _admit(graph: _Graph, state, cache: KVCache, hidden, input_ids, attention_ma
     model = nnx.merge(graph.graphdef, state)
     rows, bucket = input_ids.shape
     fresh = KVCache.init(model.cfg.llm, rows, bucket, model.dtype)
-    out, fresh = model.hidden_states(input_ids, pixel_values, image_index, attention_mask, positions, fresh)
+    last = jnp.full((rows,), bucket - 1, jnp.int32)  # left-padded: every prompt ends in the last column
+    out, fresh = model.hidden_states(input_ids, pixel_values, image_index, attention_mask, positions, fresh, last=last)
     write = lambda c, f: c.at[slots, :, :bucket].set(f.astype(c.dtype))
     row_mask = jnp.zeros((rows, cache.mask.shape[1]), bool).at[:, :bucket].set(fresh.mask)  # clears the old occupant
     cache = KVCache(tuple(map(write, cache.k, fresh.k)), tuple(map(write, cache.v, fresh.v)),
                     cache.mask.at[slots].set(row_mask), cache.index)
-    return cache, hidden.at[slots].set(out[:, -1].astype(hidden.dtype))
+    return cache, hidden.at[slots].set(out[:, 0].astype(hidden.dtype))
 
 
 @functools.partial(jax.jit, static_argnames=("graph", "window"), donate_argnames=("cache", "hidden"))
@@ -175,12 +176,12 @@ def _extend(graph: _Graph, state, cache: KVCache, hidden, input_ids, attention_m
     mask = cache.mask.at[source[:, None], columns].get(mode="fill", fill_value=False)
     prefix = KVCache(tuple(map(cut, cache.k)), tuple(map(cut, cache.v)), mask & (jnp.arange(window) < start[:, None]),
                      start)
-    out, prefix = model.hidden_states(input_ids, None, None, attention_mask, positions, prefix)
+    out, prefix = model.hidden_states(input_ids, None, None, attention_mask, positions, prefix, last=last)
     write = lambda c, f: c.at[slots, :, :window].set(f.astype(c.dtype))
     row_mask = jnp.zeros((rows, cache.mask.shape[1]), bool).at[:, :window].set(prefix.mask)
     cache = KVCache(tuple(map(write, cache.k, prefix.k)), tuple(map(write, cache.v, prefix.v)),
                     cache.mask.at[slots].set(row_mask), cache.index)
-    return cache, hidden.at[slots].set(out[jnp.arange(rows), last].astype(hidden.dtype))
+    return cache, hidden.at[slots].set(out[:, 0].astype(hidden.dtype))
 
 
 @functools.partial(jax.jit, static_argnames=("graph", "logprobs"))

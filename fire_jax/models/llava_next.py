@@ -93,15 +93,16 @@ class LlavaNext(nnx.Module):
         return jnp.where(image_index[..., None] >= 0, gathered.astype(embeds.dtype), embeds)
 
     def hidden_states(self, input_ids, pixel_values=None, image_index=None, attention_mask=None, positions=None,
-                      cache: KVCache | None = None, dropout_rng=None):
-        """Final normed hidden states ``[batch, seq, dim]`` and the updated cache."""
+                      cache: KVCache | None = None, dropout_rng=None, last=None):
+        """Final normed hidden states ``[batch, seq, dim]`` and the updated cache; ``last`` ``[batch]``: only
+        row b's position ``last[b]``, ``[batch, 1, dim]`` (:class:`fire_jax.models.llama.LlamaModel`)."""
         if attention_mask is None:
             attention_mask = jnp.ones(input_ids.shape, jnp.int32)
         if positions is None:
             offset = 0 if cache is None else cache.index
             positions = jnp.broadcast_to(offset + jnp.arange(input_ids.shape[1]), input_ids.shape)
         embeds = self.embed(input_ids, pixel_values, image_index)
-        return self.language_model.model(embeds, positions, attention_mask, cache, dropout_rng)
+        return self.language_model.model(embeds, positions, attention_mask, cache, dropout_rng, last)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """hidden ``[..., dim]`` -> logits ``[..., vocab]``."""
