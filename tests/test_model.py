@@ -461,11 +461,17 @@ def test_blocked_and_single_query_attention_equal_the_reference():
     mask = (jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :])[:, None]
     ref = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=d ** -0.5)
     kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # the cache layout attention() takes
-    attention = jax.jit(layers.attention, static_argnames="causal")
+    attention = jax.jit(layers.attention, static_argnames=("causal", "keys_transposed"))
     np.testing.assert_allclose(attention(q, kh, vh, mask), ref, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(attention(q, kh, vh, mask, causal=True), ref, rtol=1e-5, atol=1e-5)
     last = attention(q[:, -1:], kh, vh, mask[:, :, -1:])  # one decode step over the whole cache
     np.testing.assert_allclose(last, ref[:, -1:], rtol=1e-5, atol=1e-5)
+    # The KV cache's keys, [batch, kv_heads, head_dim, len]: a decode step, and a prefill reading them.
+    kt = kh.swapaxes(2, 3)
+    np.testing.assert_allclose(attention(q[:, -1:], kt, vh, mask[:, :, -1:], keys_transposed=True), ref[:, -1:],
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(attention(q, kt, vh, mask, causal=True, keys_transposed=True), ref, rtol=1e-5,
+                               atol=1e-5)
 
 
 def test_last_positions_alone_equal_the_full_forward(pair, batch):

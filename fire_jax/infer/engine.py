@@ -63,7 +63,7 @@ from fire_jax.data.images import pad_tiles
 from fire_jax.geometry import place_images
 from fire_jax.infer.prefix_cache import PrefixCache, image_key
 from fire_jax.infer.sampling import RowSettings, pick
-from fire_jax.models.llama import KVCache
+from fire_jax.models.llama import KVCache, columns
 
 #: Times each jitted function was traced (= compiled): one per new shape or static config.
 TRACE_COUNTS: collections.Counter = collections.Counter()
@@ -152,10 +152,10 @@ def _admit(graph: _Graph, state, cache: KVCache, hidden, input_ids, attention_ma
     fresh = KVCache.init(model.cfg.llm, rows, bucket, model.dtype)
     last = jnp.full((rows,), bucket - 1, jnp.int32)  # left-padded: every prompt ends in the last column
     out, fresh = model.hidden_states(input_ids, pixel_values, image_index, attention_mask, positions, fresh, last=last)
-    write = lambda c, f: c.at[slots, :, :bucket].set(f.astype(c.dtype))
+    written = cache.map_columns(lambda c, f, axis: c.at[columns(axis, slots, slice(0, bucket))].set(f.astype(c.dtype)),
+                                fresh)
     row_mask = jnp.zeros((rows, cache.mask.shape[1]), bool).at[:, :bucket].set(fresh.mask)  # clears the old occupant
-    cache = KVCache(tuple(map(write, cache.k, fresh.k)), tuple(map(write, cache.v, fresh.v)),
-                    cache.mask.at[slots].set(row_mask), cache.index)
+    cache = KVCache(written.k, written.v, cache.mask.at[slots].set(row_mask), cache.index)
     return cache, hidden.at[slots].set(out[:, 0].astype(hidden.dtype))
 
 
@@ -171,16 +171,18 @@ def _extend(graph: _Graph, state, cache: KVCache, hidden, input_ids, attention_m
     TRACE_COUNTS["engine_extend"] += 1
     model = nnx.merge(graph.graphdef, state)
     rows = input_ids.shape[0]
-    columns = shift[:, None] + jnp.arange(window)  # [rows, window]: source columns, past the end -> fill
-    cut = lambda x: x.at[source[:, None], :, columns].get(mode="fill", fill_value=0).transpose(0, 2, 1, 3)
-    mask = cache.mask.at[source[:, None], columns].get(mode="fill", fill_value=False)
-    prefix = KVCache(tuple(map(cut, cache.k)), tuple(map(cut, cache.v)), mask & (jnp.arange(window) < start[:, None]),
-                     start)
+    cols = shift[:, None] + jnp.arange(window)  # [rows, window]: source columns, past the end -> fill
+
+    def cut(x, axis):  # indexed: [rows, window, the other axes]; back to the column axis
+        return jnp.moveaxis(x.at[columns(axis, source[:, None], cols)].get(mode="fill", fill_value=0), 1, axis)
+
+    prefix = cache.map_columns(cut)
+    prefix = KVCache(prefix.k, prefix.v, prefix.mask & (jnp.arange(window) < start[:, None]), start)
     out, prefix = model.hidden_states(input_ids, None, None, attention_mask, positions, prefix, last=last)
-    write = lambda c, f: c.at[slots, :, :window].set(f.astype(c.dtype))
+    written = cache.map_columns(lambda c, f, axis: c.at[columns(axis, slots, slice(0, window))].set(f.astype(c.dtype)),
+                                prefix)
     row_mask = jnp.zeros((rows, cache.mask.shape[1]), bool).at[:, :window].set(prefix.mask)
-    cache = KVCache(tuple(map(write, cache.k, prefix.k)), tuple(map(write, cache.v, prefix.v)),
-                    cache.mask.at[slots].set(row_mask), cache.index)
+    cache = KVCache(written.k, written.v, cache.mask.at[slots].set(row_mask), cache.index)
     return cache, hidden.at[slots].set(out[:, 0].astype(hidden.dtype))
 
 
@@ -212,8 +214,7 @@ def _decode_chunk(graph: _Graph, state, cache: KVCache, column, token, position,
     model = nnx.merge(graph.graphdef, state)
     slots = token.shape[0]
     whole = cache
-    cache = KVCache(tuple(x[:slots, :, :window] for x in cache.k), tuple(x[:slots, :, :window] for x in cache.v),
-                    cache.mask[:slots, :window], cache.index)
+    cache = cache.map_columns(lambda x, axis: x[columns(axis, slice(0, slots), slice(0, window))])
 
     def keep_going(carry):
         step, _, _, _, done, finished = carry
@@ -518,9 +519,8 @@ class Engine:
         if old.busy() or old.slots > self.slots or old.cache_len > self.cache_len:
             raise ValueError("adopt takes an idle engine with at most as many slots and columns")
         rows, length = old.slots, old.cache_len
-        put = lambda new, x: new.at[:rows, :, :length].set(x)
-        self.cache = KVCache(tuple(map(put, self.cache.k, old.cache.k)), tuple(map(put, self.cache.v, old.cache.v)),
-                             self.cache.mask.at[:rows, :length].set(old.cache.mask), self.cache.index)
+        self.cache = self.cache.map_columns(
+            lambda new, x, axis: new.at[columns(axis, slice(0, rows), slice(0, length))].set(x), old.cache)
         self.column[:rows], self.padding[:rows] = old.column, old.padding
         self.prefix.adopt(old.prefix)
 

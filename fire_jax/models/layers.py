@@ -133,12 +133,13 @@ QUERY_CHUNK = 512
 CAUSAL_BLOCK = 128
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, causal: bool = False,
-              kernel: str = "auto") -> jax.Array:
+              kernel: str = "auto", keys_transposed: bool = False) -> jax.Array:
     """Scaled dot-product attention, grouped-query aware.
 
-    q ``[batch, q_len, heads, head_dim]``; k/v ``[batch, kv_heads, kv_len, head_dim]``, the KV
-    cache's layout (one head's keys contiguous, so a decode step and the CPU kernels read them in
-    place); mask bool broadcastable to ``[batch, heads, q_len, kv_len]``. ``causal``: the mask hides every
+    q ``[batch, q_len, heads, head_dim]``; k/v ``[batch, kv_heads, kv_len, head_dim]``, one head's
+    columns contiguous, so a decode step and the CPU kernels read them in place; ``keys_transposed``: k is
+    ``[batch, kv_heads, head_dim, kv_len]``, the KV cache's keys (:class:`fire_jax.models.llama.KVCache`);
+    mask bool broadcastable to ``[batch, heads, q_len, kv_len]``. ``causal``: the mask hides every
     key after its query's position, counting both from the start (training, a prefill into a
     fresh cache), so blocks of queries may skip the keys after them. ``kernel``: one of
     :data:`ATTENTION_KERNELS`.
@@ -154,7 +155,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, 
     scale = q.shape[-1] ** -0.5
     b, t, heads, d = q.shape
     if t == 1:
-        return _single_query(q, k, v, mask, scale)
+        return _single_query(q, k, v, mask, scale, keys_transposed)
+    if keys_transposed:  # a prefill over the cache: its keys as the kernels below take them (a copy per layer)
+        k = k.swapaxes(2, 3)
     if kernel not in ATTENTION_KERNELS:
         raise ValueError(f"attention kernel {kernel!r}: choose from {ATTENTION_KERNELS}")
     if kernel == "auto":
@@ -263,24 +266,31 @@ def _grouped_attention_bwd(scale, residuals, d_out):
 _grouped_attention.defvjp(_grouped_attention_fwd, _grouped_attention_bwd)
 
 
-def _single_query(q, k, v, mask, scale):
-    """One query per row (a decode step) over the cache ``[batch, kv_heads, kv_len, head_dim]``.
+def _single_query(q, k, v, mask, scale, keys_transposed=False):
+    """One query per row (a decode step) over the cache: k ``[batch, kv_heads, head_dim, kv_len]`` with
+    ``keys_transposed`` (the KV cache's keys), else ``[batch, kv_heads, kv_len, head_dim]``; v
+    ``[batch, kv_heads, kv_len, head_dim]``.
 
     On CPU the scores are a multiply-and-reduce over head_dim (XLA:CPU's dot for a group of 1-4 query
     rows runs slower than that loop) and the weighted values a dot. Measured in a 4-layer decode loop at
     640 cache slots, ms per step: 11.7 -> 7.3 at batch 32 and 2.7 -> 2.0 at batch 8 against the
-    ``[batch, kv_len, kv_heads, head_dim]`` cache this replaced (read by multiply-and-reduce loops).
+    ``[batch, kv_len, kv_heads, head_dim]`` cache this replaced (read by multiply-and-reduce loops). With the
+    keys transposed the reduction runs across contiguous columns (see KVCache for its measurements).
     """
     b, _, heads, d = q.shape
     kv_heads, group = k.shape[1], heads // k.shape[1]
     qg = q.reshape(b, kv_heads, group, d)  # [batch, kv_heads, group, head_dim]
     if jax.default_backend() == "gpu":
-        scores = jnp.einsum("bkgd,bksd->bkgs", qg, k, preferred_element_type=jnp.float32)
+        spec = "bkgd,bkds->bkgs" if keys_transposed else "bkgd,bksd->bkgs"
+        scores = jnp.einsum(spec, qg, k, preferred_element_type=jnp.float32)
+    elif keys_transposed:
+        scores = jnp.sum(qg[:, :, :, :, None].astype(jnp.float32) * k[:, :, None].astype(jnp.float32), axis=-2)
     else:
         scores = jnp.sum(qg[:, :, :, None, :].astype(jnp.float32) * k[:, :, None, :, :].astype(jnp.float32), axis=-1)
     scores = scores * scale  # [batch, kv_heads, group, kv_len]
+    kv_len = scores.shape[-1]
     if mask is not None:
-        mask = jnp.broadcast_to(mask, (b, heads, 1, k.shape[2])).reshape(b, kv_heads, group, -1)
+        mask = jnp.broadcast_to(mask, (b, heads, 1, kv_len)).reshape(b, kv_heads, group, -1)
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     return jnp.einsum("bkgs,bksd->bkgd", probs, v).reshape(b, 1, heads, d)

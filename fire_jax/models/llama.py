@@ -28,9 +28,18 @@ REMAT_POLICIES = {
 }
 
 
+#: The column (slot) axis of a cached key array ``[batch, kv_heads, head_dim, len]`` and of a cached value
+#: array ``[batch, kv_heads, len, head_dim]``.
+KEY_COLUMNS, VALUE_COLUMNS = 3, 2
+
+
 class KVCache(NamedTuple):
-    """Fixed-size cache. k, v: one ``[batch, kv_heads, max_len, head_dim]`` per layer (a head's keys
-    contiguous: the layout :func:`fire_jax.models.layers.attention` reads in place).
+    """Fixed-size cache, per layer: k ``[batch, kv_heads, head_dim, max_len]`` (keys transposed) and v
+    ``[batch, kv_heads, max_len, head_dim]``, each head's columns contiguous, the layouts
+    :func:`fire_jax.models.layers.attention` reads in place. With the keys transposed, a decode step's scores
+    are a reduction over head_dim across contiguous columns: 30 layers' single-query attention at 192 columns
+    took 8.7-9.4 ms instead of 10.9 at batch 32, and 2.8 instead of 3.9-4.0 at batch 8 (XLA:CPU, SmolLM2-135M's
+    heads), where reducing each column's 64 contiguous values was the slowest op of a decode step.
 
     ``mask`` ``[batch, max_len]`` marks filled, non-padding slots; ``index`` is
     the next slot to write: a scalar shared by the batch (``generate``: prompts
@@ -45,26 +54,34 @@ class KVCache(NamedTuple):
 
     @classmethod
     def init(cls, cfg: LlamaConfig, batch: int, max_len: int, dtype) -> "KVCache":
-        shape = (batch, cfg.kv_heads, max_len, cfg.head_dim)
-        zeros = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.layers))
-        return cls(zeros, zeros, jnp.zeros((batch, max_len), bool), jnp.zeros((), jnp.int32))
+        keys = (batch, cfg.kv_heads, cfg.head_dim, max_len)
+        values = (batch, cfg.kv_heads, max_len, cfg.head_dim)
+        return cls(tuple(jnp.zeros(keys, dtype) for _ in range(cfg.layers)),
+                   tuple(jnp.zeros(values, dtype) for _ in range(cfg.layers)),
+                   jnp.zeros((batch, max_len), bool), jnp.zeros((), jnp.int32))
 
-    def map_columns(self, fn) -> "KVCache":
-        """``fn(array, axis)`` applied along the column (slot) axis: 2 for every k and v, 1 for the mask."""
-        return KVCache(tuple(fn(x, 2) for x in self.k), tuple(fn(x, 2) for x in self.v), fn(self.mask, 1),
-                       self.index)
+    def map_columns(self, fn, *others: "KVCache") -> "KVCache":
+        """``fn(array, *the others' arrays, axis=column axis)`` for every k, v and the mask (axis 1); the
+        index is kept."""
+        k = tuple(fn(*xs, axis=KEY_COLUMNS) for xs in zip(self.k, *(o.k for o in others)))
+        v = tuple(fn(*xs, axis=VALUE_COLUMNS) for xs in zip(self.v, *(o.v for o in others)))
+        return KVCache(k, v, fn(self.mask, *(o.mask for o in others), axis=1), self.index)
+
+
+def columns(axis: int, rows, cols) -> tuple:
+    """An index of ``rows`` on axis 0 and ``cols`` on ``axis``, every axis between whole."""
+    return (rows,) + (slice(None),) * (axis - 1) + (cols,)
 
 
 def write_columns(cache: jax.Array, new: jax.Array, index: jax.Array, axis: int) -> jax.Array:
-    """``new`` written into ``cache`` (batch first, the same shape but ``seq`` columns on ``axis``: 2 for
-    k / v ``[batch, kv_heads, len, head_dim]``, 1 for the mask ``[batch, len]``) from column ``index``: a
-    scalar (one slice, in place) or one column per row ``[batch]`` (a scatter; columns past the end are
-    dropped, so a finished row may keep stepping)."""
+    """``new`` written into ``cache`` (batch first, the same shape but ``seq`` columns on ``axis``:
+    :data:`KEY_COLUMNS` for keys, :data:`VALUE_COLUMNS` for values, 1 for the mask ``[batch, len]``) from column
+    ``index``: a scalar (one slice, in place) or one column per row ``[batch]`` (a scatter; columns past the
+    end are dropped, so a finished row may keep stepping)."""
     if jnp.ndim(index) == 0:
         return jax.lax.dynamic_update_slice(cache, new, tuple(index if a == axis else 0 for a in range(cache.ndim)))
     b, t = new.shape[0], new.shape[axis]
-    columns = index[:, None] + jnp.arange(t)  # [batch, seq]
-    where = (jnp.arange(b)[:, None],) + (slice(None),) * (axis - 1) + (columns,)
+    where = columns(axis, jnp.arange(b)[:, None], index[:, None] + jnp.arange(t))  # rows [batch, 1], cols [batch, seq]
     return cache.at[where].set(jnp.moveaxis(new, axis, 1), mode="drop")  # indexed: [batch, seq, ...]
 
 
@@ -159,12 +176,16 @@ class Attention(nnx.Module):
         k = self.k_proj(x, rngs[1]).reshape(b, t, c.kv_heads, c.head_dim)  # [batch, seq, kv_heads, head_dim]
         v = self.v_proj(x, rngs[2]).reshape(b, t, c.kv_heads, c.head_dim)
         q, k = apply_rope(q, rope_q), apply_rope(k, rope)
-        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [batch, kv_heads, seq, head_dim]
-        if cache_kv is not None:
-            k_all, v_all = (write_columns(c, x.astype(c.dtype), cache_index, 2) for c, x in zip(cache_kv, (k, v)))
+        v = v.transpose(0, 2, 1, 3)  # [batch, kv_heads, seq, head_dim]
+        if cache_kv is None:
+            k, transposed = k.transpose(0, 2, 1, 3), False  # [batch, kv_heads, seq, head_dim]
+        else:  # the cache's layouts (KVCache)
+            k_all = write_columns(cache_kv[0], k.transpose(0, 2, 3, 1).astype(cache_kv[0].dtype), cache_index,
+                                  KEY_COLUMNS)
+            v_all = write_columns(cache_kv[1], v.astype(cache_kv[1].dtype), cache_index, VALUE_COLUMNS)
             cache_kv = (k_all, v_all)
-            k, v = k_all.astype(x.dtype), v_all.astype(x.dtype)
-        out = attention(q, k, v, mask, causal=rows is None, kernel=self.kernel)
+            k, v, transposed = k_all.astype(x.dtype), v_all.astype(x.dtype), True
+        out = attention(q, k, v, mask, causal=rows is None, kernel=self.kernel, keys_transposed=transposed)
         return self.o_proj(out.reshape(b, tq, c.heads * c.head_dim), rngs[3]), cache_kv
 
 
