@@ -9,7 +9,7 @@ run: prompts are text-only) is built in PyTorch, saved, and loaded into
 fire_jax, so both sides run the same weights in float32. Every prompt has
 ``--prompt`` tokens and every sequence runs the full ``--new`` tokens (no stop
 ids). Each configuration is run once to warm up (JAX compiles, PyTorch
-allocates), then timed, best of ``--repeats``. "prefill" is a run with one
+allocates), then timed, best of ``--repeats`` (3). "prefill" is a run with one
 new token; "decode" is the rest: (time(new) - time(1)) over ``batch * (new - 1)``
 tokens.
 
@@ -76,7 +76,7 @@ def main(argv=None):
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--batches", default="1,8,32")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gguf", default="", help="a GGUF model (name or path): its LLM, its weights, both sides")
     parser.add_argument("--chunk", type=int, default=0, help="decode steps per engine dispatch (DecodeConfig.chunk; "
                         "0: its default)")
