@@ -140,6 +140,16 @@ class _Graph:
         return other is self or (isinstance(other, _Graph) and other.graphdef == self.graphdef)
 
 
+def _write_rows(cache: KVCache, new: KVCache, slots) -> KVCache:
+    """``new``'s rows (their first ``width`` columns) written into cache rows ``slots``, columns ``[0, width)``;
+    the rest of those rows masked out (the old occupant's columns)."""
+    rows, width = new.mask.shape
+    written = cache.map_columns(lambda c, f, axis: c.at[columns(axis, slots, slice(0, width))].set(f.astype(c.dtype)),
+                                new)
+    row_mask = jnp.zeros((rows, cache.mask.shape[1]), bool).at[:, :width].set(new.mask)
+    return KVCache(written.k, written.v, cache.mask.at[slots].set(row_mask), cache.index)
+
+
 @functools.partial(jax.jit, static_argnames=("graph",), donate_argnames=("cache", "hidden"))
 def _admit(graph: _Graph, state, cache: KVCache, hidden, input_ids, attention_mask, positions, pixel_values,
            image_index, slots):
@@ -152,11 +162,7 @@ def _admit(graph: _Graph, state, cache: KVCache, hidden, input_ids, attention_ma
     fresh = KVCache.init(model.cfg.llm, rows, bucket, model.dtype)
     last = jnp.full((rows,), bucket - 1, jnp.int32)  # left-padded: every prompt ends in the last column
     out, fresh = model.hidden_states(input_ids, pixel_values, image_index, attention_mask, positions, fresh, last=last)
-    written = cache.map_columns(lambda c, f, axis: c.at[columns(axis, slots, slice(0, bucket))].set(f.astype(c.dtype)),
-                                fresh)
-    row_mask = jnp.zeros((rows, cache.mask.shape[1]), bool).at[:, :bucket].set(fresh.mask)  # clears the old occupant
-    cache = KVCache(written.k, written.v, cache.mask.at[slots].set(row_mask), cache.index)
-    return cache, hidden.at[slots].set(out[:, 0].astype(hidden.dtype))
+    return _write_rows(cache, fresh, slots), hidden.at[slots].set(out[:, 0].astype(hidden.dtype))
 
 
 @functools.partial(jax.jit, static_argnames=("graph", "window"), donate_argnames=("cache", "hidden"))
@@ -170,7 +176,6 @@ def _extend(graph: _Graph, state, cache: KVCache, hidden, input_ids, attention_m
     last token (``last[i]`` in ``input_ids``) into ``hidden[slots]``. Returns the cache and ``hidden``."""
     TRACE_COUNTS["engine_extend"] += 1
     model = nnx.merge(graph.graphdef, state)
-    rows = input_ids.shape[0]
     cols = shift[:, None] + jnp.arange(window)  # [rows, window]: source columns, past the end -> fill
 
     def cut(x, axis):  # indexed: [rows, window, the other axes]; back to the column axis
@@ -179,11 +184,7 @@ def _extend(graph: _Graph, state, cache: KVCache, hidden, input_ids, attention_m
     prefix = cache.map_columns(cut)
     prefix = KVCache(prefix.k, prefix.v, prefix.mask & (jnp.arange(window) < start[:, None]), start)
     out, prefix = model.hidden_states(input_ids, None, None, attention_mask, positions, prefix, last=last)
-    written = cache.map_columns(lambda c, f, axis: c.at[columns(axis, slots, slice(0, window))].set(f.astype(c.dtype)),
-                                prefix)
-    row_mask = jnp.zeros((rows, cache.mask.shape[1]), bool).at[:, :window].set(prefix.mask)
-    cache = KVCache(written.k, written.v, cache.mask.at[slots].set(row_mask), cache.index)
-    return cache, hidden.at[slots].set(out[:, 0].astype(hidden.dtype))
+    return _write_rows(cache, prefix, slots), hidden.at[slots].set(out[:, 0].astype(hidden.dtype))
 
 
 @functools.partial(jax.jit, static_argnames=("graph", "logprobs"))
