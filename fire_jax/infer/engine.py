@@ -372,8 +372,7 @@ class Engine:
         self.mesh = mesh
         graphdef, state = nnx.split(model)
         self.graph, self.state = _Graph(graphdef), _state_on_mesh(state, mesh)
-        k, v, mask, index = KVCache.init(model.cfg.llm, slots, cache_len, model.dtype)
-        self.cache = KVCache(k, tuple(jnp.zeros_like(x) for x in v), mask, index)  # distinct buffers: donated
+        self.cache = KVCache.init(model.cfg.llm, slots, cache_len, model.dtype)  # every array its own buffer: donated
         self.hidden = jnp.zeros((slots, model.cfg.llm.dim), model.dtype)  # a prompt's last hidden state per slot
         if mesh is not None:
             heads = "tensor" if "tensor" in mesh.axis_names and model.cfg.llm.kv_heads % mesh.shape["tensor"] == 0 \

@@ -54,6 +54,7 @@ class KVCache(NamedTuple):
 
     @classmethod
     def init(cls, cfg: LlamaConfig, batch: int, max_len: int, dtype) -> "KVCache":
+        """An empty cache, every array its own buffer (so each can be donated)."""
         keys = (batch, cfg.kv_heads, cfg.head_dim, max_len)
         values = (batch, cfg.kv_heads, max_len, cfg.head_dim)
         return cls(tuple(jnp.zeros(keys, dtype) for _ in range(cfg.layers)),
