@@ -35,6 +35,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from fire_jax.config import loss_config, train_config
+from fire_jax.machine import matmul_rate  # noqa: E402
 from fire_jax.models import LlavaNext, LlavaNextConfig  # noqa: E402
 from fire_jax.sharding import make_mesh  # noqa: E402
 from fire_jax.train.step import Trainer  # noqa: E402
@@ -53,19 +54,6 @@ def _batch(batch, seq, vocab, seed=0, labelled=None):
     loss_mask = np.zeros((batch, seq), np.float32)
     loss_mask[:, seq - (labelled or seq // 2):] = 1.0
     return ids, loss_mask
-
-
-def matmul_rate(n: int = 2048, repeats: int = 5) -> float:
-    """FLOP/s of one float32 n x n matmul under jax.jit on this machine, best of ``repeats`` (the roofline)."""
-    a = jnp.ones((n, n), jnp.float32)
-    f = jax.jit(lambda x: x @ x)
-    f(a).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        f(a).block_until_ready()
-        best = min(best, time.perf_counter() - start)
-    return 2 * n ** 3 / best
 
 
 def _time(fn, steps, repeats=3):

@@ -25,7 +25,18 @@ import ml_collections
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 ASSETS_DIR = os.path.join(PACKAGE_DIR, "assets")
 REPO_DIR = os.path.dirname(PACKAGE_DIR)
-CONFIGS_DIR = os.path.join(REPO_DIR, "configs")
+
+
+def _configs_dir() -> str:
+    """The config files: ``configs/`` of the source tree (a clone, an editable install), else the copy an installed
+    wheel carries as ``fire_jax/configs/`` (``pyproject.toml`` maps one onto the other)."""
+    in_repo = os.path.join(REPO_DIR, "configs")
+    if os.path.exists(os.path.join(REPO_DIR, "pyproject.toml")) and os.path.isdir(in_repo):
+        return in_repo
+    return os.path.join(PACKAGE_DIR, "configs")
+
+
+CONFIGS_DIR = _configs_dir()
 #: The built-in tiny config every CLI falls back to.
 DEFAULT_CONFIG = os.path.join(CONFIGS_DIR, "tiny.py")
 
@@ -51,17 +62,18 @@ def resolve_path(path: str) -> str:
 
 
 def config_path(path: str) -> str:
-    """A config file's path: as given if it exists, else relative to the repository root (``configs/x.py``
-    works from any directory); raises FileNotFoundError naming both places."""
+    """A config file's path: as given if it exists, else ``configs/x.py`` in :data:`CONFIGS_DIR` (so it works
+    from any directory, and from an installed wheel); raises FileNotFoundError naming both places."""
     path = resolve_path(path)
     if os.path.exists(path) or os.path.isabs(path):
         if not os.path.exists(path):
             raise FileNotFoundError(f"config file {path!r} not found")
         return path
-    in_repo = os.path.join(REPO_DIR, path)
-    if os.path.exists(in_repo):
-        return in_repo
-    raise FileNotFoundError(f"config file {path!r} not found (nor {in_repo!r})")
+    parts = os.path.normpath(path).split(os.sep)
+    shipped = os.path.join(CONFIGS_DIR, *parts[1:]) if parts[0] == "configs" else os.path.join(REPO_DIR, path)
+    if os.path.exists(shipped):
+        return shipped
+    raise FileNotFoundError(f"config file {path!r} not found (nor {shipped!r})")
 
 
 def load_config(spec: str):

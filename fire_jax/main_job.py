@@ -85,6 +85,10 @@ def fetch_stage(config) -> float:
 def run(config, workdir: str) -> dict[str, Any]:
     """Train both agents, run all four evaluations, print and write ``summary.json`` / ``summary.md``."""
     fetch_seconds = fetch_stage(config)
+    from fire_jax.machine import matmul_rate
+
+    rate = matmul_rate() / 1e9  # printed beside the minutes: the same job runs 1.75x apart on 2-core machines
+    print(f"\n== this machine: float32 matmul {rate:.0f} GFLOP/s (2048^3 under jax.jit)")
     start = time.perf_counter()
     seconds: dict[str, float] = {}  # each stage's wall time in this invocation (a resumed stage: its remainder)
     baseline, teacher_dir = base_and_teacher(config, workdir, seconds)
@@ -123,12 +127,13 @@ def run(config, workdir: str) -> dict[str, Any]:
         f.write(table)
     minutes = (time.perf_counter() - start) / 60
     with open(os.path.join(workdir, "timing.json"), "w") as f:
-        json.dump({"minutes": minutes, "fetch_seconds": fetch_seconds,
+        json.dump({"minutes": minutes, "fetch_seconds": fetch_seconds, "matmul_gflops": round(rate),
                    "stage_seconds": {k: round(v, 1) for k, v in seconds.items()}}, f, indent=2)
     print("\n== summary (overall, synthetic test set)\n" + table)
     print("plots:\n  " + "\n  ".join(os.path.join(workdir, p) for p in summary["figures"]))
     print("stage minutes: " + ", ".join(f"{name} {value / 60:.1f}" for name, value in seconds.items()))
-    print(f"done in {minutes:.1f} min (and {fetch_seconds:.0f} s fetching the pretrained LLM before it); "
+    print(f"done in {minutes:.1f} min on a machine whose float32 matmul runs at {rate:.0f} GFLOP/s (and "
+          f"{fetch_seconds:.0f} s fetching the pretrained LLM before it); "
           f"{workdir}/summary.json, summary.md, eval/*/results.md")
     return summary
 

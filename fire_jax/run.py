@@ -15,9 +15,9 @@ import os
 from absl import flags
 
 from fire_jax.cli import define_config_flag, run_absl
+from fire_jax.config import CONFIGS_DIR
 
-_DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "main_job.py")
-_CONFIG = define_config_flag(__name__, "fire_jax.run", os.path.normpath(_DEFAULT),
+_CONFIG = define_config_flag(__name__, "fire_jax.run", os.path.join(CONFIGS_DIR, "main_job.py"),
                              "the main job's config (configs/main_job.py)", kind="base_train")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/smollm2", "where models, evaluations and the summary go")
 

@@ -58,6 +58,7 @@ UPPER = ("fire_jax.data", "fire_jax.train", "fire_jax.infer", "fire_jax.eval", "
     ("convert", UPPER + ("fire_jax.checkpoint", "fire_jax.sharding")),
     ("checkpoint.py", UPPER),
     ("sharding.py", UPPER + ("fire_jax.checkpoint",)),
+    ("machine.py", UPPER + ("fire_jax.checkpoint", "fire_jax.sharding", "fire_jax.models", "fire_jax.convert")),
     ("data", ("fire_jax.models", "fire_jax.train", "fire_jax.infer", "fire_jax.eval", "fire_jax.vlrmbench",
               "fire_jax.checkpoint", "fire_jax.convert")),
     ("infer", ("fire_jax.train", "fire_jax.eval", "fire_jax.vlrmbench", "fire_jax.main_job")),
