@@ -87,7 +87,9 @@ def weighted_f1_of_counts(counts: Mapping[str, int]) -> float:
     if n_pos == 0 or n_neg == 0:
         return 0.0
     f1_pos, f1_neg = _f1(counts["tp"], counts["fp"], counts["fn"]), _f1(counts["tn"], counts["fn"], counts["fp"])
-    return (n_neg * f1_pos + n_pos * f1_neg) / (n_pos + n_neg)
+    # In the release's order of operations (utils.get_F1Score; VLMEvalKit's get_F1Score), to the last digit.
+    weight_pos, weight_neg = n_neg / (n_pos + n_neg), n_pos / (n_pos + n_neg)
+    return weight_neg * f1_neg + weight_pos * f1_pos
 
 
 def weighted_f1(labels: Sequence[int], predictions: Sequence[int]) -> float:
