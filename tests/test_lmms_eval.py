@@ -117,3 +117,63 @@ def test_prompts_are_the_fixed_dialogue_protocols(monkeypatch):
         {"role": "user", "content": [image, text(record["question"]["value"])]},
         {"role": "assistant", "content": [text(r1.strip())]},
         {"role": "user", "content": [text("Your count is too high. Count them again.")]}]
+
+
+def test_lmms_eval_cli_against_fire_jax_serve_equals_fire_jax_evaluate(tmp_path):
+    """lmms-eval's own CLI (--include_path, --limit 3) with its OpenAI-compatible chat model against python -m
+    fire_jax.serve (a tiny LLaVA-NeXT) on the shipped synthetic test set, and python -m fire_jax.evaluate's
+    fixed dialogues with the same model in process on the same records: every prediction and metric equal."""
+    pytest.importorskip("lmms_eval")
+    import subprocess
+    import sys
+
+    import torch
+    from hf_reference import tiny_hf_model
+    from loopback import child_env, server
+    from test_fire_bench import eval_config
+
+    checkpoint = str(tmp_path / "tiny")
+    hf = tiny_hf_model(checkpoint)
+    with torch.no_grad():
+        hf.model.language_model.embed_tokens.weight.mul_(8.0)  # so that greedy outputs vary
+    hf.save_pretrained(checkpoint)
+    max_new_tokens = 8
+    with server("fire_jax.serve", ["--model", f"tiny={checkpoint}", "--slots", "4"], "/health", timeout=300) as (_, base):
+        env = child_env(HF_DATASETS_CACHE=str(tmp_path / "hf_datasets"))
+        env.pop("FIRE_BENCH_IMAGE_ROOT", None)  # the default: the shipped synthetic images
+        run = subprocess.run(
+            [sys.executable, "-m", "lmms_eval", "--model", "openai", "--model_args",
+             f"model_version=tiny,base_url={base}/v1,api_key=EMPTY,max_retries=1", "--tasks", "fire_bench",
+             "--include_path", TASKS, "--limit", "3", "--gen_kwargs", f"max_new_tokens={max_new_tokens}",
+             "--output_path", str(tmp_path / "lmms"), "--log_samples"],
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    [results_file] = (tmp_path / "lmms").rglob("*_results.json")
+    lmms_results = json.loads(results_file.read_text())["results"]
+    lmms_turns = {}
+    for role in fixed.ROLES:
+        [samples] = (tmp_path / "lmms").rglob(f"*_samples_fire_bench_{role}.jsonl")
+        lmms_turns[role] = [json.loads(line)["BLEU-1"] for line in samples.read_text().splitlines()]
+        assert len(lmms_turns[role]) == 3 and all(t["prediction"] for t in lmms_turns[role])
+        assert not any("LMMS_EVAL_REQUEST_FAILED" in t["prediction"] for t in lmms_turns[role])
+
+    # fire_jax.evaluate in process on the records those turns come from
+    ids = {t["id"] for turns in lmms_turns.values() for t in turns}
+    with open(TEST_JSON) as f:
+        records = [r for r in json.load(f) if r["id"] in ids]
+    (tmp_path / "test.json").write_text(json.dumps(records))
+    config = eval_config("fixed")
+    config.test.update(json=str(tmp_path / "test.json"), image_root=IMAGES)
+    config.student.init = config.teacher.init = checkpoint
+    config.decode.update(max_new_tokens=max_new_tokens)
+    results = evaluate(config, str(tmp_path / "fire_jax"))
+    with open(results["outputs"]) as f:
+        ours = {line["key"]: line for line in map(json.loads, f)}
+    for role in fixed.ROLES:
+        mine = [ours[t["key"]] for t in sorted(lmms_turns[role], key=lambda t: t["seq"])]
+        assert [t["prediction"] for t in sorted(lmms_turns[role], key=lambda t: t["seq"])] == \
+            [r["prediction"] for r in mine]
+        overall = fixed.fixed_results(mine)[role]["overall"]
+        for metric in AGGREGATIONS if role == "teacher" else list(AGGREGATIONS)[:5]:
+            assert lmms_results[f"fire_bench_{role}"][f"{metric},none"] == overall[metric], (role, metric)
+        print(role, {m: overall[m] for m in overall if m in AGGREGATIONS})
