@@ -176,4 +176,3 @@ def test_lmms_eval_cli_against_fire_jax_serve_equals_fire_jax_evaluate(tmp_path)
         overall = fixed.fixed_results(mine)[role]["overall"]
         for metric in AGGREGATIONS if role == "teacher" else list(AGGREGATIONS)[:5]:
             assert lmms_results[f"fire_bench_{role}"][f"{metric},none"] == overall[metric], (role, metric)
-        print(role, {m: overall[m] for m in overall if m in AGGREGATIONS})
