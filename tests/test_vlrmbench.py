@@ -579,7 +579,11 @@ def test_vlmevalkit_accounting_scores_a_failed_generation_as_its_failure_message
     # ERA/EC: not in VLMEvalKit.
     era = vb.score_task("ERA", [sample("ERA", id="a", task_gt="reference")], {"a": ("[6, 8]", "[9, 5]")},
                         accounting="vlmevalkit")
-    assert era.scores == {"win": None, "tie": None, "lose": None} and era.num_scored == 0
+    assert era.scores == {"win": None, "tie": None, "lose": None} and era.num_scored == 0 and era.failures == 0
+    unread = vb.score_task("ERA", [sample("ERA", id="a", task_gt="reference")], {"a": ("[6, 8]", None)},
+                           accounting="vlmevalkit")
+    assert unread.failures == vb.score_task("ERA", [sample("ERA", id="a", task_gt="reference")],
+                                            {"a": ("[6, 8]", None)}).failures == 1
     both = vb.score_accountings("IC", steps, answers, parser="official")
     assert set(both) == set(vb.ACCOUNTINGS) == {"ours", "official", "vlmevalkit"}
 

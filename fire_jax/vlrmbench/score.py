@@ -228,8 +228,9 @@ def score_task(task: str, samples: Sequence[Sample], outputs: Mapping[str, Any],
     failed: collections.Counter = collections.Counter()
     scored = 0
     confusion = None  # step tasks: the confusion counts of the steps scored
-    if vlmevalkit and info.theme == "criticism":
-        return TaskResult(task=info.file, num_samples=len(samples), num_outputs=2 * len(samples), failures=0,
+    if vlmevalkit and info.theme == "criticism":  # not scored; its unread outputs counted as under the others
+        unread = sum(not try_parse_scores(text, parser)[1] for sample in samples for text in _pair(outputs, sample.id))
+        return TaskResult(task=info.file, num_samples=len(samples), num_outputs=2 * len(samples), failures=unread,
                           scores={"win": None, "tie": None, "lose": None}, parser=parser, accounting=accounting,
                           num_scored=0)
 
