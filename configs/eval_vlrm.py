@@ -46,7 +46,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         render="plain",  # or "official": step_list as str(list) in MJ / FF, as the release
         # How results.json's "scores" and the W-Avgs count failed samples: "ours" counts a sample without an
         # output or not fully read wrong; "official" scores as the release's scorers (a short or unread answer
-        # padded and scored, a sample without an output left out). Both are always in the table and by_accounting.
+        # padded and scored, a sample without an output left out); "vlmevalkit" as VLMEvalKit's scorer (a sample
+        # without an output scored as its failure message; no ERA/EC). All are always in the table and by_accounting.
         accounting="ours",
         # A record whose image file does not exist: "skip" (a bad record, counted), "send_without" (its request
         # goes without the image and is scored, as the release's clients do), "auto": send_without under

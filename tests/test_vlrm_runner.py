@@ -207,7 +207,7 @@ def test_all_tasks_end_to_end(full_run):
                 if line.startswith("| fire_jax (random init) (ours: failures count wrong) |"))
     assert len(ours.split("|")) == 2 + 1 + 18 and " - " not in ours  # model + 18 columns, every one filled
     assert "| fire_jax (random init) (official: the release's scorers) |" in results["table"]
-    assert results["accounting"] == "ours" and set(tasks["SC"]["by_accounting"]) == {"ours", "official"}
+    assert results["accounting"] == "ours" and set(tasks["SC"]["by_accounting"]) == {"ours", "official", "vlmevalkit"}
     assert "ERA/EC judge: fire_jax (random init) (self)" in results["table"]
     assert "| GPT-4o (paper) |" in results["table"]
     assert "| SC | 3 | bad_field 1 | 0 |" in results["table"]
@@ -402,11 +402,24 @@ def test_runner_with_scripted_agents_gives_exact_figures(bench, tmp_path, monkey
     assert tasks["EC"]["failed_samples"] == {"judge_failed": 3}
     assert tasks["EC"]["by_accounting"]["official"] == {
         "scores": pytest.approx({"win": 1 / 3, "tie": 2 / 3, "lose": 0}), "num_scored": 3}
-    assert results["outcome_w_avg_by_accounting"] == {"ours": pytest.approx(0.5), "official": pytest.approx(0.5)}
+    # vlmevalkit: SC-2 unread, scored as read (all 0) as the release; FF 0 as VLMEvalKit prints it (its
+    # `task_gt is True`), 1/3 by value; no ERA/EC. Outcome W-Avg (MJ 2/3, FF 0; 3 samples each): 1/3.
+    assert tasks["SC"]["by_accounting"]["vlmevalkit"]["scores"]["f1"] == pytest.approx(2 / 3)
+    assert tasks["FF"]["by_accounting"]["vlmevalkit"] == {
+        "scores": {"accuracy": 0.0, "accuracy_by_value": pytest.approx(1 / 3)}, "num_scored": 3}
+    assert tasks["ERA"]["by_accounting"]["vlmevalkit"]["scores"] == {"win": None, "tie": None, "lose": None}
+    assert results["outcome_w_avg_by_accounting"] == {"ours": pytest.approx(0.5), "official": pytest.approx(0.5),
+                                                      "vlmevalkit": pytest.approx(1 / 3)}
+    # The pooled step F1 (VLMEvalKit's) of SC alone is SC's F1.
+    assert results["step_pooled_f1_by_accounting"] == {"ours": pytest.approx(17 / 35),
+                                                       "official": pytest.approx(2 / 3),
+                                                       "vlmevalkit": pytest.approx(2 / 3)}
     table = results["table"]
     assert "| scripted (ours: failures count wrong) | 48.6 | - |" in table
     assert "| scripted (official: the release's scorers) | 66.7 | - |" in table
-    assert "| SC | 48.6 | 66.7 | 33.3 | 33.3 |" in table  # beside the audit: all_0 = all_1 = 1/3 on [0, 1] x 3
+    assert "| scripted (vlmevalkit: VLMEvalKit's scorer) | 66.7 | - |" in table
+    assert "| scripted (ours: failures count wrong) | - | 48.6 |" in table  # Step W-Avg needs all 8 step tasks
+    assert "| SC | 48.6 | 66.7 | 66.7 | 33.3 | 33.3 |" in table  # beside the audit: all_0 = all_1 = 1/3 on [0, 1] x 3
 
     # The analyses read the same outputs: Table 4 by order, Table 5 by length, Table 6 with scripted k-shot answers.
     analyses = results["analyses"]

@@ -397,7 +397,7 @@ def test_step_task_scoring_pools_steps_and_counts_failures():
     assert official.scores["f1"] == pytest.approx(17 / 30) and official.num_scored == 2
     assert official.failed_samples == {"generation_failed": 1} and official.failures == 1
     # The official parser reads b as [1, 0] (the step numbers): labels [0,1,0,1,0], predictions [0,1,0,1,0].
-    both = vb.score_both("SC", samples, outputs, parser="official")
+    both = vb.score_accountings("SC", samples, outputs, parser="official")
     assert both["official"].scores["f1"] == 1.0 and both["official"].parser == "official"
     assert both["ours"].scores["f1"] == pytest.approx(vb.weighted_f1([0, 1, 0, 1, 0, 0, 0, 1], [0, 1, 0, 1, 0, 1, 1, 0]))
     # An unreadable output is "unparsable": wrong under ours; official scores it as read, [1] padded to
@@ -535,6 +535,72 @@ def test_official_accounting_is_the_release_scorers():
     assert release.num_scored == 3 and release.failed_samples == {"judge_failed": 1}
     ours = vb.score_task("ERA", era, judged, parser="official")
     assert ours.scores == pytest.approx({"win": 1 / 4, "tie": 0, "lose": 3 / 4})
+
+
+def test_vlmevalkit_accounting_scores_a_failed_generation_as_its_failure_message():
+    """VLMEvalKit (vlmeval/dataset/vlrmbench.py) writes a failed or empty generation as its failure message
+    and scores it: no sample is left out. The release's rules otherwise (its parsers are the release's)."""
+    assert not re.search(r"\d|\b(yes|no|true|false)\b", vb.VLMEVALKIT_FAIL_MSG, re.IGNORECASE)
+    # Step tasks: "missing" is scored as all 0. [0,1,0 | 1,0 | 0,0,1 | 1,1 | 0,1] against
+    # [0,1,0 | 1,0 | 0,0,0 | 0,0 | 0,0]: TP 2, FN 4, FP 0, TN 6; F1_pos 4/8, F1_neg 12/16; (6/2 + 6 * 3/4) / 12.
+    steps = [sample("IC", id="short", task_gt=(0, 1, 0)), sample("IC", id="long", task_gt=(1, 0)),
+             sample("IC", id="unread", task_gt=(0, 0, 1)), sample("IC", id="missing", task_gt=(1, 1)),
+             sample("IC", id="empty", task_gt=(0, 1))]
+    answers = {"short": "[0, 1]", "long": "[1, 0, 1, 1]", "unread": "I cannot tell.", "empty": ""}
+    labels = [0, 1, 0, 1, 0, 0, 0, 1, 1, 1, 0, 1]
+    read = [0, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0]
+    assert release_weighted_f1(labels, read) == pytest.approx(5 / 8)
+    result = vb.score_task("IC", steps, answers, parser="official", accounting="vlmevalkit")
+    assert result.scores == pytest.approx({"f1": 5 / 8, "f1_pos": 1 / 2, "f1_neg": 3 / 4})
+    assert (result.num_scored, result.failures, result.failed_samples) == (5, 4, {"generation_failed": 1})
+    assert result.step_counts == {"tp": 2, "fp": 0, "fn": 4, "tn": 6}
+    assert vb.score_task("IC", steps, answers, parser="official", accounting="official").scores["f1"] == \
+        pytest.approx(26 / 35)  # the release leaves "missing" out
+    # MJ: each order read alone, a failed one as (0, 0). "one_failed": 7 + 0 > 2 + 0, correct; "both_failed":
+    # (0, 0) twice, a tie, wrong; "empty" likewise. Correct: both, short, long, one_failed = 4 of 6.
+    mj = [sample("MJ", id=i, task_gt=None) for i in ("both", "short", "long", "empty", "one_failed", "both_failed")]
+    pairs = {"both": ("[9, 4]", "[5, 8]"), "short": ("8", "[2, 7]"),
+             "long": ("Response 1: 3, Response 2: 9, in 2 steps", "[6, 6]"), "empty": ("", ""),
+             "one_failed": ("[7, 2]", None)}  # "both_failed" has no output
+    result = vb.score_task("MJ", mj, pairs, parser="official", accounting="vlmevalkit")
+    assert result.scores == {"accuracy": pytest.approx(4 / 6)} and result.num_scored == 6
+    assert result.failed_samples == {"generation_failed": 2}
+    official = vb.score_task("MJ", mj, pairs, parser="official", accounting="official")
+    assert official.scores == {"accuracy": pytest.approx(3 / 4)} and official.num_scored == 4
+    # FF: VLMEvalKit's check is `task_gt is True` (lines 260, 263), never true for the numpy booleans read
+    # back from its prediction file: it prints 0. Compared by value: 0, 1, 2 right; 3 (no yes/no) and
+    # 4 (no output: the failure message) wrong: 3/5, where the release leaves 4 out (3/4).
+    ff = [sample("FF", id=str(i), task_gt=label) for i, label in enumerate([True, False, True, False, True])]
+    said = {"0": "Yes.", "1": "I think yes, but no.", "2": "True", "3": "Hmm, hard to say."}
+    result = vb.score_task("FF", ff, said, parser="official", accounting="vlmevalkit")
+    assert result.scores == {"accuracy": 0.0, "accuracy_by_value": pytest.approx(3 / 5)}
+    assert result.num_scored == 5 and result.failed_samples == {"generation_failed": 1}
+    assert not any(np.bool_(label) is True for label in (True, False))  # why VLMEvalKit's check never holds
+    # ERA/EC: not in VLMEvalKit.
+    era = vb.score_task("ERA", [sample("ERA", id="a", task_gt="reference")], {"a": ("[6, 8]", "[9, 5]")},
+                        accounting="vlmevalkit")
+    assert era.scores == {"win": None, "tie": None, "lose": None} and era.num_scored == 0 and era.failures == 0
+    unread = vb.score_task("ERA", [sample("ERA", id="a", task_gt="reference")], {"a": ("[6, 8]", None)},
+                           accounting="vlmevalkit")
+    assert unread.failures == vb.score_task("ERA", [sample("ERA", id="a", task_gt="reference")],
+                                            {"a": ("[6, 8]", None)}).failures == 1
+    both = vb.score_accountings("IC", steps, answers, parser="official")
+    assert set(both) == set(vb.ACCOUNTINGS) == {"ours", "official", "vlmevalkit"}
+
+
+def test_pooled_step_f1_against_the_papers_w_avg():
+    """VLMEvalKit's step summary pools the steps of all step tasks; the paper's W-Avg averages the task F1s by
+    sample count. SC: labels (0, 1) read right, F1 1. IC: labels (0, 0, 0, 1) read all 0: F1_pos 0, F1_neg
+    6/7, weighted 1/4 * 6/7 = 3/14. W-Avg (1 sample each): (1 + 3/14) / 2 = 17/28. Pooled: [0,1,0,0,0,1]
+    against [0,1,0,0,0,0]: TP 1, FN 1, FP 0, TN 4; F1_pos 2/3, F1_neg 8/9; (4 * 2/3 + 2 * 8/9) / 6 = 20/27."""
+    results = {"SC": vb.score_task("SC", [sample(id="a", task_gt=(0, 1))], {"a": "[0, 1]"}),
+               "IC": vb.score_task("IC", [sample("IC", id="b", task_gt=(0, 0, 0, 1))], {"b": "[0, 0, 0, 0]"})}
+    assert results["IC"].scores["f1"] == pytest.approx(3 / 14)
+    assert vb.weighted_average({t: r.scores["f1"] for t, r in results.items()}, {"SC": 1, "IC": 1}) == \
+        pytest.approx(17 / 28)
+    assert vb.pooled_step_f1(results) == pytest.approx(20 / 27)
+    assert vb.pooled_step_f1(results) == pytest.approx(vb.weighted_f1([0, 1, 0, 0, 0, 1], [0, 1, 0, 0, 0, 0]))
+    assert vb.pooled_step_f1({"MJ": vb.score_task("MJ", [sample("MJ", id="c", task_gt=None)], {})}) is None
 
 
 def test_official_accounting_scores_unread_answers_of_the_shipped_records():

@@ -25,4 +25,4 @@ from fire_jax.vlrmbench.data import (  # noqa: F401
 from fire_jax.vlrmbench.parse import (  # noqa: F401
     PARSERS, try_parse_step_labels, parse_step_labels, try_parse_scores, parse_scores, parse_foresight)
 from fire_jax.vlrmbench.score import (  # noqa: F401
-    ACCOUNTINGS, FAILURE_REASONS, PAPER_RESULTS, PAPER_MODELS, PAPER_JUDGE, f1_per_class, weighted_f1, weighted_average, TaskResult, score_task, score_both, theme_average, load_paper_results, results_table)
+    ACCOUNTINGS, FAILURE_REASONS, PAPER_RESULTS, PAPER_MODELS, PAPER_JUDGE, f1_per_class, weighted_f1, weighted_average, TaskResult, score_task, score_accountings, theme_average, pooled_step_f1, step_counts, weighted_f1_of_counts, VLMEVALKIT_FAIL_MSG, load_paper_results, results_table)

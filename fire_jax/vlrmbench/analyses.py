@@ -28,7 +28,8 @@ rerun; the settings it depends on are kept in
   judged against the groundtruth by :func:`answer_correct`.
 
 Failed or unreadable outputs follow the failure accounting of
-:func:`fire_jax.vlrmbench.score_task`; every table shows both figures.
+:func:`fire_jax.vlrmbench.score_task`; every table shows both the ours and the
+release's ("official") figures (VLMEvalKit has none of these analyses).
 """
 
 from __future__ import annotations
@@ -44,10 +45,11 @@ from typing import Any, Mapping, Sequence
 from fire_jax.results import ResultStore, check_settings
 from fire_jax.vlrmbench.data import Sample, TaskData
 from fire_jax.vlrmbench.parse import parse_foresight, try_parse_scores, try_parse_step_labels
-from fire_jax.vlrmbench.score import ACCOUNTINGS, load_paper_results, score_both
+from fire_jax.vlrmbench.score import load_paper_results, score_accountings
 from fire_jax.vlrmbench.tasks import TASK_PROMPTS, task_info
 
 ANALYSES = ("positional", "voting", "shots", "length", "correction")
+ACCOUNTINGS = ("ours", "official")  # the accountings the analyses report: ours and the release's
 LENGTH_BUCKETS = (("<=10 steps", 0, 10), ("10-15", 11, 15), ("> 15", 16, 10 ** 9))  # Table 5's columns
 
 
@@ -180,10 +182,11 @@ def length_buckets(samples: Sequence[Sample]) -> dict[str, list[Sample]]:
 def by_length(samples: Sequence[Sample], outputs: Mapping[str, Any], parser: str = "robust",
               official_outputs: Mapping[str, Any] | None = None) -> dict:
     """Table 5: SC weighted F1 per length bucket, under both accountings, with the bucket sizes.
-    ``official_outputs``: what the official accounting reads (default ``outputs``; see score_both)."""
+    ``official_outputs``: what the official accounting reads (default ``outputs``; see score_accountings)."""
     out = {}
     for name, group in length_buckets(samples).items():
-        both = score_both("step_correctness", group, outputs, parser, official_outputs) if group else {}
+        both = (score_accountings("step_correctness", group, outputs, parser, official_outputs, ACCOUNTINGS)
+                if group else {})
         out[name] = {"samples": len(group), **{a: (both[a].scores["f1"] if group else None) for a in ACCOUNTINGS},
                      "failed_samples": both["ours"].failed_samples if group else {}}
     return out
@@ -245,7 +248,8 @@ def shots(config, data: TaskData, generator, workdir: Path) -> dict:
         outputs[k] = _outputs(workdir, data, path)
     results = {}
     for k in sorted(set(counts) | {0}):
-        both = score_both(data.task, data.samples, outputs[k]["ours"], config.vlrm.parser, outputs[k]["official"])
+        both = score_accountings(data.task, data.samples, outputs[k]["ours"], config.vlrm.parser,
+                                 outputs[k]["official"], ACCOUNTINGS)
         results[f"{k}-shot"] = {a: both[a].scores["f1"] for a in ACCOUNTINGS} | {
             "failed_samples": both["ours"].failed_samples, "samples": len(data.samples)}
     return results
@@ -347,7 +351,8 @@ def voting(config, datasets: Mapping[str, TaskData], generator, workdir: Path) -
                 answer = vote(task, sample, votes, config.vlrm.parser)
                 if answer is not None:
                     voted[sample.id] = answer
-            both = score_both(task, data.samples, voted, "robust")  # the voted answers are in robust form
+            # the voted answers are in robust form
+            both = score_accountings(task, data.samples, voted, "robust", accountings=ACCOUNTINGS)
             key = "f1" if task_info(task).theme == "step" else "accuracy"
             results[task_info(task).short][str(k)] = {a: both[a].scores[key] for a in ACCOUNTINGS} | {
                 "no_vote_read": sum(both["ours"].failed_samples.values())}

@@ -38,9 +38,11 @@ with its reason (``exception``, ``empty``, ``input`` for an unreadable image,
 (:func:`fire_jax.vlrmbench.score_task`): "ours" counts a failed or
 unreadable sample wrong (an empty answer or candidate is a failed one);
 "official" scores as the release's scorers, which read an empty answer as
-written and leave out only a sample with no output (:func:`task_outputs`).
-Both figures are in results.json (``by_accounting``) and in the table, with
-the failed samples by reason (generation_failed, judge_failed, unparsable).
+written and leave out only a sample with no output (:func:`task_outputs`);
+"vlmevalkit" as VLMEvalKit's, which scores a failed or empty generation as its
+failure message. Every figure is in results.json (``by_accounting``) and in
+the table, with the failed samples by reason (generation_failed, judge_failed,
+unparsable).
 
 **Missing images.** ``config.vlrm.missing_images``: "skip" drops a record
 whose image file does not exist (a bad record, ``missing_image``, counted);
@@ -81,7 +83,8 @@ from fire_jax.infer.decode import DecodeConfig
 from fire_jax.infer.loading import display_name
 from fire_jax.results import ResultStore, check_settings, write_json
 from fire_jax.vlrmbench.data import MISSING_IMAGES, Sample, TaskData, load_task
-from fire_jax.vlrmbench.score import ACCOUNTINGS, TaskResult, results_table, score_both, theme_average
+from fire_jax.vlrmbench.score import (ACCOUNTINGS, TaskResult, pooled_step_f1, results_table, score_accountings,
+                                     theme_average)
 from fire_jax.vlrmbench.tasks import TASKS, build_judge_prompt, build_prompt, check_choice, num_orders, task_info
 
 # ----------------------------------------------------------------------------
@@ -400,11 +403,13 @@ def task_outputs(samples: Sequence[Sample], records: dict[str, dict], accounting
     """What score_task reads under ``accounting``: per id one text (step tasks, FF) or a pair (MJ's orders,
     ERA/EC's judge outputs); None where there is no output.
 
-    ours: every failed generation is None, an empty answer too, and both judge outputs of an ERA/EC sample
-    whose candidate failed or came back empty. official: what the release's output files hold: a request
-    that raised (or whose image could not be read) is None, as the release's client writes no line for it;
-    an empty answer is "" (written, then scored); ERA/EC: the judge's outputs for every candidate that came
-    back, an empty one included.
+    ours and vlmevalkit: every failed generation is None, an empty answer too, and both judge outputs of an
+    ERA/EC sample whose candidate failed or came back empty (VLMEvalKit's API models return their failure
+    message for an empty answer, ``vlmeval/api/base.py`` ``BaseAPI.generate``, and score_task reads None as
+    that message). official: what the release's output files hold: a request that raised (or whose image
+    could not be read) is None, as the release's client writes no line for it; an empty answer is ""
+    (written, then scored); ERA/EC: the judge's outputs for every candidate that came back, an empty one
+    included.
     """
     check_choice(accounting, ACCOUNTINGS, "accounting")
     official = accounting == "official"
@@ -588,16 +593,18 @@ def _check_tiles(datasets: dict[str, TaskData], generator: Responder) -> None:
                                  f"raise it, or set 0 to size each batch to its largest sample")
 
 
-ACCOUNTING_ROWS = {"ours": "failures count wrong", "official": "the release's scorers"}
+ACCOUNTING_ROWS = {"ours": "failures count wrong", "official": "the release's scorers",
+                   "vlmevalkit": "VLMEvalKit's scorer"}
 
 
 def score(datasets: dict[str, TaskData], workdir: Path, *, model: str, judge: str, parser: str, render: str,
           accounting: str = "ours", missing_images: str = "skip") -> dict:
     """Score the tasks from their outputs JSONL; write and print results.json / results.md.
 
-    Every task is scored under both accountings; ``accounting`` picks the
-    one in ``scores`` and the W-Avgs, ``by_accounting`` holds both, and the
-    table has a row for each. ``missing_images``: how ``datasets`` were
+    Every task is scored under every accounting; ``accounting`` picks the
+    one in ``scores`` and the W-Avgs, ``by_accounting`` holds them all, and the
+    table has a row for each. Beside each Step W-Avg (the paper's) is the
+    pooled step F1 (VLMEvalKit's, :func:`fire_jax.vlrmbench.pooled_step_f1`). ``missing_images``: how ``datasets`` were
     loaded, named in results.json and the table.
     """
     from fire_jax.vlrmbench.audit import audit_table
@@ -612,8 +619,8 @@ def score(datasets: dict[str, TaskData], workdir: Path, *, model: str, judge: st
         entry = dict(bad_records=dict(data.skipped), kept_records=dict(data.kept),
                      generation_failures=dict(failures), unreadable_output_lines=unreadable)
         if data.samples:
-            both = score_both(f, data.samples, task_outputs(data.samples, records), parser,
-                              official_outputs=task_outputs(data.samples, records, "official"))
+            both = score_accountings(f, data.samples, task_outputs(data.samples, records), parser,
+                                     official_outputs=task_outputs(data.samples, records, "official"))
             for a, result in both.items():
                 results[a][f] = result
             entry.update(both[accounting].to_json())
@@ -631,6 +638,8 @@ def score(datasets: dict[str, TaskData], workdir: Path, *, model: str, judge: st
     for theme in ("step", "outcome"):
         summary[f"{theme}_w_avg"] = theme_average(results[accounting], theme)
         summary[f"{theme}_w_avg_by_accounting"] = {a: theme_average(results[a], theme) for a in ACCOUNTINGS}
+    summary["step_pooled_f1"] = pooled_step_f1(results[accounting])  # VLMEvalKit's Overall_F1_weighted
+    summary["step_pooled_f1_by_accounting"] = {a: pooled_step_f1(results[a]) for a in ACCOUNTINGS}
     write_json(workdir / "results.json", summary)
     with open(workdir / "results.md", "w") as f:
         f.write(table)

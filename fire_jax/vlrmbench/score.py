@@ -1,9 +1,11 @@
 """Scoring VLRMBench outputs, and the table shaped like Table 3 of the VLRMBench paper beside its rows.
 
-Outputs are keyed by sample id: a text, or None (also a missing id) where no output came back. Two
+Outputs are keyed by sample id: a text, or None (also a missing id) where no output came back. Three
 accountings: ``"ours"`` counts a failed sample (no output, or one the parser cannot fully read) wrong;
 ``"official"`` scores exactly as the release's scorers do (see :func:`score_task`): a short or unreadable
-answer is padded and scored, and only a sample without an output is left out. Plain Python and numpy.
+answer is padded and scored, and only a sample without an output is left out; ``"vlmevalkit"`` scores as
+VLMEvalKit's VLRMBench dataset (open-compass/VLMEvalKit ``vlmeval/dataset/vlrmbench.py``): a sample without
+an output is scored as VLMEvalKit's failure message. Plain Python and numpy.
 """
 
 from __future__ import annotations
@@ -22,8 +24,12 @@ from fire_jax.vlrmbench.tasks import TASKS, check_choice, task_info
 
 
 # How failed samples are scored: "ours" counts a sample whose output is missing or not fully read wrong
-# (every step label flipped, MJ/FF wrong, ERA/EC a loss); "official" is the release's scorers (score_task).
-ACCOUNTINGS = ("ours", "official")
+# (every step label flipped, MJ/FF wrong, ERA/EC a loss); "official" is the release's scorers, "vlmevalkit"
+# VLMEvalKit's (score_task).
+ACCOUNTINGS = ("ours", "official", "vlmevalkit")
+# What VLMEvalKit writes as the prediction of a request that failed or came back empty (``vlmeval/api/base.py``
+# ``BaseAPI.generate`` returns its ``fail_msg``; ``vlmeval/inference.py`` ``FAIL_MSG``): no digit, no yes/no.
+VLMEVALKIT_FAIL_MSG = "Failed to obtain answer via API."
 FAILURE_REASONS = ("generation_failed", "judge_failed", "unparsable")
 PAPER_RESULTS = Path(__file__).parent / "paper_results.json"
 # Rows of the paper's Table 3 printed beside ours by default: the open models
@@ -44,26 +50,32 @@ def _binary(values: Sequence[int], name: str) -> np.ndarray:
     return array.astype(bool)
 
 
+def step_counts(labels: Sequence[int], predictions: Sequence[int]) -> dict[str, int]:
+    """{"tp", "fp", "fn", "tn"} of step labels against predictions; positives = erroneous steps (1)."""
+    y, p = _binary(labels, "labels"), _binary(predictions, "predictions")
+    if y.shape != p.shape or not y.size:
+        raise ValueError(f"need equally many labels and predictions, at least one; got {y.size} and {p.size}")
+    return {"tp": int(np.sum(y & p)), "fp": int(np.sum(~y & p)), "fn": int(np.sum(y & ~p)),
+            "tn": int(np.sum(~y & ~p))}
+
+
+def _f1(true_pos: int, false_pos: int, false_neg: int) -> float:
+    denominator = 2 * true_pos + false_pos + false_neg
+    return 2 * true_pos / denominator if denominator else 0.0
+
+
 def f1_per_class(labels: Sequence[int], predictions: Sequence[int]) -> tuple[float, float]:
     """(F1 of the positive class, F1 of the negative class); positives = erroneous steps (1).
 
     A class with no true and no predicted members has F1 0, as scikit-learn's
     f1_score (zero_division=0) that the release called.
     """
-    y, p = _binary(labels, "labels"), _binary(predictions, "predictions")
-    if y.shape != p.shape or not y.size:
-        raise ValueError(f"need equally many labels and predictions, at least one; got {y.size} and {p.size}")
-
-    def f1(y_c: np.ndarray, p_c: np.ndarray) -> float:
-        true_pos = int(np.sum(y_c & p_c))
-        denominator = 2 * true_pos + int(np.sum(~y_c & p_c)) + int(np.sum(y_c & ~p_c))
-        return 2 * true_pos / denominator if denominator else 0.0
-
-    return f1(y, p), f1(~y, ~p)
+    c = step_counts(labels, predictions)
+    return _f1(c["tp"], c["fp"], c["fn"]), _f1(c["tn"], c["fn"], c["fp"])
 
 
-def weighted_f1(labels: Sequence[int], predictions: Sequence[int]) -> float:
-    """VLRMBench's weighted F1 = (N_neg/N) F1_pos + (N_pos/N) F1_neg.
+def weighted_f1_of_counts(counts: Mapping[str, int]) -> float:
+    """VLRMBench's weighted F1 = (N_neg/N) F1_pos + (N_pos/N) F1_neg from the confusion counts.
 
     Each class is weighted by the *other* class's share (the inverse of
     scikit-learn's "weighted"), so the rare erroneous steps count most.
@@ -71,13 +83,18 @@ def weighted_f1(labels: Sequence[int], predictions: Sequence[int]) -> float:
     the whole weight lands on the absent class, whose F1 is 0, so the score
     is 0.0 whatever the predictions -- as the release computes it.
     """
-    y = _binary(labels, "labels")
-    f1_pos, f1_neg = f1_per_class(labels, predictions)
-    n_pos = int(y.sum())
-    n_neg = y.size - n_pos
+    n_pos, n_neg = counts["tp"] + counts["fn"], counts["tn"] + counts["fp"]
     if n_pos == 0 or n_neg == 0:
         return 0.0
-    return (n_neg * f1_pos + n_pos * f1_neg) / y.size
+    f1_pos, f1_neg = _f1(counts["tp"], counts["fp"], counts["fn"]), _f1(counts["tn"], counts["fn"], counts["fp"])
+    # In the release's order of operations (utils.get_F1Score; VLMEvalKit's get_F1Score), to the last digit.
+    weight_pos, weight_neg = n_neg / (n_pos + n_neg), n_pos / (n_pos + n_neg)
+    return weight_neg * f1_neg + weight_pos * f1_pos
+
+
+def weighted_f1(labels: Sequence[int], predictions: Sequence[int]) -> float:
+    """VLRMBench's weighted F1 of the pooled steps (:func:`weighted_f1_of_counts`)."""
+    return weighted_f1_of_counts(step_counts(labels, predictions))
 
 
 def weighted_average(values: Mapping[str, float], counts: Mapping[str, int]) -> float:
@@ -96,8 +113,10 @@ class TaskResult:
     """One task's scores (fractions in [0, 1]) and how many outputs could not be read.
 
     scores: step tasks "f1" (weighted), "f1_pos", "f1_neg"; MJ and FF
-    "accuracy"; ERA and EC "win", "tie", "lose" (the candidate vs the
-    reference). None when `accounting="official"` left no sample to score.
+    "accuracy" (FF under "vlmevalkit" also "accuracy_by_value": see
+    score_task); ERA and EC "win", "tie", "lose" (the candidate vs the
+    reference). None when `accounting="official"` left no sample to score, and
+    for ERA/EC under "vlmevalkit" (VLMEvalKit has no criticism tasks).
     """
 
     task: str  # file name
@@ -107,10 +126,14 @@ class TaskResult:
     scores: dict[str, float | None]
     parser: str
     accounting: str = "ours"
-    num_scored: int = -1  # samples in the score: all under "ours"; under "official" those with an output
+    num_scored: int = -1  # samples in the score: all under "ours"/"vlmevalkit"; "official": those with an output
     # Failed samples by reason (FAILURE_REASONS): under "ours" the samples counted wrong; under "official"
-    # the samples left out (no output), while an unread output is scored as the release reads it.
+    # the samples left out (no output), while an unread output is scored as the release reads it; under
+    # "vlmevalkit" the samples without an output, scored as VLMEvalKit's failure message.
     failed_samples: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Step tasks: the confusion counts of the steps scored ({"tp", "fp", "fn", "tn"}; step_counts), so that
+    # the steps of several tasks can be pooled (pooled_step_f1).
+    step_counts: dict[str, int] | None = None
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -177,33 +200,59 @@ def score_task(task: str, samples: Sequence[Sample], outputs: Mapping[str, Any],
       scores are ``parser``'s, padded with 0 (official: the last two integers).
       Win, tie, lose over the samples judged.
 
-    Under both, ``failures`` counts the outputs missing or not fully read;
-    ``failed_samples`` the samples counted wrong ("ours") or left out
-    ("official").
+    ``accounting="vlmevalkit"`` is VLMEvalKit's VLRMBench dataset
+    (open-compass/VLMEvalKit ``vlmeval/dataset/vlrmbench.py``), which has the
+    step tasks, MJ and FF and no ERA/EC (their scores are None). Its parsers
+    are the release's (``parser="official"`` reads as they do); it leaves no
+    sample out: a request that failed or came back empty is written as its
+    failure message (:data:`VLMEVALKIT_FAIL_MSG`) and scored, so a step
+    sample reads as all 0 labels, an MJ order as (0, 0) (a tie when both
+    orders failed: not correct) and an FF answer as wrong. Its FF check is
+    ``task_gt is True`` / ``is False`` (vlrmbench.py lines 260, 263), which
+    never holds for the numpy booleans read back from its prediction file, so
+    the FF accuracy it prints is 0 for every model: "accuracy" reproduces
+    that 0; "accuracy_by_value" is the keyword check compared by value (as
+    the release's ``task_gt == True``) under this accounting.
+
+    Under all, ``failures`` counts the outputs missing or not fully read;
+    ``failed_samples`` the samples counted wrong ("ours"), left out
+    ("official") or scored as the failure message ("vlmevalkit").
     """
     info = task_info(task)
     check_choice(parser, PARSERS, "parser")
     check_choice(accounting, ACCOUNTINGS, "accounting")
     if not samples:
         raise ValueError(f"no samples to score for {info.short}")
-    official = accounting == "official"
+    official, vlmevalkit = accounting == "official", accounting == "vlmevalkit"
     failures = 0
     failed: collections.Counter = collections.Counter()
     scored = 0
+    confusion = None  # step tasks: the confusion counts of the steps scored
+    if vlmevalkit and info.theme == "criticism":  # not scored; its unread outputs counted as under the others
+        unread = sum(not try_parse_scores(text, parser)[1] for sample in samples for text in _pair(outputs, sample.id))
+        return TaskResult(task=info.file, num_samples=len(samples), num_outputs=2 * len(samples), failures=unread,
+                          scores={"win": None, "tie": None, "lose": None}, parser=parser, accounting=accounting,
+                          num_scored=0)
 
     def counted(texts: Sequence[str | None], reason: str | None) -> tuple[bool, bool]:
-        """(left out, counted wrong) of a sample, its failure counted by reason where it is either."""
-        left_out = official and any(text is None for text in texts)
-        wrong = not official and reason is not None
-        if left_out or wrong:
+        """(left out, counted wrong) of a sample, its failure counted by reason where it is either (or, under
+        vlmevalkit, where it has no output and is scored as the failure message)."""
+        missing = any(text is None for text in texts)
+        left_out = official and missing
+        wrong = accounting == "ours" and reason is not None
+        if left_out or wrong or (vlmevalkit and missing):
             failed[reason] += 1
         return left_out, wrong
+
+    def read(text: str | None) -> str | None:
+        """What the parser reads: under vlmevalkit a missing output is VLMEvalKit's failure message."""
+        return VLMEVALKIT_FAIL_MSG if vlmevalkit and text is None else text
 
     if info.theme == "step":
         labels, predictions = [], []
         for sample in samples:
             text = outputs.get(sample.id)
-            predicted, ok = try_parse_step_labels(text, len(sample.task_gt), parser)
+            predicted, ok = try_parse_step_labels(read(text), len(sample.task_gt), parser)
             failures += not ok
             left_out, wrong = counted([text], _failure([text], [ok], "generation_failed"))
             if left_out:
@@ -213,9 +262,11 @@ def score_task(task: str, samples: Sequence[Sample], outputs: Mapping[str, Any],
             scored += 1
             labels.extend(sample.task_gt)
             predictions.extend(predicted)
-        if labels:
-            f1_pos, f1_neg = f1_per_class(labels, predictions)
-            scores = {"f1": weighted_f1(labels, predictions), "f1_pos": f1_pos, "f1_neg": f1_neg}
+        confusion = step_counts(labels, predictions) if labels else None
+        if confusion:
+            scores = {"f1": weighted_f1_of_counts(confusion),
+                      "f1_pos": _f1(confusion["tp"], confusion["fp"], confusion["fn"]),
+                      "f1_neg": _f1(confusion["tn"], confusion["fn"], confusion["fp"])}
         else:
             scores = {"f1": None, "f1_pos": None, "f1_neg": None}
         num_outputs = len(samples)
@@ -223,7 +274,7 @@ def score_task(task: str, samples: Sequence[Sample], outputs: Mapping[str, Any],
         correct = 0
         for sample in samples:
             text = outputs.get(sample.id)
-            answers = parse_foresight(text, parser)  # empty when nothing was read: never correct
+            answers = parse_foresight(read(text), parser)  # empty when nothing was read: never correct
             failures += not answers
             left_out, _ = counted([text], _failure([text], [bool(answers)], "generation_failed"))
             if left_out:
@@ -231,12 +282,14 @@ def score_task(task: str, samples: Sequence[Sample], outputs: Mapping[str, Any],
             scored += 1
             correct += sample.task_gt in answers
         scores = {"accuracy": correct / scored if scored else None}
+        if vlmevalkit:  # VLMEvalKit prints 0 (`task_gt is True` on a numpy boolean); see the docstring
+            scores = {"accuracy": 0.0, "accuracy_by_value": scores["accuracy"]}
         num_outputs = len(samples)
     else:  # two orders: MJ (good solution first) and the ERA/EC judge (reference first)
         counts = collections.Counter()
         for sample in samples:
             texts = _pair(outputs, sample.id)
-            (first, first_ok), (second, second_ok) = (try_parse_scores(text, parser) for text in texts)
+            (first, first_ok), (second, second_ok) = (try_parse_scores(read(text), parser) for text in texts)
             failures += (not first_ok) + (not second_ok)
             reason = _failure(texts, [first_ok, second_ok],
                               "generation_failed" if info.file == "multi_solution" else "judge_failed")
@@ -260,19 +313,25 @@ def score_task(task: str, samples: Sequence[Sample], outputs: Mapping[str, Any],
         num_outputs = 2 * len(samples)
     return TaskResult(task=info.file, num_samples=len(samples), num_outputs=num_outputs, failures=failures,
                       scores=scores, parser=parser, accounting=accounting, num_scored=scored,
-                      failed_samples=dict(sorted(failed.items())))
+                      failed_samples=dict(sorted(failed.items())),
+                      step_counts=confusion)
 
 
-def score_both(task: str, samples: Sequence[Sample], outputs: Mapping[str, Any], parser: str = "robust",
-               official_outputs: Mapping[str, Any] | None = None) -> dict[str, TaskResult]:
-    """score_task under every accounting: {"ours": ..., "official": ...}.
+def score_accountings(task: str, samples: Sequence[Sample], outputs: Mapping[str, Any], parser: str = "robust",
+                      official_outputs: Mapping[str, Any] | None = None,
+                      accountings: Sequence[str] = ACCOUNTINGS) -> dict[str, TaskResult]:
+    """score_task under each of ``accountings`` (default all): {"ours": ..., "official": ..., "vlmevalkit": ...}.
 
     ``official_outputs``: what the official accounting reads, where it differs from ``outputs`` (the
-    runner's records hold an empty answer, which ours counts as no output and the release scores; see
-    :func:`fire_jax.vlrmbench.runner.task_outputs`); default ``outputs``.
+    runner's records hold an empty answer, which ours counts as no output, VLMEvalKit writes as its failure
+    message and the release scores as written; see :func:`fire_jax.vlrmbench.runner.task_outputs`);
+    default ``outputs``.
     """
-    read = {"ours": outputs, "official": outputs if official_outputs is None else official_outputs}
-    return {accounting: score_task(task, samples, read[accounting], parser, accounting) for accounting in ACCOUNTINGS}
+    for accounting in accountings:
+        check_choice(accounting, ACCOUNTINGS, "accounting")
+    return {accounting: score_task(task, samples, official_outputs if accounting == "official" and
+                                   official_outputs is not None else outputs, parser, accounting)
+            for accounting in accountings}
 
 
 def theme_average(results: Mapping[str, TaskResult], theme: str) -> float | None:
@@ -295,6 +354,17 @@ def theme_average(results: Mapping[str, TaskResult], theme: str) -> float | None
     if any(v is None for v in values.values()) or not sum(weights.values()):
         return None
     return weighted_average(values, weights)
+
+
+def pooled_step_f1(results: Mapping[str, TaskResult]) -> float | None:
+    """Weighted F1 of all steps of the step tasks scored, pooled: VLMEvalKit's step summary
+    (``Overall_F1_weighted``, ``vlmeval/dataset/vlrmbench.py`` lines 366-383). The paper's Step W-Avg
+    (:func:`theme_average`) instead averages the task F1s weighted by their sample counts, so a task with
+    long solutions weighs more here. None when no step task has a scored step."""
+    counts = [r.step_counts for r in results.values() if r.step_counts]
+    if not counts:
+        return None
+    return weighted_f1_of_counts({k: sum(c[k] for c in counts) for k in ("tp", "fp", "fn", "tn")})
 
 
 # ----------------------------------------------------------------------------
@@ -356,7 +426,8 @@ def results_table(rows: Mapping[str, Mapping[str, TaskResult]], *, judge: str, r
         f"Our rows: parser={'/'.join(parsers) or '-'}, render={render}, "
         f"accounting={'/'.join(accountings) or '-'} (ours: a sample without an output or not fully read "
         "counts wrong; official: the release's scorers, a short or unread answer padded and scored, a sample "
-        "without an output left out).",
+        "without an output left out; vlmevalkit: VLMEvalKit's scorer, a sample without an output scored as its "
+        "failure message, no ERA/EC, and FF 0 as VLMEvalKit prints it, its `task_gt is True` never holding).",
         "",
         line(["Model"] + columns),
         line(["---"] + ["---:"] * len(columns)),
@@ -366,6 +437,15 @@ def results_table(rows: Mapping[str, Mapping[str, TaskResult]], *, judge: str, r
     for model, results in rows.items():
         cells = _row_cells(results)
         out.append(line([model] + [number(cells[c]) for c in columns]))
+    out += ["", "The step summary two ways: Step W-Avg is the paper's (the task F1s averaged, weighted by sample "
+            "count); the pooled F1 is VLMEvalKit's Overall_F1_weighted (the weighted F1 of all steps of the step "
+            "tasks scored together).", "",
+            line(["Model", "Step W-Avg: paper's definition", "Step F1 pooled: VLMEvalKit's"]),
+            line(["---", "---:", "---:"])]
+    for model, results in rows.items():
+        pooled = pooled_step_f1(results)
+        out.append(line([model, number(_row_cells(results)["Step W-Avg"]),
+                         number(None if pooled is None else 100 * pooled)]))
     out += ["", "Outputs the parser could not read (failures / outputs; ERA/EC: the judge's outputs):", ""]
     out.append(line(["Model"] + [t.short for t in TASKS]))
     out.append(line(["---"] + ["---:"] * len(TASKS)))
