@@ -1,0 +1,198 @@
+"""The original LLaVA format (LlavaLlamaForCausalLM, MM-FIRE/FIRE's checkpoints) against transformers' llava-hf
+model of the same weights (fire_jax/convert/llava.py)."""
+
+import json
+import os
+import shutil
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from fire_jax.cli import input_errors_end_in_one_line
+from fire_jax.config import InputError
+from fire_jax.convert import hf as convert
+from fire_jax.convert import llava
+from fire_jax.data.chat import ChatTokenizer, Message
+from fire_jax.infer.decode import DecodeConfig, generate
+from fire_jax.models import count_params
+from hf_reference import IMAGE_TOKEN, hf_logits, jit_call, load_tool, make_batch, rel_err, tiny_hf_model
+from llava_reference import (VOCAB, original_config, original_state, tokenizer_without_image, write_clip_folder,
+                             write_original)
+
+SIZES = [(40, 70), (70, 40), None, (30, 90), (64, 64)]
+TEXT = [(3, 5), (4, 2), (9, 0), (2, 7), (1, 1)]
+NEW = 8
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    """(llava-hf model, its CLIP folder, the original-format folder with the tower, the same without it as .bin
+    shards)."""
+    root = tmp_path_factory.mktemp("llava_format")
+    hf = tiny_hf_model(str(root / "hf"))
+    with torch.no_grad():  # larger embeddings: greedy outputs vary instead of repeating one token
+        hf.model.language_model.embed_tokens.weight.mul_(8.0)
+    clip = write_clip_folder(hf, str(root / "clip"))
+    folder = write_original(str(root / "llava"), original_state(hf), original_config(hf, clip))
+    tokenizer_without_image(folder)
+    shards = write_original(str(root / "llava_bin"), original_state(hf, tower=False), original_config(hf, clip),
+                            shards=2)
+    return hf, clip, folder, shards
+
+
+@pytest.fixture(scope="module")
+def model(release):
+    return convert.load_hf_checkpoint(release[2])
+
+
+def test_config_follows_the_release_fields(model):
+    cfg = model.cfg
+    assert cfg.architecture == "llava_next" and cfg.image_mode == "anyres"
+    assert cfg.image_token_id == VOCAB == cfg.llm.vocab_size  # <image>: the next free id, outside the logits
+    assert (cfg.llm.heads, cfg.llm.kv_heads, cfg.llm.rope_theta) == (4, 2, 500000.0)
+    assert cfg.vision.feature_layer == -2 and cfg.vision.width == 64 and cfg.vision.image_size == 32
+    assert cfg.image_grid_pinpoints == ((32, 64), (64, 32), (64, 64), (96, 32), (32, 96))
+
+
+def test_logits_equal_transformers_on_the_llava_hf_weights(release, model):
+    hf = release[0]
+    ids, mask, pv, idx, lengths = make_batch(model.cfg.geometry, SIZES, TEXT)
+    assert IMAGE_TOKEN == model.cfg.image_token_id  # the llava-hf model's image id is the next free one too
+    ours = np.asarray(jit_call(model, jnp.asarray(ids), jnp.asarray(pv), jnp.asarray(idx), jnp.asarray(mask)))
+    assert ours.shape[-1] == VOCAB
+    errors = []
+    for b, size in enumerate(SIZES):
+        tiles = 0 if size is None else model.cfg.geometry.num_tiles(size)
+        ref = hf_logits(hf, ids[b, :lengths[b]], pv[b, :tiles], size)[:, :VOCAB]
+        errors.append(rel_err(ours[b, :lengths[b]], ref))
+    print("relative logit errors (checkpoint vocabulary):", errors)
+    assert max(errors) < 1e-5, errors
+
+
+def test_greedy_tokens_equal_transformers(release, model):
+    hf = release[0]
+    ids, _, pv, _, lengths = make_batch(model.cfg.geometry, SIZES, TEXT)
+    prompts = [ids[b, :n].tolist() for b, n in enumerate(lengths)]
+    ours = generate(model, prompts, pixel_values=pv, image_sizes=SIZES,
+                    config=DecodeConfig(max_new_tokens=NEW, stop_ids=())).tokens
+    for b, size in enumerate(SIZES):
+        kwargs = dict(input_ids=torch.as_tensor(prompts[b])[None])
+        if size is not None:
+            tiles = model.cfg.geometry.num_tiles(size)
+            kwargs.update(pixel_values=torch.as_tensor(pv[b:b + 1, :tiles]), image_sizes=torch.as_tensor([size]))
+        with torch.no_grad():  # transformers' vocabulary has <image>; the checkpoint's does not
+            out = hf.generate(**kwargs, max_new_tokens=NEW, do_sample=False, suppress_tokens=[IMAGE_TOKEN],
+                              pad_token_id=0, eos_token_id=None)
+        np.testing.assert_array_equal(ours[b], out[0, len(prompts[b]):].numpy())
+    assert len({tuple(r) for r in ours}) > 1 and IMAGE_TOKEN not in ours
+
+
+def test_tower_from_the_clip_folder_and_bin_shards_load_the_same_weights(release, model):
+    from flax import nnx
+
+    other = convert.load_hf_checkpoint(release[3])
+    ours, theirs = nnx.to_flat_state(nnx.state(model, nnx.Param)), nnx.to_flat_state(nnx.state(other, nnx.Param))
+    assert len(ours) == len(theirs) and count_params(model) == count_params(other)
+    for (path, a), (_, b) in zip(ours, theirs):
+        np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(path))
+
+
+def test_tokenizer_without_image_gets_the_next_id(release, model):
+    chat = ChatTokenizer.from_file(os.path.join(release[2], "tokenizer.json"), model.cfg.geometry, template="llama3")
+    assert chat.image_token_id == VOCAB == model.cfg.image_token_id
+    encoded = chat.encode([Message("user", "a cat", images=1)], (40, 70), add_generation_prompt=True)
+    assert (encoded.input_ids == VOCAB).sum() == model.cfg.geometry.num_tokens((40, 70))
+    assert chat.decode([VOCAB]) == "<image>"
+
+
+def test_known_tower_shape_without_a_clip_folder(release):
+    hf = json.load(open(os.path.join(release[2], "config.json")))
+    hf["mm_vision_tower"] = "openai/clip-vit-large-patch14-336"
+    cfg = llava.config_from_llava(hf, release[2])
+    assert (cfg.vision.image_size, cfg.vision.patch_size, cfg.vision.width, cfg.vision.layers) == (336, 14, 1024, 24)
+    hf["mm_vision_tower"] = "someone/clip"
+    with pytest.raises(InputError, match="mm_vision_tower"):
+        llava.config_from_llava(hf, release[2])
+
+
+def test_pad_and_flat_layouts(release):
+    hf = json.load(open(os.path.join(release[2], "config.json")))
+    pad = llava.config_from_llava(dict(hf, image_aspect_ratio="pad"), release[2])
+    assert (pad.architecture, pad.image_mode, pad.pad_newline) == ("llava_next", "pad", False)
+    flat = llava.config_from_llava(dict(hf, image_aspect_ratio="pad", mm_patch_merge_type="flat"), release[2])
+    assert (flat.architecture, flat.image_mode) == ("llava", "pad")
+    with pytest.raises(InputError, match="mm_patch_merge_type='flat'"):
+        llava.config_from_llava(dict(hf, mm_patch_merge_type="flat"), release[2])
+    with pytest.raises(InputError, match="mm_projector_type"):
+        llava.config_from_llava(dict(hf, mm_projector_type="linear"), release[2])
+
+
+def test_llava15_image_seq_length_is_a_warning(tmp_path):
+    from hf_reference import tiny_hf_llava15
+
+    tiny_hf_llava15(str(tmp_path))
+    config = json.load(open(tmp_path / "config.json"))
+    config["image_seq_length"] = 576  # llava-1.5-7b-hf's value on a tower of 16 patches
+    json.dump(config, open(tmp_path / "config.json", "w"))
+    with pytest.warns(UserWarning, match="image_seq_length=576.*using 16"):
+        model = convert.load_hf_checkpoint(str(tmp_path), lora=None)
+    assert model.cfg.geometry.tokens_per_tile == 16
+
+
+# --------------------------------------------------------------------------- bad folders: one line, exit 2
+
+def _tool_error(capsys, argv) -> str:
+    """The one stderr line tools/hf_logits.py ends with (exit 2) on ``argv``."""
+    with pytest.raises(SystemExit) as exit_info:
+        input_errors_end_in_one_line("hf_logits")(load_tool("hf_logits").main)(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def _inputs(tmp_path):
+    path = str(tmp_path / "in.npz")
+    np.savez(path, input_ids=np.array([[1, 2, 3]]))
+    return ["--inputs", path, "--out", str(tmp_path / "out.npz")]
+
+
+def test_missing_key_names_the_folder_and_the_key(release, tmp_path, capsys):
+    state = original_state(release[0])
+    del state["model.layers.1.mlp.up_proj.weight"]
+    folder = write_original(str(tmp_path / "m"), state, original_config(release[0], release[1]))
+    err = _tool_error(capsys, ["--model", folder] + _inputs(tmp_path))
+    assert folder in err and "'model.layers.1.mlp.up_proj.weight'" in err
+
+
+@pytest.mark.parametrize("shards", [0, 2], ids=["safetensors", "bin"])
+def test_truncated_shard_names_the_file(release, tmp_path, capsys, shards):
+    folder = write_original(str(tmp_path / "t"), original_state(release[0]), original_config(release[0], release[1]),
+                            shards=shards)
+    name = "model.safetensors" if not shards else "pytorch_model-00002-of-00002.bin"
+    path = os.path.join(folder, name)
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[:len(data) // 2])
+    err = _tool_error(capsys, ["--model", folder] + _inputs(tmp_path))
+    assert path in err and "truncated" in err
+
+
+def test_unknown_key_names_the_key(release, tmp_path):
+    state = dict(original_state(release[0]), **{"model.mm_projector.4.weight": np.zeros((2, 2), np.float32)})
+    folder = write_original(str(tmp_path / "u"), state, original_config(release[0], release[1]))
+    with pytest.raises(InputError, match=r"'model\.mm_projector\.4\.weight'"):
+        convert.load_hf_checkpoint(folder)
+
+
+def test_no_tower_anywhere_is_one_error(release, tmp_path, monkeypatch):
+    tower = release[0].config.vision_config
+    monkeypatch.setitem(llava.KNOWN_TOWERS, "someone/tiny-clip", dict(
+        hidden_size=tower.hidden_size, intermediate_size=tower.intermediate_size, num_attention_heads=4,
+        num_hidden_layers=tower.num_hidden_layers, image_size=tower.image_size, patch_size=tower.patch_size))
+    config = original_config(release[0], "someone/tiny-clip")
+    folder = write_original(str(tmp_path / "n"), original_state(release[0], tower=False), config)
+    with pytest.raises(InputError, match="no vision tower weights.*names no local CLIP folder"):
+        convert.load_hf_checkpoint(folder)
+    assert convert.load_hf_checkpoint(release[2]).cfg.vision.heads == 4  # the same config with the tower loads
