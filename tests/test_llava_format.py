@@ -196,3 +196,98 @@ def test_no_tower_anywhere_is_one_error(release, tmp_path, monkeypatch):
     with pytest.raises(InputError, match="no vision tower weights.*names no local CLIP folder"):
         convert.load_hf_checkpoint(folder)
     assert convert.load_hf_checkpoint(release[2]).cfg.vision.heads == 4  # the same config with the tower loads
+
+
+# --------------------------------------------------------------------------- the release's LoRA teacher
+
+RANK, ALPHA = 4, 8.0
+
+
+@pytest.fixture(scope="module")
+def teacher(release, tmp_path_factory):
+    """(LoRA folder on the original-format base, the llava-hf model with the same merge done by hand in torch)."""
+    import copy
+
+    from safetensors.torch import save_file
+
+    hf, _, base, _ = release
+    folder = str(tmp_path_factory.mktemp("teacher"))
+    gen = torch.Generator().manual_seed(7)
+    expected = copy.deepcopy(hf)
+    factors, non_lora = {}, {}
+    with torch.no_grad():
+        for i in range(hf.config.text_config.num_hidden_layers):
+            attn = expected.model.language_model.layers[i].self_attn
+            for proj in ("q_proj", "k_proj", "v_proj"):
+                weight = getattr(attn, proj).weight
+                a = torch.randn(RANK, weight.shape[1], generator=gen) * 0.2
+                b = torch.randn(weight.shape[0], RANK, generator=gen) * 0.2
+                prefix = f"base_model.model.model.layers.{i}.self_attn.{proj}"
+                factors[f"{prefix}.lora_A.weight"], factors[f"{prefix}.lora_B.weight"] = a, b
+                weight += (ALPHA / RANK) * (b @ a)  # PEFT's merge_and_unload
+        for index, linear in (("0", expected.model.multi_modal_projector.linear_1),
+                              ("2", expected.model.multi_modal_projector.linear_2)):
+            for name in ("weight", "bias"):  # the trained connector, as non_lora_trainables.bin stores it
+                value = torch.randn(getattr(linear, name).shape, generator=gen) * 0.1
+                non_lora[f"base_model.model.model.mm_projector.{index}.{name}"] = value
+                getattr(linear, name).copy_(value)
+    save_file(factors, os.path.join(folder, "adapter_model.safetensors"))
+    torch.save(non_lora, os.path.join(folder, "non_lora_trainables.bin"))
+    json.dump(dict(peft_type="LORA", r=RANK, lora_alpha=ALPHA, lora_dropout=0.05, bias="none",
+                   target_modules=["q_proj", "k_proj", "v_proj"], base_model_name_or_path=base, task_type="CAUSAL_LM"),
+              open(os.path.join(folder, "adapter_config.json"), "w"))
+    shutil.copy(os.path.join(base, "config.json"), folder)
+    return folder, expected
+
+
+def _logit_errors(model, hf):
+    ids, mask, pv, idx, lengths = make_batch(model.cfg.geometry, SIZES, TEXT)
+    ours = np.asarray(jit_call(model, jnp.asarray(ids), jnp.asarray(pv), jnp.asarray(idx), jnp.asarray(mask)))
+    errors = []
+    for b, size in enumerate(SIZES):
+        tiles = 0 if size is None else model.cfg.geometry.num_tiles(size)
+        errors.append(rel_err(ours[b, :lengths[b]], hf_logits(hf, ids[b, :lengths[b]], pv[b, :tiles], size)[:, :VOCAB]))
+    return errors
+
+
+def test_lora_teacher_equals_the_merge_by_hand(release, teacher):
+    folder, expected = teacher
+    model = convert.load_hf_checkpoint(release[2], adapter=folder)
+    kernel = np.asarray(model.language_model.model.layers[1].self_attn.k_proj.kernel[...])
+    np.testing.assert_allclose(kernel, expected.model.language_model.layers[1].self_attn.k_proj.weight.detach().numpy().T,
+                               rtol=0, atol=1e-6)
+    errors = _logit_errors(model, expected)
+    print("LoRA teacher vs merge by hand, relative logit errors:", errors)
+    assert max(errors) < 1e-5, errors
+    assert min(_logit_errors(convert.load_hf_checkpoint(release[2]), expected)) > 1e-2  # the merge changed them
+
+
+def test_lora_folder_alone_and_config_init_adapter(release, teacher):
+    from flax import nnx
+
+    from fire_jax.checkpoint import build_model
+    from fire_jax.config import load_config
+    from fire_jax.infer.loading import checkpoint_kind, load
+
+    folder, _ = teacher
+    assert checkpoint_kind(folder) == "llava_lora" and checkpoint_kind(release[2]) == "hf"
+    merged = convert.load_hf_checkpoint(release[2], adapter=folder)
+    config = load_config("configs/tiny.py")
+    config.init.adapter = folder  # no hf_checkpoint: the base adapter_config.json names
+    config.data.template = "llama3"
+    loaded = load(config, folder)
+    assert loaded.chat.image_token_id == VOCAB and "merged into" in loaded.description
+    for model in (build_model(config), loaded.model):
+        for (path, a), (_, b) in zip(nnx.to_flat_state(nnx.state(merged, nnx.Param)),
+                                     nnx.to_flat_state(nnx.state(model, nnx.Param))):
+            np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(path))
+
+
+def test_lora_folder_whose_base_is_absent(teacher, tmp_path, capsys):
+    folder = str(tmp_path / "orphan")
+    shutil.copytree(teacher[0], folder)
+    config = json.load(open(os.path.join(folder, "adapter_config.json")))
+    json.dump(dict(config, base_model_name_or_path="/no/such/base"), open(os.path.join(folder, "adapter_config.json"), "w"))
+    err = _tool_error(capsys, ["--model", folder] + _inputs(tmp_path))
+    assert os.path.join(folder, "adapter_config.json") in err and "'base_model_name_or_path'" in err
+    assert "/no/such/base" in err

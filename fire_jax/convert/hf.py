@@ -335,7 +335,8 @@ def load_hf_checkpoint(directory: str, lora: LoraConfig | None = LoraConfig(), *
                        **overrides) -> LlavaNext:
     """Load a HF LLaVA-NeXT or LLaVA-1.5 checkpoint directory (config.json + safetensors) into a fresh NNX model;
     a checkpoint of the original LLaVA format (``model_type`` "llava_llama": :mod:`fire_jax.convert.llava`)
-    loads too, with ``adapter`` a LoRA folder of that format merged into it.
+    loads too, with ``adapter`` a LoRA folder of that format merged into it (given as ``directory``, such a
+    folder goes on the base its ``adapter_config.json`` names).
 
     ``overrides`` set LlavaNextConfig fields (e.g. ``dtype``, ``param_dtype``,
     ``remat``, ``image_mode``). ``sharding(path, abstract_leaf)`` may return a
@@ -345,6 +346,8 @@ def load_hf_checkpoint(directory: str, lora: LoraConfig | None = LoraConfig(), *
     """
     from fire_jax.convert import llava
 
+    if adapter is None and llava.is_llava_lora(directory):  # the LoRA folder alone: on the base it names
+        directory, adapter = llava.adapter_base(directory), directory
     hf = read_config(directory)
     if llava.is_llava_config(hf) or adapter:
         return llava.load_llava_checkpoint(directory, lora, seed=seed, sharding=sharding, adapter=adapter,

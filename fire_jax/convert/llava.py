@@ -371,6 +371,10 @@ def load_llava_checkpoint(directory: str, lora: LoraConfig | None = LoraConfig()
     With an adapter the model's config is the adapter folder's config.json when it has one (the builder reads
     the LoRA folder's config), else the base's."""
     config_dir = adapter if adapter and os.path.exists(os.path.join(adapter, "config.json")) else directory
+    base = hub.read_config(directory)
+    if adapter and not is_llava_config(base):
+        raise InputError(f"{_where(directory)}: model_type={base.get('model_type')!r}: the LoRA folder {adapter} of "
+                         f"the original LLaVA format goes on a base of that format (LlavaLlamaForCausalLM)")
     hf = hub.read_config(config_dir)
     if not is_llava_config(hf):
         raise InputError(f"{_where(config_dir)}: model_type={hf.get('model_type')!r}: a LoRA folder of the original "
