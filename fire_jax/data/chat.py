@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from fire_jax.data.records import IMAGE_PLACEHOLDER, Conversation, Instruction, Record
-from fire_jax.data.templates import ChatTemplate, template_source
+from fire_jax.data.templates import LLAMA3_FAMILY, ChatTemplate, template_source
 from fire_jax.geometry import ImageGeometry, unpadded_size
 
 #: Llama-3's special tokens (the tiny test tokenizer has them too).
@@ -176,7 +176,7 @@ class ChatTokenizer:
         if isinstance(template, ChatTemplate):
             self.template = template
         else:
-            bos, eos = (BOS, EOS) if template in (None, "llama3") else (bos_token or "", eos_token or "")
+            bos, eos = (BOS, EOS) if template in (None, *LLAMA3_FAMILY) else (bos_token or "", eos_token or "")
             source = template_source(template or "llama3")
             self.template = ChatTemplate(source, special_tokens=specials, bos_token=bos_token or bos,
                                          eos_token=eos_token or eos, name=f"{name} ({template or 'llama3'})")
