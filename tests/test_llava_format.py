@@ -291,3 +291,71 @@ def test_lora_folder_whose_base_is_absent(teacher, tmp_path, capsys):
     err = _tool_error(capsys, ["--model", folder] + _inputs(tmp_path))
     assert os.path.join(folder, "adapter_config.json") in err and "'base_model_name_or_path'" in err
     assert "/no/such/base" in err
+
+
+# --------------------------------------------------------------------------- writing the format back
+
+def _same_weights(a, b, atol=0.0):
+    from flax import nnx
+
+    left, right = nnx.to_flat_state(nnx.state(a, nnx.Param)), nnx.to_flat_state(nnx.state(b, nnx.Param))
+    assert [p for p, _ in left] == [p for p, _ in right]
+    for (path, x), (_, y) in zip(left, right):
+        np.testing.assert_allclose(np.asarray(x[...]), np.asarray(y[...]), rtol=0, atol=atol, err_msg=str(path))
+
+
+def test_export_then_import_is_exact(model, tmp_path):
+    out = str(tmp_path / "export")
+    llava.save_llava_checkpoint(model, out, max_shard_bytes=40_000)  # several shards
+    config = json.load(open(os.path.join(out, "config.json")))
+    assert config["model_type"] == "llava_llama" and config["mm_patch_merge_type"] == "spatial_unpad"
+    assert config["mm_vision_tower"] == os.path.join(out, "vision_tower")  # the tiny tower as a CLIP folder
+    assert os.path.exists(os.path.join(out, "model.safetensors.index.json"))
+    again = convert.load_hf_checkpoint(out)
+    assert again.cfg == model.cfg
+    _same_weights(model, again)
+
+
+def test_exported_folder_loads_in_transformers_after_the_llava_hf_mapping(release, model, tmp_path):
+    """The documented mapping (llava.KEY_PREFIXES) plus the row llava-hf appends for <image> gives transformers'
+    LlavaNext back, with fire_jax's logits."""
+    from safetensors.numpy import save_file
+    from transformers import LlavaNextForConditionalGeneration
+
+    out = str(tmp_path / "export")
+    llava.save_llava_checkpoint(model, out)
+    exported = dict(llava.iter_weights(out))
+    assert "model.mm_projector.0.weight" in exported and "model.vision_tower.vision_tower.vision_model." \
+        "embeddings.patch_embedding.weight" in exported
+    hub_state = {llava.to_hub(k): v for k, v in exported.items()}
+    for key in ("language_model.model.embed_tokens.weight", "language_model.lm_head.weight"):
+        hub_state[key] = np.concatenate([hub_state[key], np.zeros_like(hub_state[key][:1])])  # <image>'s row
+    folder = str(tmp_path / "llava_hf")
+    os.makedirs(folder)
+    save_file(hub_state, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    release[0].config.save_pretrained(folder)
+    theirs = LlavaNextForConditionalGeneration.from_pretrained(folder).eval()
+    errors = _logit_errors(model, theirs)
+    print("exported folder in transformers, relative logit errors:", errors)
+    assert max(errors) < 1e-5, errors
+
+
+def test_lora_export_merges_back_to_the_same_model(release, tmp_path):
+    import jax
+
+    from fire_jax.models import merge_lora
+    from fire_jax.models.config import LoraConfig
+
+    model = convert.load_hf_checkpoint(release[2], lora=LoraConfig(rank=4, alpha=8.0, targets=("q", "k", "v")))
+    keys = iter(jax.random.split(jax.random.key(3), 64))
+    for layer in model.language_model.model.layers:
+        for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+            proj.lora_b[...] = 0.2 * jax.random.normal(next(keys), proj.lora_b[...].shape)
+    linear = model.multi_modal_projector.linear_2  # a trained connector
+    linear.bias[...] = jax.random.normal(next(keys), linear.bias[...].shape)
+    out = str(tmp_path / "lora")
+    llava.save_llava_lora(model, out, base=release[2])
+    assert sorted(os.listdir(out)) == ["adapter_config.json", "adapter_model.safetensors", "config.json",
+                                       "non_lora_trainables.bin", "vision_tower"]
+    again = convert.load_hf_checkpoint(out, lora=None)  # the folder alone: on the base it names
+    _same_weights(merge_lora(model), again, atol=1e-6)

@@ -391,18 +391,24 @@ def model_from_tensors(cfg: LlavaNextConfig, tensors: Iterable[tuple[str, np.nda
 # --------------------------------------------------------------------------- saving
 
 def save_hf_checkpoint(model: LlavaNext, directory: str, *, max_shard_bytes: int = 5 * 2**30,
-                       dtype: str | None = None) -> None:
+                       dtype: str | None = None, config: dict | None = None,
+                       rename: Callable[[str], str | None] = lambda key: key) -> None:
     """Write the frozen weights (merge LoRA first to keep it) as a HF checkpoint directory.
 
-    Shards of at most ``max_shard_bytes``; one shard at a time lives on the host.
+    Shards of at most ``max_shard_bytes``; one shard at a time lives on the host. ``config`` (default: the
+    llava-hf config.json of the model) and ``rename`` (of each hub-layout key; None leaves the tensor out) write
+    another layout of the same tensors (:mod:`fire_jax.convert.llava`: the original LLaVA format, a CLIP folder).
     """
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(config_to_hf(model.cfg), f, indent=2)
+        json.dump(config_to_hf(model.cfg) if config is None else config, f, indent=2)
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
     for path, arr in per_layer_params(model):
         key, fn = path_to_hf(path)
+        key = rename(key)
+        if key is None:
+            continue
         if fn is None:  # patch conv: [3*p*p, width] -> [width, 3, p, p]
             p = model.cfg.vision.patch_size
             arr = arr.T.reshape(arr.shape[1], 3, p, p)

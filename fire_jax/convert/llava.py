@@ -35,6 +35,7 @@ import re
 import warnings
 from typing import Any, Callable, Iterator
 
+import jax
 import numpy as np
 
 from fire_jax.config import InputError
@@ -386,3 +387,107 @@ def load_llava_checkpoint(directory: str, lora: LoraConfig | None = LoraConfig()
     where = directory if not adapter else f"{directory} + {adapter}"
     return hub.model_from_tensors(cfg, checkpoint_tensors(directory, tensors, hf), where, seed=seed,
                                   sharding=sharding, source_key=to_original)
+
+
+# --------------------------------------------------------------------------- writing
+
+#: CLIP's image processor settings (``CLIPImageProcessor``), which the release's vision tower loads beside it.
+_CLIP_PREPROCESSOR = dict(do_resize=True, do_center_crop=True, do_normalize=True, do_rescale=True,
+                          do_convert_rgb=True, rescale_factor=1 / 255, resample=3,
+                          image_mean=[0.48145466, 0.4578275, 0.40821073], image_std=[0.26862954, 0.26130258, 0.27577711],
+                          image_processor_type="CLIPImageProcessor")
+
+
+def config_to_llava(cfg: LlavaNextConfig, vision_tower: str) -> dict:
+    """The original-format ``config.json`` of a model (``vision_tower``: its ``mm_vision_tower``). The image
+    layout is the one :func:`config_from_llava` reads back: LLaVA-NeXT -> ``spatial_unpad`` with ``anyres`` (or
+    ``pad`` in ``image_mode="pad"``), LLaVA-1.5 -> ``pad`` + ``flat``."""
+    if not cfg.projector_bias:
+        raise ValueError("the original format's mlp2x_gelu connector has biases; this model's has none")
+    text = hub.config_to_hf(cfg)["text_config"]
+    text.pop("model_type")
+    if cfg.architecture == "llava":
+        aspect, merge = "pad", "flat"
+    else:
+        aspect, merge = ("pad" if cfg.image_mode == "pad" else "anyres"), "spatial_unpad"
+    return dict(architectures=[ARCHITECTURE], model_type=MODEL_TYPE, **text, mm_vision_tower=vision_tower,
+                mm_hidden_size=cfg.vision.width, mm_projector_type="mlp2x_gelu",
+                mm_vision_select_layer=cfg.vision.feature_layer, mm_vision_select_feature="patch",
+                image_aspect_ratio=aspect, image_grid_pinpoints=[list(p) for p in cfg.image_grid_pinpoints],
+                mm_patch_merge_type=merge, mm_use_im_start_end=False, mm_use_im_patch_token=False, use_mm_proj=True)
+
+
+def _known_tower(cfg: LlavaNextConfig) -> str | None:
+    v = cfg.vision
+    shape = dict(hidden_size=v.width, intermediate_size=v.mlp_dim, num_hidden_layers=v.layers,
+                 num_attention_heads=v.heads, image_size=v.image_size, patch_size=v.patch_size,
+                 layer_norm_eps=v.layer_norm_eps, hidden_act="quick_gelu")
+    return next((name for name, known in KNOWN_TOWERS.items() if known == shape), None)
+
+
+def save_clip_folder(model: LlavaNext, directory: str) -> str:
+    """The model's vision tower as a CLIPVisionModel folder (config.json, ``vision_model.*`` weights, CLIP's
+    preprocessor_config.json), as the release's ``CLIPVisionTower.load_model`` reads ``mm_vision_tower``."""
+    v = model.cfg.vision
+    config = dict(architectures=["CLIPVisionModel"], model_type="clip_vision_model", hidden_size=v.width,
+                  intermediate_size=v.mlp_dim, num_hidden_layers=v.layers, num_attention_heads=v.heads,
+                  image_size=v.image_size, patch_size=v.patch_size, layer_norm_eps=v.layer_norm_eps,
+                  hidden_act="quick_gelu", num_channels=3)
+    hub.save_hf_checkpoint(model, directory, config=config, rename=lambda key: key[len("vision_tower."):]
+                           if key.startswith("vision_tower.") else None)
+    with open(os.path.join(directory, "preprocessor_config.json"), "w") as f:
+        json.dump(dict(_CLIP_PREPROCESSOR, size={"shortest_edge": v.image_size},
+                       crop_size={"height": v.image_size, "width": v.image_size}), f, indent=2)
+    return os.path.abspath(directory)
+
+
+def _vision_tower(model: LlavaNext, directory: str, vision_tower: str | None) -> str:
+    """``mm_vision_tower`` of an export: as given, CLIP ViT-L/14-336's hub name for that shape, else a CLIP folder
+    written into the export (``DIR/vision_tower``, named by its absolute path)."""
+    return vision_tower or _known_tower(model.cfg) or save_clip_folder(model, os.path.join(directory, "vision_tower"))
+
+
+def save_llava_checkpoint(model: LlavaNext, directory: str, *, vision_tower: str | None = None,
+                          max_shard_bytes: int = 5 * 2**30, dtype: str | None = None) -> None:
+    """Write the frozen weights (merge LoRA first to keep it) in the original LLaVA format, as the release's own
+    scripts load it (``llava/model/builder.py``): config.json and safetensors shards with the original keys, the
+    vision tower included. Read back with :func:`load_llava_checkpoint`, every weight is the same; the image
+    token is then the next id after the vocabulary."""
+    tower = _vision_tower(model, directory, vision_tower)
+    hub.save_hf_checkpoint(model, directory, max_shard_bytes=max_shard_bytes, dtype=dtype,
+                           config=config_to_llava(model.cfg, tower), rename=to_original)
+
+
+def save_llava_lora(model: LlavaNext, directory: str, base: str, *, vision_tower: str | None = None) -> None:
+    """Write the model's LoRA on ``base`` as the release ships its teacher: PEFT's adapter_config.json and
+    adapter_model.safetensors (keys ``base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight``),
+    ``non_lora_trainables.bin`` (the connector, keys ``base_model.model.model.mm_projector.*``) and the
+    original-format config.json; :func:`merged_tensors` merges it back."""
+    from safetensors.numpy import save_file
+
+    try:
+        import torch
+    except ImportError:
+        raise InputError("writing non_lora_trainables.bin needs torch (pip install torch)") from None
+    lora = model.cfg.lora
+    if lora is None:
+        raise ValueError("the model has no LoRA adapter to export")
+    os.makedirs(directory, exist_ok=True)
+    factors = {}
+    for (i, sub, proj, ab), (variable, layer) in hub._lora_factors(model).items():
+        value = np.asarray(jax.device_get(variable[...] if layer is None else variable[...][layer]), np.float32)
+        factors[f"base_model.model.model.layers.{i}.{sub}.{proj}.lora_{ab}.weight"] = np.ascontiguousarray(value.T)
+    save_file(factors, os.path.join(directory, "adapter_model.safetensors"), metadata={"format": "pt"})
+    modules = sorted({key.split(".")[-3] for key in factors})
+    with open(os.path.join(directory, "adapter_config.json"), "w") as f:
+        json.dump(dict(peft_type="LORA", task_type="CAUSAL_LM", r=lora.rank, lora_alpha=lora.alpha,
+                       lora_dropout=lora.dropout, bias="none", fan_in_fan_out=False, inference_mode=True,
+                       target_modules=modules, base_model_name_or_path=base), f, indent=2)
+    connector = {}  # float32: the builder's load_state_dict casts to the model's dtype
+    for index, linear in (("0", model.multi_modal_projector.linear_1), ("2", model.multi_modal_projector.linear_2)):
+        for name, value in (("weight", linear.kernel[...].T), ("bias", linear.bias[...])):
+            host = np.array(jax.device_get(value), np.float32)  # a writable copy, as torch.from_numpy wants
+            connector[f"base_model.model.model.mm_projector.{index}.{name}"] = torch.from_numpy(host)
+    torch.save(connector, os.path.join(directory, "non_lora_trainables.bin"))
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config_to_llava(model.cfg, _vision_tower(model, directory, vision_tower)), f, indent=2)
