@@ -359,3 +359,13 @@ def test_lora_export_merges_back_to_the_same_model(release, tmp_path):
                                        "non_lora_trainables.bin", "vision_tower"]
     again = convert.load_hf_checkpoint(out, lora=None)  # the folder alone: on the base it names
     _same_weights(merge_lora(model), again, atol=1e-6)
+
+
+def test_export_tool_writes_the_config_s_model(release, tmp_path):
+    """tools/export_llava.py on a config's model (here its init: the original-format checkpoint)."""
+    out = str(tmp_path / "exported")
+    lines = []
+    load_tool("export_llava").main(["--config", "configs/tiny.py", "--out", out,
+                                    f"--config.init.hf_checkpoint={release[2]}"], print_fn=lines.append)
+    assert "original LLaVA format" in lines[-1]
+    _same_weights(convert.load_hf_checkpoint(release[2], lora=None), convert.load_hf_checkpoint(out, lora=None))
