@@ -369,3 +369,14 @@ def test_export_tool_writes_the_config_s_model(release, tmp_path):
                                     f"--config.init.hf_checkpoint={release[2]}"], print_fn=lines.append)
     assert "original LLaVA format" in lines[-1]
     _same_weights(convert.load_hf_checkpoint(release[2], lora=None), convert.load_hf_checkpoint(out, lora=None))
+
+
+def test_fire_recipes_on_the_release_s_base():
+    from fire_jax.config import load_config
+
+    for recipe, template in (("fire_student", "llama_v3_student"), ("fire_teacher", "llama_v3_teacher")):
+        config = load_config(f"configs/fire.py:{recipe},base=open_llava_next_8b,released=True")
+        assert config.data.template == template and config.init.hf_checkpoint == "/data/open-llava-next-llama3-8b"
+        assert config.model.llm.vocab_size == config.model.image_token_id == 128256  # <image>: the next free id
+        assert config.data.tokenizer == "/data/open-llava-next-llama3-8b/tokenizer.json"
+        assert tuple(config.model.lora.targets) == ("q", "k", "v") and config.train.train_connector
