@@ -34,6 +34,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         tokenizer="assets:tiny_tokenizer.json",  # a tokenizer.json; "assets:" = fire_jax/assets
         image_token="<image>",  # its id must equal model.image_token_id
         pad_token="<pad>",
+        template="",  # a shipped chat template's name or a .jinja file; "" = the tokenizer's, else llama3
         role="student",  # or "teacher"
         teacher_history="full",  # or "latest"
         sources=dict(synthetic=dict(json="assets:synthetic_fire/train.json",

@@ -380,3 +380,21 @@ def test_fire_recipes_on_the_release_s_base():
         assert config.model.llm.vocab_size == config.model.image_token_id == 128256  # <image>: the next free id
         assert config.data.tokenizer == "/data/open-llava-next-llama3-8b/tokenizer.json"
         assert tuple(config.model.lora.targets) == ("q", "k", "v") and config.train.train_connector
+
+
+def test_batch_infer_takes_the_lora_folder_alone(release, teacher, tmp_path):
+    """A command line that accepts a checkpoint takes the release's teacher folder as it is shipped."""
+    from PIL import Image
+
+    from fire_jax import batch_infer
+
+    Image.new("RGB", (70, 40), "red").save(tmp_path / "red.png")
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text(json.dumps(dict(id="p0", image="red.png", question="What color?", groundtruth="red",
+                                      answer="Answer: blue")) + "\n")
+    out = []
+    summary = batch_infer.main(["--checkpoint", teacher[0], "--role", "teacher", "--input", str(source),
+                                "--output", str(output), "--image_root", str(tmp_path), "--max_new_tokens", "4",
+                                "--config.data.template=llama_v3_teacher"], print_fn=out.append)
+    assert summary["written"] == 1 and "merged into" in "\n".join(out)
+    assert json.loads(output.read_text())["id"] == "p0"
