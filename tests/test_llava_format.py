@@ -277,7 +277,8 @@ def test_lora_folder_alone_and_config_init_adapter(release, teacher):
     config.data.template = "llama3"
     loaded = load(config, folder)
     assert loaded.chat.image_token_id == VOCAB and "merged into" in loaded.description
-    for model in (build_model(config), loaded.model):
+    on_base = load(config, release[2]).model  # the base as the checkpoint, config.init.adapter merged into it
+    for model in (build_model(config), loaded.model, on_base):
         for (path, a), (_, b) in zip(nnx.to_flat_state(nnx.state(merged, nnx.Param)),
                                      nnx.to_flat_state(nnx.state(model, nnx.Param))):
             np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(path))

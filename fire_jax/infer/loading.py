@@ -126,7 +126,8 @@ def load(config, checkpoint: str | None = None, *, step: int | None = None) -> L
     kind = checkpoint_kind(checkpoint)
     if kind == "hf":
         config = copy.deepcopy(config)
-        config.init = dict(hf_checkpoint=checkpoint)
+        adapter = config.init.get("adapter") if config.get("init") else None  # a LoRA folder to merge into it
+        config.init = dict(hf_checkpoint=checkpoint, adapter=adapter or "")
         tokenizer = os.path.join(checkpoint, "tokenizer.json")
         return _loaded(build_model(config), config, f"HF checkpoint {checkpoint}",
                        tokenizer if os.path.exists(tokenizer) else None)
