@@ -126,7 +126,9 @@ def test_pad_and_flat_layouts(release):
     with pytest.raises(InputError, match="mm_patch_merge_type='flat'"):
         llava.config_from_llava(dict(hf, mm_patch_merge_type="flat"), release[2])
     with pytest.raises(InputError, match="mm_projector_type"):
-        llava.config_from_llava(dict(hf, mm_projector_type="linear"), release[2])
+        llava.config_from_llava(dict(hf, mm_projector_type="mlp3x_gelu"), release[2])
+    with pytest.raises(InputError, match="mm_vision_select_feature"):
+        llava.config_from_llava(dict(hf, mm_vision_select_feature="cls_patch"), release[2])
 
 
 def test_llava15_image_seq_length_is_a_warning(tmp_path):
@@ -399,3 +401,28 @@ def test_batch_infer_takes_the_lora_folder_alone(release, teacher, tmp_path):
                                 "--config.data.template=llama_v3_teacher"], print_fn=out.append)
     assert summary["written"] == 1 and "merged into" in "\n".join(out)
     assert json.loads(output.read_text())["id"] == "p0"
+
+
+def test_linear_connector(release, tmp_path):
+    """mm_projector_type "linear" (one nn.Linear, keys model.mm_projector.*): image features are the tower's
+    layer -2 patches through that Linear alone, against transformers' CLIP; export and import are exact."""
+    hf = release[0]
+    state = original_state(hf)
+    state["model.mm_projector.weight"] = state.pop("model.mm_projector.0.weight")[:, :]
+    state["model.mm_projector.bias"] = state.pop("model.mm_projector.0.bias")
+    del state["model.mm_projector.2.weight"], state["model.mm_projector.2.bias"]
+    config = original_config(hf, release[1], mm_projector_type="linear")
+    model = convert.load_hf_checkpoint(write_original(str(tmp_path / "linear"), state, config))
+    assert model.cfg.projector == "linear" and model.multi_modal_projector.linear_2 is None
+    pixels = np.random.default_rng(0).standard_normal((1, 2, 3, 32, 32)).astype(np.float32)
+    ours = np.asarray(model.image_features(jnp.asarray(pixels)))[0]
+    with torch.no_grad():
+        hidden = hf.model.vision_tower(torch.as_tensor(pixels[0]), output_hidden_states=True).hidden_states[-2]
+        ref = (hidden[:, 1:] @ torch.as_tensor(state["model.mm_projector.weight"]).T
+               + torch.as_tensor(state["model.mm_projector.bias"])).numpy()
+    assert rel_err(ours, ref) < 1e-5
+    out = str(tmp_path / "export")
+    llava.save_llava_checkpoint(model, out)
+    assert "model.mm_projector.weight" in dict(llava.iter_weights(out))
+    assert json.load(open(os.path.join(out, "config.json")))["mm_projector_type"] == "linear"
+    _same_weights(model, convert.load_hf_checkpoint(out))

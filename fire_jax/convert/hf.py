@@ -112,6 +112,9 @@ def config_from_hf(hf: dict, lora: LoraConfig | None = LoraConfig(), **overrides
 
 def config_to_hf(cfg: LlavaNextConfig) -> dict:
     """A ``config.json`` dict that transformers' LlavaNextConfig (or LlavaConfig) reads back to the same model."""
+    if cfg.projector != "mlp2x_gelu":
+        raise ValueError(f"model.projector={cfg.projector!r}: llava-hf's models have the 2-layer GELU connector only "
+                         f"(fire_jax.convert.llava writes the original LLaVA format, which has it)")
     llm, vis = cfg.llm, cfg.vision
     text = dict(model_type="llama", vocab_size=llm.vocab_size, hidden_size=llm.dim, intermediate_size=llm.mlp_dim,
                 num_hidden_layers=llm.layers, num_attention_heads=llm.heads, num_key_value_heads=llm.kv_heads,

@@ -4,11 +4,11 @@ The format of haotian-liu/LLaVA, LLaVA-NeXT's open reproductions (``Lin-Chen/ope
 the FIRE release (MM-FIRE/FIRE, ``llava/model/``): the models that FIRE's paper trained and evaluated.
 
 - ``config.json``: the Llama fields at the top level, and ``mm_vision_tower`` (a CLIP folder or hub name),
-  ``mm_projector_type`` ("mlp2x_gelu": Linear, GELU, Linear), ``mm_vision_select_layer``,
+  ``mm_projector_type`` ("mlp2x_gelu": Linear, GELU, Linear; or "linear"), ``mm_vision_select_layer``,
   ``mm_vision_select_feature`` ("patch": CLS dropped), ``image_aspect_ratio`` ("anyres", "pad"),
   ``image_grid_pinpoints``, ``mm_patch_merge_type`` ("spatial_unpad", "flat").
 - weights (safetensors, or torch ``.bin`` pickles, sharded or not): ``model.embed_tokens``, ``model.layers.*``,
-  ``model.norm``, ``lm_head``, ``model.mm_projector.{0,2}``, ``model.image_newline`` and
+  ``model.norm``, ``lm_head``, ``model.mm_projector.{0,2}`` (a linear one: ``model.mm_projector``), ``model.image_newline`` and
   ``model.vision_tower.vision_tower.vision_model.*``. The vision tower's weights come from the CLIP folder
   ``mm_vision_tower`` names when the checkpoint has none.
 - the vocabulary has no image token: the release splices image features where its prompt ids hold -200
@@ -28,6 +28,7 @@ Once in that layout every tensor goes through :mod:`fire_jax.convert.hf`'s rules
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -40,7 +41,7 @@ import numpy as np
 
 from fire_jax.config import InputError
 from fire_jax.convert import hf as hub
-from fire_jax.models.config import LlavaNextConfig, LoraConfig
+from fire_jax.models.config import PROJECTORS, LlavaNextConfig, LoraConfig
 from fire_jax.models.llava_next import LlavaNext
 
 MODEL_TYPE = "llava_llama"
@@ -56,6 +57,8 @@ KEY_PREFIXES = (
     ("model.vision_tower.vision_tower.", "vision_tower."),
     ("model.mm_projector.0.", "multi_modal_projector.linear_1."),
     ("model.mm_projector.2.", "multi_modal_projector.linear_2."),
+    ("model.mm_projector.weight", "multi_modal_projector.linear_1.weight"),  # mm_projector_type "linear"
+    ("model.mm_projector.bias", "multi_modal_projector.linear_1.bias"),
     ("model.image_newline", "image_newline"),
     ("lm_head.", "language_model.lm_head."),
     ("model.embed_tokens.", "language_model.model.embed_tokens."),
@@ -85,8 +88,11 @@ def to_hub(key: str) -> str | None:
     raise KeyError(key)
 
 
-def to_original(key: str) -> str:
-    """The original key of a hub-layout key (:func:`fire_jax.convert.hf.path_to_hf`'s)."""
+def to_original(key: str, projector: str = "mlp2x_gelu") -> str:
+    """The original key of a hub-layout key (:func:`fire_jax.convert.hf.path_to_hf`'s); a ``linear`` connector's
+    is ``model.mm_projector.weight``."""
+    if projector == "linear" and key.startswith("multi_modal_projector.linear_1."):
+        return "model.mm_projector." + key[len("multi_modal_projector.linear_1."):]
     for original, hf_prefix in KEY_PREFIXES:
         if key.startswith(hf_prefix):
             return original + key[len(hf_prefix):]
@@ -147,9 +153,8 @@ def hf_config(hf: dict, directory: str) -> tuple[dict, dict]:
     ``image_token_index`` is the checkpoint's ``vocab_size`` (the next free id)."""
     where = _where(directory)
     projector = hf.get("mm_projector_type", "linear")
-    if projector != "mlp2x_gelu":
-        raise InputError(f"{where}: field 'mm_projector_type' = {projector!r}: only 'mlp2x_gelu' (Linear, GELU, "
-                         f"Linear) is supported")
+    if projector not in PROJECTORS:
+        raise InputError(f"{where}: field 'mm_projector_type' = {projector!r}: supported are {PROJECTORS}")
     feature = hf.get("mm_vision_select_feature", "patch")
     if feature != "patch":
         raise InputError(f"{where}: field 'mm_vision_select_feature' = {feature!r}: only 'patch' (CLS dropped) is "
@@ -158,6 +163,7 @@ def hf_config(hf: dict, directory: str) -> tuple[dict, dict]:
     if pinpoints is not None and not (isinstance(pinpoints, list) and all(len(p) == 2 for p in pinpoints)):
         raise InputError(f"{where}: field 'image_grid_pinpoints' = {pinpoints!r}: expected [[height, width], ...]")
     model_type, overrides = _image_layout(hf, where)
+    overrides["projector"] = projector
     if "vocab_size" not in hf:
         raise InputError(f"{where}: no field 'vocab_size'")
     text = {k: v for k, v in hf.items() if not k.startswith(_MM_FIELDS)}
@@ -386,7 +392,7 @@ def load_llava_checkpoint(directory: str, lora: LoraConfig | None = LoraConfig()
         tensors = merged_tensors(tensors, adapter)
     where = directory if not adapter else f"{directory} + {adapter}"
     return hub.model_from_tensors(cfg, checkpoint_tensors(directory, tensors, hf), where, seed=seed,
-                                  sharding=sharding, source_key=to_original)
+                                  sharding=sharding, source_key=lambda key: to_original(key, cfg.projector))
 
 
 # --------------------------------------------------------------------------- writing
@@ -403,15 +409,15 @@ def config_to_llava(cfg: LlavaNextConfig, vision_tower: str) -> dict:
     layout is the one :func:`config_from_llava` reads back: LLaVA-NeXT -> ``spatial_unpad`` with ``anyres`` (or
     ``pad`` in ``image_mode="pad"``), LLaVA-1.5 -> ``pad`` + ``flat``."""
     if not cfg.projector_bias:
-        raise ValueError("the original format's mlp2x_gelu connector has biases; this model's has none")
-    text = hub.config_to_hf(cfg)["text_config"]
+        raise ValueError("the original format's connector has biases; this model's has none")
+    text = hub.config_to_hf(dataclasses.replace(cfg, projector="mlp2x_gelu"))["text_config"]
     text.pop("model_type")
     if cfg.architecture == "llava":
         aspect, merge = "pad", "flat"
     else:
         aspect, merge = ("pad" if cfg.image_mode == "pad" else "anyres"), "spatial_unpad"
     return dict(architectures=[ARCHITECTURE], model_type=MODEL_TYPE, **text, mm_vision_tower=vision_tower,
-                mm_hidden_size=cfg.vision.width, mm_projector_type="mlp2x_gelu",
+                mm_hidden_size=cfg.vision.width, mm_projector_type=cfg.projector,
                 mm_vision_select_layer=cfg.vision.feature_layer, mm_vision_select_feature="patch",
                 image_aspect_ratio=aspect, image_grid_pinpoints=[list(p) for p in cfg.image_grid_pinpoints],
                 mm_patch_merge_type=merge, mm_use_im_start_end=False, mm_use_im_patch_token=False, use_mm_proj=True)
@@ -455,7 +461,8 @@ def save_llava_checkpoint(model: LlavaNext, directory: str, *, vision_tower: str
     token is then the next id after the vocabulary."""
     tower = _vision_tower(model, directory, vision_tower)
     hub.save_hf_checkpoint(model, directory, max_shard_bytes=max_shard_bytes, dtype=dtype,
-                           config=config_to_llava(model.cfg, tower), rename=to_original)
+                           config=config_to_llava(model.cfg, tower),
+                           rename=lambda key: to_original(key, model.cfg.projector))
 
 
 def save_llava_lora(model: LlavaNext, directory: str, base: str, *, vision_tower: str | None = None) -> None:
@@ -484,10 +491,12 @@ def save_llava_lora(model: LlavaNext, directory: str, base: str, *, vision_tower
                        lora_dropout=lora.dropout, bias="none", fan_in_fan_out=False, inference_mode=True,
                        target_modules=modules, base_model_name_or_path=base), f, indent=2)
     connector = {}  # float32: the builder's load_state_dict casts to the model's dtype
-    for index, linear in (("0", model.multi_modal_projector.linear_1), ("2", model.multi_modal_projector.linear_2)):
-        for name, value in (("weight", linear.kernel[...].T), ("bias", linear.bias[...])):
+    for index, linear in (("linear_1", model.multi_modal_projector.linear_1),
+                          ("linear_2", model.multi_modal_projector.linear_2)):
+        for name, value in (() if linear is None else (("weight", linear.kernel[...].T), ("bias", linear.bias[...]))):
             host = np.array(jax.device_get(value), np.float32)  # a writable copy, as torch.from_numpy wants
-            connector[f"base_model.model.model.mm_projector.{index}.{name}"] = torch.from_numpy(host)
+            key = to_original(f"multi_modal_projector.{index}.{name}", model.cfg.projector)
+            connector[f"base_model.model.{key}"] = torch.from_numpy(host)
     torch.save(connector, os.path.join(directory, "non_lora_trainables.bin"))
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config_to_llava(model.cfg, _vision_tower(model, directory, vision_tower)), f, indent=2)
