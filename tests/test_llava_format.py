@@ -181,6 +181,15 @@ def test_truncated_shard_names_the_file(release, tmp_path, capsys, shards):
     assert path in err and "truncated" in err
 
 
+def test_bin_weights_without_torch_is_one_line(release, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    path = os.path.join(release[3], "pytorch_model-00001-of-00002.bin")
+    with pytest.raises(InputError, match=f"{path}: reading PyTorch .bin weights needs torch"):
+        next(llava.read_torch(path))
+
+
 def test_unknown_key_names_the_key(release, tmp_path):
     state = dict(original_state(release[0]), **{"model.mm_projector.4.weight": np.zeros((2, 2), np.float32)})
     folder = write_original(str(tmp_path / "u"), state, original_config(release[0], release[1]))

@@ -129,7 +129,8 @@ def load(config, checkpoint: str | None = None, *, step: int | None = None) -> L
         adapter = config.init.get("adapter") if config.get("init") else None  # a LoRA folder to merge into it
         config.init = dict(hf_checkpoint=checkpoint, adapter=adapter or "")
         tokenizer = os.path.join(checkpoint, "tokenizer.json")
-        return _loaded(build_model(config), config, f"HF checkpoint {checkpoint}",
+        merged = f" + LLaVA LoRA {adapter} merged" if adapter else ""
+        return _loaded(build_model(config), config, f"HF checkpoint {checkpoint}{merged}",
                        tokenizer if os.path.exists(tokenizer) else None)
     if kind == "peft":
         config = copy.deepcopy(config)
