@@ -409,7 +409,13 @@ def test_batch_infer_takes_the_lora_folder_alone(release, teacher, tmp_path):
                                 "--output", str(output), "--image_root", str(tmp_path), "--max_new_tokens", "4",
                                 "--config.data.template=llama_v3_teacher"], print_fn=out.append)
     assert summary["written"] == 1 and "merged into" in "\n".join(out)
-    assert json.loads(output.read_text())["id"] == "p0"
+    first = json.loads(output.read_text())
+    assert first["id"] == "p0"
+    again, seen = tmp_path / "again.jsonl", len(out)  # --checkpoint BASE --adapter LORA: the same teacher
+    batch_infer.main(["--checkpoint", release[2], "--adapter", teacher[0], "--role", "teacher", "--input",
+                      str(source), "--output", str(again), "--image_root", str(tmp_path), "--max_new_tokens", "4",
+                      "--config.data.template=llama_v3_teacher"], print_fn=out.append)
+    assert any("+ LLaVA LoRA" in line for line in out[seen:]) and json.loads(again.read_text()) == first
 
 
 def test_linear_connector(release, tmp_path):

@@ -99,8 +99,8 @@ def checkpoint_kind(path: str) -> str:
                                glob.glob(os.path.join(path, "pytorch_model*.bin"))):
         return "hf"
     raise ValueError(
-        f"checkpoint {path!r} is none of: a Hugging Face or original LLaVA checkpoint (config.json + *.safetensors "
-        f"or pytorch_model*.bin), a PEFT adapter (adapter_config.json + adapter_model.safetensors), a LLaVA LoRA "
+        f"checkpoint {path!r} is none of: a Hugging Face checkpoint, llava-hf's or the original LLaVA format's "
+        f"(config.json + *.safetensors or pytorch_model*.bin), a PEFT adapter (adapter_config.json + adapter_model.safetensors), a LLaVA LoRA "
         f"folder (adapter_config.json + non_lora_trainables.bin), a fire_jax train workdir (config.json + "
         f"checkpoints/); "
         f"it holds {sorted(os.listdir(path))[:10]}")
