@@ -129,6 +129,8 @@ def test_pad_and_flat_layouts(release):
         llava.config_from_llava(dict(hf, mm_projector_type="mlp3x_gelu"), release[2])
     with pytest.raises(InputError, match="mm_vision_select_feature"):
         llava.config_from_llava(dict(hf, mm_vision_select_feature="cls_patch"), release[2])
+    with pytest.raises(InputError, match="mm_use_im_start_end"):
+        llava.config_from_llava(dict(hf, mm_use_im_start_end=True), release[2])
 
 
 def test_llava15_image_seq_length_is_a_warning(tmp_path):

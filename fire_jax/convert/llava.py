@@ -159,6 +159,9 @@ def hf_config(hf: dict, directory: str) -> tuple[dict, dict]:
     if feature != "patch":
         raise InputError(f"{where}: field 'mm_vision_select_feature' = {feature!r}: only 'patch' (CLS dropped) is "
                          f"supported")
+    if hf.get("mm_use_im_start_end"):
+        raise InputError(f"{where}: field 'mm_use_im_start_end' = true: images between <im_start> / <im_end> tokens "
+                         f"are not supported")
     pinpoints = hf.get("image_grid_pinpoints")
     if pinpoints is not None and not (isinstance(pinpoints, list) and all(len(p) == 2 for p in pinpoints)):
         raise InputError(f"{where}: field 'image_grid_pinpoints' = {pinpoints!r}: expected [[height, width], ...]")
