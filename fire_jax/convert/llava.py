@@ -216,8 +216,8 @@ def read_torch(path: str) -> Iterator[tuple[str, np.ndarray]]:
     try:
         import torch
     except ImportError:
-        raise InputError(f"{path}: reading PyTorch .bin weights needs torch (pip install torch), or convert the "
-                         f"folder to safetensors") from None
+        raise InputError(f"{path}: reading PyTorch .bin weights needs torch (pip install -e \".[release]\"), or "
+                         f"convert the folder to safetensors") from None
     import ml_dtypes
 
     try:
@@ -478,7 +478,7 @@ def save_llava_lora(model: LlavaNext, directory: str, base: str, *, vision_tower
     try:
         import torch
     except ImportError:
-        raise InputError("writing non_lora_trainables.bin needs torch (pip install torch)") from None
+        raise InputError("writing non_lora_trainables.bin needs torch (pip install -e \".[release]\")") from None
     lora = model.cfg.lora
     if lora is None:
         raise ValueError("the model has no LoRA adapter to export")
