@@ -31,10 +31,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.model.remat = "none"  # inference: nothing to rematerialise
     # --config.model.image_mode=pad: one 336 tile per image, as the official free-dialogue evaluation.
     if tiny:
-        config.data = dict(tokenizer=base.data.tokenizer, image_token="<image>", pad_token="<pad>")
+        config.data = dict(tokenizer=base.data.tokenizer, image_token="<image>", pad_token="<pad>", template="")
         config.test = dict(json="assets:synthetic_fire/test.json", image_root="assets:synthetic_fire/images")
     else:
-        config.data = dict(tokenizer=f"{LLAVA_NEXT_8B}/tokenizer.json", image_token="<image>", pad_token="<pad>")
+        config.data = dict(tokenizer=f"{LLAVA_NEXT_8B}/tokenizer.json", image_token="<image>", pad_token="<pad>",
+                           template="")  # "" = the tokenizer's tokenizer_config.json, else llama3; or a shipped name
         config.test = dict(json=f"{FIRE_DATA}/FIRE-test.json", image_root=f"{FIRE_DATA}/images")
     config.test.max_examples = 0  # > 0: a fixed random subset of that many conversations
     config.on_bad_record = "skip"  # or "error"

@@ -35,11 +35,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.model = base.model
     if size == "tiny":
         config.data = base.data  # only tokenizer, image_token and pad_token are read
-        config.init = dict(hf_checkpoint="")  # random weights
+        config.init = dict(hf_checkpoint="", adapter="")  # random weights
     else:
         config.model.remat = "none"  # inference: nothing to rematerialise
         config.data = dict(tokenizer=f"{LLAVA_NEXT_8B}/tokenizer.json", image_token="<image>", pad_token="<pad>")
-        config.init = dict(hf_checkpoint=LLAVA_NEXT_8B)  # also the base of a PEFT adapter checkpoint
+        config.init = dict(hf_checkpoint=LLAVA_NEXT_8B, adapter="")  # also the base of a PEFT adapter checkpoint
     config.vlrm = dict(
         tasks="all",  # or "SC,IC,..." (short or file names); --tasks overrides
         parser="robust",  # or "official": the release's reading, for comparable numbers

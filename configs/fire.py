@@ -4,6 +4,7 @@
 #   python -m fire_jax.train --config configs/fire.py:fire_student,fire_1m=200000 --workdir DIR   (Fig. 6 ablation)
 #   python -m fire_jax.train --config configs/fire.py:fire_teacher,llava_n=100000 --workdir DIR   (less LLaVA-665K)
 #   python -m fire_jax.train --config configs/fire.py:fire_student,base=llava_15_vicuna_7b --workdir DIR   (Table A6)
+#   python -m fire_jax.train --config configs/fire.py:fire_student,base=open_llava_next_8b,released=True --workdir DIR
 """FIRE100K-LLaVA, FIRE-LLaVA and FD-LLaVA on LLaVA-NeXT-8B, or on the appendix's Vicuna-7B bases.
 
 The paper (Sec. 5.1, Training Data) trains every model on its FIRE data *combined with LLaVA-665K* "to avoid
@@ -22,9 +23,11 @@ arg: ``<recipe>[,key=value...]`` with recipe one of fire100k_student, fire_stude
   fire_1m      how many FIRE-1M examples the student sees (fire_student: 1000000; the ablation: 200000..1000000)
   released     True: as the released checkpoints were trained: LoRA on q,k,v, the connector trained, and the
                student's r_1 labelled (loss.student_first_turn); False (default): the paper (q,k; Eq. 5)
-  base         the model trained (see BASES): llava_next_8b (default; Tables 1-6), llava_next_vicuna_7b
-               (FIRE-LLaVA-Vicuna, Table A5) or llava_15_vicuna_7b (FIRE-LLaVA-1.5, Table A6); it sets the model
-               sizes and the default hf / tokenizer folders
+  base         the model trained (see BASES): llava_next_8b (default; Tables 1-6), open_llava_next_8b (the
+               release's own base, Lin-Chen/open-llava-next-llama3-8b in the original LLaVA format, with the
+               release's llama_v3_student / llama_v3_teacher templates), llava_next_vicuna_7b (FIRE-LLaVA-Vicuna,
+               Table A5) or llava_15_vicuna_7b (FIRE-LLaVA-1.5, Table A6); it sets the model sizes and the default
+               hf / tokenizer folders (docs/reproducing.md: which base each table used)
 """
 
 import os
@@ -46,12 +49,16 @@ MAX_LEN = 4096
 BUCKETS = (1024, 1536, 2048, 2560, 3072, 3584, 4096)
 
 
-#: The bases the paper trains FIRE on: the model config file beside this one, the llava-hf checkpoint folder (its
-#: tokenizer.json is the default tokenizer) and the chat template (fire_jax/assets/chat_templates). Llama-3's at 8B;
-#: llava-hf's Vicuna v1 ("USER: ... ASSISTANT:") for LLaVA-NeXT-Vicuna and LLaVA-1.5 (FIRE, Appendix, Tables A5-A6).
+#: The bases the paper trains FIRE on: the model config file beside this one, the checkpoint folder (its
+#: tokenizer.json is the default tokenizer) and the chat template (fire_jax/assets/chat_templates; "{role}" is the
+#: recipe's student / teacher). Llama-3's at 8B; llava-hf's Vicuna v1 ("USER: ... ASSISTANT:") for
+#: LLaVA-NeXT-Vicuna and LLaVA-1.5 (FIRE, Appendix, Tables A5-A6). open_llava_next_8b is the checkpoint the release
+#: trained from (MM-FIRE/FIRE README, --model_name_or_path), in the original LLaVA format, with its templates.
 BASES = {
     "llava_next_8b": dict(model="llava_next_8b.py", hf="/data/llama3-llava-next-8b-hf", template="llama3",
                           name="LLaVA-NeXT-8B"),
+    "open_llava_next_8b": dict(model="open_llava_next_8b.py", hf="/data/open-llava-next-llama3-8b",
+                               template="llama_v3_{role}", name="Open-LLaVA-NeXT-8B"),
     "llava_next_vicuna_7b": dict(model="llava_next_vicuna_7b.py", hf="/data/llava-v1.6-vicuna-7b-hf",
                                  template="vicuna_v1", name="LLaVA-NeXT-Vicuna-7B"),
     "llava_15_vicuna_7b": dict(model="llava_15_vicuna_7b.py", hf="/data/llava-1.5-7b-hf", template="vicuna_v1",
@@ -100,7 +107,7 @@ def get_config(arg: str = "fire_student"):
     recipe, o = recipe_options(arg)
     base = BASES[o["base"]]
     config = load_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), base["model"]))
-    config.init = dict(hf_checkpoint=o["hf"])
+    config.init = dict(hf_checkpoint=o["hf"], adapter="")  # adapter: a LoRA folder of the original format
     if o["released"]:
         config.model.lora.targets = ("q", "k", "v")
     role = "teacher" if recipe == "fire_teacher" else "student"
@@ -118,7 +125,7 @@ def get_config(arg: str = "fire_student"):
         eval_sources={"fire_bench": dict(tfds=o["data_dir"], split="fire_bench")},
         on_bad_record="skip", max_len=MAX_LEN, buckets=BUCKETS, batch_size=64, shuffle=True, seed=0,
         num_epochs=1, num_threads=16, num_workers=8)
-    config.data.template = base["template"]  # the base's chat template, whatever tokenizer_config.json says
+    config.data.template = base["template"].format(role=role)  # the base's, whatever tokenizer_config.json says
     config.train = train_config(train_connector=o["released"], accum_steps=8, checkpoint_every=200, shard_init=True)  # 1 example per device per micro-batch on 8 GPUs
     config.loss = loss_config(student_first_turn=o["released"] and role == "student")
     config.mesh = mesh_config((1, -1, 1))  # FSDP over all devices; set (data, fsdp, tensor) per cluster

@@ -11,7 +11,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     del arg
     config = ml_collections.ConfigDict()
     config.seed = 0
-    config.init = ml_collections.ConfigDict(dict(hf_checkpoint=""))  # a llava-hf folder; "" = random weights
+    # hf_checkpoint: a llava-hf or original LLaVA folder ("" = random weights); adapter: a LoRA folder of the
+    # original format merged into it (the FIRE release's teacher)
+    config.init = ml_collections.ConfigDict(dict(hf_checkpoint="", adapter=""))
     config.model = dict(
         vision=dict(image_size=32, patch_size=8, width=64, layers=3, heads=4, mlp_dim=128, feature_layer=-2),
         llm=dict(vocab_size=512, dim=64, layers=2, heads=4, kv_heads=2, head_dim=16, mlp_dim=128,
@@ -32,6 +34,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         tokenizer="assets:tiny_tokenizer.json",  # a tokenizer.json; "assets:" = fire_jax/assets
         image_token="<image>",  # its id must equal model.image_token_id
         pad_token="<pad>",
+        template="",  # a shipped chat template's name or a .jinja file; "" = the tokenizer's, else llama3
         role="student",  # or "teacher"
         teacher_history="full",  # or "latest"
         sources=dict(synthetic=dict(json="assets:synthetic_fire/train.json",

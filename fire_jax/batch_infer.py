@@ -35,7 +35,7 @@ from typing import Sequence
 
 import jax
 
-from fire_jax.cli import run_command, require_model_config
+from fire_jax.cli import existing_dir, run_command, require_model_config
 from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, resolve_path, split_overrides
 from fire_jax.data.images import load_image
 from fire_jax.data.records import BadRecordError, BadRecords, Turn, parse_score
@@ -135,6 +135,9 @@ def parse_args(argv):
                         help="config file[:arg] (default: configs/tiny.py); --config.<field>=<value> sets a field")
     parser.add_argument("--checkpoint", help="HF checkpoint dir, PEFT adapter dir, train workdir or "
                                              "api:<base_url>#<model>")
+    parser.add_argument("--adapter", type=existing_dir, default=None,
+                        help="a LoRA folder of the original LLaVA format (the FIRE release's teacher) merged into "
+                             "--checkpoint (or, without it, into the base its adapter_config.json names)")
     parser.add_argument("--input", required=True, help="JSONL of prompts")
     parser.add_argument("--output", required=True, help="JSONL of results (appended; existing ids are skipped)")
     parser.add_argument("--image_root", default="", help="image paths in --input are relative to it")
@@ -161,6 +164,8 @@ def main(argv=None, print_fn=print) -> dict:
     argv, overrides = split_overrides(sys.argv[1:] if argv is None else list(argv))
     args = parse_args(argv)
     config = require_model_config(apply_overrides(load_config(args.config), overrides), args.config)
+    if args.adapter:
+        config.init = dict(config.get("init") or {}, adapter=args.adapter)
     store = ResultStore(args.output, key_field="id")  # resume: ids already written are skipped
     done = {str(record["id"]) for record in store}
     bad = BadRecords()

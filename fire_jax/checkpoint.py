@@ -41,6 +41,11 @@ def build_model(config, mesh=None, rules=None) -> LlavaNext:
     """Random weights (``config.seed``), a Hugging Face checkpoint when ``config.init.hf_checkpoint`` is set, or
     a GGUF file's LLM under a fresh vision tower when ``config.init.gguf`` is (and no checkpoint is).
 
+    The checkpoint is llava-hf's or the original LLaVA format's (:mod:`fire_jax.convert.llava`);
+    ``config.init.adapter``, a LoRA folder of the original format (the FIRE release's teacher), is merged into it
+    as the release's builder merges it. An adapter without a checkpoint goes on the base its
+    ``adapter_config.json`` names.
+
     With ``mesh``, random weights are created already sharded by ``rules`` (each device makes only its
     shard: nothing lands on one device first); a Hugging Face checkpoint is read and then placed.
     """
@@ -48,6 +53,11 @@ def build_model(config, mesh=None, rules=None) -> LlavaNext:
 
     init = config.get("init", {})
     checkpoint = init.get("hf_checkpoint") if init else None
+    adapter = init.get("adapter") if init else None
+    if adapter and not checkpoint:
+        from fire_jax.convert.llava import adapter_base
+
+        checkpoint = adapter_base(adapter)
     cfg = LlavaNextConfig.from_dict(config.model)
     if init and init.get("gguf") and not checkpoint:
         return _from_gguf(config, cfg, mesh, rules)
@@ -61,7 +71,7 @@ def build_model(config, mesh=None, rules=None) -> LlavaNext:
     from fire_jax.convert.hf import load_hf_checkpoint
 
     overrides = {k: v for k, v in config.model.items() if k in _RUNTIME_FIELDS}
-    model = load_hf_checkpoint(checkpoint, cfg.lora, seed=config.seed, **overrides)
+    model = load_hf_checkpoint(checkpoint, cfg.lora, seed=config.seed, adapter=adapter or None, **overrides)
     if mesh is not None:
         state = nnx.state(model)
         nnx.update(model, jax.device_put(state, state_shardings(state, mesh, rules or DEFAULT_RULES)))

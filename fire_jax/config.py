@@ -188,8 +188,9 @@ def split_overrides(argv) -> tuple[list[str], list[str]]:
 DATA_DEFAULTS = dict(
     image_token="<image>",  # placeholder token; its id must equal model.image_token_id
     pad_token="<pad>",  # falls back to <|end_of_text|> if the tokenizer has none
-    template="",  # chat template: a shipped name (llama3, llava_hf_llama3, chatml, vicuna_v1) or a .jinja file;
-                  # "": the tokenizer_config.json's beside the tokenizer, else llama3
+    template="",  # chat template: a shipped name (llama3, llava_hf_llama3, chatml, vicuna_v1, the FIRE release's
+                  # llama_v3_student, llama_v3_teacher, llava_v1_student_feedback, llava_v1_teacher_feedback) or a
+                  # .jinja file; "": the tokenizer_config.json's beside the tokenizer, else llama3
     field_caps={},  # the most characters per record field, over fire_jax.data.records.FIELD_CAPS
     role="student",  # "student" (FIRE-LLaVA, Eq. 5) or "teacher" (FD-LLaVA, Eq. 6)
     teacher_history="full",  # "full" (training) or "latest" (the teacher of free dialogues)

@@ -1,7 +1,7 @@
 """Greedy generation from a Hugging Face LLaVA-NeXT or LLaVA-1.5 checkpoint, or a GGUF file's LLM, with fire_jax
 (to set beside HF ``generate``).
 
-    python tools/hf_generate.py --model DIR|FILE.gguf --inputs IN.npz --max_new_tokens N --out OUT.npz
+    python tools/hf_generate.py --model DIR|FILE.gguf [--adapter LORA_DIR] --inputs IN.npz --max_new_tokens N --out OUT.npz
 
 IN.npz as for ``tools/hf_logits.py`` (``input_ids`` padded on either side, with
 ``attention_mask``; text-only for a ``.gguf`` model; LLaVA-1.5: one tile per image, no ``image_sizes``).
@@ -47,6 +47,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True,
                         help="HF checkpoint directory (config.json + safetensors) or a .gguf file (its LLM alone)")
+    parser.add_argument("--adapter", default=None,
+                        help="a LoRA folder of the original LLaVA format (adapter_config.json, adapter weights, "
+                             "non_lora_trainables.bin: the FIRE release's teacher) merged into --model; a LoRA folder "
+                             "given as --model goes on the base its adapter_config.json names")
     parser.add_argument("--inputs", required=True, help="input .npz")
     parser.add_argument("--max_new_tokens", type=int_at_least(1), required=True)
     parser.add_argument("--out", required=True, help="output .npz")
@@ -59,7 +63,7 @@ def main(argv=None):
         parser.error(f"argument --model: {args.model!r} does not exist")
     if not os.path.isfile(args.inputs):
         parser.error(f"argument --inputs: {args.inputs!r} is not a file")
-    model = load_model(args.model, dtype=args.dtype, param_dtype=args.dtype)
+    model = load_model(args.model, dtype=args.dtype, param_dtype=args.dtype, adapter=args.adapter)
     inputs = read_hf_inputs(args.inputs)
     ids = inputs["input_ids"]
     stop_ids = default_stop_ids(args.model) if args.stop_ids is None else args.stop_ids

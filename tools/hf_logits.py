@@ -1,13 +1,15 @@
-"""Logits of a Hugging Face LLaVA-NeXT or LLaVA-1.5 checkpoint, or of a GGUF file's LLM, computed by fire_jax (to
-set beside transformers').
+"""Logits of a Hugging Face LLaVA-NeXT or LLaVA-1.5 checkpoint (llava-hf's, or the original LLaVA format's, with a
+LoRA folder of that format merged in by ``--adapter``), or of a GGUF file's LLM, computed by fire_jax (to set
+beside transformers').
 
-    python tools/hf_logits.py --model DIR|FILE.gguf --inputs IN.npz --out OUT.npz
+    python tools/hf_logits.py --model DIR|FILE.gguf [--adapter LORA_DIR] --inputs IN.npz --out OUT.npz
 
 IN.npz holds HF-style arrays: ``input_ids [B, T]`` with expanded image
 placeholders, optional ``pixel_values [B, crops, 3, H, W]`` and
 ``image_sizes [B, 2]`` (rows without image tokens are text-only; a ``.gguf`` model reads text only),
 ``attention_mask [B, T]`` and ``position_ids [B, T]`` (default ``arange(T)``,
-as HF's forward). OUT.npz gets ``logits [B, T, V]`` float32.
+as HF's forward). OUT.npz gets ``logits [B, T, V]`` float32. An original-format checkpoint's image placeholder
+id is its ``vocab_size`` (the id llava-hf's conversion gives the ``<image>`` it appends), and V is its vocabulary.
 
 A LLaVA-1.5 checkpoint (``LlavaForConditionalGeneration``, e.g. llava-hf/llava-1.5-7b-hf) takes one tile per
 image and no ``image_sizes``: ``pixel_values [B, images, 3, H, W]``, or its processor's ``[images, 3, H, W]``
@@ -65,6 +67,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True,
                         help="HF checkpoint directory (config.json + safetensors) or a .gguf file (its LLM alone)")
+    parser.add_argument("--adapter", default=None,
+                        help="a LoRA folder of the original LLaVA format (adapter_config.json, adapter weights, "
+                             "non_lora_trainables.bin: the FIRE release's teacher) merged into --model; a LoRA folder "
+                             "given as --model goes on the base its adapter_config.json names")
     parser.add_argument("--inputs", required=True, help="input .npz")
     parser.add_argument("--out", required=True, help="output .npz")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
@@ -74,7 +80,7 @@ def main(argv=None):
         parser.error(f"argument --model: {args.model!r} does not exist")
     if not os.path.isfile(args.inputs):
         parser.error(f"argument --inputs: {args.inputs!r} is not a file")
-    model = load_model(args.model, dtype=args.dtype, param_dtype=args.dtype)
+    model = load_model(args.model, dtype=args.dtype, param_dtype=args.dtype, adapter=args.adapter)
     inputs = read_hf_inputs(args.inputs)
     pixel_values, image_sizes = model_inputs(model, inputs)
     logits = forward_logits(model, inputs["input_ids"], pixel_values=pixel_values, image_sizes=image_sizes,

@@ -22,6 +22,7 @@ import functools
 import json
 import os
 import re
+import warnings
 from typing import Any, Callable, Iterable, Iterator
 
 import jax
@@ -29,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from fire_jax.config import InputError
 from fire_jax.geometry import DEFAULT_PINPOINTS
 from fire_jax.models.config import ARCHITECTURES, LlamaConfig, LlavaNextConfig, LoraConfig, VisionConfig
 from fire_jax.models.layers import InitKeys, LoRAParam
@@ -101,14 +103,18 @@ def config_from_hf(hf: dict, lora: LoraConfig | None = LoraConfig(), **overrides
     if architecture == "llava":
         kwargs.update(image_mode="pad", pad_newline=False)
         seq = hf.get("image_seq_length", vis.num_patches)
-        if seq != vis.num_patches:
-            raise ValueError(f"image_seq_length={seq}, but the vision tower gives {vis.num_patches} patches")
+        if seq != vis.num_patches:  # a processor field: transformers' model uses the tower's count, and so do we
+            warnings.warn(f"config.json: image_seq_length={seq} (read by transformers' processor only), but the "
+                          f"vision tower gives {vis.num_patches} patches per image: using {vis.num_patches}")
     kwargs.update(overrides)
     return LlavaNextConfig(**kwargs)
 
 
 def config_to_hf(cfg: LlavaNextConfig) -> dict:
     """A ``config.json`` dict that transformers' LlavaNextConfig (or LlavaConfig) reads back to the same model."""
+    if cfg.projector != "mlp2x_gelu":
+        raise ValueError(f"model.projector={cfg.projector!r}: llava-hf's models have the 2-layer GELU connector only "
+                         f"(fire_jax.convert.llava writes the original LLaVA format, which has it)")
     llm, vis = cfg.llm, cfg.vision
     text = dict(model_type="llama", vocab_size=llm.vocab_size, hidden_size=llm.dim, intermediate_size=llm.mlp_dim,
                 num_hidden_layers=llm.layers, num_attention_heads=llm.heads, num_key_value_heads=llm.kv_heads,
@@ -250,12 +256,23 @@ def _safetensors_files(directory: str) -> list[str]:
 
 def iter_hf_tensors(directory: str) -> Iterator[tuple[str, np.ndarray]]:
     """(key, numpy array) pairs, one tensor in memory at a time (bf16 kept as ml_dtypes.bfloat16)."""
-    from safetensors import safe_open
-
     for path in _safetensors_files(directory):
+        yield from read_safetensors(path)
+
+
+def read_safetensors(path: str) -> Iterator[tuple[str, np.ndarray]]:
+    """(key, numpy array) pairs of one safetensors file; a file that does not decode (truncated, not
+    safetensors) raises :class:`InputError` naming it (and the tensor, when its header did decode)."""
+    from safetensors import SafetensorError, safe_open
+
+    key = None
+    try:
         with safe_open(path, framework="flax") as f, jax.default_device(jax.devices("cpu")[0]):
             for key in f.keys():
                 yield key, np.asarray(f.get_tensor(key))
+    except (SafetensorError, OSError) as e:
+        at = f", tensor {key!r}" if key else ""
+        raise InputError(f"{path}{at}: does not read as safetensors (truncated or damaged?): {e}") from None
 
 
 def abstract_model(cfg: LlavaNextConfig) -> LlavaNext:
@@ -290,15 +307,18 @@ def load_tensors(tensors: Iterable[tuple[str, np.ndarray]], ours: dict[str, Any]
     loaded: dict[str, jax.Array] = {}
     stacks: dict[str, tuple[np.ndarray, set[int]]] = {}
     for key, tensor in tensors:
-        per_layer, fn = hf_to_path(key, ours)
+        try:
+            per_layer, fn = hf_to_path(key, ours)
+        except KeyError:
+            raise InputError(f"{where}: tensor {key!r} is no weight of a LLaVA model") from None
         path, layer = _in_model(per_layer, ours)
         if path not in ours:
-            raise KeyError(f"{where}: HF key {key!r} maps to {per_layer!r}, which the model does not have")
+            raise InputError(f"{where}: HF key {key!r} maps to {per_layer!r}, which the model does not have")
         target = ours[path]
         shape = target.shape if layer is None else target.shape[1:]
         value = fn(tensor)
         if value.shape != shape:
-            raise ValueError(f"{where}: {key} has shape {value.shape}, the model expects {shape} at {per_layer}")
+            raise InputError(f"{where}: {key} has shape {value.shape}, the model expects {shape} at {per_layer}")
         value = value.astype(target.dtype)
         if layer is None:
             loaded[path] = jax.device_put(value, sharding(path, target) if sharding else None)
@@ -314,8 +334,12 @@ def load_tensors(tensors: Iterable[tuple[str, np.ndarray]], ours: dict[str, Any]
 
 
 def load_hf_checkpoint(directory: str, lora: LoraConfig | None = LoraConfig(), *, seed: int = 0,
-                       sharding: Callable[[str, Any], Any] | None = None, **overrides) -> LlavaNext:
-    """Load a HF LLaVA-NeXT or LLaVA-1.5 checkpoint directory (config.json + safetensors) into a fresh NNX model.
+                       sharding: Callable[[str, Any], Any] | None = None, adapter: str | None = None,
+                       **overrides) -> LlavaNext:
+    """Load a HF LLaVA-NeXT or LLaVA-1.5 checkpoint directory (config.json + safetensors) into a fresh NNX model;
+    a checkpoint of the original LLaVA format (``model_type`` "llava_llama": :mod:`fire_jax.convert.llava`)
+    loads too, with ``adapter`` a LoRA folder of that format merged into it (given as ``directory``, such a
+    folder goes on the base its ``adapter_config.json`` names).
 
     ``overrides`` set LlavaNextConfig fields (e.g. ``dtype``, ``param_dtype``,
     ``remat``, ``image_mode``). ``sharding(path, abstract_leaf)`` may return a
@@ -323,18 +347,43 @@ def load_hf_checkpoint(directory: str, lora: LoraConfig | None = LoraConfig(), *
     LoRA factors are freshly initialised (B = 0). A tied model (``tie_word_embeddings``) has no
     lm_head; a checkpoint's copy of it, if any, is skipped.
     """
-    with open(os.path.join(directory, "config.json")) as f:
-        cfg = config_from_hf(json.load(f), lora=lora, **overrides)
+    from fire_jax.convert import llava
+
+    if adapter is None and llava.is_llava_lora(directory):  # the LoRA folder alone: on the base it names
+        directory, adapter = llava.adapter_base(directory), directory
+    hf = read_config(directory)
+    if llava.is_llava_config(hf) or adapter:
+        return llava.load_llava_checkpoint(directory, lora, seed=seed, sharding=sharding, adapter=adapter,
+                                           **overrides)
+    cfg = config_from_hf(hf, lora=lora, **overrides)
+    return model_from_tensors(cfg, iter_hf_tensors(directory), directory, seed=seed, sharding=sharding)
+
+
+def read_config(directory: str) -> dict:
+    """A checkpoint folder's config.json."""
+    path = os.path.join(directory, "config.json")
+    if not os.path.exists(path):
+        raise InputError(f"{directory}: no config.json (not a checkpoint folder)")
+    with open(path) as f:
+        return json.load(f)
+
+
+def model_from_tensors(cfg: LlavaNextConfig, tensors: Iterable[tuple[str, np.ndarray]], where: str, *,
+                       seed: int = 0, sharding: Callable[[str, Any], Any] | None = None,
+                       source_key: Callable[[str], str] = lambda key: key) -> LlavaNext:
+    """A model of ``cfg`` whose frozen weights are ``tensors`` ((hub-layout key, host tensor) pairs, every
+    weight of the model once) and whose LoRA factors are fresh. ``source_key`` names a hub-layout key as the
+    source folder names it, for the error on a weight the folder lacks."""
     graphdef, frozen, lora_state = nnx.split(abstract_model(cfg), nnx.Param, LoRAParam)
     ours = _flat_params(frozen)
-    tensors = iter_hf_tensors(directory)
     if cfg.llm.tie_word_embeddings:
         tensors = ((k, t) for k, t in tensors if not canonical_key(k).startswith("language_model.lm_head."))
-    loaded = load_tensors(tensors, ours, directory, sharding)
+    loaded = load_tensors(tensors, ours, where, sharding)
     missing = sorted(set(ours) - set(loaded))
     if missing:
-        raise KeyError(f"{directory}: checkpoint lacks {len(missing)} tensor(s) (of a stacked layer weight: "
-                       f"some layers), e.g. {missing[:5]}")
+        keys = [source_key(path_to_hf(path)[0]) for path in missing]
+        raise InputError(f"{where}: checkpoint lacks {len(missing)} tensor(s) (of a stacked layer weight: "
+                         f"some layers), e.g. {keys[:5]}")
     for path, variable in nnx.to_flat_state(frozen):
         variable.set_value(loaded[".".join(str(p) for p in path)])
     if cfg.lora is not None:
@@ -345,18 +394,24 @@ def load_hf_checkpoint(directory: str, lora: LoraConfig | None = LoraConfig(), *
 # --------------------------------------------------------------------------- saving
 
 def save_hf_checkpoint(model: LlavaNext, directory: str, *, max_shard_bytes: int = 5 * 2**30,
-                       dtype: str | None = None) -> None:
+                       dtype: str | None = None, config: dict | None = None,
+                       rename: Callable[[str], str | None] = lambda key: key) -> None:
     """Write the frozen weights (merge LoRA first to keep it) as a HF checkpoint directory.
 
-    Shards of at most ``max_shard_bytes``; one shard at a time lives on the host.
+    Shards of at most ``max_shard_bytes``; one shard at a time lives on the host. ``config`` (default: the
+    llava-hf config.json of the model) and ``rename`` (of each hub-layout key; None leaves the tensor out) write
+    another layout of the same tensors (:mod:`fire_jax.convert.llava`: the original LLaVA format, a CLIP folder).
     """
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(config_to_hf(model.cfg), f, indent=2)
+        json.dump(config_to_hf(model.cfg) if config is None else config, f, indent=2)
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
     for path, arr in per_layer_params(model):
         key, fn = path_to_hf(path)
+        key = rename(key)
+        if key is None:
+            continue
         if fn is None:  # patch conv: [3*p*p, width] -> [width, 3, p, p]
             p = model.cfg.vision.patch_size
             arr = arr.T.reshape(arr.shape[1], 3, p, p)

@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from fire_jax.data.records import IMAGE_PLACEHOLDER, Conversation, Instruction, Record
-from fire_jax.data.templates import ChatTemplate, template_source
+from fire_jax.data.templates import LLAMA3_FAMILY, ChatTemplate, template_source
 from fire_jax.geometry import ImageGeometry, unpadded_size
 
 #: Llama-3's special tokens (the tiny test tokenizer has them too).
@@ -160,6 +160,10 @@ class ChatTokenizer:
     ``.jinja`` path; ``None`` reads ``tokenizer_config.json`` beside a tokenizer file (its ``chat_template``,
     ``bos_token``, ``eos_token``), else Llama-3's. Stop ids (:attr:`stop_ids`) are the template's end-of-turn
     token and EOS. ``pad_token`` falls back to EOS.
+
+    A vocabulary without ``image_token`` (the original LLaVA format's: its prompts carry -200 where the image
+    goes) gets it appended as a special token, the next free id, as llava-hf's conversion appends ``<image>``;
+    the model's ``image_token_id`` must be that id (:mod:`fire_jax.convert.llava` sets it so).
     """
 
     def __init__(self, tokenizer, geometry: ImageGeometry, *, template: ChatTemplate | str | None = None,
@@ -172,11 +176,15 @@ class ChatTokenizer:
         if isinstance(template, ChatTemplate):
             self.template = template
         else:
-            bos, eos = (BOS, EOS) if template in (None, "llama3") else (bos_token or "", eos_token or "")
+            bos, eos = (BOS, EOS) if template in (None, *LLAMA3_FAMILY) else (bos_token or "", eos_token or "")
             source = template_source(template or "llama3")
             self.template = ChatTemplate(source, special_tokens=specials, bos_token=bos_token or bos,
                                          eos_token=eos_token or eos, name=f"{name} ({template or 'llama3'})")
-        missing = [t for t in (image_token, self.template.end_token, self.template.eos_token)
+        if tokenizer.token_to_id(image_token) is None:  # the original LLaVA format's vocabulary (see class doc)
+            from tokenizers import AddedToken
+
+            tokenizer.add_special_tokens([AddedToken(image_token, special=True, normalized=False)])
+        missing = [t for t in (self.template.end_token, self.template.eos_token)
                    if t and tokenizer.token_to_id(t) is None]
         if missing:
             raise ValueError(f"{name}: tokens {missing} are not in the vocabulary")

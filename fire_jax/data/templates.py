@@ -25,7 +25,13 @@ Shipped templates (``fire_jax/assets/chat_templates``):
   tokenizer adds it) and a ``"\n"`` before every text part: a message with an image renders as in ``llama3``
   (``<image>\n`` + text), a text-only one gets one newline more after its header (``"\n\n\n"``);
 - ``chatml``: SmolLM2-Instruct's, as its GGUF file carries it;
-- ``vicuna_v1``: llava-hf's LLaVA-1.5 / LLaVA-NeXT-Vicuna template (``llava-1.5-7b-hf``).
+- ``vicuna_v1``: llava-hf's LLaVA-1.5 / LLaVA-NeXT-Vicuna template (``llava-1.5-7b-hf``);
+- the FIRE release's (MM-FIRE/FIRE ``llava/conversation.py``), each rendering what its ``Conversation.get_prompt()``
+  renders for the same messages, with its own system prompt (a system message given is not written):
+  ``llama_v3_student`` / ``llama_v3_teacher`` (identical: Llama-3 headers in ``SeparatorStyle.MPT``, sep
+  ``<|eot_id|>``) and ``llava_v1_student_feedback`` / ``llava_v1_teacher_feedback`` (``SeparatorStyle.FEEDBACK``:
+  ``USER: text `` and ``ASSISTANT: text</s>``; the teacher's system prompt holds the feedback format), which the
+  release's ``llava/eval/eval_feedback.py`` renders fixed dialogues with.
 """
 
 from __future__ import annotations
@@ -36,7 +42,10 @@ import re
 from typing import Sequence
 
 TEMPLATES_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets", "chat_templates")
-SHIPPED = ("llama3", "llava_hf_llama3", "chatml", "vicuna_v1")
+SHIPPED = ("llama3", "llava_hf_llama3", "chatml", "vicuna_v1", "llama_v3_student", "llama_v3_teacher",
+           "llava_v1_student_feedback", "llava_v1_teacher_feedback")
+#: The shipped templates of Llama-3 models (BOS ``<|begin_of_text|>``, EOS ``<|end_of_text|>``).
+LLAMA3_FAMILY = ("llama3", "llama_v3_student", "llama_v3_teacher")
 IMAGE_TOKEN = "<image>"
 
 _TEXT = "\ue000{}\ue001"  # a message text's sentinel (private-use code points: in no real text)
@@ -102,6 +111,7 @@ class ChatTemplate:
         self.typed_parts = self._takes_typed_parts()
         self.strips_text = self._strips_text()
         self.end_token = self._end_token()
+        self.own_system = self._own_system()
 
     # ------------------------------------------------------------------ rendering
     def _render(self, conversation: list[dict], add_generation_prompt: bool) -> str:
@@ -147,7 +157,7 @@ class ChatTemplate:
             at = match.end()
         self._template_pieces(pieces, rendered[at:], close)
         seen = sum(p.kind == "text" for p in pieces)
-        if seen != len(texts):
+        if seen != len(texts) - (system is not None and self.own_system):
             raise ValueError(f"{self.name}: rendered {seen} of {len(texts)} message texts (does it drop the system "
                              f"message or a role?)")
         return pieces
@@ -187,6 +197,11 @@ class ChatTemplate:
     def _strips_text(self) -> bool:
         """Whether the template trims message texts (``| trim``, ``.strip()``)."""
         return f" {_IMAGE} " not in self._probe(f" {_IMAGE} ")
+
+    def _own_system(self) -> bool:
+        """Whether the template writes a system prompt of its own instead of a system message's text."""
+        marker = _TEXT.format(0)
+        return marker not in self._render([{"role": "system", "content": self._content(marker, 0)}], False)
 
     def _end_token(self) -> str:
         """The token that ends an assistant turn: the special token written right after its text, else EOS."""

@@ -2,13 +2,18 @@
 
 A checkpoint is one of (detected from the files in the directory):
 
-- ``hf``: a Hugging Face LLaVA-NeXT directory (config.json + safetensors); its
+- ``hf``: a Hugging Face LLaVA-NeXT directory (config.json + safetensors), or one of the original LLaVA
+  format (``LlavaLlamaForCausalLM``: safetensors or torch ``.bin``); its
   ``tokenizer.json`` is used when present, else ``config.data.tokenizer``; LoRA fresh.
 - ``peft``: a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors,
   what :func:`fire_jax.convert.hf.save_peft_adapter` and the trainer's export write).
   The base model is ``config.init.hf_checkpoint``, else the adapter's
   ``base_model_name_or_path`` when that is a local HF directory, else the
   config's random initialisation (the tiny models the tests train on).
+- ``llava_lora``: a LoRA folder of the original LLaVA format (the FIRE release's teacher: adapter_config.json,
+  adapter weights, ``non_lora_trainables.bin``), merged into its base as the release's builder does
+  (:mod:`fire_jax.convert.llava`). The base is ``config.init.hf_checkpoint``, else the folder's
+  ``base_model_name_or_path`` when that is a local folder; the base's ``tokenizer.json`` is used when present.
 - ``workdir``: a ``fire_jax.train`` workdir (config.json + checkpoints/); the
   model is rebuilt from the run's own config.json and its trainable parameters
   (LoRA, and the connector if it was trained) come from the latest (or the
@@ -29,12 +34,13 @@ import os
 from fire_jax.checkpoint import build_model, restore_params
 from fire_jax.config import resolve_path
 from fire_jax.convert.hf import load_peft_adapter, peft_lora_config
+from fire_jax.convert.llava import adapter_base, is_llava_lora
 from fire_jax.data.chat import ChatTokenizer
 from fire_jax.infer.agents import InProcess, Student, Teacher, role_agent
 from fire_jax.infer.decode import DecodeConfig
 from fire_jax.results import read_json
 
-CHECKPOINT_KINDS = ("hf", "peft", "workdir")
+CHECKPOINT_KINDS = ("hf", "peft", "llava_lora", "workdir")
 
 
 @dataclasses.dataclass
@@ -79,19 +85,24 @@ def display_name(*, name: str = "", checkpoint: str = "", init: str = "", fallba
 
 
 def checkpoint_kind(path: str) -> str:
-    """"hf", "peft" or "workdir" for a checkpoint directory; raises naming what each kind needs."""
+    """One of :data:`CHECKPOINT_KINDS` for a checkpoint directory; raises naming what each kind needs."""
     if not os.path.isdir(path):
         raise FileNotFoundError(f"checkpoint {path!r}: no such directory")
     has = lambda *names: all(os.path.exists(os.path.join(path, n)) for n in names)
+    if is_llava_lora(path):
+        return "llava_lora"
     if has("adapter_config.json", "adapter_model.safetensors"):
         return "peft"
     if has("config.json") and os.path.isdir(os.path.join(path, "checkpoints")):
         return "workdir"
-    if has("config.json") and glob.glob(os.path.join(path, "*.safetensors")):
+    if has("config.json") and (glob.glob(os.path.join(path, "*.safetensors")) or
+                               glob.glob(os.path.join(path, "pytorch_model*.bin"))):
         return "hf"
     raise ValueError(
-        f"checkpoint {path!r} is none of: a Hugging Face checkpoint (config.json + *.safetensors), a PEFT adapter "
-        f"(adapter_config.json + adapter_model.safetensors), a fire_jax train workdir (config.json + checkpoints/); "
+        f"checkpoint {path!r} is none of: a Hugging Face checkpoint, llava-hf's or the original LLaVA format's "
+        f"(config.json + *.safetensors or pytorch_model*.bin), a PEFT adapter (adapter_config.json + adapter_model.safetensors), a LLaVA LoRA "
+        f"folder (adapter_config.json + non_lora_trainables.bin), a fire_jax train workdir (config.json + "
+        f"checkpoints/); "
         f"it holds {sorted(os.listdir(path))[:10]}")
 
 
@@ -115,9 +126,11 @@ def load(config, checkpoint: str | None = None, *, step: int | None = None) -> L
     kind = checkpoint_kind(checkpoint)
     if kind == "hf":
         config = copy.deepcopy(config)
-        config.init = dict(hf_checkpoint=checkpoint)
+        adapter = config.init.get("adapter") if config.get("init") else None  # a LoRA folder to merge into it
+        config.init = dict(hf_checkpoint=checkpoint, adapter=adapter or "")
         tokenizer = os.path.join(checkpoint, "tokenizer.json")
-        return _loaded(build_model(config), config, f"HF checkpoint {checkpoint}",
+        merged = f" + LLaVA LoRA {adapter} merged" if adapter else ""
+        return _loaded(build_model(config), config, f"HF checkpoint {checkpoint}{merged}",
                        tokenizer if os.path.exists(tokenizer) else None)
     if kind == "peft":
         config = copy.deepcopy(config)
@@ -129,6 +142,13 @@ def load(config, checkpoint: str | None = None, *, step: int | None = None) -> L
                 config.init = dict(hf_checkpoint=named)
         model = load_peft_adapter(build_model(config), checkpoint)
         return _loaded(model, config, f"PEFT adapter {checkpoint} on {_base(config)}")
+    if kind == "llava_lora":
+        config = copy.deepcopy(config)
+        base = (config.init.get("hf_checkpoint") if config.get("init") else None) or adapter_base(checkpoint)
+        config.init = dict(hf_checkpoint=base, adapter=checkpoint)
+        tokenizer = os.path.join(base, "tokenizer.json")
+        return _loaded(build_model(config), config, f"LLaVA LoRA {checkpoint} merged into {base}",
+                       tokenizer if os.path.exists(tokenizer) else None)
     config = workdir_config(checkpoint)
     model = build_model(config)
     restored = restore_params(model, checkpoint, config.train, step=step)

@@ -128,6 +128,8 @@ class LoraConfig:
 ATTENTION_KERNELS = ("auto", "xla", "cudnn", "cpu")
 
 ARCHITECTURES = {"llava_next": "LlavaNextForConditionalGeneration", "llava": "LlavaForConditionalGeneration"}
+#: ``LlavaNextConfig.projector``: the connectors, by the original LLaVA's ``mm_projector_type`` names.
+PROJECTORS = ("mlp2x_gelu", "linear")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +146,7 @@ class LlavaNextConfig:
     image_mode: str = "anyres"  # or "pad": one tile per image
     pad_newline: bool = False
     projector_bias: bool = True
+    projector: str = "mlp2x_gelu"  # the connector: Linear, GELU, Linear; or "linear" (one Linear, original LLaVA)
     remat: str = "none"  # per-layer rematerialisation policy name, see models.llama.REMAT_POLICIES
     scan_layers: bool = False  # LLM layers stored stacked and run as one lax.scan (training); False: a list (decoding)
     dtype: str = "float32"  # activation / compute dtype
@@ -155,6 +158,8 @@ class LlavaNextConfig:
         object.__setattr__(self, "image_grid_pinpoints", tuple(tuple(p) for p in self.image_grid_pinpoints))
         if self.attention not in ATTENTION_KERNELS:
             raise ValueError(f"model.attention must be one of {ATTENTION_KERNELS}, got {self.attention!r}")
+        if self.projector not in PROJECTORS:
+            raise ValueError(f"model.projector must be one of {PROJECTORS}, got {self.projector!r}")
         if self.architecture not in ARCHITECTURES:
             raise ValueError(f"model.architecture must be one of {sorted(ARCHITECTURES)}, got {self.architecture!r}")
         if self.architecture == "llava" and (self.image_mode != "pad" or self.pad_newline):

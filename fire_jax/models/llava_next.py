@@ -27,15 +27,18 @@ from fire_jax.models.llama import KVCache, LlamaModel
 
 
 class Projector(nnx.Module):
-    """Linear(vision -> llm) -> GELU (exact) -> Linear(llm -> llm)."""
+    """Linear(vision -> llm) -> GELU (exact) -> Linear(llm -> llm); ``cfg.projector="linear"``: the first Linear
+    alone (the original LLaVA's ``mm_projector_type: linear``)."""
 
     def __init__(self, cfg: LlavaNextConfig, *, param_dtype, rngs: nnx.Rngs):
         kw = dict(bias=cfg.projector_bias, param_dtype=param_dtype, rngs=rngs)
         self.linear_1 = Linear(cfg.vision.width, cfg.llm.dim, axes=("vision_embed", "embed"), **kw)
-        self.linear_2 = Linear(cfg.llm.dim, cfg.llm.dim, axes=("mlp", "embed"), **kw)
+        self.linear_2 = Linear(cfg.llm.dim, cfg.llm.dim, axes=("mlp", "embed"), **kw) \
+            if cfg.projector == "mlp2x_gelu" else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.linear_2(jax.nn.gelu(self.linear_1(x), approximate=False))
+        x = self.linear_1(x)
+        return x if self.linear_2 is None else self.linear_2(jax.nn.gelu(x, approximate=False))
 
 
 class LanguageModel(nnx.Module):
