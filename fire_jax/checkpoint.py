@@ -26,6 +26,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 from typing import Any
 
 import jax
@@ -180,12 +181,35 @@ def array_checksums(tree: Any) -> dict[str, str]:
 
 
 class _QuietSaveErrors(logging.Filter):
-    """Drops orbax's own error logs (each a traceback): a save that fails reaches the run as one
-    :class:`WriteFailed` line (:meth:`Checkpointer.check`). ``FIRE_JAX_TRACEBACK=1`` keeps them."""
+    """Drops orbax's own error logs (each a traceback), and asyncio's of orbax's tasks left unfinished: a save that
+    fails reaches the run as one :class:`WriteFailed` line (:meth:`Checkpointer.check`). ``FIRE_JAX_TRACEBACK=1``
+    keeps them."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return (record.levelno < logging.ERROR or f"{os.sep}orbax{os.sep}" not in record.pathname
-                or bool(os.environ.get("FIRE_JAX_TRACEBACK")))
+        orbax = f"{os.sep}orbax{os.sep}"
+        return (record.levelno < logging.ERROR or bool(os.environ.get("FIRE_JAX_TRACEBACK"))
+                or orbax not in (record.getMessage() if record.name == "asyncio" else record.pathname))
+
+
+def _quiet_closed_loops(previous):
+    """A ``sys.unraisablehook`` that drops "Event loop is closed": tensorstore's writes still in flight when an
+    orbax save fails complete onto the event loop orbax has closed already (one traceback each)."""
+    def hook(unraisable):
+        if (isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed"
+                and not os.environ.get("FIRE_JAX_TRACEBACK")):
+            return
+        previous(unraisable)
+
+    hook.quiet_closed_loops = True
+    return hook
+
+
+def _quiet_save_errors() -> None:
+    """Install :class:`_QuietSaveErrors` and :func:`_quiet_closed_loops` (once)."""
+    for name in ("absl", "asyncio"):  # orbax logs through absl
+        logging.getLogger(name).addFilter(_QUIET_SAVE_ERRORS)  # a no-op when added already
+    if not getattr(sys.unraisablehook, "quiet_closed_loops", False):
+        sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
 
 
 _QUIET_SAVE_ERRORS = _QuietSaveErrors()
@@ -206,7 +230,7 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(
             preservation_policy=preservation, enable_async_checkpointing=async_save, create=True,
             cleanup_tmp_directories=True)
-        logging.getLogger("absl").addFilter(_QUIET_SAVE_ERRORS)  # orbax logs through absl; added once
+        _quiet_save_errors()
         self.manager = ocp.CheckpointManager(self.directory, options=options,
                                              item_names=("params", "optimizer", "state", "data", "config",
                                                          "checksums"))

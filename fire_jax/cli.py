@@ -158,8 +158,8 @@ class StopSignals:
             self.requested = signal.Signals(number)
         if first and self._checked:
             print(f"{self.requested.name}: stopping after this step", file=sys.stderr, flush=True)
-            return
-        raise KeyboardInterrupt(signal.Signals(number).name)
+        elif first or self.timeout_s is None:  # a second signal is the watchdog's, where there is one
+            raise KeyboardInterrupt(signal.Signals(number).name)
 
     def _watch(self, reader) -> None:
         first, deadline = None, None
