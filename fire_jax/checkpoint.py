@@ -35,7 +35,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from orbax.checkpoint import checkpoint_managers as policies
 
-from fire_jax.config import InputError, WriteFailed, error_number, write_failed
+from fire_jax.config import InputError, WriteFailed, error_number, json_error_at, write_failed
 from fire_jax.models import InitKeys, LlavaNext, LlavaNextConfig, LoRAParam
 
 #: The build options of ``config.model`` that a Hugging Face checkpoint does not set.
@@ -301,7 +301,7 @@ class Checkpointer:
                 try:
                     json.loads(raw)
                 except json.JSONDecodeError as e:
-                    what = "empty" if not raw.strip() else f"not valid JSON: {e.msg} at byte {e.pos}"
+                    what = "empty" if not raw.strip() else f"not valid JSON: {json_error_at(e.msg, f'byte {e.pos}')}"
                     raise CheckpointDamaged(f"checkpoint {root}: file {os.path.relpath(path, root)} is {what}; "
                                             f"the step is damaged", step) from None
                 except UnicodeDecodeError as e:

@@ -25,7 +25,7 @@ import os
 import sys
 from typing import Any, Iterable, Iterator
 
-from fire_jax.config import InputError
+from fire_jax.config import InputError, json_error_at
 
 
 class ResultStore:
@@ -154,7 +154,8 @@ def read_json(path: str | os.PathLike) -> Any:
         line = raw[:e.start].count(b"\n") + 1
         raise InputError(f"{path}: not valid JSON: byte {e.start} (line {line}) is not UTF-8") from None
     except json.JSONDecodeError as e:
-        raise InputError(f"{path}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        where = f"line {e.lineno} column {e.colno}"
+        raise InputError(f"{path}: not valid JSON: {json_error_at(e.msg, where)}") from None
 
 
 def _plain(value: Any) -> Any:

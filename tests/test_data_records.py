@@ -246,6 +246,7 @@ def test_a_json_array_keeps_its_good_records_around_an_undecodable_one(bad_dir):
     ('[{"a": 1}, {"b" 2}]', "Expecting ':' delimiter at byte 16 (in record 1)"),
     ('[{"a": "\xe9"} {"b": 2}]', "expected ',' or ']' after a record at byte 13 (in record 1)"),
     ('[{"a": 1}] x', "extra data after the array at byte 11 (in record 1)"),
+    ('[{"a": 1}, {"b": "cut}]', "Unterminated string starting at byte 17 (in record 1)"),  # not "at at byte"
 ])
 def test_a_json_array_that_does_not_parse_names_the_file_and_byte(tmp_path, text, message):
     from fire_jax.config import InputError

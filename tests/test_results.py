@@ -123,3 +123,7 @@ def test_settings_file_that_is_not_json_names_the_file(tmp_path):
     path.write_text("{broken")
     with pytest.raises(InputError, match=r"settings.json: not valid JSON: Expecting property name"):
         check_settings(path, {"a": 1})
+    path.write_text('{"a": "cut')
+    with pytest.raises(InputError) as e:
+        check_settings(path, {"a": 1})
+    assert str(e.value) == f"{path}: not valid JSON: Unterminated string starting at line 1 column 7"

@@ -23,7 +23,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from PIL import Image
 
-from fire_jax.config import InputError
+from fire_jax.config import InputError, json_error_at
 
 # Reasons a record is skipped at parse time: invalid_json, invalid_utf8, oversize_field, missing_field,
 # missing_image, image_outside_root, unreadable_image, bad_turn_order, empty_text, and no_score where scores are
@@ -438,7 +438,7 @@ def _json_array(path: str) -> list[Any]:
     def fail(pos: int, message: str) -> None:
         offset = len(text[:pos].encode("utf-8", "surrogateescape")) + (len(data) - len(text.encode(
             "utf-8", "surrogateescape")))  # the byte in the file (a BOM counted)
-        raise InputError(f"{path}: not a valid JSON array: {message} at byte {offset:,} "
+        raise InputError(f"{path}: not a valid JSON array: {json_error_at(message, f'byte {offset:,}')} "
                          f"(in record {len(records)})")
 
     def skip(pos: int) -> int:
