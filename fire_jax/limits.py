@@ -213,9 +213,22 @@ def open_data_uri(url, max_bytes: int, max_pixels: int) -> Image.Image:
         raise BadRequest(413, f"image is over the decoder's pixel limit: {e}", "image_too_large") from None
     except BadRequest:
         raise
-    except (binascii.Error, ValueError, OSError, SyntaxError, EOFError) as e:  # Image.UnidentifiedImageError: OSError
-        raise BadRequest(400, f"image could not be decoded: {e}", "invalid_image") from None
+    except Image.UnidentifiedImageError:  # its message is the repr of our buffer: "<_io.BytesIO object at 0x...>"
+        raise BadRequest(400, f"image could not be decoded: the data is not a {_FORMAT_NAMES} image",
+                         "invalid_image") from None
+    except (binascii.Error, ValueError, OSError, SyntaxError, EOFError) as e:
+        raise BadRequest(400, f"image could not be decoded: {_without_reprs(e)}", "invalid_image") from None
     return load_image(image)
+
+
+_FORMAT_NAMES = "PNG, JPEG, WebP or GIF"
+#: A Python object's repr inside a library's message ("<_io.BytesIO object at 0x7f49fbac71a0>").
+_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-f]+>")
+
+
+def _without_reprs(error: BaseException) -> str:
+    """A library error's message for a user: its object reprs cut out, one line."""
+    return " ".join(_REPR.sub("the data", str(error)).split()) or "the data does not decode"
 
 
 def image_urls(parts) -> list:

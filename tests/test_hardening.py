@@ -106,6 +106,9 @@ def test_images_checked_before_decoding():
     assert refused(open_data_uri, bomb, 10_000, 4096 * 4096) == (413, "image_too_large")
     assert refused(open_data_uri, bomb, 10_000, 10 ** 12) == (413, "image_too_large")  # PIL's own bomb check
     assert refused(open_data_uri, uri(png[:40]), 10_000, 60) == (400, "invalid_image")  # truncated
+    with pytest.raises(BadRequest) as e:  # PIL's message would be the repr of the decoder's buffer
+        open_data_uri(uri(b"this is not a PNG"), 10_000, 60)
+    assert e.value.message == "image could not be decoded: the data is not a PNG, JPEG, WebP or GIF image"
     assert refused(open_data_uri, "https://example.com/cat.png", 10_000, 60) == (400, "remote_image_url")
 
 
