@@ -61,7 +61,7 @@ from fire_jax.infer.api import ApiAgent, ApiError, chat_messages
 from fire_jax.infer.decode import DecodeConfig
 from fire_jax.infer.engine import Engine, Request
 from fire_jax.limits import (BadRequest, Limits, add_arguments, boolean, check_text, json_body, limits_of,
-                             longest_token_chars, open_data_uri, text_chars_bound, uvicorn_settings)
+                             longest_token_chars, open_data_uri, run_server, text_chars_bound)
 from fire_jax.serve import default_models
 
 #: Decode steps between two updates of the page (the engine's chunk).
@@ -361,7 +361,7 @@ def create_app(student: Streaming, teacher: Streaming, descriptions: dict, decod
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=7860)
+    parser.add_argument("--port", type=int, default=7860, help="0: a free port (the line 'demo on ...' says which)")
     parser.add_argument("--config", default=DEFAULT_CONFIG,
                         help="config file[:arg] (default: configs/tiny.py); --config.<field>=<value> sets a field")
     parser.add_argument("--student", help="HF dir, PEFT adapter, train workdir, 'random' or api:<base_url>#<model> "
@@ -383,8 +383,6 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    import uvicorn
-
     argv, overrides = split_overrides(sys.argv[1:] if argv is None else list(argv))
     args = parse_args(argv)
     student_spec, teacher_spec, init = args.student, args.teacher, args.init
@@ -403,8 +401,7 @@ def main(argv=None):
                                         max_text_chars=args.max_text_chars)
     app = create_app(student, teacher, descriptions, decode, seed=args.seed, limits=limits_of(args, max_images=1),
                      api_docs=args.api_docs)
-    print(f"demo on http://{args.host}:{args.port}/", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", **uvicorn_settings(args))
+    run_server(app, args, "demo on http://{host}:{port}/")
 
 
 if __name__ == "__main__":

@@ -398,6 +398,33 @@ def limits_of(args, max_images: int | None = None) -> Limits:
                   max_text_chars=args.max_text_chars)
 
 
+def run_server(app, args, announce: str, *, on_stop=None, graceful_margin_s: float = 0.0) -> None:
+    """Serve ``app`` with uvicorn on ``args.host`` / ``args.port``, its connections bounded by the flags of
+    :func:`add_arguments` (:func:`uvicorn_settings`). Once it listens, ``announce`` is printed, formatted with the
+    host and the port it bound: with ``--port 0`` the system picks a free port, and that line says which (tests
+    start servers so, no port to race for). ``on_stop()`` runs in the server's event loop at the first SIGTERM /
+    Ctrl-C; uvicorn's own graceful-shutdown timeout, past which it cancels what still runs, is
+    ``--graceful_timeout`` plus ``graceful_margin_s``."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            self.event_loop = asyncio.get_running_loop()
+            await super().startup(sockets)
+            if not self.should_exit:
+                port = self.servers[0].sockets[0].getsockname()[1]
+                print(announce.format(host=args.host, port=port), flush=True)
+
+        def handle_exit(self, sig, frame) -> None:
+            if on_stop is not None and not self.should_exit and getattr(self, "event_loop", None) is not None:
+                self.event_loop.call_soon_threadsafe(on_stop)
+            super().handle_exit(sig, frame)
+
+    settings = uvicorn_settings(args)
+    settings["timeout_graceful_shutdown"] += graceful_margin_s
+    Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", **settings)).run()
+
+
 def uvicorn_settings(args) -> dict:
     """uvicorn.run keyword arguments for the connection flags of :func:`add_arguments`."""
     return dict(limit_concurrency=args.max_connections, timeout_keep_alive=args.keep_alive_timeout,

@@ -292,8 +292,13 @@ def test_the_queue_counts_every_admitted_request(server):
     assert all(reply["error"]["code"] == "queue_full" for status, reply in replies if status == 503)
 
 
-def test_graceful_shutdown_is_bounded(tmp_path):
-    """SIGTERM with a request that would take a minute: --graceful_timeout 1 cancels it and the server exits."""
+def test_requests_past_the_graceful_timeout_end_cleanly(tmp_path):
+    """SIGTERM with three requests that would take a minute, --graceful_timeout 1: through the openai client the
+    plain one gets a JSON 503 shutting_down and the stream an error event, which a raw read shows followed by
+    [DONE]; the server logs one line per request, no traceback, and exits."""
+    import openai
+    import urllib.request
+
     from loopback import get_json, server as loopback_server
 
     script = tmp_path / "slow.json"
@@ -301,13 +306,44 @@ def test_graceful_shutdown_is_bounded(tmp_path):
     with loopback_server("fire_jax.serve", ["--plugin", "scripted_model", "--model", f"m=scripted:{script}",
                                             "--graceful_timeout", "1"],
                          "/health") as (process, base):
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            reply = pool.submit(post, base, {"model": "m", "messages": [{"role": "user", "content": "slow"}]}, 120)
-            while get_json(f"{base}/health")["models"]["m"]["requests"]["slow"] == 0:
-                assert not reply.done()
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+        messages = [{"role": "user", "content": "slow"}]
+
+        def plain():
+            with pytest.raises(openai.APIStatusError) as e:
+                client.chat.completions.create(model="m", messages=messages)
+            return e.value.status_code, e.value.body
+
+        def streamed():
+            pieces = []
+            with pytest.raises(openai.APIError) as e:
+                for chunk in client.chat.completions.create(model="m", messages=messages, stream=True):
+                    pieces.append(chunk.choices[0].delta.role)
+            return pieces, e.value.message, e.value.body
+
+        def raw():
+            request = urllib.request.Request(f"{base}/v1/chat/completions", headers={"content-type": "application/json"},
+                                             data=json.dumps({"model": "m", "messages": messages, "stream": True}).encode())
+            with urllib.request.urlopen(request, timeout=120) as reply:
+                return reply.read().decode()
+
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            replies = [pool.submit(call) for call in (plain, streamed, raw)]
+            while get_json(f"{base}/health")["models"]["m"]["requests"]["slow"] < 3:
+                assert not any(reply.done() for reply in replies)
             start = time.perf_counter()
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=30) in (0, -signal.SIGTERM)
             assert time.perf_counter() - start < 30
-            with pytest.raises(Exception):
-                reply.result()
+            (status, body), (roles, message, error), events = (reply.result() for reply in replies)
+        log = open(process.log_path).read()
+    said = ("the server is shutting down and this request did not finish within its graceful timeout (1 s); send it "
+            "again to another server or later")
+    assert (status, body["code"], body["message"]) == (503, "shutting_down", said)
+    assert roles == ["assistant"] and message == said and error["code"] == "shutting_down"
+    blocks = [block[len("data: "):] for block in events.split("\n\n") if block]
+    assert json.loads(blocks[-2])["error"] == {"message": said, "type": "server_error", "code": "shutting_down"}
+    assert blocks[-1] == "[DONE]" and json.loads(blocks[0])["choices"][0]["delta"]["role"] == "assistant"
+    ended = [line for line in log.splitlines() if line.startswith("graceful timeout of 1 s passed: request ")]
+    assert len(ended) == 3 and sum(line.endswith("(503)") for line in ended) == 1
+    assert "Traceback" not in log and "Error" not in log

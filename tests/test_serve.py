@@ -6,9 +6,6 @@ import io
 import os
 import signal
 import socket
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 
@@ -27,7 +24,7 @@ from fire_jax.data.images import preprocess
 from fire_jax.infer.decode import DecodeConfig, generate
 from fire_jax.serve import default_models
 from hf_reference import tiny_hf_model
-from loopback import child_env, free_port
+from loopback import server as loopback_server
 
 MAX_QUEUE = 40
 MAX_IMAGE_BYTES = 20000
@@ -66,28 +63,10 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(checkpoint):
-    port = free_port()
-    env = child_env()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "fire_jax.serve", "--port", str(port), "--model", f"tiny={checkpoint}",
-         "--cache_len", "512", "--max_queue", str(MAX_QUEUE), "--max_image_bytes", str(MAX_IMAGE_BYTES)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:  # poll for readiness
-        assert process.poll() is None, process.stdout.read()
-        try:
-            if http(f"{base}/health", timeout=1)[0] == 200:
-                break
-        except OSError:
-            time.sleep(0.2)
-    else:
-        process.kill()
-        pytest.fail("server did not start")
-    yield process, base
-    if process.poll() is None:
-        process.kill()
-    process.wait()
+    args = ["--model", f"tiny={checkpoint}", "--cache_len", "512", "--max_queue", str(MAX_QUEUE), "--max_image_bytes",
+            str(MAX_IMAGE_BYTES)]
+    with loopback_server("fire_jax.serve", args, "/health") as (process, base):
+        yield process, base
 
 
 def openai_client(base: str) -> openai.OpenAI:
@@ -360,7 +339,7 @@ def test_api_agents_retry_429_and_5xx_and_count_every_failure(tmp_path):
     are spent, by reason."""
     from fire_jax.infer.agents import Student, Teacher
     from fire_jax.infer.api import ApiAgent, ApiError
-    from loopback import get_json, server as loopback_server
+    from loopback import get_json
 
     script = tmp_path / "flaky.json"
     script.write_text(json.dumps({"rules": [
