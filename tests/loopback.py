@@ -48,8 +48,9 @@ def log_tail(path: str, chars: int = 20000) -> str:
 def server(module: str, args: list[str], ready_path: str, timeout: float = 120):
     """``python -m module --port 0 *args``: the server binds a free loopback port itself and prints it (no port
     is picked here and released before the server takes it, which another test's server could take first);
-    yields (process, http://127.0.0.1:PORT) once ``ready_path`` answers. Its output goes to a log file, which a
-    failing test shows (:data:`LOGS`)."""
+    yields (process, http://127.0.0.1:PORT) once ``ready_path`` answers. Its output goes to a log file
+    (``process.log_path``), which a failing test shows: printed when the test fails inside the block, added to
+    the report while the server runs (a fixture's server; :data:`LOGS`, tests/conftest.py)."""
     env = child_env()
     # tests/ on the path: a server started with --plugin scripted_model finds the tests' scripted endpoints
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.abspath(__file__))]
@@ -80,7 +81,11 @@ def server(module: str, args: list[str], ready_path: str, timeout: float = 120):
                 raise RuntimeError(f"{module} did not answer on {base or 'its port'}{ready_path} in {timeout} s:\n"
                                    f"{log_tail(log_path)}")
             time.sleep(0.2)
-        yield process, base
+        try:
+            yield process, base
+        except BaseException:  # a test failed inside the block: its report shows this (captured output)
+            print(f"log of {name}:\n{log_tail(log_path)}")
+            raise
     finally:
         if process.poll() is None:
             process.kill()

@@ -421,3 +421,29 @@ def test_default_context_holds_the_served_models_real_prompts():
     longest = max(len(tiny_tokenizer.encode(build_prompt(s, "IC", "official")).ids) + 88 * len(s.images)
                   for s in records)
     assert longest + 256 <= cache_len  # 5,716 text tokens at most: the old fixed 4,096 left one record out
+
+
+def test_servers_under_test_bind_port_0_and_a_failing_test_shows_their_log(tmp_path):
+    """loopback.server starts a server with --port 0: it binds a free port itself and its listening line names it
+    (no port picked by the test and released first, for another test's server to take); while it runs, a failing
+    test's report carries its log (tests/conftest.py)."""
+    import types
+
+    import conftest
+    from loopback import LOGS, get_json
+
+    script = tmp_path / "m.json"
+    script.write_text(json.dumps({"rules": [], "default": "hello"}))
+    with loopback_server("fire_jax.serve", ["--plugin", "scripted_model", "--model", f"m=scripted:{script}"],
+                         "/health") as (process, base):
+        port = int(base.rsplit(":", 1)[1])
+        assert port > 0 and get_json(f"{base}/health")["status"] == "ok"
+        assert f"listening on http://127.0.0.1:{port}/v1\n" in open(process.log_path).read()
+        report = types.SimpleNamespace(failed=True, sections=[])
+        hook = conftest.pytest_runtest_makereport(None, None)  # a hook wrapper: a generator
+        next(hook)
+        with pytest.raises(StopIteration):
+            hook.send(types.SimpleNamespace(get_result=lambda: report))
+        (title, log), = [(title, log) for title, log in report.sections if str(process.pid) in title]
+        assert title.startswith("log of fire_jax.serve --plugin scripted_model") and f":{port}/v1" in log
+    assert not any(str(process.pid) in name for name in LOGS)  # a stopped server's log is no longer shown
