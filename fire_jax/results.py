@@ -25,7 +25,7 @@ import os
 import sys
 from typing import Any, Iterable, Iterator
 
-from fire_jax.config import InputError, json_error_at
+from fire_jax.config import InputError, json_error_at, writing
 
 
 class ResultStore:
@@ -123,13 +123,15 @@ class ResultStore:
         self.add_many([record])
 
     def add_many(self, records: Iterable[dict]) -> None:
-        """Append records and flush once (a batch of units finished together)."""
-        if self._file is None:
-            self._file = open(self.path, "a", encoding="utf-8")
-        for record in records:
-            self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
-            self._records[str(record[self.key_field])] = record
-        self._file.flush()
+        """Append records and flush once (a batch of units finished together); a write that fails (a full disk)
+        raises :class:`fire_jax.config.WriteFailed` naming the file and the space left."""
+        with writing(self.path):
+            if self._file is None:
+                self._file = open(self.path, "a", encoding="utf-8")
+            for record in records:
+                self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
+                self._records[str(record[self.key_field])] = record
+            self._file.flush()
 
     def close(self) -> None:
         if self._file is not None:

@@ -127,3 +127,22 @@ def test_settings_file_that_is_not_json_names_the_file(tmp_path):
     with pytest.raises(InputError) as e:
         check_settings(path, {"a": 1})
     assert str(e.value) == f"{path}: not valid JSON: Unterminated string starting at line 1 column 7"
+
+
+def test_a_store_write_that_fails_names_the_file_and_the_space_left(tmp_path):
+    """An evaluation's results on a full disk: one WriteFailed naming the store's file (a CLI ends on its line)."""
+    import errno
+    import os
+
+    from fire_jax.config import WriteFailed, free_space
+
+    class FullFile:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    store = ResultStore(tmp_path / "outputs.jsonl")
+    store._file = FullFile()
+    with pytest.raises(WriteFailed) as e:
+        store.add({"key": "a"})
+    assert str(e.value) == (f"could not write {tmp_path / 'outputs.jsonl'}: No space left on device "
+                            f"({free_space(str(tmp_path))} on its filesystem)")
