@@ -219,17 +219,17 @@ class Checkpointer:
     """A train workdir's orbax checkpoints (items ``params``, ``optimizer``, ``data``, ``config``,
     ``checksums``; older ones hold ``state`` instead of the first two, and no checksums)."""
 
-    def __init__(self, directory: str, keep: int = 3, async_save: bool = True):
+    def __init__(self, directory: str, keep: int = 3, async_save: bool = True, clear_unfinished: bool = False):
+        """``clear_unfinished``: remove the unfinished step a failed save left (``STEP.orbax-checkpoint-tmp``),
+        and its space with it; for the run that writes the directory (a reader could remove a save in flight)."""
         self.directory = os.path.abspath(directory)
         preservation = policies.AnyPreservationPolicy([
             policies.LatestN(n=keep),
             policies.BestN(get_metric_fn=lambda m: m["loss"], reverse=True, n=1),
         ])
-        # cleanup_tmp_directories: the unfinished step a failed save left (STEP.orbax-checkpoint-tmp) is removed
-        # when the run resumes, and its space with it
         options = ocp.CheckpointManagerOptions(
             preservation_policy=preservation, enable_async_checkpointing=async_save, create=True,
-            cleanup_tmp_directories=True)
+            cleanup_tmp_directories=clear_unfinished)
         _quiet_save_errors()
         self.manager = ocp.CheckpointManager(self.directory, options=options,
                                              item_names=("params", "optimizer", "state", "data", "config",

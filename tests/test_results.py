@@ -141,6 +141,7 @@ def test_a_store_write_that_fails_names_the_file_and_the_space_left(tmp_path):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     store = ResultStore(tmp_path / "outputs.jsonl")
+    store.close()
     store._file = FullFile()
     with pytest.raises(WriteFailed) as e:
         store.add({"key": "a"})

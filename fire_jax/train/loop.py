@@ -170,7 +170,8 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
         print(plan_report(config, pipeline, steps))
     trainer = Trainer(model, config.train, config.loss, steps, mesh, rules)
     del model
-    checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.train.keep_checkpoints)
+    checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.train.keep_checkpoints,
+                                clear_unfinished=True)  # a save a full disk cut short: its space back
     state = trainer.initial_state
     restored = checkpointer.restore(state, fallback=True)  # a damaged latest step: the one before, said so
     resumed_at = 0
