@@ -134,7 +134,7 @@ def test_a_store_write_that_fails_names_the_file_and_the_space_left(tmp_path):
     import errno
     import os
 
-    from fire_jax.config import WriteFailed, free_space
+    from fire_jax.config import WriteFailed
 
     class FullFile:
         def write(self, text):
@@ -145,5 +145,5 @@ def test_a_store_write_that_fails_names_the_file_and_the_space_left(tmp_path):
     store._file = FullFile()
     with pytest.raises(WriteFailed) as e:
         store.add({"key": "a"})
-    assert str(e.value) == (f"could not write {tmp_path / 'outputs.jsonl'}: No space left on device "
-                            f"({free_space(str(tmp_path))} on its filesystem)")
+    assert str(e.value).startswith(f"could not write {tmp_path / 'outputs.jsonl'}: No space left on device (")
+    assert str(e.value).endswith(" on its filesystem)") and " free of " in str(e.value)
