@@ -12,6 +12,7 @@ import struct
 import threading
 import time
 import types
+import urllib.request
 import zlib
 
 import pytest
@@ -297,7 +298,6 @@ def test_requests_past_the_graceful_timeout_end_cleanly(tmp_path):
     plain one gets a JSON 503 shutting_down and the stream an error event, which a raw read shows followed by
     [DONE]; the server logs one line per request, no traceback, and exits."""
     import openai
-    import urllib.request
 
     from loopback import get_json, server as loopback_server
 
@@ -347,3 +347,37 @@ def test_requests_past_the_graceful_timeout_end_cleanly(tmp_path):
     ended = [line for line in log.splitlines() if line.startswith("graceful timeout of 1 s passed: request ")]
     assert len(ended) == 3 and sum(line.endswith("(503)") for line in ended) == 1
     assert "Traceback" not in log and "Error" not in log
+
+
+def test_engine_requests_past_the_graceful_timeout_end_cleanly():
+    """The same with the engine: a plain request and a stream of 9,000 tokens each, SIGTERM, --graceful_timeout
+    1: the plain one gets its 503, the stream its error event and [DONE] after the tokens so far (none, when the
+    first compile takes the second); the server exits."""
+    from loopback import get_json, server as loopback_server
+
+    messages = [{"role": "user", "content": "go on"}]
+    with loopback_server("fire_jax.serve", ["--model", "tiny=random", "--slots", "2", "--graceful_timeout", "1"],
+                         "/health") as (process, base):
+        def stream():
+            request = urllib.request.Request(f"{base}/v1/chat/completions", headers={"content-type": "application/json"},
+                                             data=json.dumps({"model": "tiny", "messages": messages, "stream": True,
+                                                              "max_tokens": 9000}).encode())
+            with urllib.request.urlopen(request, timeout=120) as reply:
+                return reply.read().decode()
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            plain = pool.submit(post, base, {"model": "tiny", "messages": messages, "max_tokens": 9000})
+            streamed = pool.submit(stream)
+            while get_json(f"{base}/health")["models"]["tiny"]["in_flight"] < 2:
+                assert not plain.done() and not streamed.done()
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=30) in (0, -signal.SIGTERM)
+            (status, body), events = plain.result(), streamed.result()
+        log = open(process.log_path).read()
+    assert (status, body["error"]["code"]) == (503, "shutting_down")
+    blocks = [block[len("data: "):] for block in events.split("\n\n") if block]
+    assert json.loads(blocks[-2])["error"]["code"] == "shutting_down" and blocks[-1] == "[DONE]"
+    assert json.loads(blocks[0])["choices"][0]["delta"]["role"] == "assistant"
+    assert sorted(line.rsplit("(", 1)[1] for line in log.splitlines() if line.startswith("graceful timeout")) == [
+        "503)", "an error event and [DONE])"]
+    assert "Traceback" not in log
