@@ -198,6 +198,14 @@ def post(base: str, body, timeout: float = 120) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
+def stream_events(base: str, body: dict) -> list[str]:
+    """The data of each server-sent event of a streamed chat completion, in order (``[DONE]`` as it is)."""
+    request = urllib.request.Request(f"{base}/v1/chat/completions", headers={"content-type": "application/json"},
+                                     data=json.dumps({**body, "stream": True}).encode())
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        return [block[len("data: "):] for block in reply.read().decode().split("\n\n") if block]
+
+
 def chat(content, **kw) -> dict:
     return {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 4, "temperature": 0,
             **kw}
@@ -321,14 +329,9 @@ def test_requests_past_the_graceful_timeout_end_cleanly(tmp_path):
                     pieces.append(chunk.choices[0].delta.role)
             return pieces, e.value.message, e.value.body
 
-        def raw():
-            request = urllib.request.Request(f"{base}/v1/chat/completions", headers={"content-type": "application/json"},
-                                             data=json.dumps({"model": "m", "messages": messages, "stream": True}).encode())
-            with urllib.request.urlopen(request, timeout=120) as reply:
-                return reply.read().decode()
-
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
-            replies = [pool.submit(call) for call in (plain, streamed, raw)]
+            replies = [pool.submit(plain), pool.submit(streamed),
+                       pool.submit(stream_events, base, {"model": "m", "messages": messages})]
             while get_json(f"{base}/health")["models"]["m"]["requests"]["slow"] < 3:
                 assert not any(reply.done() for reply in replies)
             start = time.perf_counter()
@@ -341,9 +344,8 @@ def test_requests_past_the_graceful_timeout_end_cleanly(tmp_path):
             "again to another server or later")
     assert (status, body["code"], body["message"]) == (503, "shutting_down", said)
     assert roles == ["assistant"] and message == said and error["code"] == "shutting_down"
-    blocks = [block[len("data: "):] for block in events.split("\n\n") if block]
-    assert json.loads(blocks[-2])["error"] == {"message": said, "type": "server_error", "code": "shutting_down"}
-    assert blocks[-1] == "[DONE]" and json.loads(blocks[0])["choices"][0]["delta"]["role"] == "assistant"
+    assert json.loads(events[-2])["error"] == {"message": said, "type": "server_error", "code": "shutting_down"}
+    assert events[-1] == "[DONE]" and json.loads(events[0])["choices"][0]["delta"]["role"] == "assistant"
     ended = [line for line in log.splitlines() if line.startswith("graceful timeout of 1 s passed: request ")]
     assert len(ended) == 3 and sum(line.endswith("(503)") for line in ended) == 1
     assert "Traceback" not in log and "Error" not in log
@@ -358,16 +360,9 @@ def test_engine_requests_past_the_graceful_timeout_end_cleanly():
     messages = [{"role": "user", "content": "go on"}]
     with loopback_server("fire_jax.serve", ["--model", "tiny=random", "--slots", "2", "--graceful_timeout", "1"],
                          "/health") as (process, base):
-        def stream():
-            request = urllib.request.Request(f"{base}/v1/chat/completions", headers={"content-type": "application/json"},
-                                             data=json.dumps({"model": "tiny", "messages": messages, "stream": True,
-                                                              "max_tokens": 9000}).encode())
-            with urllib.request.urlopen(request, timeout=120) as reply:
-                return reply.read().decode()
-
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            plain = pool.submit(post, base, {"model": "tiny", "messages": messages, "max_tokens": 9000})
-            streamed = pool.submit(stream)
+            body = {"model": "tiny", "messages": messages, "max_tokens": 9000}
+            plain, streamed = pool.submit(post, base, body), pool.submit(stream_events, base, body)
             while get_json(f"{base}/health")["models"]["tiny"]["in_flight"] < 2:
                 assert not plain.done() and not streamed.done()
             process.send_signal(signal.SIGTERM)
@@ -375,9 +370,8 @@ def test_engine_requests_past_the_graceful_timeout_end_cleanly():
             (status, body), events = plain.result(), streamed.result()
         log = open(process.log_path).read()
     assert (status, body["error"]["code"]) == (503, "shutting_down")
-    blocks = [block[len("data: "):] for block in events.split("\n\n") if block]
-    assert json.loads(blocks[-2])["error"]["code"] == "shutting_down" and blocks[-1] == "[DONE]"
-    assert json.loads(blocks[0])["choices"][0]["delta"]["role"] == "assistant"
+    assert json.loads(events[-2])["error"]["code"] == "shutting_down" and events[-1] == "[DONE]"
+    assert json.loads(events[0])["choices"][0]["delta"]["role"] == "assistant"
     assert sorted(line.rsplit("(", 1)[1] for line in log.splitlines() if line.startswith("graceful timeout")) == [
         "503)", "an error event and [DONE])"]
     assert "Traceback" not in log
