@@ -38,7 +38,7 @@ import jax
 from fire_jax.cli import existing_dir, run_command, require_model_config
 from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, resolve_path, split_overrides
 from fire_jax.data.images import load_image
-from fire_jax.data.records import BadRecordError, BadRecords, Turn, parse_score
+from fire_jax.data.records import BadRecordError, BadRecords, Turn, image_path, parse_score
 from fire_jax.infer.agents import from_specs
 from fire_jax.infer.api import is_api_spec
 from fire_jax.infer.decode import DecodeConfig
@@ -78,7 +78,7 @@ def parse_prompt(line: str, where: str, role: str, image_root: str) -> Prompt:
     if not isinstance(raw.get("id"), (str, int)) or raw["id"] == "":
         raise BadRecordError("missing_field", where, "id", f"expected a string or integer, got {raw.get('id')!r}")
     where = f"{where} (id {raw['id']!r})"
-    image = os.path.join(image_root, _text(raw, "image", where))
+    image = image_path(image_root, _text(raw, "image", where), where)
     question = _text(raw, "question", where)
     history = raw.get("history") or []
     if not isinstance(history, list):

@@ -10,7 +10,9 @@
   ``checksums``: two 32-bit sums over the words of every array, computed at save time; a restore recomputes them
   and ends, on a mismatch, with :class:`CheckpointDamaged` naming the step, item and array (a flipped byte in an
   array file is otherwise read back silently). A train run's resume falls back to the previous good step,
-  saying so, and moves the damaged one aside.
+  saying so, and moves the damaged one aside. A save that cannot be written (a full disk) ends in one
+  :class:`fire_jax.config.WriteFailed` naming the step, its directory and the space left, as soon as the
+  background write has failed (:meth:`Checkpointer.check`); the steps before it are left as they were.
 - :func:`restore_params`: the trained weights of a workdir into a model, without an optimizer or trainer:
   evaluation does not depend on how the run was optimised. Workdirs written before the ``params`` item
   existed (one ``state`` item) load too.
@@ -18,10 +20,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import re
 import shutil
+import sys
 from typing import Any
 
 import jax
@@ -30,7 +35,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from orbax.checkpoint import checkpoint_managers as policies
 
-from fire_jax.config import InputError
+from fire_jax.config import InputError, WriteFailed, error_number, json_error_at, write_failed
 from fire_jax.models import InitKeys, LlavaNext, LlavaNextConfig, LoRAParam
 
 #: The build options of ``config.model`` that a Hugging Face checkpoint does not set.
@@ -185,21 +190,61 @@ def array_checksums(tree: Any) -> dict[str, str]:
     return out
 
 
+class _QuietSaveErrors(logging.Filter):
+    """Drops orbax's own error logs (each a traceback), and asyncio's of orbax's tasks left unfinished: a save that
+    fails reaches the run as one :class:`WriteFailed` line (:meth:`Checkpointer.check`). ``FIRE_JAX_TRACEBACK=1``
+    keeps them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        orbax = f"{os.sep}orbax{os.sep}"
+        return (record.levelno < logging.ERROR or bool(os.environ.get("FIRE_JAX_TRACEBACK"))
+                or orbax not in (record.getMessage() if record.name == "asyncio" else record.pathname))
+
+
+def _quiet_closed_loops(previous):
+    """A ``sys.unraisablehook`` that drops "Event loop is closed": tensorstore's writes still in flight when an
+    orbax save fails complete onto the event loop orbax has closed already (one traceback each)."""
+    def hook(unraisable):
+        if (isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed"
+                and not os.environ.get("FIRE_JAX_TRACEBACK")):
+            return
+        previous(unraisable)
+
+    hook.quiet_closed_loops = True
+    return hook
+
+
+def _quiet_save_errors() -> None:
+    """Install :class:`_QuietSaveErrors` and :func:`_quiet_closed_loops` (once)."""
+    for name in ("absl", "asyncio"):  # orbax logs through absl
+        logging.getLogger(name).addFilter(_QUIET_SAVE_ERRORS)  # a no-op when added already
+    if not getattr(sys.unraisablehook, "quiet_closed_loops", False):
+        sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
+
+
+_QUIET_SAVE_ERRORS = _QuietSaveErrors()
+
+
 class Checkpointer:
     """A train workdir's orbax checkpoints (items ``params``, ``optimizer``, ``data``, ``config``,
     ``checksums``; older ones hold ``state`` instead of the first two, and no checksums)."""
 
-    def __init__(self, directory: str, keep: int = 3, async_save: bool = True):
+    def __init__(self, directory: str, keep: int = 3, async_save: bool = True, clear_unfinished: bool = False):
+        """``clear_unfinished``: remove the unfinished step a failed save left (``STEP.orbax-checkpoint-tmp``),
+        and its space with it; for the run that writes the directory (a reader could remove a save in flight)."""
         self.directory = os.path.abspath(directory)
         preservation = policies.AnyPreservationPolicy([
             policies.LatestN(n=keep),
             policies.BestN(get_metric_fn=lambda m: m["loss"], reverse=True, n=1),
         ])
         options = ocp.CheckpointManagerOptions(
-            preservation_policy=preservation, enable_async_checkpointing=async_save, create=True)
+            preservation_policy=preservation, enable_async_checkpointing=async_save, create=True,
+            cleanup_tmp_directories=clear_unfinished)
+        _quiet_save_errors()
         self.manager = ocp.CheckpointManager(self.directory, options=options,
                                              item_names=("params", "optimizer", "state", "data", "config",
                                                          "checksums"))
+        self._saving: int | None = None  # the step of the save last started
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -217,7 +262,33 @@ class Checkpointer:
                                   optimizer=ocp.args.StandardSave(optimizer),
                                   data=ocp.args.JsonSave(data_state), config=ocp.args.JsonSave(config),
                                   checksums=ocp.args.JsonSave(checksums))
-        return self.manager.save(step, args=args, metrics=metrics, force=force)
+        self.wait()  # the save before this one, its failure named as its own (orbax's save waits for it anyway)
+        self._saving = step
+        with self._writing():
+            return self.manager.save(step, args=args, metrics=metrics, force=force)
+
+    def check(self) -> None:
+        """Raise :class:`WriteFailed` if a save that ran in the background has failed; a save still running is
+        not waited for."""
+        if not self.manager.is_saving_in_progress():
+            self.wait()
+
+    @contextlib.contextmanager
+    def _writing(self):
+        """A failure to write (an error that carries an errno: a full disk, a quota, a read-only filesystem)
+        as one :class:`WriteFailed` naming the step being saved and the steps kept from before."""
+        try:
+            yield
+        except WriteFailed:
+            raise
+        except Exception as e:  # noqa: BLE001 (orbax's thread errors: OSError, tensorstore's ValueError)
+            if error_number(e) is None or self._saving is None:
+                raise
+            kept = [s for s in self.manager.all_steps() if s != self._saving]
+            failed = write_failed(self.step_dir(self._saving), e)
+            raise WriteFailed(f"checkpoint of step {self._saving}: {failed}; "
+                              + (f"the steps before it are intact (latest: {max(kept)})" if kept else
+                                 "no earlier checkpoint")) from e
 
     def step_dir(self, step: int) -> str:
         return os.path.join(self.directory, str(step))
@@ -240,7 +311,7 @@ class Checkpointer:
                 try:
                     json.loads(raw)
                 except json.JSONDecodeError as e:
-                    what = "empty" if not raw.strip() else f"not valid JSON: {e.msg} at byte {e.pos}"
+                    what = "empty" if not raw.strip() else f"not valid JSON: {json_error_at(e.msg, f'byte {e.pos}')}"
                     raise CheckpointDamaged(f"checkpoint {root}: file {os.path.relpath(path, root)} is {what}; "
                                             f"the step is damaged", step) from None
                 except UnicodeDecodeError as e:
@@ -381,10 +452,20 @@ class Checkpointer:
         return _like(target, restored["params"]), step
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        with self._writing():
+            self.manager.wait_until_finished()
 
-    def close(self) -> None:
-        self.manager.close()
+    def close(self, wait: bool = True, quiet: bool = False) -> None:
+        """Wait for the save in flight and close. ``wait=False``: let it go (a failing disk may never finish
+        it); ``quiet``: ignore its failure (the run is ending on an error already)."""
+        if not wait:
+            return
+        try:
+            with self._writing():
+                self.manager.close()
+        except Exception:  # noqa: BLE001
+            if not quiet:
+                raise
 
 
 def _like(target, raw):

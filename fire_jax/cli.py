@@ -7,18 +7,26 @@ user's input, and the tool says so in one line on stderr::
     build_dataset: error: no usable record in split 'fire_100k' of ['bad.json']: 3 bad records skipped
     (missing_field: 2, invalid_json: 1; e.g. bad.json: record 0: field 'question': missing_field)
 
-``FIRE_JAX_TRACEBACK=1`` shows the traceback instead.
+``FIRE_JAX_TRACEBACK=1`` shows the traceback instead. An output that cannot be
+written (:class:`fire_jax.config.WriteFailed`: a full disk) ends a job the same
+way, naming the path and the space left, exit 1; and SIGTERM / SIGINT end the
+long jobs in bounded time (:class:`StopSignals`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
+import signal
+import socket
 import sys
+import threading
+import time
 
-from fire_jax.config import InputError, config_path, load_config, override_target
+from fire_jax.config import InputError, WriteFailed, config_path, load_config, override_target
 
 
 #: What a CLI reports in one line (:class:`fire_jax.data.records.BadRecordError` is an InputError).
@@ -29,9 +37,16 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
+#: Seconds an ending process may take to exit (threads joined, files closed) after a :class:`WriteFailed` before
+#: it is ended without waiting: a thread writing to the same full disk may never finish.
+EXIT_TIMEOUT_S = 10.0
+
+
 def input_errors_end_in_one_line(prog: str):
     """Decorate a CLI's main: input errors (:class:`InputError`, bad records, missing files, invalid JSON)
-    print ``<prog>: error: <what and where>`` on stderr and exit 2."""
+    print ``<prog>: error: <what and where>`` on stderr and exit 2; an output that cannot be written
+    (:class:`WriteFailed`) the same, exit 1, the process ended within :data:`EXIT_TIMEOUT_S` seconds; a stop by
+    SIGTERM / SIGINT (:class:`StopSignals`) one line too, exit 128 + the signal's number."""
 
     def wrap(main):
         @functools.wraps(main)
@@ -43,10 +58,128 @@ def input_errors_end_in_one_line(prog: str):
                     raise
                 print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
                 sys.exit(2)
+            except WriteFailed as error:
+                if os.environ.get("FIRE_JAX_TRACEBACK"):
+                    raise
+                print(f"{prog}: error: {one_line(error)}", file=sys.stderr, flush=True)
+                end_within(EXIT_TIMEOUT_S, 1, f"{prog}: still running {EXIT_TIMEOUT_S:g} s after the error: "
+                                              "ended without waiting for its threads")
+                sys.exit(1)
+            except KeyboardInterrupt:
+                stop = StopSignals.active
+                if stop is None or stop.requested is None or os.environ.get("FIRE_JAX_TRACEBACK"):
+                    raise
+                print(f"{prog}: stopped by {stop.requested.name}", file=sys.stderr)
+                sys.exit(128 + stop.requested)
 
         return guarded
 
     return wrap
+
+
+def end_within(seconds: float, status: int, why: str) -> None:
+    """End the process with ``status`` (printing ``why``) if it is still running ``seconds`` from now: a daemon
+    timer, so it neither keeps the process alive nor waits for the threads the exit waits for."""
+    timer = threading.Timer(seconds, end_now, (status, why))
+    timer.daemon = True
+    timer.start()
+
+
+def end_now(status: int, why: str) -> None:
+    """Print ``why`` on stderr and end the process with ``status`` at once (no cleanup, no thread joined); the
+    line is given a second to be written (stderr may be a pipe that nobody reads)."""
+    writer = threading.Thread(target=os.write, args=(2, f"{why}\n".encode()), daemon=True)
+    writer.start()
+    writer.join(1.0)
+    os._exit(status)
+
+
+class StopSignals:
+    """SIGTERM and SIGINT end a long job, in bounded time.
+
+    The first signal asks the job to stop: inside :meth:`checked` (the training loop) it only sets
+    :attr:`requested`, and the loop writes a last checkpoint and returns; elsewhere the main thread gets
+    KeyboardInterrupt at once (evaluations have flushed every finished unit already). With ``timeout_s``, a
+    process still running that long after the first signal (a write that never returns, a thread the exit
+    waits for), or getting a second one, is ended there by a watchdog thread, exit 128 + the signal's number.
+    The watchdog hears the signals through :func:`signal.set_wakeup_fd`, which the interpreter writes to from
+    its C-level handler: it works while the main thread is blocked in a call that does not return.
+
+    :meth:`install` is for a command's process (:func:`run_absl` installs one, ``--stop_timeout`` seconds);
+    a loop uses ``StopSignals.active`` when there is one, else its own without a watchdog.
+    """
+
+    #: The instance installed for the process (:meth:`install`), if any.
+    active: "StopSignals | None" = None
+
+    def __init__(self, timeout_s: float | None = None, prog: str = ""):
+        self.timeout_s, self.prog = timeout_s, prog or os.path.basename(sys.argv[0])
+        self.requested: signal.Signals | None = None
+        self._checked = 0
+        self._previous: dict | None = None
+
+    def install(self) -> "StopSignals":
+        """Handle SIGTERM and SIGINT in this process (main thread only); start the watchdog when ``timeout_s``."""
+        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        if self.timeout_s is not None:
+            reader, writer = socket.socketpair()
+            writer.setblocking(False)
+            signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+            self._sockets = (reader, writer)  # kept open for the process's life
+            threading.Thread(target=self._watch, args=(reader,), name="stop-watchdog", daemon=True).start()
+        StopSignals.active = self
+        return self
+
+    def uninstall(self) -> None:
+        for number, handler in (self._previous or {}).items():
+            signal.signal(number, handler)
+        self._previous = None
+        if StopSignals.active is self:
+            StopSignals.active = None
+
+    @contextlib.contextmanager
+    def checked(self):
+        """While inside, the first signal only sets :attr:`requested` (the caller checks it between steps);
+        installs the handlers for the block when they are not installed."""
+        own = self._previous is None
+        if own:
+            self.install()
+        self._checked += 1
+        try:
+            yield self
+        finally:
+            self._checked -= 1
+            if own:
+                self.uninstall()
+
+    def _handle(self, number, frame) -> None:
+        first = self.requested is None
+        if first:
+            self.requested = signal.Signals(number)
+        if first and self._checked:
+            print(f"{self.requested.name}: stopping after this step", file=sys.stderr, flush=True)
+        elif first or self.timeout_s is None:  # a second signal is the watchdog's, where there is one
+            raise KeyboardInterrupt(signal.Signals(number).name)
+
+    def _watch(self, reader) -> None:
+        first, deadline = None, None
+        while True:
+            reader.settimeout(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            try:
+                received = reader.recv(64)
+            except socket.timeout:
+                received = b""
+            if deadline is not None and time.monotonic() >= deadline:
+                end_now(128 + first, f"{self.prog}: still running {self.timeout_s:g} s after {first.name}: ended "
+                                     "without waiting for the job to finish")
+            for number in received:
+                if number not in (signal.SIGTERM, signal.SIGINT):
+                    continue
+                if first is None:
+                    first, deadline = signal.Signals(number), time.monotonic() + self.timeout_s
+                else:
+                    end_now(128 + number, f"{self.prog}: a second signal ({signal.Signals(number).name}): ended "
+                                          "without waiting for the job to finish")
 
 
 def int_at_least(low: int):
@@ -216,6 +349,9 @@ def run_absl(main, prog: str) -> None:
     from fire_jax.hugepages import reexec_with_huge_pages
 
     reexec_with_huge_pages()
+    stop_timeout = flags.DEFINE_float(
+        "stop_timeout", 120.0, "seconds the job may take to end after SIGTERM / SIGINT (a last checkpoint "
+        "written) before it is ended without waiting; a second signal ends it at once")
 
     def parse(argv):
         try:
@@ -224,4 +360,8 @@ def run_absl(main, prog: str) -> None:
             print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
             sys.exit(2)
 
-    app.run(input_errors_end_in_one_line(prog)(main), flags_parser=parse)
+    def stoppable(argv):
+        StopSignals(stop_timeout.value, prog).install()
+        return main(argv)
+
+    app.run(input_errors_end_in_one_line(prog)(stoppable), flags_parser=parse)

@@ -16,8 +16,11 @@ jax), so reading a config is cheap and never drags in model code.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import re
+import shutil
 from typing import Any, Mapping
 
 import ml_collections
@@ -44,6 +47,81 @@ DEFAULT_CONFIG = os.path.join(CONFIGS_DIR, "tiny.py")
 class InputError(ValueError):
     """Input the user can fix (a config field, a flag, a file, a record), as opposed to a bug; its message
     names what and where. CLIs end on it with one line (:mod:`fire_jax.cli`)."""
+
+
+def json_error_at(message: str, where: str) -> str:
+    """``json.JSONDecodeError.msg`` placed at ``where`` ("byte 12", "line 3 column 4"): "Unterminated string starting
+    at" becomes "Unterminated string starting at byte 12", not "... starting at at byte 12"."""
+    return f"{message.removesuffix(' at')} at {where}"
+
+
+class WriteFailed(OSError):
+    """An output that could not be written (a full disk, a quota, a read-only or failing filesystem), as opposed
+    to a bug: the message names the path and the space left on its filesystem (:func:`write_failed`). CLIs end
+    on it with that one line, exit 1 (:mod:`fire_jax.cli`)."""
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+#: An errno as libraries quote it in their messages: Python's "[Errno 28]", tensorstore's "[os_error_code='28']".
+_QUOTED_ERRNO = re.compile(r"\[Errno (\d+)\]|os_error_code='(\d+)'")
+
+
+def error_number(error: BaseException | None) -> int | None:
+    """The errno of an OSError, or the one a library's error quotes (orbax's tensorstore writes raise ValueError),
+    along the error's causes; None when there is none."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno:
+            return error.errno
+        quoted = _QUOTED_ERRNO.search(str(error))
+        if quoted:
+            return int(quoted.group(1) or quoted.group(2))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def free_space(path: str) -> str:
+    """"<free> free of <total>" on the filesystem that holds ``path`` (or its nearest existing folder)."""
+    folder = os.path.abspath(path)
+    while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    try:
+        usage = shutil.disk_usage(folder)
+    except OSError:
+        return "free space unknown"
+    return f"{_bytes(usage.free)} free of {_bytes(usage.total)}"
+
+
+def write_failed(path: str, error: BaseException) -> WriteFailed:
+    """The :class:`WriteFailed` of ``error``, raised while writing ``path``: the reason (the errno's text when the
+    error carries one) and the space left there, in one line."""
+    number = error_number(error)
+    reason = os.strerror(number) if number else " ".join(str(error).split())[:300] or type(error).__name__
+    failed = WriteFailed(f"could not write {path}: {reason} ({free_space(path)} on its filesystem)")
+    failed.errno, failed.filename = number, path
+    return failed
+
+
+@contextlib.contextmanager
+def writing(path: str):
+    """Turn an OSError raised inside the block into the :class:`WriteFailed` of ``path``."""
+    try:
+        yield
+    except WriteFailed:
+        raise
+    except OSError as e:
+        raise write_failed(path, e) from e
 
 
 def cache_dir() -> str:

@@ -57,11 +57,11 @@ from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, split_
 from fire_jax.data.images import preprocess
 from fire_jax.data.records import BadRecordError, Turn, parse_record, parse_score, to_raw
 from fire_jax.infer.agents import from_specs
-from fire_jax.infer.api import ApiAgent, chat_messages
+from fire_jax.infer.api import ApiAgent, ApiError, chat_messages
 from fire_jax.infer.decode import DecodeConfig
 from fire_jax.infer.engine import Engine, Request
 from fire_jax.limits import (BadRequest, Limits, add_arguments, boolean, check_text, json_body, limits_of,
-                             longest_token_chars, open_data_uri, text_chars_bound, uvicorn_settings)
+                             longest_token_chars, open_data_uri, run_server, text_chars_bound)
 from fire_jax.serve import default_models
 
 #: Decode steps between two updates of the page (the engine's chunk).
@@ -121,7 +121,7 @@ class Streaming:
 
         def on_update(ticket, delta, reason):  # the engine thread
             if reason == "error":
-                push({"error": f"{type(ticket.error).__name__}: {ticket.error}"})
+                push({"error": failure_message(ticket.error)})
                 return
             push({"delta": delta, "tokens": len(ticket.tokens)})
             if reason in ("stop", "length"):
@@ -153,7 +153,7 @@ class Streaming:
             except _Cancelled:
                 pass
             except Exception as e:  # shown in the page
-                push({"error": f"{type(e).__name__}: {e}"})
+                push({"error": failure_message(e)})
 
         threading.Thread(target=work, daemon=True).start()
         return cancelled.set
@@ -161,6 +161,17 @@ class Streaming:
 
 class _Cancelled(Exception):
     pass
+
+
+def failure_message(error: BaseException) -> str:
+    """What the page shows of a failed generation: an endpoint's own account (:class:`ApiError`: which endpoint,
+    why, after how many tries), else a plain sentence, the details (class and message) going to the demo's log
+    on stderr, never to the page."""
+    if isinstance(error, ApiError):
+        return str(error)
+    print(f"fire_jax.demo: generation failed: {type(error).__name__}: {' '.join(str(error).split())}",
+          file=sys.stderr, flush=True)
+    return "the model failed to generate; the demo's log says why"
 
 
 def streaming_agents(student, teacher, decode: DecodeConfig, *, seed: int, cache_len: int, slots: int = 4,
@@ -265,10 +276,14 @@ def fire_record(body: dict) -> dict:
 
 
 def create_app(student: Streaming, teacher: Streaming, descriptions: dict, decode: DecodeConfig, *, seed: int = 0,
-               limits: Limits | None = None, example_dir: str = EXAMPLES_DIR):
-    """The demo's app; ``limits`` (:class:`fire_jax.limits.Limits`) on every request before it reaches a model."""
+               limits: Limits | None = None, example_dir: str = EXAMPLES_DIR, api_docs: bool = False):
+    """The demo's app; ``limits`` (:class:`fire_jax.limits.Limits`) on every request before it reaches a model.
+    ``api_docs``: serve FastAPI's ``/docs`` and ``/openapi.json`` (off by default: the page is the demo's one
+    interface, and Swagger's page loads its scripts from a CDN)."""
     limits = limits or Limits()
-    app = FastAPI(title="fire_jax demo")
+    docs = dict(docs_url="/docs", redoc_url=None, openapi_url="/openapi.json") if api_docs else dict(
+        docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="fire_jax demo", **docs)
     items = examples(example_dir)
 
     async def body_of(http) -> dict:
@@ -289,10 +304,8 @@ def create_app(student: Streaming, teacher: Streaming, descriptions: dict, decod
 
     @app.exception_handler(Exception)
     async def failure(_, e: Exception):  # a model failure: shown in the page, the server keeps going
-        if isinstance(e, ModelFailure):
-            return JSONResponse({"error": {"message": str(e), "code": "model_failure"}}, status_code=500)
-        return JSONResponse({"error": {"message": f"{type(e).__name__}: {e}", "code": "model_failure"}},
-                            status_code=500)
+        message = str(e) if isinstance(e, ModelFailure) else failure_message(e)
+        return JSONResponse({"error": {"message": message, "code": "model_failure"}}, status_code=500)
 
     @app.get("/", response_class=HTMLResponse)
     def page():
@@ -348,7 +361,7 @@ def create_app(student: Streaming, teacher: Streaming, descriptions: dict, decod
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=7860)
+    parser.add_argument("--port", type=int, default=7860, help="0: a free port (the line 'demo on ...' says which)")
     parser.add_argument("--config", default=DEFAULT_CONFIG,
                         help="config file[:arg] (default: configs/tiny.py); --config.<field>=<value> sets a field")
     parser.add_argument("--student", help="HF dir, PEFT adapter, train workdir, 'random' or api:<base_url>#<model> "
@@ -363,13 +376,13 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache_len", type=int, default=2048,
                         help="context of an in-process model's engine: prompt (bucketed) + --max_new_tokens")
+    parser.add_argument("--api_docs", action="store_true",
+                        help="also serve FastAPI's /docs and /openapi.json (Swagger's page needs its CDN)")
     add_arguments(parser, max_images=False)  # one image per request
     return parser.parse_args(argv)
 
 
 def main(argv=None):
-    import uvicorn
-
     argv, overrides = split_overrides(sys.argv[1:] if argv is None else list(argv))
     args = parse_args(argv)
     student_spec, teacher_spec, init = args.student, args.teacher, args.init
@@ -386,9 +399,9 @@ def main(argv=None):
         print(f"{role}: {description}", flush=True)
     student, teacher = streaming_agents(student, teacher, decode, seed=args.seed, cache_len=args.cache_len,
                                         max_text_chars=args.max_text_chars)
-    app = create_app(student, teacher, descriptions, decode, seed=args.seed, limits=limits_of(args, max_images=1))
-    print(f"demo on http://{args.host}:{args.port}/", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", **uvicorn_settings(args))
+    app = create_app(student, teacher, descriptions, decode, seed=args.seed, limits=limits_of(args, max_images=1),
+                     api_docs=args.api_docs)
+    run_server(app, args, "demo on http://{host}:{port}/")
 
 
 if __name__ == "__main__":

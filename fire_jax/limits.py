@@ -213,9 +213,22 @@ def open_data_uri(url, max_bytes: int, max_pixels: int) -> Image.Image:
         raise BadRequest(413, f"image is over the decoder's pixel limit: {e}", "image_too_large") from None
     except BadRequest:
         raise
-    except (binascii.Error, ValueError, OSError, SyntaxError, EOFError) as e:  # Image.UnidentifiedImageError: OSError
-        raise BadRequest(400, f"image could not be decoded: {e}", "invalid_image") from None
+    except Image.UnidentifiedImageError:  # its message is the repr of our buffer: "<_io.BytesIO object at 0x...>"
+        raise BadRequest(400, f"image could not be decoded: the data is not a {_FORMAT_NAMES} image",
+                         "invalid_image") from None
+    except (binascii.Error, ValueError, OSError, SyntaxError, EOFError) as e:
+        raise BadRequest(400, f"image could not be decoded: {_without_reprs(e)}", "invalid_image") from None
     return load_image(image)
+
+
+_FORMAT_NAMES = "PNG, JPEG, WebP or GIF"
+#: A Python object's repr inside a library's message ("<_io.BytesIO object at 0x7f49fbac71a0>").
+_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-f]+>")
+
+
+def _without_reprs(error: BaseException) -> str:
+    """A library error's message for a user: its object reprs cut out, one line."""
+    return " ".join(_REPR.sub("the data", str(error)).split()) or "the data does not decode"
 
 
 def image_urls(parts) -> list:
@@ -383,6 +396,33 @@ def limits_of(args, max_images: int | None = None) -> Limits:
                   max_pixels=args.max_pixels,
                   max_images=max_images if max_images is not None else getattr(args, "max_images", 4),
                   max_text_chars=args.max_text_chars)
+
+
+def run_server(app, args, announce: str, *, on_stop=None, graceful_margin_s: float = 0.0) -> None:
+    """Serve ``app`` with uvicorn on ``args.host`` / ``args.port``, its connections bounded by the flags of
+    :func:`add_arguments` (:func:`uvicorn_settings`). Once it listens, ``announce`` is printed, formatted with the
+    host and the port it bound: with ``--port 0`` the system picks a free port, and that line says which (tests
+    start servers so, no port to race for). ``on_stop()`` runs in the server's event loop at the first SIGTERM /
+    Ctrl-C; uvicorn's own graceful-shutdown timeout, past which it cancels what still runs, is
+    ``--graceful_timeout`` plus ``graceful_margin_s``."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            self.event_loop = asyncio.get_running_loop()
+            await super().startup(sockets)
+            if not self.should_exit:
+                port = self.servers[0].sockets[0].getsockname()[1]
+                print(announce.format(host=args.host, port=port), flush=True)
+
+        def handle_exit(self, sig, frame) -> None:
+            if on_stop is not None and not self.should_exit and getattr(self, "event_loop", None) is not None:
+                self.event_loop.call_soon_threadsafe(on_stop)
+            super().handle_exit(sig, frame)
+
+    settings = uvicorn_settings(args)
+    settings["timeout_graceful_shutdown"] += graceful_margin_s
+    Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", **settings)).run()
 
 
 def uvicorn_settings(args) -> dict:

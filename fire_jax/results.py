@@ -25,7 +25,7 @@ import os
 import sys
 from typing import Any, Iterable, Iterator
 
-from fire_jax.config import InputError
+from fire_jax.config import InputError, json_error_at, writing
 
 
 class ResultStore:
@@ -123,13 +123,15 @@ class ResultStore:
         self.add_many([record])
 
     def add_many(self, records: Iterable[dict]) -> None:
-        """Append records and flush once (a batch of units finished together)."""
-        if self._file is None:
-            self._file = open(self.path, "a", encoding="utf-8")
-        for record in records:
-            self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
-            self._records[str(record[self.key_field])] = record
-        self._file.flush()
+        """Append records and flush once (a batch of units finished together); a write that fails (a full disk)
+        raises :class:`fire_jax.config.WriteFailed` naming the file and the space left."""
+        with writing(self.path):
+            if self._file is None:
+                self._file = open(self.path, "a", encoding="utf-8")
+            for record in records:
+                self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
+                self._records[str(record[self.key_field])] = record
+            self._file.flush()
 
     def close(self) -> None:
         if self._file is not None:
@@ -154,7 +156,8 @@ def read_json(path: str | os.PathLike) -> Any:
         line = raw[:e.start].count(b"\n") + 1
         raise InputError(f"{path}: not valid JSON: byte {e.start} (line {line}) is not UTF-8") from None
     except json.JSONDecodeError as e:
-        raise InputError(f"{path}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        where = f"line {e.lineno} column {e.colno}"
+        raise InputError(f"{path}: not valid JSON: {json_error_at(e.msg, where)}") from None
 
 
 def _plain(value: Any) -> Any:

@@ -34,8 +34,11 @@ its flags: ``--max_body_bytes``, ``--max_pixels``, ...). A model's queue
 (``--max_queue``) counts every request it admitted until its last token;
 past it, 503 with Retry-After. A client that disconnects before its reply
 is done cancels its request (the engine frees the slot); SIGTERM / Ctrl-C
-stop accepting, finish the requests in flight (for ``--graceful_timeout``
-seconds at most, then cancel them), then exit.
+stop accepting, finish the requests in flight for ``--graceful_timeout``
+seconds at most, then end those still running, each with a clean answer
+(a JSON 503 ``shutting_down``; a stream gets an error event, then
+``[DONE]``) and one line in the log, then exit. ``--port 0`` takes a free
+port; the line "listening on http://HOST:PORT/v1" says which.
 
 A ``--plugin MODULE`` may register served models that answer without an engine
 (:func:`register_replier`): the tests' ``scripted:FILE.json`` endpoints
@@ -73,8 +76,7 @@ from fire_jax.data.images import preprocess
 from fire_jax.infer.engine import Engine, Request, prompt_bucket
 from fire_jax.infer.loading import load
 from fire_jax.limits import (BadRequest, Limits, add_arguments, check_text, image_urls, json_body as limits_json_body,
-                             limits_of, longest_token_chars, open_data_uri, sampling, text_chars_bound,
-                             uvicorn_settings)
+                             limits_of, longest_token_chars, open_data_uri, run_server, sampling, text_chars_bound)
 
 #: What ``python -m fire_jax.serve`` serves without --model: the main job's run (``runs/smollm2``, its default, then
 #: ``runs/tiny``), the first one trained.
@@ -86,6 +88,9 @@ DEFAULT_MAX_TOKENS = 256
 PROMPT_TEXT_CHARS = 16384
 #: Images per request (the engine's limit; the release's vLLM server is started with --limit-mm-per-prompt image=4).
 MAX_IMAGES = 4
+#: Seconds uvicorn's own graceful timeout runs past --graceful_timeout: the time the requests ended at
+#: --graceful_timeout have to send their 503 or last event before uvicorn would cancel them mid-response.
+GRACEFUL_MARGIN_S = 10.0
 
 
 def prompt_text_tokens(tokenizer, chars: int = PROMPT_TEXT_CHARS) -> int:
@@ -266,16 +271,55 @@ class Admitted:
             return [t for t in self._held.values() if t is not None]
 
 
+class GracefulTimeout:
+    """The end of a shutdown's grace: :meth:`start` (at SIGTERM / Ctrl-C, in the server's event loop) sets
+    :attr:`passed` ``seconds`` later. A request still running then ends at once (:meth:`ended` logs it) with a
+    503 ``shutting_down``, a stream with an error event and ``[DONE]``, before uvicorn's own timeout would cancel
+    it mid-response (a plain-text 500 or a stream cut short, and a traceback in the log)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.passed = asyncio.Event()
+
+    def start(self) -> None:
+        asyncio.get_running_loop().call_later(self.seconds, self.passed.set)
+
+    @property
+    def message(self) -> str:
+        return (f"the server is shutting down and this request did not finish within its graceful timeout "
+                f"({self.seconds:g} s); send it again to another server or later")
+
+    def ended(self, rid: str, name: str, how: str) -> None:
+        print(f"graceful timeout of {self.seconds:g} s passed: request {rid} to {name!r} ended ({how})", flush=True)
+
+
+async def _next_update(updates: asyncio.Queue, grace: GracefulTimeout):
+    """The next (delta, reason) of a request, or None once the graceful timeout has passed."""
+    if grace.passed.is_set():
+        return None
+    get, passed = asyncio.ensure_future(updates.get()), asyncio.ensure_future(grace.passed.wait())
+    await asyncio.wait({get, passed}, return_when=asyncio.FIRST_COMPLETED)
+    passed.cancel()
+    if get.done():
+        return get.result()
+    get.cancel()
+    return None
+
+
 # ------------------------------------------------------------------------------------------------
 # The app
 # ------------------------------------------------------------------------------------------------
 
 
-def create_app(models: dict[str, Served], *, max_queue: int = 256, limits: Limits | None = None):
+def create_app(models: dict[str, Served], *, max_queue: int = 256, limits: Limits | None = None,
+               graceful_timeout: float = 60.0):
     """The FastAPI app serving ``models``; ``max_queue`` requests in flight per model (admitted and not finished)
-    before 503; ``limits`` (:class:`fire_jax.limits.Limits`) on every request before it reaches a model."""
+    before 503; ``limits`` (:class:`fire_jax.limits.Limits`) on every request before it reaches a model.
+    ``app.state.grace.start()`` (at SIGTERM) gives the requests in flight ``graceful_timeout`` seconds
+    (:class:`GracefulTimeout`)."""
     limits = limits or Limits()
     admitted = {name: Admitted(max_queue) for name in models}
+    grace = GracefulTimeout(graceful_timeout)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -292,6 +336,7 @@ def create_app(models: dict[str, Served], *, max_queue: int = 256, limits: Limit
             engine.stop(drain=True)
 
     app = FastAPI(title="fire_jax", lifespan=lifespan)
+    app.state.grace = grace
 
     def error(status: int, message: str, code: str, headers=None):
         kind = "invalid_request_error" if status < 500 else "server_error"
@@ -334,7 +379,7 @@ def create_app(models: dict[str, Served], *, max_queue: int = 256, limits: Limit
             raise BadRequest(404, f"model {name[:100]!r} is not served; serving {sorted(models)}", "model_not_found")
         served = models[name]
         if served.replier is not None:
-            return await _replied(served, body, limits)
+            return await _replied(served, body, limits, grace)
         request = build_request(served, body, limits)
         stream = body.get("stream") is True  # a boolean: build_request checked it
         queue = admitted[name]
@@ -358,16 +403,20 @@ def create_app(models: dict[str, Served], *, max_queue: int = 256, limits: Limit
         queue.submitted(key, ticket)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if stream:
-            return StreamingResponse(_stream(rid, created, name, updates, ticket, served.engine),
+            return StreamingResponse(_stream(rid, created, name, updates, ticket, served.engine, grace),
                                      media_type="text/event-stream")
         try:
-            reason = await _wait_unless_disconnected(http, updates)
-        except BaseException:  # the server cancels this task at the end of its graceful-shutdown timeout
+            reason = await _wait_unless_disconnected(http, updates, grace)
+        except BaseException:  # cancelled by the server (uvicorn's own shutdown timeout): free the slot
             served.engine.cancel(ticket)
             raise
         if reason is None:  # the client went away: free its slot (no one reads the reply)
             served.engine.cancel(ticket)
             return error(499, "client disconnected", "client_disconnected")
+        if reason == "shutting_down":
+            served.engine.cancel(ticket)
+            grace.ended(rid, name, "503")
+            return error(503, grace.message, "shutting_down", {"Retry-After": "5"})
         if reason == "error":
             return error(500, f"generation failed: {ticket.error}", "generation_failed")
         result = ticket.result
@@ -380,30 +429,29 @@ def create_app(models: dict[str, Served], *, max_queue: int = 256, limits: Limit
     return app
 
 
-async def _replied(served: Served, body: dict, limits: Limits):
-    """A replier's answer, non-streamed or as one server-sent chunk; fields and images are checked as for a real
-    model."""
+async def _replied(served: Served, body: dict, limits: Limits, grace: GracefulTimeout):
+    """A replier's answer after its delay, non-streamed or streamed (the role event, the delay, the text); fields
+    and images are checked as for a real model. The graceful timeout ends the delay (a 503; a stream: an error
+    event and [DONE])."""
     settings = sampling(body)
     system, messages, _ = parse_messages(body.get("messages"), limits, limits.max_text_chars)
     text, delay = served.replier.reply("\n".join(([system] if system else []) + [m.text for m in messages]))
-    if delay:
-        await asyncio.sleep(delay)
     rid, created, name = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), served.name
+    updates: asyncio.Queue = asyncio.Queue()
+    asyncio.get_running_loop().call_later(delay, updates.put_nowait, (text, "stop"))
     if settings["stream"]:
-        async def chunks():
-            for delta, reason in (({"role": "assistant", "content": text}, None), ({}, "stop")):
-                chunk = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": name,
-                         "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]}
-                yield f"data: {json.dumps(chunk)}\n\n"
-            yield "data: [DONE]\n\n"
-        return StreamingResponse(chunks(), media_type="text/event-stream")
+        return StreamingResponse(_events(rid, created, name, updates, None, grace), media_type="text/event-stream")
+    if await _next_update(updates, grace) is None:
+        grace.ended(rid, name, "503")
+        raise BadRequest(503, grace.message, "shutting_down", {"Retry-After": "5"})
     return {"id": rid, "object": "chat.completion", "created": created, "model": name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
 
 
-async def _wait_unless_disconnected(http, updates: asyncio.Queue) -> str | None:
-    """The finish reason of a request, or None when its client disconnects first."""
+async def _wait_unless_disconnected(http, updates: asyncio.Queue, grace: GracefulTimeout) -> str | None:
+    """The finish reason of a request, "shutting_down" once the graceful timeout has passed, or None when its
+    client disconnects first."""
     async def disconnected():
         while (await http.receive())["type"] != "http.disconnect":  # the body is read: only a disconnect comes
             pass
@@ -411,29 +459,33 @@ async def _wait_unless_disconnected(http, updates: asyncio.Queue) -> str | None:
     watch = asyncio.ensure_future(disconnected())
     try:
         while True:
-            get = asyncio.ensure_future(updates.get())
-            await asyncio.wait({get, watch}, return_when=asyncio.FIRST_COMPLETED)
-            if not get.done():
-                get.cancel()
+            update = asyncio.ensure_future(_next_update(updates, grace))
+            await asyncio.wait({update, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if not update.done():
+                update.cancel()
                 return None
-            _, reason = get.result()
+            if update.result() is None:
+                return "shutting_down"
+            _, reason = update.result()
             if reason is not None:
                 return reason
     finally:
         watch.cancel()
 
 
-async def _stream(rid, created, name, updates: asyncio.Queue, ticket, engine: Engine):
+async def _stream(rid, created, name, updates: asyncio.Queue, ticket, engine: Engine, grace: GracefulTimeout):
     """Server-sent events of one request; a client that disconnects cancels it (starlette cancels this
     generator when the connection closes)."""
     try:
-        async for chunk in _events(rid, created, name, updates, ticket):
+        async for chunk in _events(rid, created, name, updates, ticket, grace):
             yield chunk
     finally:
         engine.cancel(ticket)  # a no-op once finished
 
 
-async def _events(rid, created, name, updates: asyncio.Queue, ticket):
+async def _events(rid, created, name, updates: asyncio.Queue, ticket, grace: GracefulTimeout):
+    """The events of a stream: the role, each piece of text, the finish reason, then ``[DONE]``; a failed
+    generation, or one still running when the graceful timeout passes, an error event before ``[DONE]``."""
     def event(delta: dict, reason=None):
         chunk = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": name,
                  "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]}
@@ -441,7 +493,13 @@ async def _events(rid, created, name, updates: asyncio.Queue, ticket):
 
     yield event({"role": "assistant", "content": ""})
     while True:
-        delta, reason = await updates.get()
+        update = await _next_update(updates, grace)
+        if update is None:
+            grace.ended(rid, name, "an error event and [DONE]")
+            failure = {"message": grace.message, "type": "server_error", "code": "shutting_down"}
+            yield f"data: {json.dumps({'error': failure})}\n\n"
+            break
+        delta, reason = update
         if reason == "error":
             yield f"data: {json.dumps({'error': {'message': str(ticket.error), 'type': 'server_error'}})}\n\n"
             break
@@ -508,7 +566,8 @@ def load_models(config, specs: dict[str, str | None], init: str | None, engine_k
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=int, default=8000,
+                        help="0: a free port (the line 'listening on http://HOST:PORT/v1' says which)")
     parser.add_argument("--config", default=DEFAULT_CONFIG,
                         help="config file[:arg] (default: configs/tiny.py); --config.<field>=<value> sets a field")
     parser.add_argument("--model", action="append", default=[], metavar="NAME=CHECKPOINT",
@@ -549,8 +608,6 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    import uvicorn
-
     argv, overrides = split_overrides(sys.argv[1:] if argv is None else list(argv))
     args = parse_args(argv)
     config = require_model_config(apply_overrides(load_config(args.config), overrides), args.config)
@@ -568,9 +625,9 @@ def main(argv=None):
     if args.max_images > MAX_IMAGES:
         raise ValueError(f"--max_images {args.max_images}: at most {MAX_IMAGES} (the engine's limit)")
     models = load_models(config, specs, init, engine_kwargs, args.warm_up, args.max_text_chars, args.max_images)
-    app = create_app(models, max_queue=args.max_queue, limits=limits_of(args))
-    print(f"listening on http://{args.host}:{args.port}/v1", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", **uvicorn_settings(args))
+    app = create_app(models, max_queue=args.max_queue, limits=limits_of(args), graceful_timeout=args.graceful_timeout)
+    run_server(app, args, "listening on http://{host}:{port}/v1", on_stop=app.state.grace.start,
+               graceful_margin_s=GRACEFUL_MARGIN_S)
 
 
 if __name__ == "__main__":

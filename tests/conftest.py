@@ -90,6 +90,20 @@ def pytest_configure(config):
         config.option.dist = "loadfile"
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test's report shows the logs of the loopback servers running then (``loopback.LOGS``): a 500
+    that is not the server's own answer is explained there."""
+    from loopback import LOGS, log_tail
+
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for name, path in list(LOGS.items()):
+            with contextlib.suppress(OSError):
+                report.sections.append((f"log of {name}", log_tail(path)))
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _free_compiled_programs():
     yield

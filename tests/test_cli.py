@@ -116,16 +116,20 @@ def image_root(tmp_path):
 def test_generate_skips_bad_lines_and_resumes(image_root, monkeypatch):
     good = [dict(id=f"p{i}", image="red.png", question=f"Question {i}?") for i in range(3)]
     good[1]["history"] = [dict(response="Answer: blue", feedback="Score: 2.\nFeedback: Look again.")]
+    outside = image_root.parent / f"{image_root.name}-outside.png"  # a link out of the root: refused unread
+    Image.new("RGB", (70, 40), "blue").save(outside)
+    os.symlink(outside, image_root / "link.png")
     bad = ["{not json", json.dumps(dict(id="nq", image="red.png")), json.dumps(dict(id="ni", image="no.png",
-                                                                                    question="Q?"))]
+                                                                                    question="Q?")),
+           json.dumps(dict(id="ln", image="link.png", question="Q?"))]
     source, output = image_root / "in.jsonl", image_root / "out.jsonl"
-    _write_prompts(source, [good[0], bad[0], good[1], bad[1], bad[2], good[2]])
+    _write_prompts(source, [good[0], bad[0], good[1], bad[1], bad[2], bad[3], good[2]])
     args = ["--input", str(source), "--output", str(output), "--image_root", str(image_root), "--batch_size", "2",
             *FAST]
     out = []
     summary = batch_infer.main(args, print_fn=out.append)
     assert summary == {"written": 3, "already_done": 0,
-                       "bad": {"invalid_json": 1, "missing_field": 1, "missing_image": 1}}
+                       "bad": {"invalid_json": 1, "missing_field": 1, "missing_image": 1, "image_outside_root": 1}}
     assert [r["id"] for r in _read(output)] == ["p0", "p1", "p2"]
     assert all(isinstance(r["output"], str) and "score" not in r for r in _read(output))
     assert "invalid_json" in out[-1] and f"{source}:4 (id 'nq'): field 'question'" in out[-1]

@@ -246,6 +246,7 @@ def test_a_json_array_keeps_its_good_records_around_an_undecodable_one(bad_dir):
     ('[{"a": 1}, {"b" 2}]', "Expecting ':' delimiter at byte 16 (in record 1)"),
     ('[{"a": "\xe9"} {"b": 2}]', "expected ',' or ']' after a record at byte 13 (in record 1)"),
     ('[{"a": 1}] x', "extra data after the array at byte 11 (in record 1)"),
+    ('[{"a": 1}, {"b": "cut}]', "Unterminated string starting at byte 17 (in record 1)"),  # not "at at byte"
 ])
 def test_a_json_array_that_does_not_parse_names_the_file_and_byte(tmp_path, text, message):
     from fire_jax.config import InputError
@@ -289,3 +290,32 @@ def test_to_raw_writes_what_parse_record_reads_and_improved_is_the_papers_filter
     assert improved([4.0, 10.0]) and improved([1, 5, 2])
     assert not improved([7.0]) and not improved([6, 9, 6]) and not improved([8, 3])
     assert not improved([None, 9.0]) and not improved([3.0, None])
+
+
+def test_a_symlink_out_of_the_image_root_is_refused_one_inside_is_read(tmp_path):
+    """The image root is checked on the path resolved through symbolic links (one check, records.outside_root,
+    for the data loaders, batch prompts and VLRMBench records): a link to a file elsewhere, or a linked folder
+    leading out, is image_outside_root; a link to another file inside the root is read."""
+    root, elsewhere = tmp_path / "images", tmp_path / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir()
+    _write_image(elsewhere / "secret.png")
+    _write_image(root / "ok.png")
+    os.symlink(elsewhere / "secret.png", root / "link.png")
+    os.symlink(elsewhere, root / "linked_folder")
+    os.symlink(root / "ok.png", root / "alias.png")
+    path = tmp_path / "links.json"
+    path.write_text(json.dumps([_fire(id="out", image="link.png"), _fire(id="folder", image="linked_folder/secret.png"),
+                                _fire(id="in", image="alias.png")]))
+    records, bad = load_records(str(path), str(root))
+    assert [r.id for r in records] == ["in"] and dict(bad) == {"image_outside_root": 2}
+    assert bad.first["image_outside_root"] == (
+        f"{path}: record 0 (id 'out'): field 'image': image_outside_root ('link.png' is a symbolic link out of the "
+        f"image root {root} (to {elsewhere / 'secret.png'}))")
+    assert records_lib.image_path(str(root), "alias.png", "here") == str(root / "alias.png")
+    assert records_lib.outside_root(str(root), "linked_folder/secret.png") == (
+        f"'linked_folder/secret.png' is a symbolic link out of the image root {root} (to {elsewhere / 'secret.png'})")
+    # a root that is itself a link is resolved too: the files under it are inside
+    os.symlink(root, tmp_path / "root_link")
+    assert records_lib.outside_root(str(tmp_path / "root_link"), "ok.png") is None
+    assert records_lib.outside_root(str(tmp_path / "root_link"), "link.png").startswith("'link.png' is a symbolic")

@@ -263,3 +263,31 @@ def test_bad_input_gets_4xx_not_a_model_failure(limited_demo):
     assert (got, reply["error"]["code"]) == (400, "context_length_exceeded")
     got, reply = post_json(f"{limited_demo}/api/respond", ask())
     assert got == 200 and reply["response"]
+
+
+def test_errors_say_what_is_wrong_without_python_and_the_api_docs_are_off(limited_demo):
+    """A non-image upload gets a sentence, not PIL's "cannot identify image file <_io.BytesIO object at 0x...>";
+    an unexpected failure's 500 names no exception class (the log does); /docs and /openapi.json answer 404
+    unless --api_docs."""
+    import asyncio
+
+    from fire_jax.demo import create_app
+    from fire_jax.infer.decode import DecodeConfig
+
+    not_an_image = "data:image/png;base64," + base64.b64encode(b"this is not a PNG").decode()
+    got, reply = post_json(f"{limited_demo}/api/respond", {"image": not_an_image, "question": "What is this?"})
+    assert (got, reply["error"]) == (400, {"message": "image could not be decoded: the data is not a PNG, JPEG, WebP "
+                                                      "or GIF image", "code": "invalid_image"})
+    for path in ("/docs", "/openapi.json"):
+        with pytest.raises(urllib.error.HTTPError) as error:
+            urllib.request.urlopen(limited_demo + path, timeout=60)
+        assert error.value.code == 404
+
+    descriptions = {"student": "s", "teacher": "t"}
+    app = create_app(None, None, descriptions, DecodeConfig())
+    assert (app.docs_url, app.openapi_url) == (None, None)
+    reply = asyncio.run(app.exception_handlers[Exception](None, KeyError("slot 3 <Ticket object at 0x7f00>")))
+    assert reply.status_code == 500 and json.loads(reply.body) == {"error": {
+        "message": "the model failed to generate; the demo's log says why", "code": "model_failure"}}
+    documented = create_app(None, None, descriptions, DecodeConfig(), api_docs=True)
+    assert (documented.docs_url, documented.openapi_url) == ("/docs", "/openapi.json")

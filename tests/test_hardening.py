@@ -12,6 +12,7 @@ import struct
 import threading
 import time
 import types
+import urllib.request
 import zlib
 
 import pytest
@@ -106,6 +107,9 @@ def test_images_checked_before_decoding():
     assert refused(open_data_uri, bomb, 10_000, 4096 * 4096) == (413, "image_too_large")
     assert refused(open_data_uri, bomb, 10_000, 10 ** 12) == (413, "image_too_large")  # PIL's own bomb check
     assert refused(open_data_uri, uri(png[:40]), 10_000, 60) == (400, "invalid_image")  # truncated
+    with pytest.raises(BadRequest) as e:  # PIL's message would be the repr of the decoder's buffer
+        open_data_uri(uri(b"this is not a PNG"), 10_000, 60)
+    assert e.value.message == "image could not be decoded: the data is not a PNG, JPEG, WebP or GIF image"
     assert refused(open_data_uri, "https://example.com/cat.png", 10_000, 60) == (400, "remote_image_url")
 
 
@@ -192,6 +196,14 @@ def post(base: str, body, timeout: float = 120) -> tuple[int, dict]:
             return reply.status, json.loads(reply.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
+
+
+def stream_events(base: str, body: dict) -> list[str]:
+    """The data of each server-sent event of a streamed chat completion, in order (``[DONE]`` as it is)."""
+    request = urllib.request.Request(f"{base}/v1/chat/completions", headers={"content-type": "application/json"},
+                                     data=json.dumps({**body, "stream": True}).encode())
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        return [block[len("data: "):] for block in reply.read().decode().split("\n\n") if block]
 
 
 def chat(content, **kw) -> dict:
@@ -289,8 +301,12 @@ def test_the_queue_counts_every_admitted_request(server):
     assert all(reply["error"]["code"] == "queue_full" for status, reply in replies if status == 503)
 
 
-def test_graceful_shutdown_is_bounded(tmp_path):
-    """SIGTERM with a request that would take a minute: --graceful_timeout 1 cancels it and the server exits."""
+def test_requests_past_the_graceful_timeout_end_cleanly(tmp_path):
+    """SIGTERM with three requests that would take a minute, --graceful_timeout 1: through the openai client the
+    plain one gets a JSON 503 shutting_down and the stream an error event, which a raw read shows followed by
+    [DONE]; the server logs one line per request, no traceback, and exits."""
+    import openai
+
     from loopback import get_json, server as loopback_server
 
     script = tmp_path / "slow.json"
@@ -298,13 +314,64 @@ def test_graceful_shutdown_is_bounded(tmp_path):
     with loopback_server("fire_jax.serve", ["--plugin", "scripted_model", "--model", f"m=scripted:{script}",
                                             "--graceful_timeout", "1"],
                          "/health") as (process, base):
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            reply = pool.submit(post, base, {"model": "m", "messages": [{"role": "user", "content": "slow"}]}, 120)
-            while get_json(f"{base}/health")["models"]["m"]["requests"]["slow"] == 0:
-                assert not reply.done()
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+        messages = [{"role": "user", "content": "slow"}]
+
+        def plain():
+            with pytest.raises(openai.APIStatusError) as e:
+                client.chat.completions.create(model="m", messages=messages)
+            return e.value.status_code, e.value.body
+
+        def streamed():
+            pieces = []
+            with pytest.raises(openai.APIError) as e:
+                for chunk in client.chat.completions.create(model="m", messages=messages, stream=True):
+                    pieces.append(chunk.choices[0].delta.role)
+            return pieces, e.value.message, e.value.body
+
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            replies = [pool.submit(plain), pool.submit(streamed),
+                       pool.submit(stream_events, base, {"model": "m", "messages": messages})]
+            while get_json(f"{base}/health")["models"]["m"]["requests"]["slow"] < 3:
+                assert not any(reply.done() for reply in replies)
             start = time.perf_counter()
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=30) in (0, -signal.SIGTERM)
             assert time.perf_counter() - start < 30
-            with pytest.raises(Exception):
-                reply.result()
+            (status, body), (roles, message, error), events = (reply.result() for reply in replies)
+        log = open(process.log_path).read()
+    said = ("the server is shutting down and this request did not finish within its graceful timeout (1 s); send it "
+            "again to another server or later")
+    assert (status, body["code"], body["message"]) == (503, "shutting_down", said)
+    assert roles == ["assistant"] and message == said and error["code"] == "shutting_down"
+    assert json.loads(events[-2])["error"] == {"message": said, "type": "server_error", "code": "shutting_down"}
+    assert events[-1] == "[DONE]" and json.loads(events[0])["choices"][0]["delta"]["role"] == "assistant"
+    ended = [line for line in log.splitlines() if line.startswith("graceful timeout of 1 s passed: request ")]
+    assert len(ended) == 3 and sum(line.endswith("(503)") for line in ended) == 1
+    assert "Traceback" not in log and "Error" not in log
+
+
+def test_engine_requests_past_the_graceful_timeout_end_cleanly():
+    """The same with the engine: a plain request and a stream of 9,000 tokens each, SIGTERM, --graceful_timeout
+    1: the plain one gets its 503, the stream its error event and [DONE] after the tokens so far (none, when the
+    first compile takes the second); the server exits."""
+    from loopback import get_json, server as loopback_server
+
+    messages = [{"role": "user", "content": "go on"}]
+    with loopback_server("fire_jax.serve", ["--model", "tiny=random", "--slots", "2", "--graceful_timeout", "1"],
+                         "/health") as (process, base):
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            body = {"model": "tiny", "messages": messages, "max_tokens": 9000}
+            plain, streamed = pool.submit(post, base, body), pool.submit(stream_events, base, body)
+            while get_json(f"{base}/health")["models"]["tiny"]["in_flight"] < 2:
+                assert not plain.done() and not streamed.done()
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=30) in (0, -signal.SIGTERM)
+            (status, body), events = plain.result(), streamed.result()
+        log = open(process.log_path).read()
+    assert (status, body["error"]["code"]) == (503, "shutting_down")
+    assert json.loads(events[-2])["error"]["code"] == "shutting_down" and events[-1] == "[DONE]"
+    assert json.loads(events[0])["choices"][0]["delta"]["role"] == "assistant"
+    assert sorted(line.rsplit("(", 1)[1] for line in log.splitlines() if line.startswith("graceful timeout")) == [
+        "503)", "an error event and [DONE])"]
+    assert "Traceback" not in log

@@ -123,3 +123,27 @@ def test_settings_file_that_is_not_json_names_the_file(tmp_path):
     path.write_text("{broken")
     with pytest.raises(InputError, match=r"settings.json: not valid JSON: Expecting property name"):
         check_settings(path, {"a": 1})
+    path.write_text('{"a": "cut')
+    with pytest.raises(InputError) as e:
+        check_settings(path, {"a": 1})
+    assert str(e.value) == f"{path}: not valid JSON: Unterminated string starting at line 1 column 7"
+
+
+def test_a_store_write_that_fails_names_the_file_and_the_space_left(tmp_path):
+    """An evaluation's results on a full disk: one WriteFailed naming the store's file (a CLI ends on its line)."""
+    import errno
+    import os
+
+    from fire_jax.config import WriteFailed
+
+    class FullFile:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    store = ResultStore(tmp_path / "outputs.jsonl")
+    store.close()
+    store._file = FullFile()
+    with pytest.raises(WriteFailed) as e:
+        store.add({"key": "a"})
+    assert str(e.value).startswith(f"could not write {tmp_path / 'outputs.jsonl'}: No space left on device (")
+    assert str(e.value).endswith(" on its filesystem)") and " free of " in str(e.value)

@@ -6,9 +6,6 @@ import io
 import os
 import signal
 import socket
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 
@@ -27,7 +24,7 @@ from fire_jax.data.images import preprocess
 from fire_jax.infer.decode import DecodeConfig, generate
 from fire_jax.serve import default_models
 from hf_reference import tiny_hf_model
-from loopback import child_env, free_port
+from loopback import server as loopback_server
 
 MAX_QUEUE = 40
 MAX_IMAGE_BYTES = 20000
@@ -66,28 +63,10 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(checkpoint):
-    port = free_port()
-    env = child_env()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "fire_jax.serve", "--port", str(port), "--model", f"tiny={checkpoint}",
-         "--cache_len", "512", "--max_queue", str(MAX_QUEUE), "--max_image_bytes", str(MAX_IMAGE_BYTES)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:  # poll for readiness
-        assert process.poll() is None, process.stdout.read()
-        try:
-            if http(f"{base}/health", timeout=1)[0] == 200:
-                break
-        except OSError:
-            time.sleep(0.2)
-    else:
-        process.kill()
-        pytest.fail("server did not start")
-    yield process, base
-    if process.poll() is None:
-        process.kill()
-    process.wait()
+    args = ["--model", f"tiny={checkpoint}", "--cache_len", "512", "--max_queue", str(MAX_QUEUE), "--max_image_bytes",
+            str(MAX_IMAGE_BYTES)]
+    with loopback_server("fire_jax.serve", args, "/health") as (process, base):
+        yield process, base
 
 
 def openai_client(base: str) -> openai.OpenAI:
@@ -360,7 +339,7 @@ def test_api_agents_retry_429_and_5xx_and_count_every_failure(tmp_path):
     are spent, by reason."""
     from fire_jax.infer.agents import Student, Teacher
     from fire_jax.infer.api import ApiAgent, ApiError
-    from loopback import get_json, server as loopback_server
+    from loopback import get_json
 
     script = tmp_path / "flaky.json"
     script.write_text(json.dumps({"rules": [
@@ -442,3 +421,29 @@ def test_default_context_holds_the_served_models_real_prompts():
     longest = max(len(tiny_tokenizer.encode(build_prompt(s, "IC", "official")).ids) + 88 * len(s.images)
                   for s in records)
     assert longest + 256 <= cache_len  # 5,716 text tokens at most: the old fixed 4,096 left one record out
+
+
+def test_servers_under_test_bind_port_0_and_a_failing_test_shows_their_log(tmp_path):
+    """loopback.server starts a server with --port 0: it binds a free port itself and its listening line names it
+    (no port picked by the test and released first, for another test's server to take); while it runs, a failing
+    test's report carries its log (tests/conftest.py)."""
+    import types
+
+    import conftest
+    from loopback import LOGS, get_json
+
+    script = tmp_path / "m.json"
+    script.write_text(json.dumps({"rules": [], "default": "hello"}))
+    with loopback_server("fire_jax.serve", ["--plugin", "scripted_model", "--model", f"m=scripted:{script}"],
+                         "/health") as (process, base):
+        port = int(base.rsplit(":", 1)[1])
+        assert port > 0 and get_json(f"{base}/health")["status"] == "ok"
+        assert f"listening on http://127.0.0.1:{port}/v1\n" in open(process.log_path).read()
+        report = types.SimpleNamespace(failed=True, sections=[])
+        hook = conftest.pytest_runtest_makereport(None, None)  # a hook wrapper: a generator
+        next(hook)
+        with pytest.raises(StopIteration):
+            hook.send(types.SimpleNamespace(get_result=lambda: report))
+        (title, log), = [(title, log) for title, log in report.sections if str(process.pid) in title]
+        assert title.startswith("log of fire_jax.serve --plugin scripted_model") and f":{port}/v1" in log
+    assert not any(str(process.pid) in name for name in LOGS)  # a stopped server's log is no longer shown

@@ -1,6 +1,7 @@
 """VLRMBench loading, prompts, parsers, metrics and the Table 3 report (no model)."""
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -171,6 +172,15 @@ def test_loader_skips_and_counts_bad_records(tmp_path):
     assert "skipped 5 bad records" in data.describe() and "kept 1 odd records (step_count_mismatch: 1)" in data.describe()
     # Without an image root the image paths are not checked.
     assert len(vb.load_task(path, "IC")) == 4
+    # An image that leads out of the root, by its name or through a symbolic link, is refused unread.
+    os.symlink(tmp_path / "image_ref_error.jsonl", tmp_path / "img" / "link.png")
+    for image, why in (("../image_ref_error.jsonl", "is not inside the image root"),
+                       ("link.png", "is a symbolic link out of the image root")):
+        path.write_text(json.dumps(dict(records[0], image=[image])) + "\n", encoding="utf-8")
+        with pytest.raises(vb.BadRecord, match=rf"image_ref_error\.jsonl:1: field 'image': image_outside_root: "
+                                               rf"'{re.escape(image)}' {why}"):
+            vb.load_task(path, "IC", image_root=tmp_path / "img", on_bad_record="error")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
     with pytest.raises(vb.BadRecord) as error:
         vb.load_task(path, "IC", image_root=tmp_path / "img", on_bad_record="error")

@@ -23,7 +23,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from PIL import Image
 
-from fire_jax.config import InputError
+from fire_jax.config import InputError, json_error_at
 
 # Reasons a record is skipped at parse time: invalid_json, invalid_utf8, oversize_field, missing_field,
 # missing_image, image_outside_root, unreadable_image, bad_turn_order, empty_text, and no_score where scores are
@@ -365,16 +365,31 @@ def image_size_of(path_or_bytes: str | bytes, *, decode: bool = False) -> tuple[
         return image.height, image.width
 
 
-def image_path(image_root: str, image: str, where: str) -> str:
-    """``image`` joined to ``image_root``; an absolute path, or one whose ``..`` leads out of the root, is
-    ``image_outside_root`` (decided from the names alone: nothing outside the root is opened or looked at)."""
-    if "\0" in image:
-        raise BadRecordError("missing_field", where, "image", "the path holds a NUL character")
+def outside_root(image_root: str, image: str) -> str | None:
+    """Why ``image`` (a path relative to ``image_root``) leads out of the root, or None when it does not: the one
+    check of every tool that reads images named by its input (training and evaluation data, batch prompts,
+    VLRMBench records). An absolute path or one whose ``..`` climbs out is refused by its name, before anything
+    is looked at; one that leads out through a symbolic link (``images/x.jpg -> /elsewhere/x.jpg``, or a linked
+    folder on the way) by where it resolves to (``os.path.realpath``), compared with the resolved root."""
     root = os.path.normpath(os.path.abspath(image_root or "."))
     path = os.path.normpath(os.path.join(root, image))
     if os.path.isabs(image) or os.path.commonpath([root, path]) != root:
-        raise BadRecordError("image_outside_root", where, "image", f"{image!r} is not inside the image root {root}")
-    return path
+        return f"{image!r} is not inside the image root {root}"
+    real_root, real = os.path.realpath(root), os.path.realpath(path)
+    if os.path.commonpath([real_root, real]) != real_root:
+        return f"{image!r} is a symbolic link out of the image root {root} (to {real})"
+    return None
+
+
+def image_path(image_root: str, image: str, where: str) -> str:
+    """``image`` joined to ``image_root``; ``image_outside_root`` when it leads out of the root
+    (:func:`outside_root`)."""
+    if "\0" in image:
+        raise BadRecordError("missing_field", where, "image", "the path holds a NUL character")
+    why = outside_root(image_root, image)
+    if why:
+        raise BadRecordError("image_outside_root", where, "image", why)
+    return os.path.normpath(os.path.join(os.path.abspath(image_root or "."), image))
 
 
 def check_image(record: Record, image_root: str, where: str, *, decode: bool = False) -> str | None:
@@ -438,7 +453,7 @@ def _json_array(path: str) -> list[Any]:
     def fail(pos: int, message: str) -> None:
         offset = len(text[:pos].encode("utf-8", "surrogateescape")) + (len(data) - len(text.encode(
             "utf-8", "surrogateescape")))  # the byte in the file (a BOM counted)
-        raise InputError(f"{path}: not a valid JSON array: {message} at byte {offset:,} "
+        raise InputError(f"{path}: not a valid JSON array: {json_error_at(message, f'byte {offset:,}')} "
                          f"(in record {len(records)})")
 
     def skip(pos: int) -> int:

@@ -123,8 +123,9 @@ class ApiAgent:
             with self._lock:
                 self.failures[reason] += 1
             if not retry or tries > self.retries or not may_retry():
-                raise ApiError(f"{self.spec}: request failed ({reason}) after {tries} tries; "
-                               f"failures so far: {dict(self.failures)}", reason)
+                so_far = ", ".join(f"{why} x{count}" for why, count in self.failures.items())
+                raise ApiError(f"{self.spec}: request failed ({reason}) after {tries} tries; failures so far: "
+                               f"{so_far}", reason)
             time.sleep(self.backoff * 2 ** (tries - 1))
 
     def complete(self, messages: list[dict], seed: int | None = None) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import time
 from typing import Any
 
@@ -18,27 +17,18 @@ import jax
 import numpy as np
 
 from fire_jax.checkpoint import Checkpointer, build_model
+from fire_jax.cli import StopSignals
+from fire_jax.config import WriteFailed, writing
 from fire_jax.models import LlavaNext
 from fire_jax.sharding import make_mesh, put_batch
 from fire_jax.train.step import Trainer, batch_example_ids
 
 
-class _Preemption:
-    """Turns SIGTERM into a flag the loop checks after each step."""
-
-    def __init__(self):
-        self.requested = False
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum, frame):
-        self.requested = True
-
-    def restore(self):
-        signal.signal(signal.SIGTERM, self._previous)
-
-
 class MetricWriter:
-    """Metrics to ``metrics.jsonl`` and TensorBoard event files in the workdir (process 0 only).
+    """Metrics to ``metrics.jsonl`` and a TensorBoard event file in the workdir (process 0 only), both written
+    and flushed in the loop's own thread at every step: a write that fails (a full disk) raises
+    :class:`WriteFailed` there, naming the file and the space left. (tensorboardX's ``SummaryWriter`` writes from
+    a thread of its own; once a write kills it, the next ``add_scalar`` waits for ever on its full queue.)
 
     ``resumed_at``: the step the run resumed from (0: from scratch). ``metrics.jsonl`` is first cut back to the
     lines of steps up to it (a run stopped after its last checkpoint wrote steps it now does again), saying so.
@@ -48,16 +38,23 @@ class MetricWriter:
         self.enabled = jax.process_index() == 0
         if not self.enabled:
             return
-        from tensorboardX import SummaryWriter
+        from tensorboardX.event_file_writer import EventsWriter
 
-        path = os.path.join(workdir, "metrics.jsonl")
-        cut_metrics(path, resumed_at)
-        self.jsonl = open(path, "a")
-        self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+        self.path = os.path.join(workdir, "metrics.jsonl")
+        self.tb_dir = os.path.join(workdir, "tensorboard")
+        with writing(self.path):
+            cut_metrics(self.path, resumed_at)
+            self.jsonl = open(self.path, "a")
+        with writing(self.tb_dir):
+            os.makedirs(self.tb_dir, exist_ok=True)
+            self.tb = EventsWriter(os.path.join(self.tb_dir, "events"))
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.enabled:
             return
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.summary import scalar
+
         flat = {}
         for key, value in metrics.items():
             value = np.asarray(value)
@@ -66,16 +63,25 @@ class MetricWriter:
                     flat[f"{key}/{i}"] = float(v)
             else:
                 flat[key] = float(value)
-        for key, value in flat.items():
-            if math.isfinite(value):
-                self.tb.add_scalar(key, value, step)
-        self.jsonl.write(json.dumps({"step": step, **flat}) + "\n")
-        self.jsonl.flush()
+        with writing(self.path):
+            self.jsonl.write(json.dumps({"step": step, **flat}) + "\n")
+            self.jsonl.flush()
+        with writing(self.tb_dir):
+            for key, value in flat.items():
+                if math.isfinite(value):
+                    self.tb.write_event(Event(summary=scalar(key, value), step=step, wall_time=time.time()))
+            self.tb.flush()
 
-    def close(self):
+    def close(self, quiet: bool = False):
+        """Close both files; ``quiet``: ignore a failing flush (the run is ending on an error already)."""
         if self.enabled:
-            self.jsonl.close()
-            self.tb.close()
+            for path, close in ((self.path, self.jsonl.close), (self.tb_dir, self.tb.close)):
+                try:
+                    with writing(path):
+                        close()
+                except WriteFailed:
+                    if not quiet:
+                        raise
 
 
 def cut_metrics(path: str, step: int) -> None:
@@ -164,7 +170,8 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
         print(plan_report(config, pipeline, steps))
     trainer = Trainer(model, config.train, config.loss, steps, mesh, rules)
     del model
-    checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.train.keep_checkpoints)
+    checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.train.keep_checkpoints,
+                                clear_unfinished=True)  # a save a full disk cut short: its space back
     state = trainer.initial_state
     restored = checkpointer.restore(state, fallback=True)  # a damaged latest step: the one before, said so
     resumed_at = 0
@@ -174,10 +181,10 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
         print(f"resumed from {workdir}/checkpoints at step {resumed_at}")
     config_json = json.loads(config.to_json())
     if jax.process_index() == 0:
-        with open(os.path.join(workdir, "config.json"), "w") as f:
+        with writing(os.path.join(workdir, "config.json")), open(os.path.join(workdir, "config.json"), "w") as f:
             json.dump(config_json, f, indent=2)
     writer = MetricWriter(workdir, resumed_at)
-    preemption = _Preemption()
+    stop = StopSignals.active or StopSignals()  # the command's (with its watchdog), else one for this loop
     rng = jax.random.key(config.seed)
     start = int(jax.device_get(state.step))
     end = steps if max_steps is None else min(steps, start + max_steps)
@@ -186,49 +193,56 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
     tokens_done, t0 = 0, time.perf_counter()
     last_saved = start
     data_ended = False  # examples dropped while training (image_cut, no_labelled_token) end the data early
-    try:
-        for step in range(start, end):
-            try:
-                batch = next(pipeline)
-            except StopIteration:
-                data_ended = True
-                print(f"the data ended after step {step} of {steps} (examples dropped while training: "
-                      f"{sum(pipeline.dropped.values()):,}); saving and exporting there")
-                if step > last_saved:
-                    checkpointer.save(step, state, pipeline.get_state(), config_json, metrics=_loss_of(metrics),
-                                      force=True)
-                break
-            state, metrics = trainer.step(state, put_batch(batch, mesh, rules), rng)
-            metrics = jax.device_get(metrics)
-            if not np.isfinite(metrics["loss"]):
-                raise FloatingPointError(
-                    f"non-finite loss {metrics['loss']} at step {step + 1}; batch examples: {batch_example_ids(batch)}")
-            tokens_done += int(np.asarray(batch["attention_mask"]).sum()) * jax.process_count()
-            metrics["tokens_per_s"] = tokens_done / (time.perf_counter() - t0)
-            writer.write(step + 1, metrics)
-            progress.update(1)
-            progress.set_postfix(loss=f"{float(metrics['loss']):.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
-            last = step + 1 == end
-            if (step + 1) % config.train.checkpoint_every == 0 or last or preemption.requested:
-                checkpointer.save(step + 1, state, pipeline.get_state(), config_json, metrics=_loss_of(metrics),
-                                  force=True)
-                last_saved = step + 1
-            if preemption.requested:
-                print(f"SIGTERM: checkpoint written at step {step + 1}, exiting")
-                break
-        checkpointer.wait()
-    finally:
-        progress.close()
-        pipeline.close()
-        print(pipeline.report())
-        writer.close()
-        preemption.restore()
-        checkpointer.close()
+    failed: BaseException | None = None
+    with stop.checked():  # SIGTERM / SIGINT: a flag checked after each step
+        try:
+            for step in range(start, end):
+                try:
+                    batch = next(pipeline)
+                except StopIteration:
+                    data_ended = True
+                    print(f"the data ended after step {step} of {steps} (examples dropped while training: "
+                          f"{sum(pipeline.dropped.values()):,}); saving and exporting there")
+                    if step > last_saved:
+                        checkpointer.save(step, state, pipeline.get_state(), config_json,
+                                          metrics=_loss_of(metrics), force=True)
+                    break
+                state, metrics = trainer.step(state, put_batch(batch, mesh, rules), rng)
+                metrics = jax.device_get(metrics)
+                if not np.isfinite(metrics["loss"]):
+                    raise FloatingPointError(f"non-finite loss {metrics['loss']} at step {step + 1}; batch examples: "
+                                             f"{batch_example_ids(batch)}")
+                tokens_done += int(np.asarray(batch["attention_mask"]).sum()) * jax.process_count()
+                metrics["tokens_per_s"] = tokens_done / (time.perf_counter() - t0)
+                writer.write(step + 1, metrics)
+                checkpointer.check()  # a save in the background that failed ends the run now, not at the next save
+                progress.update(1)
+                progress.set_postfix(loss=f"{float(metrics['loss']):.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
+                last = step + 1 == end
+                if (step + 1) % config.train.checkpoint_every == 0 or last or stop.requested:
+                    checkpointer.save(step + 1, state, pipeline.get_state(), config_json,
+                                      metrics=_loss_of(metrics), force=True)
+                    last_saved = step + 1
+                if stop.requested:
+                    print(f"{stop.requested.name}: checkpoint of step {step + 1} written, exiting")
+                    break
+            checkpointer.wait()
+        except BaseException as e:
+            failed = e
+            raise
+        finally:
+            progress.close()
+            pipeline.close()
+            print(pipeline.report())
+            # On a failed write the files and the checkpoint in flight are let go without waiting or a second error:
+            # the disk that failed one write fails the others, or hangs them.
+            writer.close(quiet=failed is not None)
+            checkpointer.close(wait=not isinstance(failed, WriteFailed), quiet=failed is not None)
     final_step = int(jax.device_get(state.step))
     if (final_step == steps or data_ended) and config.train.get("export", True) and jax.process_index() == 0:
         export(trainer.model(state), workdir, config)
-    return {"step": final_step, "total_steps": steps, "data_ended": data_ended, "preempted": preemption.requested,
-            "state": state, "trainer": trainer,
+    return {"step": final_step, "total_steps": steps, "data_ended": data_ended,
+            "preempted": stop.requested is not None, "state": state, "trainer": trainer,
             "source_sizes": dict(pipeline.source_sizes),  # usable examples per source (one epoch, all processes)
             "metrics": {k: np.asarray(v).tolist() for k, v in metrics.items()}}
 
@@ -243,15 +257,17 @@ def export(model: LlavaNext, workdir: str, config) -> None:
     from fire_jax.convert.hf import save_hf_checkpoint, save_peft_adapter
     from fire_jax.models import merge_lora
 
-    save_peft_adapter(model, os.path.join(workdir, "export", "peft_adapter"))
+    adapter, merged = os.path.join(workdir, "export", "peft_adapter"), os.path.join(workdir, "export", "hf_merged")
+    with writing(adapter):
+        save_peft_adapter(model, adapter)
     if config.train.get("export_merged", False):
-        merged = os.path.join(workdir, "export", "hf_merged")
-        save_hf_checkpoint(merge_lora(model), merged)
-        tokenizer = resolve_path(config.data.tokenizer)
-        shutil.copyfile(tokenizer, os.path.join(merged, "tokenizer.json"))
-        template = os.path.join(os.path.dirname(tokenizer), "tokenizer_config.json")
-        if os.path.exists(template):
-            shutil.copyfile(template, os.path.join(merged, "tokenizer_config.json"))
+        with writing(merged):
+            save_hf_checkpoint(merge_lora(model), merged)
+            tokenizer = resolve_path(config.data.tokenizer)
+            shutil.copyfile(tokenizer, os.path.join(merged, "tokenizer.json"))
+            template = os.path.join(os.path.dirname(tokenizer), "tokenizer_config.json")
+            if os.path.exists(template):
+                shutil.copyfile(template, os.path.join(merged, "tokenizer_config.json"))
 
 
 def _loss_of(metrics: dict[str, Any]) -> dict[str, float]:

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-from fire_jax.data.records import BadRecordError, BadRecords
+from fire_jax.data.records import BadRecordError, BadRecords, outside_root
 from fire_jax.vlrmbench.tasks import STEP_MARK, TaskInfo, check_choice, task_info
 
 
@@ -151,6 +151,10 @@ def _parse_record(text: str, info: TaskInfo, path: Path, line: int, image_root: 
 
     images, missing = tuple(record["image"]), ()
     if image_root is not None:
+        for image in images:
+            why = "the path holds a NUL character" if "\0" in image else outside_root(str(image_root), image)
+            if why:
+                raise bad("image_outside_root", "image", why)
         images = tuple(str(image_root / p) for p in images)
         missing = tuple(image for image in images if not Path(image).is_file())
         if missing and missing_images == "skip":
