@@ -74,7 +74,9 @@ def _smollm2_train(role: str, stage: str):
 
 
 def _smollm2(config) -> None:
+    config.clip_train = _load("clip.py")
     config.base_train = _smollm2_train("student", "base")
+    config.base_train.init.vision_tower = ""  # set to the CLIP stage's export
     config.base_train.data.sources = dict(instruct=dict(json="assets:synthetic_fire/instruct.json",
                                                          image_root="assets:synthetic_fire/images"))
     config.base_train.train.update(dict(trainable=VISION_PARTS, export_merged=True))
@@ -108,7 +110,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         _smollm2(config)
     elif size == "tiny":
         # The base model: single-turn instruction data (question -> first answer), like LLaVA-NeXT before FIRE.
+        config.clip_train = _load("clip.py:tiny")
         config.base_train = _tiny_train("student")
+        config.base_train.init.vision_tower = ""  # set to the CLIP stage's export
         config.base_train.data.sources = dict(instruct=dict(json="assets:synthetic_fire/instruct.json",
                                                              image_root="assets:synthetic_fire/images"))
         config.base_train.train.export_merged = True  # FD and FIRE start from base/export/hf_merged
@@ -133,7 +137,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.student_train = _load(f"fire_student.py:{options}")
         config.eval_fixed = _load("eval_fixed.py:8b")
         config.eval_free = _load("eval_free.py:8b")
-        config.base_train = None  # the llava-hf checkpoint is the base
+        config.clip_train = config.base_train = None  # the llava-hf checkpoint is the base
         config.baseline = dict(name="LLaVA-NeXT-8B", init=config.eval_free.student.init, adapter="")
         config.exact_teacher_runs = False  # no exact rule for real data
         config.ablation_source = _fire_module().ABLATION_SOURCE  # Fig. 6 subsamples FIRE-1M (configs/fire.py)

@@ -297,7 +297,7 @@ def write_synthetic_fire(out_dir: str, *, num_train: int = 720, num_test: int = 
             paths["instruct"] = os.path.join(out_dir, "instruct.json")
             _write_json(paths["instruct"], instruction_records(records))
             paths["teacher_turns"] = os.path.join(out_dir, "teacher_turns.json")
-            _write_json(paths["teacher_turns"], turn_records(records))
+            _write_json(paths["teacher_turns"], turn_records(records, seed))
             paths["captions"] = os.path.join(out_dir, "captions.json")
             _write_json(paths["captions"], caption_records(records, captions))
     return paths
@@ -328,19 +328,39 @@ def caption_records(records: list[dict], captions: Mapping[str, str]) -> list[di
             for r in records]
 
 
-def turn_records(records: list[dict]) -> list[dict]:
-    """One record per turn k of each conversation: its first k (r, f) pairs, id ``<id>_t<k>``.
+def turn_records(records: list[dict], seed: int = 0) -> list[dict]:
+    """One teacher record per turn k of each conversation, id ``<id>_t<k>``: its first k (r, f) pairs, the
+    answer of r_k redrawn so that only comparing it with the groundtruth tells f_k.
 
     With ``data.teacher_history="latest"`` (only the last turn shown and labelled) these train the teacher the
     way free dialogues use it: f_k from r_k alone, every turn. Under the full history of Eq. 6 the synthetic
     scores are predictable from the previous feedback (each refinement moves one step the right way), so a
-    teacher could learn f_k from f_{k-1} instead of comparing r_k with the groundtruth.
+    teacher could learn f_k from f_{k-1} instead. And in the dialogues as written, a wrong refined answer is
+    always still short of the truth on the side the previous feedback named, and its thought names that side
+    ("The feedback says my count is too low, ..."): the feedback's direction is the thought's on every wrong
+    refined turn (250 of the 587 wrong turns of the shipped set), which a teacher copies instead of comparing.
+    So r_k's thought is drawn among the first one and both refined ones, apart from its answer, which is right
+    with probability 1/2, else off on a side drawn uniformly among those the scale has room on, by a distance
+    drawn uniformly among those that fit (1..MAX_OFFSET); f_k is :func:`exact_feedback`'s. The thought then
+    says nothing of the feedback.
     """
+    rng = random.Random(f"{seed}/teacher_turns")
     out = []
     for record in records:
+        task = TASKS[_parse_value(record["groundtruth"]["value"])[0]]()
+        truth = _parse_value(record["groundtruth"]["value"])[1]
         for k in range(1, len(record["conversations"]) // 2 + 1):
-            out.append(dict(record, id=f"{record['id']}_t{k}", conversations=record["conversations"][:2 * k],
-                            round=k, score=record["score"][:k]))
+            value = truth
+            if rng.random() >= 0.5:
+                side = rng.choice([s for s in (-1, 1) if 0 <= truth + s < task.size])
+                value = truth + side * rng.choice([d for d in range(1, MAX_OFFSET + 1) if 0 <= truth + side * d < task.size])
+            thought = rng.choice([task.first_thought(), task.refined_thought(True), task.refined_thought(False)])
+            text, score = exact_feedback(record["groundtruth"]["value"], task.answer(value))
+            turns = record["conversations"][:2 * k - 2] + [
+                {"role": "student", "type": "response", "value": response(thought, task.answer(value))},
+                {"role": "teacher", "type": "feedback", "value": text}]
+            out.append(dict(record, id=f"{record['id']}_t{k}", conversations=turns, round=k,
+                            score=record["score"][:k - 1] + [score]))
     return out
 
 
