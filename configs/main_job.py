@@ -7,10 +7,11 @@
 """Pipeline config: one training config per role and the two evaluation settings.
 
 arg "smollm2" (default): configs/smollm2_llava.py, a small LLaVA-NeXT on the pretrained SmolLM2-135M-Instruct, on
-the shipped synthetic FIRE set. A base model is first trained on single-turn instruction data (question -> first
-answer: what a VLM knows before FIRE): the vision tower and connector from scratch, LoRA on the LLM. It is the
-baseline; FD and FIRE start from it (its LoRA merged) with fresh LoRA adapters.
-arg "tiny": the same stages on configs/tiny.py's from-scratch 2-layer model (seconds a stage: the tests' pipeline).
+the shipped synthetic FIRE set. As LLaVA's tower is a pretrained CLIP, a CLIP (configs/clip.py) is first trained
+on the captions of the training images; a base model is then trained on single-turn instruction data (question ->
+first answer: what a VLM knows before FIRE) from that CLIP's vision tower: the tower, a fresh connector, LoRA on the
+LLM. It is the baseline; FD and FIRE start from it (its LoRA merged) with fresh LoRA adapters.
+arg "tiny": the same stages (configs/clip.py:tiny first) on configs/tiny.py's from-scratch 2-layer model (seconds a stage: the tests' pipeline).
 A tiny model is too small for LoRA alone, so every weight trains (``train.trainable=(".*",)``).
 arg "8b[,key=value...]": FD-LLaVA and FIRE-LLaVA from configs/fire_teacher.py / fire_student.py (LoRA on the llava-hf
 checkpoint, LLaVA-665K mixed in as the paper did); the options go to both (configs/fire.py: llava_n, llava_ratio,
