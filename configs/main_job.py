@@ -81,6 +81,8 @@ def _smollm2(config) -> None:
     config.base_train.data.sources = dict(instruct=dict(json="assets:synthetic_fire/instruct.json",
                                                          image_root="assets:synthetic_fire/images"))
     config.base_train.train.update(dict(trainable=VISION_PARTS, export_merged=True))
+    # Instruction sequences are 110-148 SmolLM2 tokens: one bucket of 160, not 192 (a sixth less compute a step).
+    config.base_train.data.buckets = (160,)
     config.teacher_train = _smollm2_train("teacher", "teacher")
     config.student_train = _smollm2_train("student", "student")
     config.teacher_train.data.teacher_history = "latest"  # as in free dialogues (see the tiny branch)
