@@ -1,6 +1,7 @@
 """CLIP: parity with transformers' CLIPModel, the contrastive loss, checkpoints, and CLIP training."""
 
 import math
+import re
 
 import jax.numpy as jnp
 import numpy as np
@@ -117,3 +118,21 @@ def test_clip_tower_loads_into_llava(hf_and_ours):
                                                       head_dim=16, mlp_dim=64)), rngs=nnx.Rngs(0))
     with pytest.raises(Exception, match="vision_config width is 64, the model's vision tower has 32"):
         load_clip_vision_tower(wider, directory)
+
+
+@pytest.mark.parametrize("record, message", [
+    ({"id": "a", "image": "x.png"}, "record 0 (a): field 'caption' must be a non-empty string"),
+    ({"id": "b", "image": "missing.png", "caption": "2 red circles."}, "record 0 (b): field 'image': no file"),
+])
+def test_bad_caption_record_is_one_input_error(tmp_path, record, message):
+    import json
+
+    from fire_jax.config import InputError, load_config
+    from fire_jax.data.captions import CaptionPipeline
+
+    path = tmp_path / "captions.json"
+    path.write_text(json.dumps([record]))
+    config = load_config("configs/clip.py:tiny").data
+    config.sources = dict(captions=dict(json=str(path), image_root=str(tmp_path)))
+    with pytest.raises(InputError, match=re.escape(f"{path}: {message}")):
+        CaptionPipeline(config, 32, eos_token_id=1)

@@ -48,7 +48,11 @@ class CaptionPipeline:
                     raise InputError(f"{path}: record {i} ({record.get('id', '?')}): caption of {len(tokens)} "
                                      f"tokens, data.max_len is {self.max_len}")
                 ids.append(tokens)
-                image = load_image(os.path.join(root, record["image"]))
+                image_path = os.path.join(root, record["image"])
+                if not os.path.isfile(image_path):
+                    raise InputError(f"{path}: record {i} ({record.get('id', '?')}): field 'image': no file "
+                                     f"{image_path}")
+                image = load_image(image_path)
                 pixels.append(normalise(_resize(image, (image_size, image_size))[None])[0])
             self.source_sizes[name] = len(records)
         if len(ids) < self.batch_size:
