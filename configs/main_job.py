@@ -7,10 +7,11 @@
 """Pipeline config: one training config per role and the two evaluation settings.
 
 arg "smollm2" (default): configs/smollm2_llava.py, a small LLaVA-NeXT on the pretrained SmolLM2-135M-Instruct, on
-the shipped synthetic FIRE set. A base model is first trained on single-turn instruction data (question -> first
-answer: what a VLM knows before FIRE): the vision tower and connector from scratch, LoRA on the LLM. It is the
-baseline; FD and FIRE start from it (its LoRA merged) with fresh LoRA adapters.
-arg "tiny": the same stages on configs/tiny.py's from-scratch 2-layer model (seconds a stage: the tests' pipeline).
+the shipped synthetic FIRE set. As LLaVA's tower is a pretrained CLIP, a CLIP (configs/clip.py) is first trained
+on the captions of the training images; a base model is then trained on single-turn instruction data (question ->
+first answer: what a VLM knows before FIRE) from that CLIP's vision tower: the tower, a fresh connector, LoRA on the
+LLM. It is the baseline; FD and FIRE start from it (its LoRA merged) with fresh LoRA adapters.
+arg "tiny": the same stages (configs/clip.py:tiny first) on configs/tiny.py's from-scratch 2-layer model (seconds a stage: the tests' pipeline).
 A tiny model is too small for LoRA alone, so every weight trains (``train.trainable=(".*",)``).
 arg "8b[,key=value...]": FD-LLaVA and FIRE-LLaVA from configs/fire_teacher.py / fire_student.py (LoRA on the llava-hf
 checkpoint, LLaVA-665K mixed in as the paper did); the options go to both (configs/fire.py: llava_n, llava_ratio,
@@ -74,10 +75,14 @@ def _smollm2_train(role: str, stage: str):
 
 
 def _smollm2(config) -> None:
+    config.clip_train = _load("clip.py")
     config.base_train = _smollm2_train("student", "base")
+    config.base_train.init.vision_tower = ""  # set to the CLIP stage's export
     config.base_train.data.sources = dict(instruct=dict(json="assets:synthetic_fire/instruct.json",
                                                          image_root="assets:synthetic_fire/images"))
     config.base_train.train.update(dict(trainable=VISION_PARTS, export_merged=True))
+    # Instruction sequences are 110-148 SmolLM2 tokens: one bucket of 160, not 192 (a sixth less compute a step).
+    config.base_train.data.buckets = (160,)
     config.teacher_train = _smollm2_train("teacher", "teacher")
     config.student_train = _smollm2_train("student", "student")
     config.teacher_train.data.teacher_history = "latest"  # as in free dialogues (see the tiny branch)
@@ -108,7 +113,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         _smollm2(config)
     elif size == "tiny":
         # The base model: single-turn instruction data (question -> first answer), like LLaVA-NeXT before FIRE.
+        config.clip_train = _load("clip.py:tiny")
         config.base_train = _tiny_train("student")
+        config.base_train.init.vision_tower = ""  # set to the CLIP stage's export
         config.base_train.data.sources = dict(instruct=dict(json="assets:synthetic_fire/instruct.json",
                                                              image_root="assets:synthetic_fire/images"))
         config.base_train.train.export_merged = True  # FD and FIRE start from base/export/hf_merged
@@ -133,7 +140,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.student_train = _load(f"fire_student.py:{options}")
         config.eval_fixed = _load("eval_fixed.py:8b")
         config.eval_free = _load("eval_free.py:8b")
-        config.base_train = None  # the llava-hf checkpoint is the base
+        config.clip_train = config.base_train = None  # the llava-hf checkpoint is the base
         config.baseline = dict(name="LLaVA-NeXT-8B", init=config.eval_free.student.init, adapter="")
         config.exact_teacher_runs = False  # no exact rule for real data
         config.ablation_source = _fire_module().ABLATION_SOURCE  # Fig. 6 subsamples FIRE-1M (configs/fire.py)

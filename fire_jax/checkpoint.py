@@ -31,11 +31,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import orbax.checkpoint as ocp
 from flax import nnx
 from orbax.checkpoint import checkpoint_managers as policies
 
-from fire_jax.config import InputError, WriteFailed, error_number, json_error_at, write_failed
+from fire_jax.config import InputError, WriteFailed, error_number, json_error_at, resolve_path, write_failed
 from fire_jax.models import InitKeys, LlavaNext, LlavaNextConfig, LoRAParam
 
 #: The build options of ``config.model`` that a Hugging Face checkpoint does not set.
@@ -44,7 +45,9 @@ _RUNTIME_FIELDS = ("dtype", "param_dtype", "remat", "scan_layers", "image_mode",
 
 def build_model(config, mesh=None, rules=None) -> LlavaNext:
     """Random weights (``config.seed``), a Hugging Face checkpoint when ``config.init.hf_checkpoint`` is set, or
-    a GGUF file's LLM under a fresh vision tower when ``config.init.gguf`` is (and no checkpoint is).
+    a GGUF file's LLM under a fresh vision tower when ``config.init.gguf`` is (and no checkpoint is); with
+    ``config.init.vision_tower`` (a HF CLIPModel directory, as ``fire_jax.train`` exports a CLIP), that
+    CLIP's vision tower replaces the model's. ``model.kind="clip"``: a :class:`fire_jax.models.clip.CLIPModel`.
 
     The checkpoint is llava-hf's or the original LLaVA format's (:mod:`fire_jax.convert.llava`);
     ``config.init.adapter``, a LoRA folder of the original format (the FIRE release's teacher), is merged into it
@@ -57,6 +60,8 @@ def build_model(config, mesh=None, rules=None) -> LlavaNext:
     from fire_jax.sharding import DEFAULT_RULES, state_shardings
 
     init = config.get("init", {})
+    if config.model.get("kind") == "clip":
+        return _clip(config, init)
     checkpoint = init.get("hf_checkpoint") if init else None
     adapter = init.get("adapter") if init else None
     if adapter and not checkpoint:
@@ -64,6 +69,14 @@ def build_model(config, mesh=None, rules=None) -> LlavaNext:
 
         checkpoint = adapter_base(adapter)
     cfg = LlavaNextConfig.from_dict(config.model)
+    if init and init.get("vision_tower"):  # a CLIP's tower under whatever LLM the rest of ``init`` gives
+        from fire_jax.convert.clip import load_clip_vision_tower
+
+        rest = ml_collections.ConfigDict(config.to_dict())
+        rest.init.vision_tower = ""
+        model = build_model(rest, mesh, rules)
+        load_clip_vision_tower(model, resolve_path(init.vision_tower))
+        return model
     if init and init.get("gguf") and not checkpoint:
         return _from_gguf(config, cfg, mesh, rules)
     if not checkpoint:
@@ -81,6 +94,19 @@ def build_model(config, mesh=None, rules=None) -> LlavaNext:
         state = nnx.state(model)
         nnx.update(model, jax.device_put(state, state_shardings(state, mesh, rules or DEFAULT_RULES)))
     return model
+
+
+def _clip(config, init):
+    """A CLIP (``model.kind="clip"``): random weights, or the HF CLIPModel checkpoint ``init.clip_checkpoint``."""
+    from fire_jax.models.clip import CLIPModel
+    from fire_jax.models.config import CLIPConfig
+
+    checkpoint = init.get("clip_checkpoint") if init else None
+    if checkpoint:
+        from fire_jax.convert.clip import load_clip_checkpoint
+
+        return load_clip_checkpoint(resolve_path(checkpoint))
+    return CLIPModel(CLIPConfig.from_dict(config.model), rngs=nnx.Rngs(config.seed))
 
 
 def _from_gguf(config, cfg: LlavaNextConfig, mesh, rules) -> LlavaNext:

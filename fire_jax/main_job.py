@@ -1,6 +1,7 @@
 """The main job end to end (FIRE, Sec. 5): train FD and FIRE, evaluate them against the baseline.
 
-0. (tiny) train a base model on single-turn instruction data: the baseline, and where FD and FIRE start;
+0. (synthetic data) train a CLIP on the training images' captions, then a base model on single-turn
+   instruction data from its vision tower (LLaVA's lineage): the baseline, and where FD and FIRE start;
 1. train the teacher (FD) and 2. the student (FIRE) with ``fire_jax.train``;
 3. fixed dialogues (Tables 2-3): the baseline as student and teacher, then FIRE student + FD teacher;
 4. free dialogues (Tables 4-6, Fig. 7): the baseline student with the FD teacher, then the FIRE student with
@@ -236,6 +237,10 @@ def base_and_teacher(config, workdir: str, seconds: dict | None = None) -> tuple
     """The baseline agent spec (training the base model when the config has one) and a trained FD teacher;
     ``seconds`` gets each stage's wall time."""
     baseline = dict(config.baseline)
+    if config.get("clip_train"):  # the base model's vision tower starts from a CLIP trained on captions
+        clip_dir = _timed(seconds, "clip", train_stage, config.clip_train, os.path.join(workdir, "clip"),
+                          "CLIP (image-caption pairs)")
+        config.base_train.init.vision_tower = os.path.abspath(os.path.join(clip_dir, "export", "clip"))
     if config.get("base_train"):
         base_dir = _timed(seconds, "base", train_stage, config.base_train, os.path.join(workdir, "base"),
                           "base model (instruction data)")

@@ -138,7 +138,7 @@ def test_mixing_ratio():
 
 
 def test_length_policy(tmp_path):
-    one_turn, images = synthesize(3, seed=1, split="x")
+    one_turn, images, _ = synthesize(3, seed=1, split="x")
     for record in one_turn:
         record["conversations"] = record["conversations"][:2]
     for name, image in images.items():
@@ -276,8 +276,8 @@ def test_build_tool(tmp_path):
 
 
 def test_synthetic_data():
-    records, images = synthesize(12, seed=3, split="train")
-    again, images_again = synthesize(12, seed=3, split="train")
+    records, images, _ = synthesize(12, seed=3, split="train")
+    again, images_again, _ = synthesize(12, seed=3, split="train")
     assert records == again and all(images[k].tobytes() == images_again[k].tobytes() for k in images)
     assert records != synthesize(12, seed=4, split="train")[0]
     shipped, bad = load_records(os.path.join(ASSETS_DIR, "synthetic_fire", "train.json"),

@@ -1,7 +1,9 @@
 """The exact judge, its free/fixed-dialogue metrics, and the synthetic task's shortcut check (no model needed)."""
 
+import collections
 import json
 import os
+import re
 
 import pytest
 
@@ -128,9 +130,56 @@ def test_synthetic_task_has_no_surface_shortcut():
         assert 0.4 <= report["right_share_by_turn"][turn] <= 0.65, report["right_share_by_turn"]
 
 
+def _direction(text: str) -> str:
+    return next(w for w in ("low", "high", "right", "left", "later", "earlier") if re.search(rf"\b{w}\b", text))
+
+
+def test_teacher_turns_need_the_comparison():
+    """The teacher's training turns: each feedback is the exact rule's for its answer; the direction of a wrong
+    answer's feedback is not the one its thought names (as it always is in the dialogues as generated) more
+    often than chance, and every distance score is common."""
+    with open(os.path.join(ASSETS, "teacher_turns.json")) as f:
+        turns = json.load(f)
+    with open(os.path.join(ASSETS, "train.json")) as f:
+        dialogues = json.load(f)
+    assert len(turns) == sum(r["round"] for r in dialogues)
+    same, refined, scores = 0, 0, collections.Counter()
+    for record in turns:
+        response, feedback = (m["value"] for m in record["conversations"][-2:])
+        answer = response.split("Answer:")[-1].strip()
+        assert (feedback, record["score"][-1]) == synthetic.exact_feedback(record["groundtruth"]["value"], answer)
+        scores[record["score"][-1]] += 1
+        thought = response.split("\nAnswer:")[0]
+        if record["score"][-1] != 10 and "feedback says" in thought:
+            refined += 1
+            same += _direction(thought) == _direction(feedback.split("Feedback:")[1])
+    assert refined > 200 and 0.35 <= same / refined <= 0.65, (same, refined)
+    assert 0.45 <= scores[10] / len(turns) <= 0.55 and min(scores[s] for s in (6, 4, 2, 1)) > 80, scores
+
+
+def test_captions_say_what_was_drawn_on_training_images_only():
+    with open(os.path.join(ASSETS, "captions.json")) as f:
+        captions = {r["image"]: r["caption"] for r in json.load(f)}
+    with open(os.path.join(ASSETS, "train.json")) as f:
+        train = json.load(f)
+    assert sorted(captions) == sorted(r["image"] for r in train)  # no test image
+    for record in train:
+        caption, question = captions[record["image"]], record["question"]["value"]
+        truth = record["groundtruth"]["value"]
+        if record["source"] == "synthetic_count":
+            thing = question[len("How many "):-len(" are in the image?")]  # "red triangles"
+            count = int(truth.split()[-1].rstrip("."))
+            assert f"{count} {thing if count > 1 else thing[:-1]}" in caption, (caption, question, truth)
+        elif record["source"] == "synthetic_bars":
+            assert caption.endswith(f"{truth.split(' is')[0].lower()} is the tallest."), (caption, truth)
+        else:
+            shape = question.split()[-1].rstrip("?")
+            assert f"{truth.split()[-1].rstrip('.')} {shape}" in caption, (caption, question, truth)
+
+
 def test_shortcut_check_catches_a_task_with_one():
     """The check must be able to fail: the previous task (wrong first answers, right refinements) had one."""
-    records, _ = synthetic.synthesize(300, seed=1, split="train")
+    records, *_ = synthetic.synthesize(300, seed=1, split="train")
     leaky = []
     for record in records:
         gt = record["groundtruth"]["value"]
@@ -143,7 +192,7 @@ def test_shortcut_check_catches_a_task_with_one():
 
 
 def test_synthetic_dialogues_step_towards_the_truth():
-    records, _ = synthetic.synthesize(60, seed=2, split="train")
+    records, *_ = synthetic.synthesize(60, seed=2, split="train")
     for record in records:
         scores = record["score"]
         assert scores[-1] == 10 and all(a < b for a, b in zip(scores, scores[1:]))  # every refinement scores higher
@@ -158,7 +207,7 @@ def test_synthetic_dialogues_step_towards_the_truth():
 
 def test_exact_teacher_is_the_generators_rule():
     """The exact teacher reproduces every feedback of generated dialogues, and its verdict is the judge's."""
-    records, _ = synthetic.synthesize(90, seed=4, split="train")
+    records, *_ = synthetic.synthesize(90, seed=4, split="train")
     teacher = judge.ExactTeacher()
     for record in records:
         gt = record["groundtruth"]["value"]

@@ -23,6 +23,8 @@ def reduced_config(steps=12):
     is compiled at XLA's default level over the suite's LLVM -O0 (conftest): it runs 50 times a module, and a
     step of 8 x 768 tokens takes about half the time at the default level."""
     config = load_config(os.path.join(ROOT, "configs", "main_job.py:tiny"))
+    config.clip_train.train.update(dict(total_steps=steps, checkpoint_every=100))
+    config.clip_train.data.batch_size = config.clip_train.train.batch_size = 16
     for stage in (config.base_train, config.teacher_train, config.student_train):
         stage.train.total_steps = steps
         stage.train.checkpoint_every = 100
@@ -50,12 +52,17 @@ def test_pipeline_writes_every_table_and_plot(pipeline_run):
         assert "(paper)" in open(os.path.join(workdir, "eval", name, "results.md")).read()
     figures = [os.path.join(workdir, p) for p in summary["figures"]]
     assert len(figures) == 15 and all(os.path.getsize(p) > 1000 for p in figures)
-    for stage in ("base", "teacher", "student"):
+    for stage in ("clip", "base", "teacher", "student"):
         assert os.listdir(os.path.join(workdir, stage, "checkpoints")) == ["12"]
     assert os.path.exists(os.path.join(workdir, "base", "export", "hf_merged", "config.json"))
+    # the base model's vision tower started from the CLIP stage's (the base stage then trains it further)
+    clip = os.path.join(workdir, "clip", "export", "clip")
+    assert json.load(open(os.path.join(workdir, "base", "config.json")))["init"]["vision_tower"] == os.path.abspath(clip)
+    clip_losses = [json.loads(line)["loss"] for line in open(os.path.join(workdir, "clip", "metrics.jsonl"))]
+    assert len(clip_losses) == 12 and clip_losses[-1] < clip_losses[0]
     assert json.load(open(os.path.join(workdir, "summary.json"))) == json.loads(json.dumps(summary))
     timing = json.load(open(os.path.join(workdir, "timing.json")))
-    assert list(timing["stage_seconds"]) == ["base", "teacher", "student", "baseline_fixed", "fire_fixed",
+    assert list(timing["stage_seconds"]) == ["clip", "base", "teacher", "student", "baseline_fixed", "fire_fixed",
                                              "baseline_free", "fire_free", "baseline_free_exact", "fire_free_exact"]
     assert 0 < sum(timing["stage_seconds"].values()) <= 60 * timing["minutes"] + 1
 

@@ -93,10 +93,7 @@ def config_from_hf(hf: dict, lora: LoraConfig | None = LoraConfig(), **overrides
         norm_eps=text["rms_norm_eps"], rope_theta=float(theta),
         rope_scaling=dict(scaling) if scaling else None, attention_bias=text["attention_bias"],
         tie_word_embeddings=bool(tied))
-    vis = VisionConfig(image_size=vision["image_size"], patch_size=vision["patch_size"], width=vision["hidden_size"],
-                       layers=vision["num_hidden_layers"], heads=vision["num_attention_heads"],
-                       mlp_dim=vision["intermediate_size"], layer_norm_eps=vision["layer_norm_eps"],
-                       feature_layer=layer)
+    vis = vision_config_from_hf(vision, feature_layer=layer)
     kwargs = dict(vision=vis, llm=llm, lora=lora, image_token_id=hf.get("image_token_index", 32000),
                   image_grid_pinpoints=tuple(tuple(p) for p in hf.get("image_grid_pinpoints", DEFAULT_PINPOINTS)),
                   projector_bias=hf.get("multimodal_projector_bias", True), architecture=architecture)
@@ -108,6 +105,24 @@ def config_from_hf(hf: dict, lora: LoraConfig | None = LoraConfig(), **overrides
                           f"vision tower gives {vis.num_patches} patches per image: using {vis.num_patches}")
     kwargs.update(overrides)
     return LlavaNextConfig(**kwargs)
+
+
+def vision_config_from_hf(vision: dict, feature_layer: int = -2) -> VisionConfig:
+    """Our VisionConfig from a HF ``CLIPVisionConfig`` dict (missing keys take HF's defaults)."""
+    vision = {**_HF_CLIP_DEFAULTS, **vision}
+    if vision["hidden_act"] != "quick_gelu":
+        raise ValueError(f"vision hidden_act={vision['hidden_act']!r}: only CLIP's quick_gelu is supported")
+    return VisionConfig(image_size=vision["image_size"], patch_size=vision["patch_size"], width=vision["hidden_size"],
+                        layers=vision["num_hidden_layers"], heads=vision["num_attention_heads"],
+                        mlp_dim=vision["intermediate_size"], layer_norm_eps=vision["layer_norm_eps"],
+                        feature_layer=feature_layer)
+
+
+def vision_config_to_hf(vis: VisionConfig) -> dict:
+    """The ``CLIPVisionConfig`` dict of our VisionConfig (``vision_config`` of LLaVA and CLIP config.json)."""
+    return dict(model_type="clip_vision_model", hidden_size=vis.width, intermediate_size=vis.mlp_dim,
+                num_hidden_layers=vis.layers, num_attention_heads=vis.heads, image_size=vis.image_size,
+                patch_size=vis.patch_size, layer_norm_eps=vis.layer_norm_eps, hidden_act="quick_gelu")
 
 
 def config_to_hf(cfg: LlavaNextConfig) -> dict:
@@ -124,9 +139,7 @@ def config_to_hf(cfg: LlavaNextConfig) -> dict:
                                                                    else {"rope_type": "default"})}
     if llm.rope_scaling:
         text["rope_scaling"] = dict(llm.rope_scaling)
-    vision = dict(model_type="clip_vision_model", hidden_size=vis.width, intermediate_size=vis.mlp_dim,
-                  num_hidden_layers=vis.layers, num_attention_heads=vis.heads, image_size=vis.image_size,
-                  patch_size=vis.patch_size, layer_norm_eps=vis.layer_norm_eps, hidden_act="quick_gelu")
+    vision = vision_config_to_hf(vis)
     out = dict(architectures=[ARCHITECTURES[cfg.architecture]], model_type=cfg.architecture, text_config=text,
                vision_config=vision, image_token_index=cfg.image_token_id, projector_hidden_act="gelu",
                vision_feature_select_strategy="default", vision_feature_layer=vis.feature_layer,
@@ -241,6 +254,14 @@ def path_to_hf(path: str) -> tuple[str, Callable]:
     return key.replace("vision_tower.", "vision_tower.vision_model.", 1), fn
 
 
+def hub_tensor(path: str, arr: np.ndarray, patch_size: int) -> tuple[str, np.ndarray]:
+    """The hub-layout key and tensor of one of our frozen parameters (:func:`path_to_hf`)."""
+    key, fn = path_to_hf(path)
+    if fn is None:  # patch conv: [3*p*p, width] -> [width, 3, p, p]
+        return key, arr.T.reshape(arr.shape[1], 3, patch_size, patch_size)
+    return key, fn(arr)
+
+
 # --------------------------------------------------------------------------- loading
 
 def _safetensors_files(directory: str) -> list[str]:
@@ -296,10 +317,12 @@ def _lora_init(cfg: LlavaNextConfig, seed: int):
 
 
 def load_tensors(tensors: Iterable[tuple[str, np.ndarray]], ours: dict[str, Any], where: str,
-                 sharding: Callable[[str, Any], Any] | None = None) -> dict[str, jax.Array]:
+                 sharding: Callable[[str, Any], Any] | None = None,
+                 key_to_path: Callable[[str, dict], tuple[str, Callable]] = hf_to_path) -> dict[str, jax.Array]:
     """Our path -> device array for each (HF key, host tensor) pair, one tensor on the host at a time.
 
-    Keys map by :func:`hf_to_path` (any layout :func:`canonical_key` reads); each tensor must have the
+    Keys map by ``key_to_path`` (default :func:`hf_to_path`: any layout :func:`canonical_key` reads; CLIP's
+    own in ``fire_jax.convert.clip``); each tensor must have the
     shape of its target in ``ours`` (``{path: Variable}``, abstract or not) and takes its dtype. The
     weights of stacked LLM layers are filled on the host layer by layer and placed once every layer
     came. ``where`` names the source in errors; ``sharding(path, target)`` may place each array.
@@ -308,9 +331,9 @@ def load_tensors(tensors: Iterable[tuple[str, np.ndarray]], ours: dict[str, Any]
     stacks: dict[str, tuple[np.ndarray, set[int]]] = {}
     for key, tensor in tensors:
         try:
-            per_layer, fn = hf_to_path(key, ours)
+            per_layer, fn = key_to_path(key, ours)
         except KeyError:
-            raise InputError(f"{where}: tensor {key!r} is no weight of a LLaVA model") from None
+            raise InputError(f"{where}: tensor {key!r} is no weight of this model") from None
         path, layer = _in_model(per_layer, ours)
         if path not in ours:
             raise InputError(f"{where}: HF key {key!r} maps to {per_layer!r}, which the model does not have")
@@ -408,15 +431,10 @@ def save_hf_checkpoint(model: LlavaNext, directory: str, *, max_shard_bytes: int
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
     for path, arr in per_layer_params(model):
-        key, fn = path_to_hf(path)
+        key, arr = hub_tensor(path, arr, model.cfg.vision.patch_size)
         key = rename(key)
         if key is None:
             continue
-        if fn is None:  # patch conv: [3*p*p, width] -> [width, 3, p, p]
-            p = model.cfg.vision.patch_size
-            arr = arr.T.reshape(arr.shape[1], 3, p, p)
-        else:
-            arr = fn(arr)
         if dtype:
             arr = arr.astype(jnp.dtype(dtype))
         if size + arr.nbytes > max_shard_bytes and shards[-1]:

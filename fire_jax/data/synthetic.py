@@ -5,6 +5,9 @@ question has one exact answer on an ordered scale that depends on one visual
 property: a count (1..7), the position of the tallest of five bars (1..5) or
 the colour of one shape among others (six colours in rainbow order). The
 groundtruth is the exact sentence the student should write after "Answer:".
+Each image also gets a caption that says everything drawn on it (every shape
+with its colour, how many of each, every bar's height): the image-text pairs
+a CLIP learns to see from (:func:`caption_records`, training images only).
 
 The student's first answer is right or off by ``D`` steps on that scale. Every
 refinement moves one step the way the feedback points, so an answer off by
@@ -60,6 +63,15 @@ def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, box, color) -> None:
         draw.polygon([((x0 + x1) / 2, y0), (x1, y1), (x0, y1)], fill=color)
 
 
+def _shapes_caption(drawn: Sequence[tuple[str, str]]) -> str:
+    """"2 red circles, 1 blue square and 1 green triangle.": each (colour, shape) drawn, with its count, most
+    common first (then in rainbow and shape order)."""
+    counts = collections.Counter(drawn)
+    groups = sorted(counts, key=lambda g: (-counts[g], RAINBOW.index(g[0]), SHAPES.index(g[1])))
+    parts = [f"{counts[g]} {g[0]} {g[1]}{'s' if counts[g] > 1 else ''}" for g in groups]
+    return (", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]) + "."
+
+
 def _place(rng: random.Random, size, count: int, side: int) -> list[tuple[int, int, int, int]]:
     """Up to ``count`` non-overlapping boxes of ``side`` px inside an image of (h, w)."""
     height, width = size
@@ -87,7 +99,7 @@ def feedback(score: int, text: str) -> str:
 class Task:
     """One kind of question on an ordered scale of ``size`` values (0-based internally).
 
-    ``draw`` makes (image, question, truth); ``answer(v)`` is the sentence for
+    ``draw`` makes (image, question, truth, caption); ``answer(v)`` is the sentence for
     value ``v``; ``hint(up)`` the feedback that points up or down the scale;
     ``first_thought`` / ``refined_thought(up)`` the student's thoughts.
     """
@@ -95,7 +107,7 @@ class Task:
     name = ""
     size = 0
 
-    def draw(self, rng: random.Random, image_size) -> tuple[Image.Image, str, int]:
+    def draw(self, rng: random.Random, image_size) -> tuple[Image.Image, str, int, str]:
         raise NotImplementedError
 
     def answer(self, value: int) -> str:
@@ -123,10 +135,12 @@ class CountTask(Task):
         image = Image.new("RGB", (image_size[1], image_size[0]), BACKGROUND)
         draw = ImageDraw.Draw(image)
         others = [(c, s) for c in RAINBOW for s in SHAPES if (c, s) != (self.color, self.shape)]
+        drawn = []
         for i, box in enumerate(boxes):
             color, shape = (self.color, self.shape) if i < count else rng.choice(others)
             _draw_shape(draw, shape, box, COLORS[color])
-        return image, f"How many {self.thing} are in the image?", count - 1
+            drawn.append((color, shape))
+        return image, f"How many {self.thing} are in the image?", count - 1, _shapes_caption(drawn)
 
     @property
     def thing(self) -> str:
@@ -155,11 +169,15 @@ class BarTask(Task):
         image = Image.new("RGB", (width, height), BACKGROUND)
         draw = ImageDraw.Draw(image)
         bar = max(3, width // (2 * NUM_BARS))
-        color = COLORS[rng.choice(RAINBOW)]
+        color_name = rng.choice(RAINBOW)
         for i, h in enumerate(heights):
             x = (2 * i + 1) * width // (2 * NUM_BARS) - bar // 2
-            draw.rectangle((x, height - h, x + bar - 1, height - 1), fill=color)
-        return image, f"Which bar is the tallest? The bars are numbered 1 to {NUM_BARS} from the left.", tallest
+            draw.rectangle((x, height - h, x + bar - 1, height - 1), fill=COLORS[color_name])
+        # Heights in percent of the image's, so the same bars read the same at every image size.
+        percents = [round(100 * h / height) for h in heights]
+        caption = (f"Five {color_name} bars, {', '.join(map(str, percents[:-1]))} and {percents[-1]} percent high "
+                   f"from the left; bar {tallest + 1} is the tallest.")
+        return image, f"Which bar is the tallest? The bars are numbered 1 to {NUM_BARS} from the left.", tallest, caption
 
     def answer(self, value):
         return f"Bar {value + 1} is the tallest."
@@ -185,12 +203,15 @@ class ColorTask(Task):
         image = Image.new("RGB", (image_size[1], image_size[0]), BACKGROUND)
         draw = ImageDraw.Draw(image)
         others = [s for s in SHAPES if s != self.shape]
+        drawn = []
         for i, box in enumerate(boxes):
             if i == 0:
-                _draw_shape(draw, self.shape, box, COLORS[RAINBOW[color]])
+                drawn.append((RAINBOW[color], self.shape))
             else:  # distractors: other shapes, any colour
-                _draw_shape(draw, rng.choice(others), box, COLORS[rng.choice(RAINBOW)])
-        return image, f"What colour is the {self.shape}?", color
+                shape = rng.choice(others)
+                drawn.append((rng.choice(RAINBOW), shape))
+            _draw_shape(draw, drawn[-1][1], box, COLORS[drawn[-1][0]])
+        return image, f"What colour is the {self.shape}?", color, _shapes_caption(drawn)
 
     def answer(self, value):
         return f"It is {RAINBOW[value]}."
@@ -232,13 +253,13 @@ def dialogue(task: Task, truth: int, offset: int, rng: random.Random) -> list[tu
         thought, value = task.refined_thought(up), value + (1 if up else -1)
 
 
-def synthesize(num: int, seed: int, split: str) -> tuple[list[dict], dict[str, Image.Image]]:
-    """``num`` raw FIRE records (released schema) and their images, keyed by file name."""
+def synthesize(num: int, seed: int, split: str) -> tuple[list[dict], dict[str, Image.Image], dict[str, str]]:
+    """``num`` raw FIRE records (released schema), their images and their captions, both keyed by file name."""
     rng = random.Random(f"{seed}/{split}")
-    records, images = [], {}
+    records, images, captions = [], {}, {}
     for i in range(num):
         task = TASKS[list(TASKS)[i % len(TASKS)]]()
-        image, question, truth = task.draw(rng, rng.choice(IMAGE_SIZES))
+        image, question, truth, caption = task.draw(rng, rng.choice(IMAGE_SIZES))
         offset = first_offset(rng)
         while offset and not any(0 <= truth + s * offset < task.size for s in (-1, 1)):
             offset = first_offset(rng)  # no value that far on this scale: draw again
@@ -255,17 +276,19 @@ def synthesize(num: int, seed: int, split: str) -> tuple[list[dict], dict[str, I
             "groundtruth": {"role": "user", "value": task.answer(truth)},
             "conversations": conversations, "source": f"synthetic_{task.name}", "round": len(turns),
             "score": [int(f.split()[1].rstrip(".")) for _, f in turns], "split": f"synthetic_{split}"})
-    return records, images
+        captions[name] = caption
+    return records, images, captions
 
 
 def write_synthetic_fire(out_dir: str, *, num_train: int = 720, num_test: int = 90, seed: int = 0) -> dict[str, str]:
     """Write ``train.json``, ``test.json``, ``instruct.json`` (the train questions as single-turn
     instruction data, :func:`instruction_records`), ``teacher_turns.json`` (:func:`turn_records` of the train
-    set) and ``images/`` under ``out_dir``; returns the JSON paths."""
+    set), ``captions.json`` (:func:`caption_records` of the train images: no test image is captioned) and
+    ``images/`` under ``out_dir``; returns the JSON paths."""
     os.makedirs(os.path.join(out_dir, "images"), exist_ok=True)
     paths = {}
     for split, num in (("train", num_train), ("test", num_test)):
-        records, images = synthesize(num, seed, split)
+        records, images, captions = synthesize(num, seed, split)
         for name, image in images.items():
             image.save(os.path.join(out_dir, "images", name), optimize=True)
         paths[split] = os.path.join(out_dir, f"{split}.json")
@@ -274,7 +297,9 @@ def write_synthetic_fire(out_dir: str, *, num_train: int = 720, num_test: int = 
             paths["instruct"] = os.path.join(out_dir, "instruct.json")
             _write_json(paths["instruct"], instruction_records(records))
             paths["teacher_turns"] = os.path.join(out_dir, "teacher_turns.json")
-            _write_json(paths["teacher_turns"], turn_records(records))
+            _write_json(paths["teacher_turns"], turn_records(records, seed))
+            paths["captions"] = os.path.join(out_dir, "captions.json")
+            _write_json(paths["captions"], caption_records(records, captions))
     return paths
 
 
@@ -296,19 +321,46 @@ def instruction_records(records: list[dict]) -> list[dict]:
             for r in records]
 
 
-def turn_records(records: list[dict]) -> list[dict]:
-    """One record per turn k of each conversation: its first k (r, f) pairs, id ``<id>_t<k>``.
+def caption_records(records: list[dict], captions: Mapping[str, str]) -> list[dict]:
+    """Image-caption pairs ``{"id", "image", "caption", "source"}``, one per record's image: what a CLIP
+    (``configs/clip.py``) trains on before the VLM does, as LLaVA's tower is pretrained on image-text pairs."""
+    return [{"id": f"{r['id']}_caption", "image": r["image"], "caption": captions[r["image"]], "source": r["source"]}
+            for r in records]
+
+
+def turn_records(records: list[dict], seed: int = 0) -> list[dict]:
+    """One teacher record per turn k of each conversation, id ``<id>_t<k>``: its first k (r, f) pairs, the
+    answer of r_k redrawn so that only comparing it with the groundtruth tells f_k.
 
     With ``data.teacher_history="latest"`` (only the last turn shown and labelled) these train the teacher the
     way free dialogues use it: f_k from r_k alone, every turn. Under the full history of Eq. 6 the synthetic
     scores are predictable from the previous feedback (each refinement moves one step the right way), so a
-    teacher could learn f_k from f_{k-1} instead of comparing r_k with the groundtruth.
+    teacher could learn f_k from f_{k-1} instead. And in the dialogues as written, a wrong refined answer is
+    always still short of the truth on the side the previous feedback named, and its thought names that side
+    ("The feedback says my count is too low, ..."): the feedback's direction is the thought's on every wrong
+    refined turn (250 of the 587 wrong turns of the shipped set), which a teacher copies instead of comparing.
+    So r_k's thought is drawn among the first one and both refined ones, apart from its answer, which is right
+    with probability 1/2, else off on a side drawn uniformly among those the scale has room on, by a distance
+    drawn uniformly among those that fit (1..MAX_OFFSET); f_k is :func:`exact_feedback`'s. The thought then
+    says nothing of the feedback.
     """
+    rng = random.Random(f"{seed}/teacher_turns")
     out = []
     for record in records:
+        task = TASKS[_parse_value(record["groundtruth"]["value"])[0]]()
+        truth = _parse_value(record["groundtruth"]["value"])[1]
         for k in range(1, len(record["conversations"]) // 2 + 1):
-            out.append(dict(record, id=f"{record['id']}_t{k}", conversations=record["conversations"][:2 * k],
-                            round=k, score=record["score"][:k]))
+            value = truth
+            if rng.random() >= 0.5:
+                side = rng.choice([s for s in (-1, 1) if 0 <= truth + s < task.size])
+                value = truth + side * rng.choice([d for d in range(1, MAX_OFFSET + 1) if 0 <= truth + side * d < task.size])
+            thought = rng.choice([task.first_thought(), task.refined_thought(True), task.refined_thought(False)])
+            text, score = exact_feedback(record["groundtruth"]["value"], task.answer(value))
+            turns = record["conversations"][:2 * k - 2] + [
+                {"role": "student", "type": "response", "value": response(thought, task.answer(value))},
+                {"role": "teacher", "type": "feedback", "value": text}]
+            out.append(dict(record, id=f"{record['id']}_t{k}", conversations=turns, round=k,
+                            score=record["score"][:k - 1] + [score]))
     return out
 
 

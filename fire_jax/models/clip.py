@@ -1,9 +1,14 @@
-"""CLIP ViT vision tower (pre-LN, quick_gelu), as LLaVA-NeXT uses it.
+"""CLIP (Radford et al. 2021): the ViT vision tower LLaVA-NeXT uses, the text tower, and the contrastive loss.
 
-Returns the hidden state of one layer (HF's ``vision_feature_layer``: index
-into ``hidden_states`` where 0 is the embeddings after ``pre_layrnorm``), CLS
-dropped. Layers after the selected one are kept (checkpoints round-trip) but
-never run.
+:class:`CLIPVisionTower` called returns the hidden state of one layer (HF's
+``vision_feature_layer``: index into ``hidden_states`` where 0 is the
+embeddings after ``pre_layrnorm``), CLS dropped, as LLaVA reads it; layers
+after the selected one are kept (checkpoints round-trip) but never run there.
+:meth:`CLIPVisionTower.pooled` runs every layer and returns the normalised CLS
+state, CLIP's image representation. :class:`CLIPModel` projects both towers'
+pooled states into one space and scores every image against every text
+(Sec. 2.3, Fig. 3); :func:`contrastive_loss` is the symmetric cross-entropy
+over those scores.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from fire_jax.models.config import VisionConfig
+from fire_jax.models.config import CLIPConfig, CLIPTextConfig, VisionConfig
 from fire_jax.models.layers import LayerNorm, Linear, attention
 
 
@@ -21,9 +26,13 @@ def quick_gelu(x: jax.Array) -> jax.Array:
 
 
 class CLIPAttention(nnx.Module):
-    def __init__(self, cfg: VisionConfig, *, param_dtype, rngs: nnx.Rngs, kernel: str = "auto"):
+    """Multi-head self-attention with biases; ``causal`` for the text tower (each token sees those before it)."""
+
+    def __init__(self, cfg: VisionConfig | CLIPTextConfig, *, param_dtype, rngs: nnx.Rngs, kernel: str = "auto",
+                 causal: bool = False):
         w = cfg.width
         self.kernel = kernel  # models.layers.ATTENTION_KERNELS
+        self.causal = causal
         self.heads = cfg.heads
         for name in ("q_proj", "k_proj", "v_proj"):
             setattr(self, name, Linear(w, w, axes=("vision_embed", "vision_heads"), bias=True,
@@ -35,13 +44,14 @@ class CLIPAttention(nnx.Module):
         b, t, w = x.shape
         split = lambda y: y.reshape(b, t, self.heads, w // self.heads)  # [batch, tokens, heads, head_dim]
         heads_major = lambda y: split(y).transpose(0, 2, 1, 3)  # [batch, heads, seq, head_dim]
-        out = attention(split(self.q_proj(x)), heads_major(self.k_proj(x)), heads_major(self.v_proj(x)), None,
-                        kernel=self.kernel)
+        mask = jnp.tril(jnp.ones((t, t), bool))[None, None] if self.causal else None
+        out = attention(split(self.q_proj(x)), heads_major(self.k_proj(x)), heads_major(self.v_proj(x)), mask,
+                        causal=self.causal, kernel=self.kernel)
         return self.out_proj(out.reshape(b, t, w))
 
 
 class CLIPMLP(nnx.Module):
-    def __init__(self, cfg: VisionConfig, *, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, cfg: VisionConfig | CLIPTextConfig, *, param_dtype, rngs: nnx.Rngs):
         self.fc1 = Linear(cfg.width, cfg.mlp_dim, axes=("vision_embed", "vision_mlp"), bias=True,
                           param_dtype=param_dtype, rngs=rngs)
         self.fc2 = Linear(cfg.mlp_dim, cfg.width, axes=("vision_mlp", "vision_embed"), bias=True,
@@ -52,9 +62,10 @@ class CLIPMLP(nnx.Module):
 
 
 class CLIPEncoderLayer(nnx.Module):
-    def __init__(self, cfg: VisionConfig, *, param_dtype, rngs: nnx.Rngs, kernel: str = "auto"):
+    def __init__(self, cfg: VisionConfig | CLIPTextConfig, *, param_dtype, rngs: nnx.Rngs, kernel: str = "auto",
+                 causal: bool = False):
         self.layer_norm1 = LayerNorm(cfg.width, cfg.layer_norm_eps, param_dtype=param_dtype)
-        self.self_attn = CLIPAttention(cfg, param_dtype=param_dtype, rngs=rngs, kernel=kernel)
+        self.self_attn = CLIPAttention(cfg, param_dtype=param_dtype, rngs=rngs, kernel=kernel, causal=causal)
         self.layer_norm2 = LayerNorm(cfg.width, cfg.layer_norm_eps, param_dtype=param_dtype)
         self.mlp = CLIPMLP(cfg, param_dtype=param_dtype, rngs=rngs)
 
@@ -89,8 +100,8 @@ class CLIPVisionTower(nnx.Module):
             raise ValueError(f"vision feature_layer {k} out of range for {self.cfg.layers} layers")
         return n
 
-    def __call__(self, pixel_values: jax.Array) -> jax.Array:
-        """pixel_values ``[n, 3, H, W]`` -> features ``[n, num_patches, width]`` (CLS dropped)."""
+    def _embed(self, pixel_values: jax.Array) -> jax.Array:
+        """pixel_values ``[n, 3, H, W]`` -> ``[n, 1 + num_patches, width]``: CLS and patches, after pre_layrnorm."""
         n, c, h, w = pixel_values.shape
         p = self.cfg.patch_size
         patches = pixel_values.astype(self.dtype).reshape(n, c, h // p, p, w // p, p)
@@ -98,7 +109,100 @@ class CLIPVisionTower(nnx.Module):
         x = patches @ self.patch_embedding[...].astype(self.dtype)  # [n, patches, width]
         cls = jnp.broadcast_to(self.class_embedding[...].astype(self.dtype), (n, 1, x.shape[-1]))
         x = jnp.concatenate([cls, x], axis=1) + self.position_embedding[...].astype(self.dtype)
-        x = self.pre_layrnorm(x)
+        return self.pre_layrnorm(x)
+
+    def __call__(self, pixel_values: jax.Array) -> jax.Array:
+        """pixel_values ``[n, 3, H, W]`` -> features ``[n, num_patches, width]`` (CLS dropped)."""
+        x = self._embed(pixel_values)
         for layer in self.layers[: self.num_layers_run]:
             x = layer(x)
         return x[:, 1:]
+
+    def pooled(self, pixel_values: jax.Array) -> jax.Array:
+        """pixel_values ``[n, 3, H, W]`` -> ``[n, width]``: the CLS state after every layer and post_layernorm."""
+        x = self._embed(pixel_values)
+        for layer in self.layers:
+            x = layer(x)
+        return self.post_layernorm(x[:, 0])
+
+
+class CLIPTextTower(nnx.Module):
+    """CLIP's text transformer: token and position embeddings, causal pre-LN layers, a final LayerNorm; the
+    sequence is represented by the state of its end token (:class:`CLIPTextConfig`)."""
+
+    def __init__(self, cfg: CLIPTextConfig, *, dtype, param_dtype, rngs: nnx.Rngs, attention: str = "auto"):
+        self.cfg = cfg
+        self.dtype = dtype
+        w = cfg.width
+        self.token_embedding = nnx.Param(
+            jax.random.normal(rngs.params(), (cfg.vocab_size, w), param_dtype) * 0.02, axes=(None, "vision_embed"))
+        self.position_embedding = nnx.Param(
+            jax.random.normal(rngs.params(), (cfg.max_positions, w), param_dtype) * 0.01, axes=(None, "vision_embed"))
+        self.layers = nnx.List([CLIPEncoderLayer(cfg, param_dtype=param_dtype, rngs=rngs, kernel=attention, causal=True)
+                                for _ in range(cfg.layers)])
+        self.final_layer_norm = LayerNorm(w, cfg.layer_norm_eps, param_dtype=param_dtype)
+
+    def __call__(self, input_ids: jax.Array) -> jax.Array:
+        """input_ids ``[n, t]`` (padding after the end token) -> ``[n, width]``, the end token's final state.
+
+        Causal attention alone: padding follows the end token, so no position up to it ever sees padding."""
+        t = input_ids.shape[1]
+        if t > self.cfg.max_positions:
+            raise ValueError(f"text of {t} tokens: the text tower has {self.cfg.max_positions} positions")
+        x = self.token_embedding[...].astype(self.dtype)[input_ids] + self.position_embedding[...][:t].astype(self.dtype)
+        for layer in self.layers:
+            x = layer(x)
+        x = self.final_layer_norm(x)
+        if self.cfg.eos_token_id == 2:  # the first OpenAI configs: the end token is the largest id
+            end = jnp.argmax(input_ids, axis=-1)
+        else:
+            end = jnp.argmax(input_ids == self.cfg.eos_token_id, axis=-1)
+        return jnp.take_along_axis(x, end[:, None, None], axis=1)[:, 0]
+
+
+class CLIPModel(nnx.Module):
+    """Both towers, their projections (no bias) and ``logit_scale``, as transformers' ``CLIPModel``.
+
+    The vision tower is :class:`CLIPVisionTower`, named ``vision_tower`` as in LLaVA, so a trained CLIP's
+    tower is a LLaVA tower weight for weight (``fire_jax.convert.clip.load_clip_vision_tower``).
+    """
+
+    def __init__(self, cfg: CLIPConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+        self.vision_tower = CLIPVisionTower(cfg.vision, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
+                                            attention=cfg.attention)
+        self.text_model = CLIPTextTower(cfg.text, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
+                                        attention=cfg.attention)
+        self.visual_projection = Linear(cfg.vision.width, cfg.projection_dim, axes=("vision_embed", None),
+                                        param_dtype=param_dtype, rngs=rngs)
+        self.text_projection = Linear(cfg.text.width, cfg.projection_dim, axes=("vision_embed", None),
+                                      param_dtype=param_dtype, rngs=rngs)
+        self.logit_scale = nnx.Param(jnp.asarray(cfg.logit_scale_init, param_dtype))
+
+    def image_embeds(self, pixel_values: jax.Array) -> jax.Array:
+        """``[n, 3, H, W]`` -> unit-norm ``[n, projection_dim]``."""
+        return _unit(self.visual_projection(self.vision_tower.pooled(pixel_values)))
+
+    def text_embeds(self, input_ids: jax.Array) -> jax.Array:
+        """``[n, t]`` -> unit-norm ``[n, projection_dim]``."""
+        return _unit(self.text_projection(self.text_model(input_ids)))
+
+    def __call__(self, pixel_values: jax.Array, input_ids: jax.Array) -> jax.Array:
+        """logits_per_image ``[images, texts]``: exp(logit_scale) times the cosine similarities (Fig. 3)."""
+        scale = jnp.exp(self.logit_scale[...].astype(jnp.float32))
+        return scale * (self.image_embeds(pixel_values).astype(jnp.float32)
+                        @ self.text_embeds(input_ids).astype(jnp.float32).T)
+
+
+def _unit(x: jax.Array) -> jax.Array:
+    return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def contrastive_loss(logits_per_image: jax.Array) -> jax.Array:
+    """The symmetric InfoNCE loss of Radford et al. 2021 (Fig. 3): image i's text is text i; the mean of the
+    cross-entropy over each row (image -> texts) and over each column (text -> images)."""
+    labels = jnp.arange(logits_per_image.shape[0])
+    image_to_text = -jnp.mean(jax.nn.log_softmax(logits_per_image, axis=1)[labels, labels])
+    text_to_image = -jnp.mean(jax.nn.log_softmax(logits_per_image, axis=0)[labels, labels])
+    return (image_to_text + text_to_image) / 2

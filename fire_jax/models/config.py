@@ -68,6 +68,48 @@ class VisionConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class CLIPTextConfig:
+    """CLIP's text transformer (pre-LN, quick_gelu, causal self-attention, learned absolute positions).
+
+    ``eos_token_id``: the sequence embedding is the final hidden state of its first ``eos_token_id`` token, as
+    transformers' ``CLIPTextTransformer``; 2, the value of the first OpenAI configs, means the largest id of
+    the sequence (their end token is the last of the vocabulary).
+    """
+
+    vocab_size: int = 49408
+    max_positions: int = 77
+    width: int = 512
+    layers: int = 12
+    heads: int = 8
+    mlp_dim: int = 2048
+    layer_norm_eps: float = 1e-5
+    eos_token_id: int = 49407
+
+
+@dataclasses.dataclass(frozen=True)
+class CLIPConfig:
+    """CLIP (Radford et al. 2021): a vision tower and a text tower, each projected to ``projection_dim``, and
+    the learned temperature ``logit_scale`` (log 1/0.07 at initialisation, Sec. 2.5)."""
+
+    vision: VisionConfig = VisionConfig()
+    text: CLIPTextConfig = CLIPTextConfig()
+    projection_dim: int = 512
+    logit_scale_init: float = 2.6592
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    attention: str = "auto"
+
+    @classmethod
+    def from_dict(cls, cfg: Mapping[str, Any]) -> "CLIPConfig":
+        """Build from ``config.model`` (``kind="clip"``, which is dropped); unknown keys raise."""
+        cfg = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
+        cfg.pop("kind", None)
+        sub = {"vision": VisionConfig, "text": CLIPTextConfig}
+        kwargs = {k: _build(sub[k], v, f"model.{k}") if k in sub else v for k, v in cfg.items()}
+        return _build(cls, kwargs, "model")
+
+
+@dataclasses.dataclass(frozen=True)
 class LlamaConfig:
     vocab_size: int = 128320
     dim: int = 4096

@@ -20,6 +20,7 @@ from fire_jax.checkpoint import Checkpointer, build_model
 from fire_jax.cli import StopSignals
 from fire_jax.config import WriteFailed, writing
 from fire_jax.models import LlavaNext
+from fire_jax.models.clip import CLIPModel
 from fire_jax.sharding import make_mesh, put_batch
 from fire_jax.train.step import Trainer, batch_example_ids
 
@@ -154,6 +155,7 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
 
     ``max_steps`` stops early (as a preemption would), for tests and smoke runs.
     """
+    from fire_jax.data.captions import CaptionPipeline
     from fire_jax.data.pipeline import InputPipeline
 
     os.makedirs(workdir, exist_ok=True)
@@ -162,9 +164,13 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
     if config.data.batch_size != config.train.batch_size:
         raise ValueError(f"data.batch_size={config.data.batch_size} != train.batch_size={config.train.batch_size}")
     model = build_model(config, mesh, rules) if config.train.get("shard_init") else build_model(config)
-    pipeline = InputPipeline(config.data, model.cfg.geometry, image_token_id=model.cfg.image_token_id,
-                             process_index=jax.process_index(), process_count=jax.process_count(),
-                             student_first_turn=config.loss.get("student_first_turn", False))
+    if isinstance(model, CLIPModel):  # image-caption pairs and the contrastive loss (configs/clip.py)
+        pipeline = CaptionPipeline(config.data, model.cfg.vision.image_size,
+                                   eos_token_id=model.cfg.text.eos_token_id, process_count=jax.process_count())
+    else:
+        pipeline = InputPipeline(config.data, model.cfg.geometry, image_token_id=model.cfg.image_token_id,
+                                 process_index=jax.process_index(), process_count=jax.process_count(),
+                                 student_first_turn=config.loss.get("student_first_turn", False))
     steps = total_steps(config, pipeline)
     if jax.process_index() == 0:
         print(plan_report(config, pipeline, steps))
@@ -247,15 +253,24 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
             "metrics": {k: np.asarray(v).tolist() for k, v in metrics.items()}}
 
 
-def export(model: LlavaNext, workdir: str, config) -> None:
+def export(model: LlavaNext | CLIPModel, workdir: str, config) -> None:
     """Final LoRA as a PEFT adapter, and (``train.export_merged``) merged HF weights with the run's tokenizer
     (``tokenizer.json``, and its ``tokenizer_config.json`` with the chat template when it has one), so the
-    folder loads on its own."""
+    folder loads on its own. A CLIP: its HF CLIPModel checkpoint in ``export/clip`` (a LLaVA's
+    ``init.vision_tower`` reads it)."""
     import shutil
 
     from fire_jax.config import resolve_path
     from fire_jax.convert.hf import save_hf_checkpoint, save_peft_adapter
     from fire_jax.models import merge_lora
+
+    if isinstance(model, CLIPModel):
+        from fire_jax.convert.clip import save_clip_checkpoint
+
+        clip_dir = os.path.join(workdir, "export", "clip")
+        with writing(clip_dir):
+            save_clip_checkpoint(model, clip_dir)
+        return
 
     adapter, merged = os.path.join(workdir, "export", "peft_adapter"), os.path.join(workdir, "export", "hf_merged")
     with writing(adapter):

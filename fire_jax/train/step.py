@@ -21,6 +21,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fire_jax.checkpoint import trainable_filter
 from fire_jax.models import LlavaNext
+from fire_jax.models.clip import CLIPModel, contrastive_loss
 from fire_jax.sharding import DEFAULT_RULES, activation_sharding, batch_sharding, state_shardings
 from fire_jax.train import loss as losses
 
@@ -56,6 +57,10 @@ class Trainer:
         frozen weights are ShapeDtypeStructs with shardings, for lowering and memory analysis at 8B."""
         self.mesh, self.rules = mesh, rules
         self.train_cfg, self.loss_cfg = train_cfg, loss_cfg
+        self.contrastive = isinstance(model, CLIPModel)  # CLIP (Radford et al. 2021) rather than a LLaVA's LM loss
+        if self.contrastive and train_cfg.accum_steps != 1:
+            raise ValueError(f"train.accum_steps={train_cfg.accum_steps}: a contrastive batch is one micro-batch "
+                             f"(its negatives are the other pairs in it); use 1")
         self.graphdef, params, frozen = nnx.split(model, trainable_filter(train_cfg), ...)
         # A copy even when already float32: the step donates its state, and the model must stay usable.
         to_f32 = lambda tree: jax.tree.map(lambda x: jnp.array(x, jnp.float32, copy=True), tree)
@@ -100,7 +105,20 @@ class Trainer:
         with activation_sharding(self.mesh, self.rules):
             return self._step_body(state, frozen, batch, rng)
 
+    def _contrastive_loss(self, params, frozen, batch):
+        """CLIP's symmetric cross-entropy over the batch's image-text scores (fire_jax.models.clip)."""
+        model = nnx.merge(self.graphdef, params, frozen)
+        logits = model(batch["pixel_values"], batch["input_ids"])
+        labels = jnp.arange(logits.shape[0])
+        return contrastive_loss(logits), {"image_to_text_accuracy": jnp.mean(jnp.argmax(logits, 1) == labels),
+                                          "text_to_image_accuracy": jnp.mean(jnp.argmax(logits, 0) == labels),
+                                          "temperature": 1 / jnp.exp(model.logit_scale[...])}
+
     def _step_body(self, state: TrainState, frozen, batch, rng):
+        if self.contrastive:  # one batch: its negatives are the other pairs in it, so no accumulation
+            (loss, metrics), grads = jax.value_and_grad(self._contrastive_loss, has_aux=True)(
+                state.params, frozen, batch)
+            return self._update(state, grads, {"loss": loss, **metrics})
         accum = self.train_cfg.accum_steps
         mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
         turns = batch["turn_ids"][:, 1:]
@@ -125,8 +143,6 @@ class Trainer:
         grads, (nll, correct) = jax.lax.scan(body, zeros, (jnp.arange(accum), micro_batches))
         unmicro = lambda x: x.swapaxes(0, 1).reshape(-1, *x.shape[2:])
         nll, correct = unmicro(nll), unmicro(correct)
-        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
         tokens = mask.sum()
         # Turns 0..max_turns, then one "> max_turns" bucket: every labelled token is in one of them.
         turn_tokens = losses.turn_counts(mask, turns, max_turns)  # [max_turns + 2]
@@ -140,9 +156,14 @@ class Trainer:
             "turn_tokens_above_max": turn_tokens[-1],
             "labelled_tokens": tokens,
             "accuracy": jnp.sum(mask * correct) / jnp.maximum(tokens, 1.0),
-            "grad_norm": optax.tree.norm(grads),
-            "lr": self.schedule(state.step),
         }
+        return self._update(state, grads, metrics)
+
+    def _update(self, state: TrainState, grads, metrics: dict):
+        """One optimizer step from ``grads``; the metrics get the gradient norm and the learning rate."""
+        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = {**metrics, "grad_norm": optax.tree.norm(grads), "lr": self.schedule(state.step)}
         return TrainState(state.step + 1, params, opt_state), metrics
 
     def compiled_step(self, batch: dict[str, jax.Array]):
