@@ -210,10 +210,10 @@ def test_data_tools_keep_good_records_and_name_bad_ones(tmp_path):
      "configs/fire_student.py)"),
     (["-m", "fire_jax.data.inspect", "--config", "configs/main_job.py:tiny"],
      "fire_jax.data.inspect: error: configs/main_job.py:tiny: a main-job config with the stages ['base', "
-     "'student', 'teacher']: pick one with --stage"),
+     "'clip', 'student', 'teacher']: pick one with --stage"),
     (["-m", "fire_jax.data.inspect", "--config", "configs/main_job.py:tiny", "--stage", "fd"],
-     "fire_jax.data.inspect: error: --stage 'fd': configs/main_job.py:tiny has the stages ['base', 'student', "
-     "'teacher']"),
+     "fire_jax.data.inspect: error: --stage 'fd': configs/main_job.py:tiny has the stages ['base', 'clip', "
+     "'student', 'teacher']"),
     (["-m", "fire_jax.data.inspect", "--config", "configs/tiny.py", "--index", "-1"],
      "fire_jax.data.inspect: error: --index -1: source 'synthetic' has records 0..719 (720 usable, 0 bad records "
      "skipped)"),

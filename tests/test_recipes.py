@@ -95,7 +95,7 @@ def test_released_reproduces_the_release():
 def dirty_data(tmp_path_factory):
     """45 synthetic dialogues (all with >= 2 turns) and 6 injected bad records, as one JSON file."""
     directory = tmp_path_factory.mktemp("dirty")
-    records, images = synthesize(160, seed=3, split="dirty")
+    records, images, _ = synthesize(160, seed=3, split="dirty")
     for name, image in images.items():
         image.save(directory / name)
     good = [r for r in records if len(r["conversations"]) >= 4][:45]
