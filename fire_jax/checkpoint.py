@@ -27,6 +27,8 @@ import os
 import re
 import shutil
 import sys
+import traceback
+import warnings
 from typing import Any
 
 import jax
@@ -222,9 +224,14 @@ class _QuietSaveErrors(logging.Filter):
     keeps them."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        orbax = f"{os.sep}orbax{os.sep}"
-        return (record.levelno < logging.ERROR or bool(os.environ.get("FIRE_JAX_TRACEBACK"))
-                or orbax not in (record.getMessage() if record.name == "asyncio" else record.pathname))
+        if record.levelno < logging.ERROR or os.environ.get("FIRE_JAX_TRACEBACK"):
+            return True
+        if record.name != "asyncio":
+            return f"{os.sep}orbax{os.sep}" not in record.pathname
+        # asyncio's "Task / Future exception was never retrieved" of a failed save: orbax is named in the task's
+        # repr, in its traceback, or (a tensorstore future, no traceback) in the path of the write that failed
+        tb = record.exc_info[2] if record.exc_info else None
+        return "orbax" not in record.getMessage() + "".join(traceback.format_tb(tb) if tb else [])
 
 
 def _quiet_closed_loops(previous):
@@ -246,6 +253,9 @@ def _quiet_save_errors() -> None:
         logging.getLogger(name).addFilter(_QUIET_SAVE_ERRORS)  # a no-op when added already
     if not getattr(sys.unraisablehook, "quiet_closed_loops", False):
         sys.unraisablehook = _quiet_closed_loops(sys.unraisablehook)
+    if not os.environ.get("FIRE_JAX_TRACEBACK"):  # orbax's writes left unstarted when a save failed, at exit
+        warnings.filterwarnings("ignore", r"coroutine '[^']*(serialize|write_fragment)[^']*' was never awaited",
+                                RuntimeWarning)
 
 
 _QUIET_SAVE_ERRORS = _QuietSaveErrors()

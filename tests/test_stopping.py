@@ -76,6 +76,7 @@ def test_a_full_disk_ends_training_in_one_line_and_resume_works_once_freed(small
     fill(small_disk, leave=64 << 10)  # room for the metrics of steps 3-4, not for the checkpoint of step 4
     status, out, err = train_command(run)
     assert status == 1 and "Traceback" not in out + err
+    assert len(messages(err)) == 1, err[-3000:]
     (line,) = messages(err)
     assert line.startswith(f"fire_jax.train: error: checkpoint of step 4: could not write {run / 'checkpoints'}/4: "
                            "No space left on device (") and line.endswith(
