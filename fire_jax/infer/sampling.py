@@ -17,10 +17,74 @@ under the raw (untempered, unfiltered) distribution.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+
+#: Bounds of the settings, as the per-row arrays of a decode chunk hold them (float32, int32, uint32) and as
+#: OpenAI's chat completions API accepts them (temperature in [0, 2]).
+MAX_TEMPERATURE = 2.0
+INT32_MAX = 2 ** 31 - 1
+MAX_STOP_IDS = 8  # stop ids per request, padded with -1 on the device
+
+
+def _integer(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How one request is decoded: its token budget, greedy or temperature -> top-k -> top-p sampling with its
+    own seed, and where it stops. The one place these settings are checked: a value out of range raises
+    ValueError naming the field, when the settings are made (a config section, a server request, a CLI flag).
+
+    ``stop_ids`` None: the engine's (the chat template's end of turn and EOS, ``ChatTokenizer.stop_ids``);
+    ``stop``: strings the text is cut before.
+    """
+
+    max_tokens: int = 128
+    temperature: float = 0.0  # 0: greedy (argmax)
+    top_p: float = 1.0  # 1: no nucleus filter; 0: only the most likely token
+    top_k: int = 0  # 0: no top-k filter
+    seed: int = 0  # the key of token t is fold_in(key(seed), t)
+    stop_ids: tuple[int, ...] | None = None
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.stop_ids is not None:
+            object.__setattr__(self, "stop_ids", tuple(self.stop_ids))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        problems = []
+        if not _integer(self.max_tokens) or not 1 <= self.max_tokens <= INT32_MAX:
+            problems.append(f"max_tokens must be an integer in [1, {INT32_MAX}], got {self.max_tokens!r}")
+        if (isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float, np.floating))
+                or not math.isfinite(self.temperature) or not 0 <= self.temperature <= MAX_TEMPERATURE):
+            problems.append(f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature!r}")
+        if (isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float, np.floating))
+                or not 0 <= self.top_p <= 1):  # NaN fails the comparison too
+            problems.append(f"top_p must be in [0, 1], got {self.top_p!r}")
+        if not _integer(self.top_k) or not 0 <= self.top_k <= INT32_MAX:
+            problems.append(f"top_k must be an integer in [0, {INT32_MAX}] (0: off), got {self.top_k!r}")
+        if not _integer(self.seed) or not 0 <= self.seed < 2 ** 32:
+            problems.append(f"seed must be an integer in [0, 2**32), got {self.seed!r}")
+        if self.stop_ids is not None and (len(self.stop_ids) > MAX_STOP_IDS or not all(
+                _integer(i) and 0 <= i <= INT32_MAX for i in self.stop_ids)):
+            problems.append(f"stop_ids: at most {MAX_STOP_IDS} token ids, got {list(self.stop_ids)}")
+        if not all(isinstance(s, str) and s for s in self.stop):
+            problems.append(f"stop: non-empty strings, got {list(self.stop)!r}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def replace(self, **changes) -> "SamplingParams":
+        """These settings with ``changes`` (checked again)."""
+        return dataclasses.replace(self, **changes)
 
 
 def greedy_token(logits: jax.Array) -> jax.Array:
