@@ -9,7 +9,6 @@ once per engine; the settings change from request to request on the same program
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
 
 #: The shortest cache row :meth:`EngineConfig.sized_for` gives (columns); rows grow by doubling from it, so a
 #: growing workload rebuilds its engine a few times, not at every new length.
