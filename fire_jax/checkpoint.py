@@ -88,10 +88,10 @@ def build_model(config, mesh=None, rules=None) -> LlavaNext:
         shardings = state_shardings(abstract, mesh, rules or DEFAULT_RULES)
         state = jax.jit(lambda: nnx.state(LlavaNext(cfg, rngs=InitKeys(config.seed))), out_shardings=shardings)()
         return nnx.merge(graphdef, state)
-    from fire_jax.convert.hf import load_hf_checkpoint
+    from fire_jax.convert.load import load_checkpoint
 
     overrides = {k: v for k, v in config.model.items() if k in _RUNTIME_FIELDS}
-    model = load_hf_checkpoint(checkpoint, cfg.lora, seed=config.seed, adapter=adapter or None, **overrides)
+    model = load_checkpoint(checkpoint, cfg.lora, seed=config.seed, adapter=adapter or None, **overrides)
     if mesh is not None:
         state = nnx.state(model)
         nnx.update(model, jax.device_put(state, state_shardings(state, mesh, rules or DEFAULT_RULES)))

@@ -16,8 +16,9 @@ import torch
 from flax import nnx
 from gguf import GGMLQuantizationType as Q, GGUFWriter, quants
 
-from fire_jax.convert.gguf import (TEXT_ONLY_VISION, GGUFError, LlavaNext, llava_from_gguf, load_gguf_llm, load_model,
+from fire_jax.convert.gguf import (TEXT_ONLY_VISION, GGUFError, LlavaNext, llava_from_gguf, load_gguf_llm,
                                    read_gguf)
+from fire_jax.convert.load import load_model
 from fire_jax.infer.decode import DecodeConfig, generate
 from fire_jax.infer.engine import left_pad
 from fire_jax.infer.forward import forward_logits

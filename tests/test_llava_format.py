@@ -12,8 +12,8 @@ import torch
 
 from fire_jax.cli import input_errors_end_in_one_line
 from fire_jax.config import InputError
-from fire_jax.convert import hf as convert
 from fire_jax.convert import llava
+from fire_jax.convert.load import load_checkpoint
 from fire_jax.data.chat import ChatTokenizer, Message
 from fire_jax.infer.decode import DecodeConfig, generate
 from fire_jax.models import count_params
@@ -44,7 +44,7 @@ def release(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model(release):
-    return convert.load_hf_checkpoint(release[2])
+    return load_checkpoint(release[2])
 
 
 def test_config_follows_the_release_fields(model):
@@ -92,7 +92,7 @@ def test_greedy_tokens_equal_transformers(release, model):
 def test_tower_from_the_clip_folder_and_bin_shards_load_the_same_weights(release, model):
     from flax import nnx
 
-    other = convert.load_hf_checkpoint(release[3])
+    other = load_checkpoint(release[3])
     ours, theirs = nnx.to_flat_state(nnx.state(model, nnx.Param)), nnx.to_flat_state(nnx.state(other, nnx.Param))
     assert len(ours) == len(theirs) and count_params(model) == count_params(other)
     for (path, a), (_, b) in zip(ours, theirs):
@@ -141,7 +141,7 @@ def test_llava15_image_seq_length_is_a_warning(tmp_path):
     config["image_seq_length"] = 576  # llava-1.5-7b-hf's value on a tower of 16 patches
     json.dump(config, open(tmp_path / "config.json", "w"))
     with pytest.warns(UserWarning, match="image_seq_length=576.*using 16"):
-        model = convert.load_hf_checkpoint(str(tmp_path), lora=None)
+        model = load_checkpoint(str(tmp_path), lora=None)
     assert model.cfg.geometry.tokens_per_tile == 16
 
 
@@ -196,7 +196,7 @@ def test_unknown_key_names_the_key(release, tmp_path):
     state = dict(original_state(release[0]), **{"model.mm_projector.4.weight": np.zeros((2, 2), np.float32)})
     folder = write_original(str(tmp_path / "u"), state, original_config(release[0], release[1]))
     with pytest.raises(InputError, match=r"'model\.mm_projector\.4\.weight'"):
-        convert.load_hf_checkpoint(folder)
+        load_checkpoint(folder)
 
 
 def test_no_tower_anywhere_is_one_error(release, tmp_path, monkeypatch):
@@ -207,8 +207,8 @@ def test_no_tower_anywhere_is_one_error(release, tmp_path, monkeypatch):
     config = original_config(release[0], "someone/tiny-clip")
     folder = write_original(str(tmp_path / "n"), original_state(release[0], tower=False), config)
     with pytest.raises(InputError, match="no vision tower weights.*names no local CLIP folder"):
-        convert.load_hf_checkpoint(folder)
-    assert convert.load_hf_checkpoint(release[2]).cfg.vision.heads == 4  # the same config with the tower loads
+        load_checkpoint(folder)
+    assert load_checkpoint(release[2]).cfg.vision.heads == 4  # the same config with the tower loads
 
 
 # --------------------------------------------------------------------------- the release's LoRA teacher
@@ -265,14 +265,14 @@ def _logit_errors(model, hf):
 
 def test_lora_teacher_equals_the_merge_by_hand(release, teacher):
     folder, expected = teacher
-    model = convert.load_hf_checkpoint(release[2], adapter=folder)
+    model = load_checkpoint(release[2], adapter=folder)
     kernel = np.asarray(model.language_model.model.layers[1].self_attn.k_proj.kernel[...])
     np.testing.assert_allclose(kernel, expected.model.language_model.layers[1].self_attn.k_proj.weight.detach().numpy().T,
                                rtol=0, atol=1e-6)
     errors = _logit_errors(model, expected)
     print("LoRA teacher vs merge by hand, relative logit errors:", errors)
     assert max(errors) < 1e-5, errors
-    assert min(_logit_errors(convert.load_hf_checkpoint(release[2]), expected)) > 1e-2  # the merge changed them
+    assert min(_logit_errors(load_checkpoint(release[2]), expected)) > 1e-2  # the merge changed them
 
 
 def test_lora_folder_alone_and_config_init_adapter(release, teacher):
@@ -284,7 +284,7 @@ def test_lora_folder_alone_and_config_init_adapter(release, teacher):
 
     folder, _ = teacher
     assert checkpoint_kind(folder) == "llava_lora" and checkpoint_kind(release[2]) == "hf"
-    merged = convert.load_hf_checkpoint(release[2], adapter=folder)
+    merged = load_checkpoint(release[2], adapter=folder)
     config = load_config("configs/tiny.py")
     config.init.adapter = folder  # no hf_checkpoint: the base adapter_config.json names
     config.data.template = "llama3"
@@ -325,7 +325,7 @@ def test_export_then_import_is_exact(model, tmp_path):
     assert config["model_type"] == "llava_llama" and config["mm_patch_merge_type"] == "spatial_unpad"
     assert config["mm_vision_tower"] == os.path.join(out, "vision_tower")  # the tiny tower as a CLIP folder
     assert os.path.exists(os.path.join(out, "model.safetensors.index.json"))
-    again = convert.load_hf_checkpoint(out)
+    again = load_checkpoint(out)
     assert again.cfg == model.cfg
     _same_weights(model, again)
 
@@ -360,7 +360,7 @@ def test_lora_export_merges_back_to_the_same_model(release, tmp_path):
     from fire_jax.models import merge_lora
     from fire_jax.models.config import LoraConfig
 
-    model = convert.load_hf_checkpoint(release[2], lora=LoraConfig(rank=4, alpha=8.0, targets=("q", "k", "v")))
+    model = load_checkpoint(release[2], lora=LoraConfig(rank=4, alpha=8.0, targets=("q", "k", "v")))
     keys = iter(jax.random.split(jax.random.key(3), 64))
     for layer in model.language_model.model.layers:
         for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
@@ -371,7 +371,7 @@ def test_lora_export_merges_back_to_the_same_model(release, tmp_path):
     llava.save_llava_lora(model, out, base=release[2])
     assert sorted(os.listdir(out)) == ["adapter_config.json", "adapter_model.safetensors", "config.json",
                                        "non_lora_trainables.bin", "vision_tower"]
-    again = convert.load_hf_checkpoint(out, lora=None)  # the folder alone: on the base it names
+    again = load_checkpoint(out, lora=None)  # the folder alone: on the base it names
     _same_weights(merge_lora(model), again, atol=1e-6)
 
 
@@ -382,7 +382,7 @@ def test_export_tool_writes_the_config_s_model(release, tmp_path):
     load_tool("export_llava").main(["--config", "configs/tiny.py", "--out", out,
                                     f"--config.init.hf_checkpoint={release[2]}"], print_fn=lines.append)
     assert "original LLaVA format" in lines[-1]
-    _same_weights(convert.load_hf_checkpoint(release[2], lora=None), convert.load_hf_checkpoint(out, lora=None))
+    _same_weights(load_checkpoint(release[2], lora=None), load_checkpoint(out, lora=None))
 
 
 def test_fire_recipes_on_the_release_s_base():
@@ -429,7 +429,7 @@ def test_linear_connector(release, tmp_path):
     state["model.mm_projector.bias"] = state.pop("model.mm_projector.0.bias")
     del state["model.mm_projector.2.weight"], state["model.mm_projector.2.bias"]
     config = original_config(hf, release[1], mm_projector_type="linear")
-    model = convert.load_hf_checkpoint(write_original(str(tmp_path / "linear"), state, config))
+    model = load_checkpoint(write_original(str(tmp_path / "linear"), state, config))
     assert model.cfg.projector == "linear" and model.multi_modal_projector.linear_2 is None
     pixels = np.random.default_rng(0).standard_normal((1, 2, 3, 32, 32)).astype(np.float32)
     ours = np.asarray(model.image_features(jnp.asarray(pixels)))[0]
@@ -442,4 +442,4 @@ def test_linear_connector(release, tmp_path):
     llava.save_llava_checkpoint(model, out)
     assert "model.mm_projector.weight" in dict(llava.iter_weights(out))
     assert json.load(open(os.path.join(out, "config.json")))["mm_projector_type"] == "linear"
-    _same_weights(model, convert.load_hf_checkpoint(out))
+    _same_weights(model, load_checkpoint(out))

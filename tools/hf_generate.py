@@ -19,7 +19,8 @@ import os
 import numpy as np
 
 from fire_jax.cli import int_at_least
-from fire_jax.convert.gguf import load_model, read_gguf
+from fire_jax.convert.gguf import read_gguf
+from fire_jax.convert.load import load_model
 from fire_jax.infer.decode import DecodeConfig, generate, unpad
 from fire_jax.infer.forward import read_hf_inputs
 

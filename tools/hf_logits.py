@@ -22,7 +22,7 @@ import os
 
 import numpy as np
 
-from fire_jax.convert.gguf import load_model
+from fire_jax.convert.load import load_model
 from fire_jax.data.images import pad_tiles
 from fire_jax.infer.forward import forward_logits, hf_image_sizes, read_hf_inputs
 

@@ -386,19 +386,5 @@ def llava_from_gguf(path: str, vision: VisionConfig, lora: LoraConfig | None, ex
 TEXT_ONLY_VISION = VisionConfig(image_size=14, patch_size=14, width=16, layers=1, heads=1, mlp_dim=16)
 
 
-def load_model(path: str, adapter: str | None = None, **overrides) -> LlavaNext:
-    """A model without LoRA from a Hugging Face LLaVA-NeXT checkpoint folder (llava-hf's or the original LLaVA
-    format's, ``adapter`` a LoRA folder of the latter merged in), or from a ``.gguf`` file: its LLM under
-    :data:`TEXT_ONLY_VISION` (text-only inputs). ``overrides`` set LlavaNextConfig fields."""
-    from fire_jax.config import InputError
-    from fire_jax.convert.hf import load_hf_checkpoint
-
-    if os.fspath(path).endswith(".gguf"):
-        if adapter:
-            raise InputError(f"{path}: an adapter merges into a LLaVA checkpoint folder, not a .gguf file")
-        return llava_from_gguf(path, TEXT_ONLY_VISION, None, **overrides)
-    return load_hf_checkpoint(path, lora=None, adapter=adapter, **overrides)
-
-
 __all__ = ["GGUFError", "GGUFFile", "PreTokenizer", "PRE_TOKENIZERS", "SUPPORTED_TYPES", "read_gguf",
-           "expected_tensors", "unpermute_rotary", "load_gguf_llm", "llava_from_gguf", "TEXT_ONLY_VISION", "load_model"]
+           "expected_tensors", "unpermute_rotary", "load_gguf_llm", "llava_from_gguf", "TEXT_ONLY_VISION"]

@@ -357,12 +357,9 @@ def load_tensors(tensors: Iterable[tuple[str, np.ndarray]], ours: dict[str, Any]
 
 
 def load_hf_checkpoint(directory: str, lora: LoraConfig | None = LoraConfig(), *, seed: int = 0,
-                       sharding: Callable[[str, Any], Any] | None = None, adapter: str | None = None,
-                       **overrides) -> LlavaNext:
-    """Load a HF LLaVA-NeXT or LLaVA-1.5 checkpoint directory (config.json + safetensors) into a fresh NNX model;
-    a checkpoint of the original LLaVA format (``model_type`` "llava_llama": :mod:`fire_jax.convert.llava`)
-    loads too, with ``adapter`` a LoRA folder of that format merged into it (given as ``directory``, such a
-    folder goes on the base its ``adapter_config.json`` names).
+                       sharding: Callable[[str, Any], Any] | None = None, **overrides) -> LlavaNext:
+    """Load a llava-hf LLaVA-NeXT or LLaVA-1.5 checkpoint directory (config.json + safetensors) into a fresh NNX
+    model (a folder of either format, the original LLaVA format's too: :func:`fire_jax.convert.load.load_checkpoint`).
 
     ``overrides`` set LlavaNextConfig fields (e.g. ``dtype``, ``param_dtype``,
     ``remat``, ``image_mode``). ``sharding(path, abstract_leaf)`` may return a
@@ -370,15 +367,7 @@ def load_hf_checkpoint(directory: str, lora: LoraConfig | None = LoraConfig(), *
     LoRA factors are freshly initialised (B = 0). A tied model (``tie_word_embeddings``) has no
     lm_head; a checkpoint's copy of it, if any, is skipped.
     """
-    from fire_jax.convert import llava
-
-    if adapter is None and llava.is_llava_lora(directory):  # the LoRA folder alone: on the base it names
-        directory, adapter = llava.adapter_base(directory), directory
-    hf = read_config(directory)
-    if llava.is_llava_config(hf) or adapter:
-        return llava.load_llava_checkpoint(directory, lora, seed=seed, sharding=sharding, adapter=adapter,
-                                           **overrides)
-    cfg = config_from_hf(hf, lora=lora, **overrides)
+    cfg = config_from_hf(read_config(directory), lora=lora, **overrides)
     return model_from_tensors(cfg, iter_hf_tensors(directory), directory, seed=seed, sharding=sharding)
 
 
