@@ -8,10 +8,9 @@ fault that the kernel zero-fills. Where the kernel's transparent huge pages are 
 Ubuntu's default), glibc 2.35+ marks those mappings for 2 MiB pages when the process starts with
 ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``: one fault where there were 512.
 
-Measured on a 2-core AMD EPYC (AVX-512): one LoRA train step of SmolLM2-135M at batch 8 x 256 took 3.70 s
-against 4.79 s, with 0.33 against 6.85 million page faults over the same process (``/usr/bin/time``), and the
-same loss to the last printed digit; a decode step was unchanged (its buffers are small and reused).
-``benchmarks/train_step.py`` and docs/performance.md hold the comparison.
+A train step then runs faster with a small fraction of the page faults and the same loss to the last printed digit;
+a decode step is unchanged (its buffers are small and reused). ``benchmarks/train_step.py`` measures it, and
+docs/performance.md ("Huge pages") holds the comparison.
 
 The tunable is read by the dynamic loader when a process starts, so it cannot be switched on from inside
 Python: :func:`reexec_with_huge_pages` re-executes the interpreter with the same arguments, before any heavy

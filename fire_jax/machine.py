@@ -1,7 +1,7 @@
 """What this machine computes: the float32 matmul rate that every absolute time of the project is quoted beside.
 
-The same job takes 1.75x longer on one 2-core machine than on another of the same CPU family, so a time alone
-says little. The main job prints its minutes beside this rate, and the benchmarks use it as their roofline.
+The same job takes very different times on two 2-core machines of the same CPU family (docs/performance.md,
+"The main job"), so a time alone says little. The main job prints its minutes beside this rate, and the benchmarks use it as their roofline.
 """
 
 from __future__ import annotations

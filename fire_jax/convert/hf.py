@@ -305,8 +305,8 @@ def fresh_lora_state(cfg: LlavaNextConfig, seed: int = 0):
     """Freshly initialised LoRA factors (A random, B zero) without materialising frozen weights.
 
     Under jit the frozen initialisers are dead code that XLA removes. The program is compiled once per
-    (config, seed) in a process: compiling it traces the whole model's init (about 10 s at SmolLM2-135M on
-    a 2-core CPU), and an evaluation loads a model per agent.
+    (config, seed) in a process: compiling it traces the whole model's init, and an evaluation loads a model
+    per agent.
     """
     return _lora_init(cfg, seed)()
 

@@ -30,8 +30,8 @@ class InitKeys:
 
     There, ``nnx.Rngs``' count is a traced Variable, and flax's update of it asks the new tracer for its
     ``sharding``: JAX's AttributeError message for that walks the trace so far, once per weight, so building
-    an abstract 7B model took 14-15 s, nearly all of it there, against 2.5 s with these keys (same shapes, same
-    graph; under ``jax.jit`` the same values).
+    an abstract 7B model spends nearly all its time there (docs/conversion.md has the measurement); these keys
+    give the same shapes and graph, and under ``jax.jit`` the same values.
     """
 
     def __init__(self, seed: int):
@@ -272,10 +272,10 @@ def _single_query(q, k, v, mask, scale, keys_transposed=False):
     ``[batch, kv_heads, kv_len, head_dim]``.
 
     On CPU the scores are a multiply-and-reduce over head_dim (XLA:CPU's dot for a group of 1-4 query
-    rows runs slower than that loop) and the weighted values a dot. Measured in a 4-layer decode loop at
-    640 cache slots, ms per step: 11.7 -> 7.3 at batch 32 and 2.7 -> 2.0 at batch 8 against the
-    ``[batch, kv_len, kv_heads, head_dim]`` cache this replaced (read by multiply-and-reduce loops). With the
-    keys transposed the reduction runs across contiguous columns (see KVCache for its measurements).
+    rows runs slower than that loop) and the weighted values a dot: faster per decode step than the
+    ``[batch, kv_len, kv_heads, head_dim]`` cache this replaced, read by multiply-and-reduce loops
+    (docs/performance.md, "Decoding on the CPU"). With the keys transposed the reduction runs across contiguous
+    columns.
     """
     b, _, heads, d = q.shape
     kv_heads, group = k.shape[1], heads // k.shape[1]
