@@ -9,6 +9,7 @@ import pytest
 
 from fire_jax.data import synthetic
 from fire_jax.eval import judge
+from fire_jax.infer.agents import ExactTeacher, answer_of, from_spec
 from fire_jax.infer.dialogue import StopRule, stop_reason
 
 ASSETS = os.path.join(os.path.dirname(__file__), "..", "fire_jax", "assets", "synthetic_fire")
@@ -41,7 +42,7 @@ def test_judge_colours():
 
 
 def test_judge_reads_the_last_answer_and_bare_text():
-    assert judge.answer_of("Thought: Answer: no\nAnswer: The square is red.") == "The square is red."
+    assert answer_of("Thought: Answer: no\nAnswer: The square is red.") == "The square is red."
     assert judge.is_right("The square is red", "The square is red.")  # no "Answer:": the whole text
     assert not judge.is_right("Answer: The square is red.", "")  # an empty groundtruth never matches
     assert judge.normalize("The Square  is RED!.") == "the square is red"
@@ -208,7 +209,8 @@ def test_synthetic_dialogues_step_towards_the_truth():
 def test_exact_teacher_is_the_generators_rule():
     """The exact teacher reproduces every feedback of generated dialogues, and its verdict is the judge's."""
     records, *_ = synthetic.synthesize(90, seed=4, split="train")
-    teacher = judge.ExactTeacher()
+    teacher = from_spec("exact:synthetic", "teacher")
+    assert isinstance(teacher, ExactTeacher) and teacher.description == "exact:synthetic"
     for record in records:
         gt = record["groundtruth"]["value"]
         responses = [m["value"] for m in record["conversations"][0::2]]
