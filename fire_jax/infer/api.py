@@ -90,7 +90,7 @@ class ApiBackend:
     model, rows in parallel, retried, failures counted. ``sampling``: the settings of a call that names none."""
 
     prefix = API_PREFIX  # the specs it serves (fire_jax.infer.agents.generator)
-    context, tokenizer = 0, None  # the endpoint's own
+    context, tokenizer, geometry = 0, None, None  # the endpoint's own
 
     def __init__(self, spec: str, sampling: SamplingParams = SamplingParams(), *, concurrency: int = 32,
                  retries: int = 4, backoff: float = 0.5, timeout: float = 600.0):
@@ -170,11 +170,20 @@ class ApiBackend:
             return list(pool.map(one, range(len(messages))))
 
     def generate(self, images, prompts: Sequence[Sequence[Message]], sampling: SamplingParams | None = None,
-                 rng=None, *, system: str | None = None) -> list[str]:
+                 rng=None, *, system: str | None = None, errors: bool = False) -> list:
         """:meth:`fire_jax.infer.backends.Backend.generate`: every row's text, or the first failure raised (the
-        runners resume). ``rng`` is unused: sampled requests are seeded from the settings' ``seed``."""
-        out = self.complete_many([chat_messages(p, image, system) for p, image in zip(prompts, images)], sampling)
+        runners resume), or with ``errors`` each failed row's :class:`ApiError` in its place. Row k is seeded
+        with b + k, b drawn from ``rng`` (without one: every row the settings' ``seed``), so repeated prompts
+        of one call draw apart."""
+        seeds = None
+        if rng is not None:
+            import jax
+
+            base = int(jax.random.randint(rng, (), 0, 2 ** 30))
+            seeds = [base + k for k in range(len(prompts))]
+        out = self.complete_many([chat_messages(p, image, system) for p, image in zip(prompts, images)], sampling,
+                                 seeds)
         failed = next((o for o in out if isinstance(o, ApiError)), None)
-        if failed is not None:
+        if failed is not None and not errors:
             raise failed
         return out

@@ -40,12 +40,17 @@ class Backend(Protocol):
     context: int
     #: The tokenizer a prompt's text is counted in (None: an endpoint's own).
     tokenizer: object
+    #: How its images are tiled (:class:`fire_jax.geometry.ImageGeometry`; None: an endpoint's own).
+    geometry: object
 
     def generate(self, images: Sequence, prompts: Sequence[Sequence[Message]],
-                 sampling: SamplingParams | None = None, rng=None, *, system: str | None = None) -> list[str]:
+                 sampling: SamplingParams | None = None, rng=None, *, system: str | None = None,
+                 errors: bool = False) -> list:
         """Each prompt's text, stripped. ``images[i]``: prompt i's image (a path, bytes or PIL image), or a
         sequence of them (one per image its messages hold, in order). ``rng``: the key sampled calls draw
-        with. ``system``: the system prompt's text (None: fire_jax's, :data:`fire_jax.data.chat.SYSTEM`)."""
+        with (each row its own seed). ``system``: the system prompt's text (None: fire_jax's,
+        :data:`fire_jax.data.chat.SYSTEM`). A failure raises; with ``errors`` a failed row holds its exception
+        in place of its text instead (an in-process failure is every row's)."""
 
     def stream(self, image, messages: Sequence[Message], on_delta: Callable[[str, int], None],
                sampling: SamplingParams | None = None) -> str:
@@ -111,23 +116,31 @@ class InProcess:
         self.description = description  # where the model came from (fire_jax.infer.loading.Loaded.description)
         self.config = dataclasses.replace(config, stop_ids=chat.stop_ids, pad_id=chat.pad_id)
         self.sampling = sampling_of(config, seed)
-        self.context, self.tokenizer = context, chat.tokenizer
+        self.context, self.tokenizer, self.geometry = context, chat.tokenizer, model.cfg.geometry
         self._engine: Engine | None = None
         self._streaming: Engine | None = None
         self._lock = threading.Lock()
 
     def generate(self, images, prompts: Sequence[Sequence[Message]], sampling: SamplingParams | None = None,
-                 rng=None, *, system: str | None = None) -> list[str]:
+                 rng=None, *, system: str | None = None, errors: bool = False) -> list:
         """:meth:`Backend.generate`: each prompt rendered by the chat template with the assistant header. Each
         request carries its own images' tiles (decoded and tiled once for all agents, :data:`TILES`), and the
         engine pads them once, where it forms a prefill's batch."""
-        tiled = [[TILES.get(image, self.model.cfg.geometry) for image in images_of(row)] for row in images]
+        try:
+            return self._generate(images, prompts, sampling, rng, system)
+        except Exception as e:
+            if not errors:
+                raise
+            return [e] * len(prompts)
+
+    def _generate(self, images, prompts, sampling, rng, system) -> list[str]:
+        tiled = [[TILES.get(image, self.geometry) for image in images_of(row)] for row in images]
         sizes = [[size for _, size in row] for row in tiled]
         ids = [self.chat.encode(messages, image_sizes=row, add_generation_prompt=True, system=system
                                 ).input_ids.tolist() for messages, row in zip(prompts, sizes)]
         tiles = [None if not row else row[0][0] if len(row) == 1 else np.concatenate([t for t, _ in row])
                  for row in tiled]
-        texts = self.generate_ids(ids, tiles, [row[0] if len(row) == 1 else row for row in sizes], sampling, rng)
+        texts = self.generate_ids(ids, tiles, sizes, sampling, rng)
         return [text.strip() for text in texts]
 
     def generate_ids(self, prompts: Sequence[Sequence[int]], pixel_values, image_sizes,
@@ -191,24 +204,25 @@ class InProcess:
                sampling: SamplingParams | None = None) -> str:
         """:meth:`Backend.stream` on the started engine (its greedy tokens are those of :meth:`generate`)."""
         s = sampling or self.sampling
-        tiles, size = preprocess(image, self.model.cfg.geometry)
+        tiles, size = preprocess(image, self.geometry)
         prompt = self.chat.encode(messages, size, add_generation_prompt=True).input_ids.tolist()
         request = Request(prompt, max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                           seed=s.seed, pixel_values=tiles, image_sizes=[size])
         updates: queue.SimpleQueue = queue.SimpleQueue()
         engine = self.streaming_engine()
         try:
-            ticket = engine.submit(request, lambda _, delta, reason: updates.put((delta, reason)))
+            ticket = engine.submit(request, lambda ticket, delta, reason: updates.put(
+                (delta, reason, len(ticket.tokens))))  # the engine's thread: counted as the piece arrives
         except ValueError as e:  # e.g. a prompt over the engine's context
             raise Refused(str(e)) from None
         except RuntimeError as e:  # the engine is stopping
             raise Refused(str(e), stopping=True) from None
         try:
             while True:
-                delta, reason = updates.get()
+                delta, reason, tokens = updates.get()
                 if reason == "error":
                     raise ticket.error
-                on_delta(delta, len(ticket.tokens))
+                on_delta(delta, tokens)
                 if reason in ("stop", "length"):
                     return ticket.text.strip()
         except BaseException:
