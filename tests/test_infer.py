@@ -517,3 +517,34 @@ def test_agent_keeps_one_engine_of_batch_size_slots_for_short_calls():
     assert three[0] == one[0]  # the same prompt, greedy: the rows beside it change nothing
     unpadded = Student(InProcess(loaded.model, loaded.chat, DecodeConfig(max_new_tokens=3)))
     assert unpadded.respond([image], ["What colour?"]) == one and unpadded.backend._engine.slots == 1
+
+
+def test_in_process_streams_what_it_generates_refuses_over_its_context_and_stops_when_asked():
+    """InProcess.stream passes the text on as it grows (pieces adding up to generate's greedy text, the token
+    count rising), refuses a prompt over its streaming context before any work, and ends (cancelling the
+    request) when on_delta raises; the engine goes on serving."""
+    from fire_jax.config import DEFAULT_CONFIG, load_config
+    from fire_jax.infer.agents import generator
+    from fire_jax.infer.backends import Refused
+
+    backend = generator(None, DecodeConfig(max_new_tokens=8), config=load_config(DEFAULT_CONFIG), context=256)
+    student = Student(backend)
+    image = Image.new("RGB", (40, 30), "red")
+    (messages,) = student.prompts(["What colour?"], [()])
+    pieces = []
+    text = backend.stream(image, messages, lambda piece, tokens: pieces.append((piece, tokens)))
+    assert text == student.respond([image], ["What colour?"])[0] and text
+    tokens = [t for _, t in pieces]
+    assert "".join(p for p, _ in pieces).strip() == text and tokens[0] == 1 and tokens == sorted(set(tokens))
+    with pytest.raises(Refused, match="context"):
+        backend.stream(image, student.prompts(["word " * 300], [()])[0], lambda *_: None)
+
+    class Enough(Exception):
+        pass
+
+    def enough(piece, tokens):
+        raise Enough
+
+    with pytest.raises(Enough):
+        backend.stream(image, messages, enough)
+    assert backend.stream(image, messages, lambda *_: None) == text

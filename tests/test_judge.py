@@ -224,6 +224,19 @@ def test_exact_teacher_is_the_generators_rule():
         synthetic.exact_feedback("A cat on a mat.", "It is red.")
 
 
+def test_exact_specs_need_no_import_of_the_judge():
+    """``exact:`` is known to the one factory where the exact teacher is defined: a process that imports only
+    fire_jax.infer.agents builds it, and nothing of fire_jax.eval is loaded."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from fire_jax.infer.agents import from_spec; teacher = from_spec('exact:synthetic', "
+            "'teacher'); print(type(teacher).__name__, sorted(m for m in sys.modules if m.startswith('fire_jax.eval')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})
+    assert out.stdout.split("\n")[-2] == "ExactTeacher []"
+
+
 def test_compare_plateau_items_are_balanced_and_labelled_by_the_rule():
     """experiments/compare_plateau.py's isolated comparison: "Yes." exactly when the answer is the groundtruth,
     the direction the generator's own hint gives, right about half the time, fillers as asked."""

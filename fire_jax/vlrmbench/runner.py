@@ -190,6 +190,11 @@ class Responder:
         """How the model tiles images (None: an endpoint's own)."""
         return self.backend.geometry
 
+    @property
+    def failures(self):
+        """An endpoint's failed tries by reason, retried ones included (None in process)."""
+        return getattr(self.backend, "failures", None)
+
     def __call__(self, requests: Sequence[Request], rng=None) -> list[tuple[str | None, str | None]]:
         """(text, failure) per request: failure None, "input: ...", "empty" or :func:`failure_of`'s.
 
@@ -476,10 +481,9 @@ def evaluate(config, data_dir: str, workdir: str, *, image_root: str | None = No
                                 render=config.vlrm.render, retry_failed=retry_failed)
     tqdm.write(f"generated {sum(generated.values())} samples now, "
                f"{sum(len(d) for d in datasets.values()) - sum(generated.values())} reused from earlier runs")
-    for backend in dict.fromkeys(g.backend for g in (generator, judge) if g is not None):
-        if getattr(backend, "failures", None) is not None:  # an endpoint's, counted by reason
-            tqdm.write(f"{backend.spec}: failed tries by reason (retried ones included): "
-                       f"{dict(backend.failures) or 'none'}")
+    for who in dict.fromkeys(g for g in (generator, judge) if getattr(g, "failures", None) is not None):
+        tqdm.write(f"{who.backend.description}: failed tries by reason (retried ones included): "
+                   f"{dict(who.failures) or 'none'}")
     results = score(datasets, workdir_path, model=generator.name, judge=judge_name(config),
                     parser=config.vlrm.parser, render=config.vlrm.render, accounting=config.vlrm.accounting,
                     missing_images=missing_images(config))
