@@ -522,12 +522,14 @@ def test_agent_keeps_one_engine_of_batch_size_slots_for_short_calls():
 def test_in_process_streams_what_it_generates_refuses_over_its_context_and_stops_when_asked():
     """InProcess.stream passes the text on as it grows (pieces adding up to generate's greedy text, the token
     count rising), refuses a prompt over its streaming context before any work, and ends (cancelling the
-    request) when on_delta raises; the engine goes on serving."""
+    request) when on_delta raises; the engine goes on serving. Backends of one loaded model share it."""
     from fire_jax.config import DEFAULT_CONFIG, load_config
     from fire_jax.infer.agents import generator
     from fire_jax.infer.backends import Refused
 
-    backend = generator(None, DecodeConfig(max_new_tokens=8), config=load_config(DEFAULT_CONFIG), context=256)
+    models = {}
+    backend, other = (generator(None, DecodeConfig(max_new_tokens=8), config=load_config(DEFAULT_CONFIG), context=256,
+                                models=models) for _ in range(2))
     student = Student(backend)
     image = Image.new("RGB", (40, 30), "red")
     (messages,) = student.prompts(["What colour?"], [()])
@@ -548,3 +550,4 @@ def test_in_process_streams_what_it_generates_refuses_over_its_context_and_stops
     with pytest.raises(Enough):
         backend.stream(image, messages, enough)
     assert backend.stream(image, messages, lambda *_: None) == text
+    assert other.streaming_engine() is backend.streaming_engine() and other.model is backend.model

@@ -26,7 +26,7 @@ from typing import Sequence
 from fire_jax.data.chat import Message, check_teacher_history, student_messages, teacher_messages
 from fire_jax.data.records import Conversation, Turn, parse_score
 from fire_jax.infer.api import ApiBackend
-from fire_jax.infer.backends import Backend, InProcess, sampling_of
+from fire_jax.infer.backends import Backend, InProcess, StreamingEngines, sampling_of
 from fire_jax.infer.decode import DecodeConfig
 
 
@@ -182,8 +182,8 @@ def generator(spec: str | None, decode: DecodeConfig = DecodeConfig(), *, config
         streaming on one of ``context`` columns.
 
     ``decode``: the settings of a call that names none (sampled requests seeded from ``seed``). ``models``: a
-    dict shared between calls, so backends of the same checkpoint share one loaded model. The backend's
-    ``description`` says where it came from.
+    dict shared between calls, so backends of the same checkpoint share one loaded model and one streaming
+    engine. The backend's ``description`` says where it came from.
     """
     spec = None if spec in (None, "", "random") else spec
     if backend_of(spec) == ApiBackend.prefix:
@@ -201,10 +201,10 @@ def generator(spec: str | None, decode: DecodeConfig = DecodeConfig(), *, config
         model_config = copy.deepcopy(config)
         if init:
             model_config.init = dict(hf_checkpoint=init)
-        models[(spec, init)] = load(model_config, spec)
-    loaded = models[(spec, init)]
+        models[(spec, init)] = (load(model_config, spec), StreamingEngines())
+    loaded, streaming = models[(spec, init)]
     return InProcess(loaded.model, loaded.chat, decode, mesh=mesh, batch_size=batch_size,
-                     description=loaded.description, seed=seed, context=context)
+                     description=loaded.description, seed=seed, context=context, streaming=streaming)
 
 
 def from_spec(spec: str | None, role: str, decode: DecodeConfig = DecodeConfig(), *, config=None,

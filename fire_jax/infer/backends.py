@@ -88,12 +88,31 @@ STREAM_CHUNK = 2
 STREAM_SLOTS = 4
 
 
+class StreamingEngines:
+    """The started engines streamed requests run on, one per model and context: backends of one model (the demo's
+    student and teacher when they are one checkpoint) stream on one engine. Thread-safe."""
+
+    def __init__(self):
+        self._engines: dict = {}
+        self._lock = threading.Lock()
+
+    def engine(self, model, chat: ChatTokenizer, context: int) -> Engine:
+        with self._lock:
+            key = (id(model), context)
+            if key not in self._engines:
+                self._engines[key] = Engine(model, tokenizer=chat.tokenizer, slots=STREAM_SLOTS, cache_len=context,
+                                            prefill_batch=1, chunk=STREAM_CHUNK, stop_ids=chat.stop_ids,
+                                            pad_id=chat.pad_id, logprobs=False).start()
+            return self._engines[key]
+
+
 class InProcess:
     """The in-process backend: a model, its chat tokenizer and decode settings, generating on the model's
     :class:`fire_jax.infer.engine.Engine`. Every in-process generation goes through :meth:`generate_ids` (the
     student's, the teacher's and VLRMBench's prompts alike); :meth:`stream` runs on a second, started engine of
-    :data:`STREAM_SLOTS` slots and ``context`` columns, which passes the text on every :data:`STREAM_CHUNK`
-    tokens (the demo: several people at once, each seeing the text grow).
+    :data:`STREAM_SLOTS` slots and ``context`` columns (``streaming``'s, shared by the backends of one model),
+    which passes the text on every :data:`STREAM_CHUNK` tokens (the demo: several people at once, each seeing
+    the text grow).
 
     Each prompt is prefilled in its own length bucket, short prompts several to a prefill, and a step attends
     over the columns its rows have filled. ``batch_size`` > 0 gives the engine at least that many slots (one set
@@ -108,7 +127,8 @@ class InProcess:
     """
 
     def __init__(self, model, chat: ChatTokenizer, config: DecodeConfig = DecodeConfig(), *, mesh=None,
-                 batch_size: int = 0, description: str = "", seed: int = 0, context: int = 2048):
+                 batch_size: int = 0, description: str = "", seed: int = 0, context: int = 2048,
+                 streaming: StreamingEngines | None = None):
         if chat.image_token_id != model.cfg.image_token_id:
             raise ValueError(f"tokenizer image id {chat.image_token_id} != model image_token_id "
                              f"{model.cfg.image_token_id}")
@@ -118,8 +138,7 @@ class InProcess:
         self.sampling = sampling_of(config, seed)
         self.context, self.tokenizer, self.geometry = context, chat.tokenizer, model.cfg.geometry
         self._engine: Engine | None = None
-        self._streaming: Engine | None = None
-        self._lock = threading.Lock()
+        self.streaming = StreamingEngines() if streaming is None else streaming
 
     def generate(self, images, prompts: Sequence[Sequence[Message]], sampling: SamplingParams | None = None,
                  rng=None, *, system: str | None = None, errors: bool = False) -> list:
@@ -191,14 +210,9 @@ class InProcess:
         return self._engine
 
     def streaming_engine(self) -> Engine:
-        """The started engine :meth:`stream` runs on (built at its first use)."""
-        with self._lock:
-            if self._streaming is None:
-                chat = self.chat
-                self._streaming = Engine(self.model, tokenizer=chat.tokenizer, slots=STREAM_SLOTS,
-                                         cache_len=self.context, prefill_batch=1, chunk=STREAM_CHUNK,
-                                         stop_ids=chat.stop_ids, pad_id=chat.pad_id, logprobs=False).start()
-            return self._streaming
+        """The started engine :meth:`stream` runs on (built at its first use, shared with the backends built
+        with the same ``streaming``)."""
+        return self.streaming.engine(self.model, self.chat, self.context)
 
     def stream(self, image, messages: Sequence[Message], on_delta: Callable[[str, int], None],
                sampling: SamplingParams | None = None) -> str:
