@@ -60,6 +60,7 @@ def rising_teacher(loaded, decode, score_line: bool = False):
     """The model as the teacher, its reply to turn k scored k (so no dialogue stops before ``max_turns``);
     ``score_line`` writes that score into the reply ("Score: k.\nFeedback: <text>"), as FIRE records need."""
     from fire_jax.infer.agents import Feedback, Teacher
+    from fire_jax.infer.backends import InProcess
 
     class RisingTeacher(Teacher):
         def feedback(self, images, questions, groundtruths, answers, histories=None, *, rng=None):
@@ -69,7 +70,7 @@ def rising_teacher(loaded, decode, score_line: bool = False):
             return [Feedback(f"Score: {k}.\nFeedback: {f.text.strip() or '-'}" if score_line else f.text, float(k))
                     for f, k in zip(out, scores)]
 
-    return RisingTeacher(loaded.backend(decode), history="latest")
+    return RisingTeacher(InProcess(loaded.model, loaded.chat, decode), history="latest")
 
 
 def run(loaded, items, args, prefix_cache: bool) -> dict:
@@ -77,11 +78,12 @@ def run(loaded, items, args, prefix_cache: bool) -> dict:
     import tempfile
 
     from fire_jax.infer.agents import Student
+    from fire_jax.infer.backends import InProcess
     from fire_jax.infer.decode import DecodeConfig
     from fire_jax.infer.dialogue import FIRE_1M_GENERATION, StopRule, make_fire_records, run_dialogues
 
     decode = DecodeConfig(max_new_tokens=args.max_new_tokens, prefix_cache=prefix_cache)
-    student = Student(loaded.backend(decode))
+    student = Student(InProcess(loaded.model, loaded.chat, decode))
     teacher = rising_teacher(loaded, decode, score_line=args.workload == "generation")
     finished = []
     steps = 0

@@ -98,7 +98,7 @@ def main(argv=None, input_fn=input, print_fn=print) -> list[Turn]:
 
     decode = DecodeConfig.from_config(args)
     specs = {"student": args.student, **({"teacher": args.teacher} if use_teacher else {})}
-    agents, descriptions = from_specs(config, specs, decode, teacher_history="latest", concurrency=1)
+    agents, descriptions = from_specs(config, specs, decode, concurrency=1)  # the teacher sees the latest answer
     student, teacher = agents["student"], agents.get("teacher")
     for role, description in descriptions.items():
         print_fn(f"{role}: {description}")

@@ -26,8 +26,8 @@ served by FastAPI, the stack of :mod:`fire_jax.serve`: nothing is fetched from t
 routes (``/api/respond``, ``/api/feedback``, ``/api/record``) are the same
 calls a script would make. With ``"stream": true`` the generating routes
 answer with server-sent events, so the page shows the text as it grows and
-the tokens generated so far (:class:`Streaming`: an in-process model runs on
-a continuous-batching engine, an ``api:`` model streams from its endpoint).
+the tokens generated so far (:class:`Streaming`: the backend's ``stream``; an in-process model runs on
+a started continuous-batching engine, an ``api:`` model streams from its endpoint).
 Errors (a bad image, a failed model) come back as JSON and are shown in the
 page. Bad input is a 4xx with one clear message, checked before any work, with
 the limits and flags of :mod:`fire_jax.serve` (:mod:`fire_jax.limits`): the
@@ -54,18 +54,16 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Streamin
 
 from fire_jax.cli import run_command, require_model_config
 from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, split_overrides
-from fire_jax.data.images import preprocess
 from fire_jax.data.records import BadRecordError, Turn, parse_record, parse_score, to_raw
 from fire_jax.infer.agents import from_specs
-from fire_jax.infer.api import ApiAgent, ApiError, chat_messages
+from fire_jax.infer.api import ApiError
+from fire_jax.infer.backends import Refused, sampling_of
 from fire_jax.infer.decode import DecodeConfig
-from fire_jax.infer.engine import Engine, Request
+from fire_jax.infer.sampling import SamplingParams
 from fire_jax.limits import (BadRequest, Limits, add_arguments, boolean, check_text, json_body, limits_of,
                              longest_token_chars, open_data_uri, run_server, text_chars_bound)
 from fire_jax.serve import default_models
 
-#: Decode steps between two updates of the page (the engine's chunk).
-STREAM_CHUNK = 2
 EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "synthetic_fire")
 #: The page: one static HTML file (no template); it reads the models, sampling and examples from /api/settings.
 PAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "demo", "index.html")
@@ -81,77 +79,50 @@ def examples(directory: str = EXAMPLES_DIR, limit: int = NUM_EXAMPLES) -> list[d
 
 
 def load_agents(config, student_spec: str | None, teacher_spec: str | None, init: str | None,
-                decode: DecodeConfig):
-    """(student, teacher, {role: description}): :func:`fire_jax.infer.agents.from_spec`, one request at a time."""
+                decode: DecodeConfig, *, seed: int = 0, context: int = 2048):
+    """(student, teacher, {role: description}): :func:`fire_jax.infer.agents.from_spec`, one request at a time,
+    an in-process model streaming with ``context`` columns; the teacher sees the latest answer."""
     agents, descriptions = from_specs(config, {"student": student_spec, "teacher": teacher_spec}, decode,
-                                      init=init, teacher_history="latest", concurrency=1)
+                                      init=init, concurrency=1, seed=seed, context=context)
     return agents["student"], agents["teacher"], descriptions
 
 
 class Streaming:
-    """A student or teacher whose reply reaches the page while it is generated.
-
-    An in-process model runs on a continuous-batching :class:`Engine` (its
-    greedy tokens are those of the agent's own ``generate``; the page gets
-    the text every :data:`STREAM_CHUNK` tokens, and several people can use
-    the demo at once); an ``api:`` endpoint through its streamed completions.
-    The prompt is the agent's own (``agent.prompts``), as in the free dialogues.
+    """A student or teacher whose reply reaches the page while it is generated: the agent's prompt
+    (``agent.prompts``, as in the free dialogues) streamed by its backend
+    (:meth:`fire_jax.infer.backends.Backend.stream`). An in-process model streams from a started
+    continuous-batching engine (its greedy tokens are those of the agent's own ``generate``; several people can
+    use the demo at once), an ``api:`` endpoint through its streamed completions.
     """
 
-    def __init__(self, agent, engine: Engine | None, decode: DecodeConfig, seed: int, max_text_chars: int = 0):
-        self.agent, self.engine, self.decode = agent, engine, decode
-        self.seeds = itertools.count(seed)  # a sampled request's seed: the demo's --seed, then one more per call
+    def __init__(self, agent, sampling: SamplingParams, max_text_chars: int = 0):
+        self.agent, self.sampling = agent, sampling
+        self.seeds = itertools.count(sampling.seed)  # a sampled request's seed: --seed, then one more per call
         # characters of text a request may hold: the context at the tokenizer's longest token (0: any)
-        self.max_text_chars = max_text_chars or (0 if engine is None else text_chars_bound(
-            engine.cache_len, longest_token_chars(engine.tokenizer)))
+        backend = agent.backend
+        self.max_text_chars = max_text_chars or (text_chars_bound(
+            backend.context, longest_token_chars(backend.tokenizer)) if backend.context else 0)
 
     def start(self, image, prompt_args: tuple, push: Callable[[dict], None]) -> Callable[[], None]:
-        """Generate for one image and ``agent.prompts(*prompt_args)``; ``push`` gets
-        ``{"delta", "tokens"}`` as the text grows, then ``{"text"}`` or ``{"error"}``. Returns a cancel function.
-        A prompt the engine cannot run (over its context) is a BadRequest here, before anything is pushed."""
-        if isinstance(self.agent.backend, ApiAgent):
-            return self._start_api(image, prompt_args, push)
+        """Generate for one image and ``agent.prompts(*prompt_args)`` in a thread of its own; ``push`` gets
+        ``{"delta", "tokens"}`` as the text grows, then ``{"text"}``, ``{"error"}`` or, for a request the
+        backend refused before generating, ``{"refused": BadRequest}``. Returns a cancel function."""
         (messages,) = self.agent.prompts(*prompt_args)
-        prompt = self.agent.backend.encode(messages, (image.height, image.width))
-        tiles, size = preprocess(image, self.agent.model.cfg.geometry)
-        d = self.decode
-        request = Request(prompt, max_tokens=d.max_new_tokens, temperature=d.temperature,
-                          top_p=d.top_p, top_k=d.top_k, seed=next(self.seeds) % 2 ** 32, pixel_values=tiles,
-                          image_sizes=[size])
+        sampling = self.sampling.replace(seed=next(self.seeds) % 2 ** 32)
+        cancelled = threading.Event()
 
-        def on_update(ticket, delta, reason):  # the engine thread
-            if reason == "error":
-                push({"error": failure_message(ticket.error)})
-                return
-            push({"delta": delta, "tokens": len(ticket.tokens)})
-            if reason in ("stop", "length"):
-                push({"text": ticket.text.strip()})
-
-        try:
-            ticket = self.engine.submit(request, on_update)
-        except ValueError as e:  # e.g. a prompt over the engine's context
-            code = "context_length_exceeded" if "context" in str(e) else "invalid_request_error"
-            raise BadRequest(400, f"{e}; start the demo with a larger --cache_len" if "context" in str(e) else str(e),
-                             code) from None
-        except RuntimeError as e:  # shutting down
-            raise BadRequest(503, str(e), "shutting_down") from None
-        return lambda: self.engine.cancel(ticket)
-
-    def _start_api(self, image, prompt_args: tuple, push) -> Callable[[], None]:
-        (messages,) = self.agent.prompts(*prompt_args)
-        cancelled, pieces = threading.Event(), [0]
-
-        def on_delta(delta: str) -> None:
+        def on_delta(delta: str, tokens: int) -> None:
             if cancelled.is_set():
-                raise _Cancelled  # closes the stream
-            pieces[0] += 1
-            push({"delta": delta, "tokens": pieces[0]})  # an endpoint's pieces are about a token each
+                raise _Cancelled  # ends the generation
+            push({"delta": delta, "tokens": tokens})
 
         def work():
             try:
-                push({"text": self.agent.backend.stream(chat_messages(messages, image), on_delta)})
+                push({"text": self.agent.backend.stream(image, messages, on_delta, sampling)})
             except _Cancelled:
                 pass
+            except Refused as e:
+                push({"refused": refusal(e)})
             except Exception as e:  # shown in the page
                 push({"error": failure_message(e)})
 
@@ -161,6 +132,15 @@ class Streaming:
 
 class _Cancelled(Exception):
     pass
+
+
+def refusal(error: Refused) -> BadRequest:
+    """The 4xx of a request the model refused before generating: over the context, or the demo is stopping."""
+    if error.stopping:
+        return BadRequest(503, str(error), "shutting_down")
+    if "context" in str(error):
+        return BadRequest(400, f"{error}; start the demo with a larger --cache_len", "context_length_exceeded")
+    return BadRequest(400, str(error), "invalid_request_error")
 
 
 def failure_message(error: BaseException) -> str:
@@ -174,35 +154,29 @@ def failure_message(error: BaseException) -> str:
     return "the model failed to generate; the demo's log says why"
 
 
-def streaming_agents(student, teacher, decode: DecodeConfig, *, seed: int, cache_len: int, slots: int = 4,
-                     max_text_chars: int = 0):
-    """(student, teacher) as :class:`Streaming`, one started engine per in-process model (shared by both roles
-    when they share it)."""
-    engines = {}
-    for agent in (student, teacher):
-        if agent.model is not None and id(agent.model) not in engines:
-            chat = agent.backend.chat
-            engines[id(agent.model)] = Engine(agent.model, tokenizer=chat.tokenizer, slots=slots, cache_len=cache_len,
-                                              prefill_batch=1, chunk=STREAM_CHUNK, stop_ids=chat.stop_ids,
-                                              pad_id=chat.pad_id, logprobs=False).start()
-    return tuple(Streaming(agent, None if agent.model is None else engines[id(agent.model)], decode, seed,
-                           max_text_chars) for agent in (student, teacher))
-
-
-def _events(streaming: Streaming, image, prompt_args: tuple):
+async def _events(streaming: Streaming, image, prompt_args: tuple):
     """The events of one generation as they come (an async iterator); leaving early (the client went away)
-    cancels it. The generation starts here, so a prompt it cannot run is a BadRequest before any reply."""
+    cancels it. The generation starts here and its first event is awaited, so a prompt the model refuses is a
+    BadRequest before any reply."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
     cancel = streaming.start(image, prompt_args, lambda event: loop.call_soon_threadsafe(queue.put_nowait, event))
+    try:
+        first = await queue.get()
+    except BaseException:
+        cancel()
+        raise
+    if "refused" in first:
+        raise first["refused"]
 
     async def events():
+        event = first
         try:
             while True:
-                event = await queue.get()
                 yield event
                 if "text" in event or "error" in event:
                     return
+                event = await queue.get()
         finally:
             cancel()
 
@@ -275,7 +249,7 @@ def fire_record(body: dict) -> dict:
     return record
 
 
-def create_app(student: Streaming, teacher: Streaming, descriptions: dict, decode: DecodeConfig, *, seed: int = 0,
+def create_app(student: Streaming, teacher: Streaming, descriptions: dict, sampling: SamplingParams, *,
                limits: Limits | None = None, example_dir: str = EXAMPLES_DIR, api_docs: bool = False):
     """The demo's app; ``limits`` (:class:`fire_jax.limits.Limits`) on every request before it reaches a model.
     ``api_docs``: serve FastAPI's ``/docs`` and ``/openapi.json`` (off by default: the page is the demo's one
@@ -313,8 +287,8 @@ def create_app(student: Streaming, teacher: Streaming, descriptions: dict, decod
 
     def settings() -> dict:
         return {"student": descriptions["student"], "teacher": descriptions["teacher"],
-                "sampling": {"max_new_tokens": decode.max_new_tokens, "temperature": decode.temperature,
-                             "top_p": decode.top_p, "top_k": decode.top_k, "seed": seed},
+                "sampling": {"max_new_tokens": sampling.max_tokens, "temperature": sampling.temperature,
+                             "top_p": sampling.top_p, "top_k": sampling.top_k, "seed": sampling.seed},
                 "examples": items}
 
     @app.get("/api/settings")
@@ -336,7 +310,7 @@ def create_app(student: Streaming, teacher: Streaming, descriptions: dict, decod
         image = checked(student, body, turns, question)
         if any(not t.feedback for t in turns):
             raise BadRequest(400, "give feedback on the last answer (or ask the teacher) before refining")
-        events = _events(student, image, ([question], [tuple(turns)]))
+        events = await _events(student, image, ([question], [tuple(turns)]))
         return await _reply(body, events, lambda text: {"response": text, "turns": [_turn_json(t) for t in turns]})
 
     @app.post("/api/feedback")
@@ -347,7 +321,8 @@ def create_app(student: Streaming, teacher: Streaming, descriptions: dict, decod
         image = checked(teacher, body, turns, question, groundtruth)
         if not turns:
             raise BadRequest(400, "ask the student first: there is no answer to give feedback on")
-        events = _events(teacher, image, ([question], [groundtruth], [turns[-1].response], [tuple(turns[:-1])]))
+        events = await _events(teacher, image, ([question], [groundtruth], [turns[-1].response],
+                                                [tuple(turns[:-1])]))
         return await _reply(body, events, lambda text: {"feedback": text, "score": parse_score(text)})
 
     @app.post("/api/record")
@@ -393,13 +368,14 @@ def main(argv=None):
         init = init or base
         print(f"default models: {why}", flush=True)
     decode = DecodeConfig.from_config(args)
+    sampling = sampling_of(decode, args.seed)
     config = require_model_config(apply_overrides(load_config(args.config), overrides), args.config)
-    student, teacher, descriptions = load_agents(config, student_spec, teacher_spec, init, decode)
+    student, teacher, descriptions = load_agents(config, student_spec, teacher_spec, init, decode, seed=args.seed,
+                                                 context=args.cache_len)
     for role, description in descriptions.items():
         print(f"{role}: {description}", flush=True)
-    student, teacher = streaming_agents(student, teacher, decode, seed=args.seed, cache_len=args.cache_len,
-                                        max_text_chars=args.max_text_chars)
-    app = create_app(student, teacher, descriptions, decode, seed=args.seed, limits=limits_of(args, max_images=1),
+    student, teacher = (Streaming(agent, sampling, args.max_text_chars) for agent in (student, teacher))
+    app = create_app(student, teacher, descriptions, sampling, limits=limits_of(args, max_images=1),
                      api_docs=args.api_docs)
     run_server(app, args, "demo on http://{host}:{port}/")
 

@@ -54,7 +54,7 @@ def train_and_report(config, workdir: str, name: str) -> dict:
     return {"workdir": workdir, "step": summary["step"], "source_sizes": summary.get("source_sizes", {})}
 
 
-#: The teacher spec of the exact teacher (fire_jax.eval.judge.ExactTeacher): no model, the generator's rule.
+#: The teacher spec of the exact teacher (fire_jax.infer.agents.ExactTeacher): no model, the generator's rule.
 EXACT_TEACHER = dict(name="exact teacher", init="exact:synthetic", adapter="")
 
 

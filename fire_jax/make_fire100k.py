@@ -29,7 +29,7 @@ each taking the triplets ``i, i + N, ...``):
 - ``OUT.stats.json`` and ``OUT.stats.png``: per-source yield, drops, Fig. 5 statistics.
 
 Requests go out concurrently (``--concurrency``) with the retries of
-:class:`fire_jax.infer.api.ApiAgent`; each result is appended as it comes,
+:class:`fire_jax.infer.api.ApiBackend`; each result is appended as it comes,
 so a killed run loses only the requests in flight and a rerun skips every id
 already kept or dropped (a request that still failed, ``api_error``, is
 retried by the next run).
@@ -47,10 +47,11 @@ import re
 
 from fire_jax.cli import run_command
 from fire_jax.config import resolve_path
+from fire_jax.data.chat import Message
 from fire_jax.data.items import Item, load_triplets
 from fire_jax.data.records import BadRecordError, BadRecords, Turn, improved, load_records, parse_record
 from fire_jax.infer.agents import generator
-from fire_jax.infer.api import ApiAgent, ApiError, image_url
+from fire_jax.infer.api import ApiBackend, ApiError
 from fire_jax.infer.decode import DecodeConfig
 from fire_jax.infer.dialogue import fire_record
 from fire_jax.infer.dialogue import Dialogue
@@ -137,12 +138,9 @@ def drop_reason(turns: list[Turn], max_turns: int = MAX_TURNS) -> tuple[str, str
     return None
 
 
-def messages(item: Item, max_turns: int) -> list[dict]:
-    """The chat request for one triplet: our system prompt, then the image and the question/groundtruth."""
-    return [{"role": "system", "content": SYSTEM_PROMPT.format(max_turns=max_turns)},
-            {"role": "user", "content": [
-                {"type": "image_url", "image_url": {"url": image_url(item.image)}},
-                {"type": "text", "text": USER_PROMPT.format(question=item.question, groundtruth=item.groundtruth)}]}]
+def prompt(item: Item) -> list[Message]:
+    """The prompt for one triplet, after :data:`SYSTEM_PROMPT`: the image, then the question and groundtruth."""
+    return [Message("user", USER_PROMPT.format(question=item.question, groundtruth=item.groundtruth), images=1)]
 
 
 def to_record(item: Item, output: str, *, image_root: str, split: str, max_turns: int) -> tuple[dict | None, dict | None]:
@@ -169,17 +167,19 @@ def shard_path(out: str, index: int, count: int) -> str:
     return f"{stem}-{index:05d}-of-{count:05d}{ext or '.jsonl'}"
 
 
-def make_records(items, agent: ApiAgent, out: str, *, image_root: str, split: str = "fire_100k",
-             max_turns: int = MAX_TURNS, concurrency: int = 16) -> collections.Counter:
-    """Ask for a conversation per triplet not yet done; returns this run's api_error count (as a Counter)."""
+def make_records(items, backend: ApiBackend, out: str, *, image_root: str, split: str = "fire_100k",
+                 max_turns: int = MAX_TURNS, concurrency: int = 16) -> collections.Counter:
+    """Ask ``backend`` for a conversation per triplet not yet done, ``concurrency`` at a time, each written as it
+    comes; returns this run's api_error count (as a Counter)."""
     from tqdm.auto import tqdm
 
     failed = collections.Counter()
     with ResultStore(out, key_field="id") as kept, ResultStore(out + ".dropped.jsonl", key_field="id") as dropped:
         todo = [item for item in items if item.id not in kept and item.id not in dropped]
-        print(f"FIRE-100K-style generation with {agent.spec}: {len(items)} triplets, {len(items) - len(todo)} "
+        print(f"FIRE-100K-style generation with {backend.spec}: {len(items)} triplets, {len(items) - len(todo)} "
               f"already done ({len(kept)} kept), {len(todo)} to run", flush=True)
-        ask = lambda item: agent.complete(messages(item, max_turns))  # retried, failures counted by reason
+        system = SYSTEM_PROMPT.format(max_turns=max_turns)
+        ask = lambda item: backend.generate([item.image], [prompt(item)], system=system)[0]  # retried, counted
         with concurrent.futures.ThreadPoolExecutor(max(1, concurrency)) as pool, \
                 tqdm(total=len(items), initial=len(items) - len(todo), desc="generate", unit="conversation",
                      dynamic_ncols=True) as progress:
@@ -273,12 +273,12 @@ def main(argv=None) -> dict:
     out = shard_path(args.out, args.process_index, args.process_count)
     if args.process_count > 1:
         print(f"process {args.process_index} of {args.process_count}: {len(items)} triplets -> {out}")
-    agent = generator(args.model, DecodeConfig.from_config(args, max_new_tokens=args.max_tokens),
-                      concurrency=args.concurrency, retries=args.retries, timeout=args.timeout, seed=args.seed)
-    failed = make_records(items, agent, out, image_root=image_root, split=args.split, max_turns=args.max_turns,
-                      concurrency=args.concurrency)
-    if agent.failures:
-        print(f"request failures (retries included): {dict(agent.failures)}")
+    backend = generator(args.model, DecodeConfig.from_config(args, max_new_tokens=args.max_tokens),
+                        concurrency=1, retries=args.retries, timeout=args.timeout, seed=args.seed)
+    failed = make_records(items, backend, out, image_root=image_root, split=args.split, max_turns=args.max_turns,
+                          concurrency=args.concurrency)
+    if backend.failures:
+        print(f"request failures (retries included): {dict(backend.failures)}")
     return report(items, out, image_root, failed, args.plot or out + ".stats.png")
 
 

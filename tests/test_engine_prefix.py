@@ -143,12 +143,13 @@ def test_free_dialogues_of_agents_reuse_every_turn_and_say_the_same(loaded, monk
     from fire_jax.config import resolve_path
     from fire_jax.data.images import TileCache
     from fire_jax.data.items import load_triplets
-    from fire_jax.infer import agents
+    from fire_jax.infer import backends
     from fire_jax.infer.agents import Feedback, Student, Teacher
+    from fire_jax.infer.backends import InProcess
     from fire_jax.infer.dialogue import StopRule, run_dialogues
 
     tiles = TileCache()
-    monkeypatch.setattr(agents, "TILES", tiles)
+    monkeypatch.setattr(backends, "TILES", tiles)
 
     class RisingTeacher(Teacher):
         def feedback(self, images, questions, groundtruths, answers, histories=None, *, rng=None):
@@ -159,8 +160,8 @@ def test_free_dialogues_of_agents_reuse_every_turn_and_say_the_same(loaded, monk
     runs = {}
     for on in (False, True):
         decode = DecodeConfig(max_new_tokens=12, prefix_cache=on)
-        student = Student(loaded.backend(decode))
-        teacher = RisingTeacher(loaded.backend(decode), history="latest")
+        student = Student(InProcess(loaded.model, loaded.chat, decode))
+        teacher = RisingTeacher(InProcess(loaded.model, loaded.chat, decode), history="latest")
         finished = []
         run_dialogues(items, student, teacher, StopRule(max_turns=3), batch_size=3, on_finish=finished.append)
         assert sorted(len(d.turns) for d in finished) == [3, 3, 3]

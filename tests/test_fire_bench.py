@@ -209,12 +209,13 @@ def test_fixed_run_resumes_and_scores_against_the_ground_truth(tmp_path):
 def load_model(config, section):
     """The model of an agent section, built as the runners build it (agent_spec -> from_spec)."""
     spec, init = agent_spec(section)
-    return from_spec(spec, "student", config=model_config(config), init=init).model
+    return from_spec(spec, "student", config=model_config(config), init=init).backend.model
 
 
 def test_a_backend_is_any_generator_of_texts_for_prompt_messages():
-    """Student and Teacher are one prompt builder each, over any backend with generate(images, prompts, rng): here
-    a test double that replies with the last message's text. The teacher's history mode decides what it sees."""
+    """Student and Teacher are one prompt builder each, over any backend with generate(images, prompts, sampling,
+    rng): here a test double that replies with the last message's text. The teacher's history mode decides what it
+    sees."""
     from fire_jax.data.records import Turn
     from fire_jax.infer.agents import Student, Teacher
 
@@ -222,7 +223,7 @@ def test_a_backend_is_any_generator_of_texts_for_prompt_messages():
         def __init__(self):
             self.calls = []
 
-        def generate(self, images, prompts, rng=None):
+        def generate(self, images, prompts, sampling=None, rng=None):
             self.calls.append((list(images), prompts, rng))
             return [f"Score: {len(p)}. {p[-1].text}" for p in prompts]
 
@@ -235,26 +236,26 @@ def test_a_backend_is_any_generator_of_texts_for_prompt_messages():
     for mode, length in (("latest", 3), ("full", 5)):
         (feedback,) = Teacher(echo, mode).feedback(["img"], ["How many?"], ["3"], ["Answer: 3."], [history])
         assert (feedback.text, feedback.score) == (f"Score: {length}. Answer: 3.", length)
-    assert Student(echo).model is None and Student(echo).description == ""
+    assert Student(echo).description == ""
 
 
 def test_from_spec_builds_every_kind_of_agent_and_checks_roles():
     """One factory: endpoint, exact-teacher and in-process specs; roles naming one checkpoint share its model;
     a bad role or teacher history, and an exact student, are refused."""
-    from fire_jax.eval.judge import ExactTeacher
-    from fire_jax.infer.agents import InProcess, Student, Teacher, from_specs
-    from fire_jax.infer.api import ApiAgent
+    from fire_jax.infer.agents import ExactTeacher, Student, Teacher, from_specs
+    from fire_jax.infer.api import ApiBackend
+    from fire_jax.infer.backends import InProcess
 
     config = eval_config("fixed")
     agents, descriptions = from_specs(model_config(config), {"student": None, "teacher": "random"})
-    assert agents["student"].model is agents["teacher"].model and agents["teacher"].history == "latest"
+    assert agents["student"].backend.model is agents["teacher"].backend.model and agents["teacher"].history == "latest"
     assert isinstance(agents["student"], Student) and isinstance(agents["teacher"].backend, InProcess)
     assert descriptions["student"] == descriptions["teacher"] and "random" in descriptions["student"]
     endpoint = from_spec("api:http://127.0.0.1:1/v1#m", "teacher", teacher_history="full")
-    assert isinstance(endpoint, Teacher) and isinstance(endpoint.backend, ApiAgent) and endpoint.history == "full"
-    assert endpoint.description == "endpoint api:http://127.0.0.1:1/v1#m" and endpoint.model is None
+    assert isinstance(endpoint, Teacher) and isinstance(endpoint.backend, ApiBackend) and endpoint.history == "full"
+    assert endpoint.description == "endpoint api:http://127.0.0.1:1/v1#m"
     student = from_spec("api:http://127.0.0.1:1/v1#m", "student")
-    assert isinstance(student, Student) and isinstance(student.backend, ApiAgent)
+    assert isinstance(student, Student) and isinstance(student.backend, ApiBackend)
     assert isinstance(from_spec("exact:synthetic", "teacher"), ExactTeacher)
     assert agent_spec(dict(init="exact:synthetic", adapter="x")) == ("exact:synthetic", "")
     with pytest.raises(ValueError, match="not a student"):
@@ -270,7 +271,7 @@ def tiny_models():
     """One tiny random model shared by the student and the teacher."""
     config = eval_config("fixed")
     student, teacher = build_agents(config, "full")
-    assert student.model is teacher.model
+    assert student.backend.model is teacher.backend.model
     return student, teacher
 
 

@@ -16,7 +16,8 @@ from fire_jax.convert import hf as convert
 from fire_jax.data.chat import ChatTokenizer
 from fire_jax.data.images import preprocess
 from fire_jax.data.records import Turn, parse_score
-from fire_jax.infer.agents import InProcess, Student, Teacher
+from fire_jax.infer.agents import Student, Teacher
+from fire_jax.infer.backends import InProcess
 from fire_jax.infer.decode import DecodeConfig, generate
 from fire_jax.infer.engine import TRACE_COUNTS, left_pad, prompt_bucket
 from fire_jax.infer.forward import image_inputs, normalise_sizes
@@ -401,7 +402,7 @@ def test_teacher_feedback_carries_the_parsed_score(pair, chat, images, monkeypat
     """Feedback.score is the score of the generated text (fire_jax.data.records.parse_score); no score line gives None."""
     teacher = Teacher(InProcess(pair[1], chat))
     texts = ["Score: 7.\nFeedback: Count the squares too.", "Feedback: Look again.", "Score: 10/10\nFeedback: Yes."]
-    monkeypatch.setattr(teacher.backend, "generate", lambda images_, prompts, rng: texts[:len(prompts)])
+    monkeypatch.setattr(teacher.backend, "generate", lambda images_, prompts, sampling=None, rng=None: texts[:len(prompts)])
     feedback = teacher.feedback(images + images[:1], ["q"] * 3, ["gt"] * 3, ["Answer: 1"] * 3)
     assert [(f.text, f.score) for f in feedback] == list(zip(texts, [7, None, 10]))
 
@@ -459,7 +460,7 @@ def test_agent_writes_what_generate_writes_and_samples_by_its_key():
     loaded = load(load_config(DEFAULT_CONFIG))
     embed = loaded.model.language_model.model.embed_tokens.embedding
     embed.set_value(embed.get_value() * 50)  # unit-scale embeddings: greedy outputs vary instead of repeating
-    student = loaded.agent("student", DecodeConfig(max_new_tokens=12), batch_size=4)
+    student = Student(InProcess(loaded.model, loaded.chat, DecodeConfig(max_new_tokens=12), batch_size=4))
     backend = student.backend
     rng = np.random.default_rng(3)
     images = [Image.fromarray(rng.integers(0, 255, (h, w, 3), np.uint8)) for h, w in
@@ -491,7 +492,8 @@ def test_agent_writes_what_generate_writes_and_samples_by_its_key():
     long = student.respond(images[:1], questions[:1], [(turn,) * 12])
     assert backend._engine.cache_len > engine.cache_len
     assert long == reference(images[:1], questions[:1], [(turn,) * 12])
-    sampler = loaded.backend(DecodeConfig(max_new_tokens=12, temperature=1.0, prefix_cache=False), batch_size=4)
+    sampler = InProcess(loaded.model, loaded.chat, DecodeConfig(max_new_tokens=12, temperature=1.0, prefix_cache=False),
+                        batch_size=4)
     drawn = sampler.generate_ids(prompts, None, None, rng=jax.random.key(5))
     assert drawn == sampler.generate_ids(prompts, None, None, rng=jax.random.key(5))
     assert drawn != sampler.generate_ids(prompts, None, None, rng=jax.random.key(6)) and drawn != texts
@@ -506,12 +508,46 @@ def test_agent_keeps_one_engine_of_batch_size_slots_for_short_calls():
     from fire_jax.infer.loading import load
 
     loaded = load(load_config(DEFAULT_CONFIG))
-    student = loaded.agent("student", DecodeConfig(max_new_tokens=3), batch_size=4)
+    student = Student(InProcess(loaded.model, loaded.chat, DecodeConfig(max_new_tokens=3), batch_size=4))
     image = Image.new("RGB", (40, 30), "red")
     one = student.respond([image], ["What colour?"])
     engine = student.backend._engine
     three = student.respond([image] * 3, ["What colour?", "Which shape?", "How many?"])
     assert student.backend._engine is engine and engine.slots == 4 and len(one) == 1 and len(three) == 3
     assert three[0] == one[0]  # the same prompt, greedy: the rows beside it change nothing
-    unpadded = loaded.agent("student", DecodeConfig(max_new_tokens=3))
+    unpadded = Student(InProcess(loaded.model, loaded.chat, DecodeConfig(max_new_tokens=3)))
     assert unpadded.respond([image], ["What colour?"]) == one and unpadded.backend._engine.slots == 1
+
+
+def test_in_process_streams_what_it_generates_refuses_over_its_context_and_stops_when_asked():
+    """InProcess.stream passes the text on as it grows (pieces adding up to generate's greedy text, the token
+    count rising), refuses a prompt over its streaming context before any work, and ends (cancelling the
+    request) when on_delta raises; the engine goes on serving. Backends of one loaded model share it."""
+    from fire_jax.config import DEFAULT_CONFIG, load_config
+    from fire_jax.infer.agents import generator
+    from fire_jax.infer.backends import Refused
+
+    models = {}
+    backend, other = (generator(None, DecodeConfig(max_new_tokens=8), config=load_config(DEFAULT_CONFIG), context=256,
+                                models=models) for _ in range(2))
+    student = Student(backend)
+    image = Image.new("RGB", (40, 30), "red")
+    (messages,) = student.prompts(["What colour?"], [()])
+    pieces = []
+    text = backend.stream(image, messages, lambda piece, tokens: pieces.append((piece, tokens)))
+    assert text == student.respond([image], ["What colour?"])[0] and text
+    tokens = [t for _, t in pieces]
+    assert "".join(p for p, _ in pieces).strip() == text and tokens[0] == 1 and tokens == sorted(set(tokens))
+    with pytest.raises(Refused, match="context"):
+        backend.stream(image, student.prompts(["word " * 300], [()])[0], lambda *_: None)
+
+    class Enough(Exception):
+        pass
+
+    def enough(piece, tokens):
+        raise Enough
+
+    with pytest.raises(Enough):
+        backend.stream(image, messages, enough)
+    assert backend.stream(image, messages, lambda *_: None) == text
+    assert other.streaming_engine() is backend.streaming_engine() and other.model is backend.model

@@ -9,6 +9,7 @@ import pytest
 
 from fire_jax.data import synthetic
 from fire_jax.eval import judge
+from fire_jax.infer.agents import ExactTeacher, answer_of, from_spec
 from fire_jax.infer.dialogue import StopRule, stop_reason
 
 ASSETS = os.path.join(os.path.dirname(__file__), "..", "fire_jax", "assets", "synthetic_fire")
@@ -41,7 +42,7 @@ def test_judge_colours():
 
 
 def test_judge_reads_the_last_answer_and_bare_text():
-    assert judge.answer_of("Thought: Answer: no\nAnswer: The square is red.") == "The square is red."
+    assert answer_of("Thought: Answer: no\nAnswer: The square is red.") == "The square is red."
     assert judge.is_right("The square is red", "The square is red.")  # no "Answer:": the whole text
     assert not judge.is_right("Answer: The square is red.", "")  # an empty groundtruth never matches
     assert judge.normalize("The Square  is RED!.") == "the square is red"
@@ -208,7 +209,8 @@ def test_synthetic_dialogues_step_towards_the_truth():
 def test_exact_teacher_is_the_generators_rule():
     """The exact teacher reproduces every feedback of generated dialogues, and its verdict is the judge's."""
     records, *_ = synthetic.synthesize(90, seed=4, split="train")
-    teacher = judge.ExactTeacher()
+    teacher = from_spec("exact:synthetic", "teacher")
+    assert isinstance(teacher, ExactTeacher) and teacher.description == "exact:synthetic"
     for record in records:
         gt = record["groundtruth"]["value"]
         responses = [m["value"] for m in record["conversations"][0::2]]
@@ -220,6 +222,19 @@ def test_exact_teacher_is_the_generators_rule():
     assert odd.score == 1 and "Score: 1." in odd.text
     with pytest.raises(ValueError, match="not a synthetic groundtruth"):
         synthetic.exact_feedback("A cat on a mat.", "It is red.")
+
+
+def test_exact_specs_need_no_import_of_the_judge():
+    """``exact:`` is known to the one factory where the exact teacher is defined: a process that imports only
+    fire_jax.infer.agents builds it, and nothing of fire_jax.eval is loaded."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from fire_jax.infer.agents import from_spec; teacher = from_spec('exact:synthetic', "
+            "'teacher'); print(type(teacher).__name__, sorted(m for m in sys.modules if m.startswith('fire_jax.eval')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})
+    assert out.stdout.split("\n")[-2] == "ExactTeacher []"
 
 
 def test_compare_plateau_items_are_balanced_and_labelled_by_the_rule():

@@ -270,7 +270,7 @@ def test_free_dialogues_through_api_specs_equal_in_process(checkpoint, server, t
         config.decode.update(max_new_tokens=6)
         config.student.init = config.teacher.init = init
         agents = build_agents(config, config.free.teacher_history)
-        assert type(agents[0].backend).__name__ == ("ApiAgent" if kind == "api" else "InProcess")
+        assert type(agents[0].backend).__name__ == ("ApiBackend" if kind == "api" else "InProcess")
         results = evaluate(config, str(tmp_path / kind), agents=agents)
         with open(results["outputs"]) as f:
             runs[kind] = [json.loads(line) for line in f]
@@ -338,7 +338,7 @@ def test_api_agents_retry_429_and_5xx_and_count_every_failure(tmp_path):
     """A flaky scripted endpoint: 503 then 429 are retried and counted; a 500 that persists fails once retries
     are spent, by reason."""
     from fire_jax.infer.agents import Student, Teacher
-    from fire_jax.infer.api import ApiAgent, ApiError
+    from fire_jax.infer.api import ApiBackend, ApiError
     from loopback import get_json
 
     script = tmp_path / "flaky.json"
@@ -347,12 +347,12 @@ def test_api_agents_retry_429_and_5xx_and_count_every_failure(tmp_path):
         {"contains": "down", "reply": "never sent", "errors": [500] * 5}]}))
     args = ["--plugin", "scripted_model", "--model", f"m=scripted:{script}"]
     with loopback_server("fire_jax.serve", args, "/health") as (_, base):
-        teacher = Teacher(ApiAgent(f"api:{base}/v1#m", retries=3, backoff=0))
+        teacher = Teacher(ApiBackend(f"api:{base}/v1#m", retries=3, backoff=0))
         feedback = teacher.feedback([picture(40, 70, 0)], ["flaky?"], ["2"], ["Answer: 2."])[0]
         assert (feedback.text, feedback.score) == ("Score: 9.\nFeedback: Right.", 9)
         assert teacher.backend.failures == {"http_503": 1, "http_429": 1}
 
-        student = Student(ApiAgent(f"api:{base}/v1#m", retries=2, backoff=0))
+        student = Student(ApiBackend(f"api:{base}/v1#m", retries=2, backoff=0))
         with pytest.raises(ApiError) as failed:
             student.respond([picture(40, 70, 0)], ["down?"])
         assert failed.value.reason == "http_500" and student.backend.failures == {"http_500": 3}

@@ -13,8 +13,9 @@ from PIL import Image
 from fire_jax.config import load_config
 from fire_jax.convert.hf import save_peft_adapter
 from fire_jax.data.chat import Message, render
+from fire_jax.data.images import pad_tiles
 from fire_jax.geometry import TEXT
-from fire_jax.infer import agents
+from fire_jax.infer import backends
 from fire_jax.infer.forward import image_inputs
 from fire_jax.vlrmbench import runner
 from fire_jax.vlrmbench.tasks import TASKS
@@ -69,16 +70,16 @@ def all_records(workdir):
 
 
 class CountingGenerate:
-    """Wraps InProcess.generate_ids, every in-process backend's one generation path (the engine or generate):
+    """Wraps InProcess.generate_ids, every in-process backend's one generation path (the engine):
     counts calls and prompts, can interrupt or fail a call or blank its texts. ``install`` puts it in place."""
 
     def __init__(self, interrupt_at=None, fail=None, blank=None):
-        self.real = agents.InProcess.generate_ids
+        self.real = backends.InProcess.generate_ids
         self.calls, self.prompts = 0, 0
         self.interrupt_at, self.fail, self.blank = interrupt_at, fail, blank
 
     def install(self, monkeypatch) -> "CountingGenerate":
-        monkeypatch.setattr(agents.InProcess, "generate_ids", lambda backend, *args, **kwargs: self(backend, *args, **kwargs))
+        monkeypatch.setattr(backends.InProcess, "generate_ids", lambda backend, *args, **kwargs: self(backend, *args, **kwargs))
         return self
 
     def __call__(self, agent, prompts, *args, **kwargs):
@@ -105,16 +106,31 @@ def full_run(bench, tmp_path_factory):
 
 # ---------------------------------------------------------------- several images per sample
 
+def handed_to_the_engine(generator, requests) -> list[tuple]:
+    """(ids, tiles, sizes) of each request as the responder's in-process backend hands it to its engine
+    (``InProcess.generate_ids``, which then generates nothing)."""
+    rows = []
+
+    def spy(prompts, pixel_values, image_sizes, *args, **kwargs):
+        rows.extend(zip(prompts, pixel_values, image_sizes))
+        return [""] * len(prompts)
+
+    generator.backend.generate_ids = spy
+    generator(requests)
+    return rows
+
+
 def test_two_images_two_placeholder_blocks_and_their_tiles(bench):
     generator = runner.Responder.from_config(tiny_config(), tiny_config().generate, name="tiny", max_new_tokens=8)
-    chat, geometry, n = generator.chat, generator.geometry, generator.geometry.tokens_per_tile
+    chat, geometry, n = generator.backend.chat, generator.geometry, generator.geometry.tokens_per_tile
 
     paths = (str(bench / "SC/1_0.png"), str(bench / "SC/1_1.png"))
-    row = generator.prepare(runner.Request("Q", paths), {})
+    (ids, row_tiles, sizes), bare, typed = handed_to_the_engine(generator, [
+        runner.Request("Q", paths), runner.Request("Q", ()), runner.Request("Look at <image> 2.", paths)])
     tiles = [geometry.num_tiles(s) for s in SIZES]
-    assert row.sizes == SIZES and len(row.tiles) == sum(tiles) == 9
+    assert sizes == SIZES and len(row_tiles) == sum(tiles) == 9
 
-    ids = np.asarray(row.ids)
+    ids = np.asarray(ids)
     is_image = ids == chat.image_token_id
     starts = np.flatnonzero(is_image & ~np.roll(is_image, 1))
     ends = np.flatnonzero(is_image & ~np.roll(is_image, -1)) + 1
@@ -123,22 +139,19 @@ def test_two_images_two_placeholder_blocks_and_their_tiles(bench):
     assert chat.decode(collapsed) == render([Message("user", "Q", images=2)], add_generation_prompt=True)
 
     # A request whose image files were all missing (missing_images="send_without") goes as text alone.
-    bare = generator.prepare(runner.Request("Q", ()), {})
-    assert bare.sizes == [] and bare.tiles.shape == (0, 3, geometry.tile_size, geometry.tile_size)
-    assert chat.image_token_id not in bare.ids
-    assert chat.decode(bare.ids) == render([Message("user", "Q")], add_generation_prompt=True)
-    _, pixels, both_sizes = runner.build_batch([row, bare], multiple=geometry.max_tiles)
-    assert pixels.shape[:2] == (2, 10) and not pixels[1].any() and both_sizes == [SIZES, []]
+    assert bare[1] is None and list(bare[2]) == []
+    assert chat.image_token_id not in bare[0]
+    assert chat.decode(bare[0]) == render([Message("user", "Q")], add_generation_prompt=True)
     # A "<image>" in a record's text is text (16 of the shipped image_ref_error records have one).
-    typed = generator.prepare(runner.Request("Look at <image> 2.", paths), {})
-    assert sum(np.asarray(typed.ids) == chat.image_token_id) == sum(geometry.num_tokens(s) for s in SIZES)
-    assert "Look at <image> 2." in chat.decode(typed.ids)
+    assert sum(np.asarray(typed[0]) == chat.image_token_id) == sum(geometry.num_tokens(s) for s in SIZES)
+    assert "Look at <image> 2." in chat.decode(typed[0])
 
-    prompts, pixel_values, sizes = runner.build_batch([row, row], multiple=geometry.max_tiles)
+    pixel_values = pad_tiles([row_tiles, row_tiles], multiple=geometry.max_tiles)
     assert pixel_values.shape[:2] == (2, 10)  # 9 tiles rounded up to two images' worth
-    np.testing.assert_array_equal(pixel_values[0, :9], row.tiles)
+    np.testing.assert_array_equal(pixel_values[0, :9], row_tiles)
     assert not pixel_values[:, 9:].any()
-    padded, image_index = image_inputs(generator.model, np.asarray(prompts), pixel_values, sizes)
+    padded, image_index = image_inputs(generator.backend.model, np.asarray([ids, ids]), pixel_values,
+                                       [SIZES, SIZES])
     index = image_index[0]
     newline = padded.shape[1] * n
     first, second = index[starts[0]:ends[0]], index[starts[1]:ends[1]]
@@ -149,15 +162,12 @@ def test_two_images_two_placeholder_blocks_and_their_tiles(bench):
     assert used.tolist() == list(range(9))  # every tile of both images is read
     assert (index[~is_image] == TEXT).all()
 
-    with pytest.raises(ValueError, match="need 9 tiles, more than generate.max_tiles=5"):
-        runner.build_batch([row], max_tiles=5)
-
 
 def test_shipped_records_with_a_typed_image_placeholder_get_one_image_block_per_image(bench, tmp_path):
     """16 of the 58 shipped IC records (the mantis-eval ones) have "<image>" in their question or reasoning:
     their images come from the record's image list, one block each, and the typed "<image>" stays text."""
     generator = runner.Responder.from_config(tiny_config(), tiny_config().generate, name="tiny", max_new_tokens=8)
-    chat, geometry = generator.chat, generator.geometry
+    chat, geometry = generator.backend.chat, generator.geometry
     records = [json.loads(line) for line in open(FIXTURES / "image_ref_error.jsonl", encoding="utf-8")]
     typed = [r for r in records if "<image>" in r["question"] + r["reasoning_error"]]
     assert len(typed) == 16
@@ -167,8 +177,8 @@ def test_shipped_records_with_a_typed_image_placeholder_get_one_image_block_per_
             paths.append(str(tmp_path / f"{k}_{i}.png"))
             Image.new("RGB", (40 + 10 * i, 60)).save(paths[-1])
         text = record["question"] + "\n" + record["reasoning_error"]
-        row = generator.prepare(runner.Request(text, tuple(paths)), {})
-        ids = np.asarray(row.ids)
+        ((ids, _, _),) = handed_to_the_engine(generator, [runner.Request(text, tuple(paths))])
+        ids = np.asarray(ids)
         assert (ids == chat.image_token_id).sum() == sum(geometry.num_tokens((60, 40 + 10 * i))
                                                          for i in range(len(paths)))
         text_ids = ids[ids != chat.image_token_id]  # the typed ones are tokenised as text, "<", "image", ">"
@@ -307,14 +317,14 @@ def test_failed_generations_are_recorded_counted_and_retried(bench, full_run, tm
 
 def test_trained_checkpoint_is_evaluated(tmp_path):
     config = tiny_config()
-    model = runner.Responder.from_config(config, config.generate, name="base", max_new_tokens=8).model
+    model = runner.Responder.from_config(config, config.generate, name="base", max_new_tokens=8).backend.model
     for layer in model.language_model.model.layers:
         for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
             proj.lora_b[...] = jax.random.normal(jax.random.key(1), proj.lora_b[...].shape)
     save_peft_adapter(model, str(tmp_path / "fd_run" / "export" / "peft_adapter"))
     config.checkpoint = str(tmp_path / "fd_run" / "export" / "peft_adapter")
     assert runner.model_name(config) == "fd_run"
-    loaded = runner.Responder.from_config(config, config.generate, name="fd_run", max_new_tokens=8).model
+    loaded = runner.Responder.from_config(config, config.generate, name="fd_run", max_new_tokens=8).backend.model
     np.testing.assert_array_equal(loaded.language_model.model.layers[1].self_attn.k_proj.lora_b[...],
                                   model.language_model.model.layers[1].self_attn.k_proj.lora_b[...])
     config.judge.checkpoint = config.checkpoint

@@ -6,7 +6,8 @@ exact sentence the student should write after "Answer:" (the synthetic set of
 teacher can be checked against that decision. Everything here is a pure
 function of the dialogue records the runners write:
 
-- :func:`answer_of` / :func:`normalize` / :func:`is_right`: the judge itself;
+- :func:`normalize` / :func:`is_right`: the judge itself, on the answer a response states
+  (:func:`fire_jax.infer.agents.answer_of`, which the exact teacher reads too);
 - :func:`judged_free` : accuracy by turn, judged refinement, the teacher's
   agreement with the judge and its confusion table, "solved but wrong" and
   "stopped but right" counts, for free dialogues;
@@ -20,22 +21,13 @@ function of the dialogue records the runners write:
 from __future__ import annotations
 
 import collections
-import dataclasses
 import re
 from typing import Iterable, Mapping, Sequence
 
-from fire_jax.infer.agents import register_backend
+from fire_jax.infer.agents import answer_of
 
 #: Trailing characters the judge ignores: final punctuation and quotes.
 _TRAILING = " \t\n.!?;:,'\"`"
-
-
-def answer_of(response: str) -> str:
-    """The text after the last "Answer:" of a response, up to the end of its line (the whole text if none)."""
-    index = response.rfind("Answer:")
-    text = response if index < 0 else response[index + len("Answer:"):]
-    lines = text.strip().splitlines()
-    return lines[0] if lines else ""
 
 
 def normalize(text: str) -> str:
@@ -142,39 +134,3 @@ def judged_fixed(records: Sequence[Mapping], *, threshold: float = 8) -> dict:
                           "agreement_by_turn": {k: _agreement(v) for k, v in sorted(pairs.items())},
                           "confusion": _confusion(everything), "n": len(teacher)}
     return out
-
-
-@dataclasses.dataclass(frozen=True)
-class ExactFeedback:
-    text: str  # f_k, score line included
-    score: float
-
-
-class ExactTeacher:
-    """A teacher that never errs on the synthetic set: the generator's own feedback rule
-    (:func:`fire_jax.data.synthetic.exact_feedback`) on the answer after "Answer:".
-
-    Same interface as :class:`fire_jax.infer.Teacher`. In free dialogues it measures what a student does with
-    informative, always-right feedback, apart from the mistakes of a trained teacher (FD).
-    """
-
-    name = "exact teacher (the generator's rule)"
-
-    def feedback(self, images, questions: Sequence[str], groundtruths: Sequence[str], answers: Sequence[str],
-                 histories=None, *, rng=None) -> list[ExactFeedback]:
-        from fire_jax.data.synthetic import exact_feedback
-
-        out = []
-        for groundtruth, answer in zip(groundtruths, answers):
-            text, score = exact_feedback(groundtruth, answer_of(answer))
-            out.append(ExactFeedback(text.strip(), float(score)))
-        return out
-
-
-def _exact_teacher(spec: str, role: str, decode=None, **_) -> ExactTeacher:
-    if role != "teacher":
-        raise ValueError(f"{spec!r} is the exact teacher (the synthetic set's rule), not a {role}")
-    return ExactTeacher()
-
-
-register_backend("exact:", _exact_teacher)  # from_spec("exact:synthetic", "teacher")

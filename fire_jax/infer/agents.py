@@ -12,7 +12,10 @@ an agent sees exactly what its model was trained on:
   ``history="full"``], user r_k, then the assistant header. In free dialogues
   the teacher sees only the latest answer (``"latest"``, the default; Fig. A14).
 
-Both stop on the chat template's end-of-turn token and EOS (``ChatTokenizer.stop_ids``).
+Both stop on the chat template's end-of-turn token and EOS (``ChatTokenizer.stop_ids``). They are prompt
+builders over a backend (:mod:`fire_jax.infer.backends`), which :func:`generator` builds of a model spec;
+:func:`from_spec` makes the agent of a spec and a role, ``exact:`` the synthetic set's :class:`ExactTeacher`
+(its feedback a rule, no backend).
 """
 
 from __future__ import annotations
@@ -20,14 +23,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-import numpy as np
-
-from fire_jax.data.chat import ChatTokenizer, Message, check_teacher_history, student_messages, teacher_messages
-from fire_jax.data.images import TileCache
+from fire_jax.data.chat import Message, check_teacher_history, student_messages, teacher_messages
 from fire_jax.data.records import Conversation, Turn, parse_score
-from fire_jax.infer.api import ApiAgent, is_api_spec
-from fire_jax.infer.decode import DecodeConfig, requests_for
-from fire_jax.infer.engine import Engine, prompt_bucket
+from fire_jax.infer.api import ApiBackend
+from fire_jax.infer.backends import Backend, InProcess, StreamingEngines, sampling_of
+from fire_jax.infer.decode import DecodeConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,111 +52,15 @@ def teacher_prompt(question: str, groundtruth: str, answer: str, history: Sequen
     return teacher_messages(conv, history=mode, until_turn=len(history) + 1)
 
 
-#: Every in-process agent's decoded and tiled images: a dialogue's image is tiled once, not at every turn by
-#: the student and again by the teacher.
-TILES = TileCache()
-
-
-class InProcess:
-    """The in-process backend: a model, its chat tokenizer and decode settings, generating on the model's
-    :class:`fire_jax.infer.engine.Engine`. Every in-process generation goes through :meth:`generate_ids` (the
-    student's, the teacher's and VLRMBench's prompts alike).
-
-    Each prompt is prefilled in its own length bucket, short prompts several to a prefill, and a step attends
-    over the columns its rows have filled. ``batch_size`` > 0 gives the engine at least that many slots (one set
-    of compiled shapes for a whole run); a sampled call draws with seeds from its ``rng`` key, so the same key
-    draws the same texts (bit for bit with ``prefix_cache=False``; a reused prefix's keys and values may differ
-    in the last bits).
-
-    The engine keeps each call's keys and values for the next (``config.prefix_cache``, on by default): a
-    dialogue's prompt at turn k begins with its prompt at turn k - 1 (the student's: then r_{k-1} and f_{k-1};
-    the teacher's: the question, groundtruth and instruction again), so only what follows is prefilled.
-    An engine rebuilt larger takes over the old one's cached prefixes.
-    """
-
-    def __init__(self, model, chat: ChatTokenizer, config: DecodeConfig = DecodeConfig(), *, mesh=None,
-                 batch_size: int = 0, description: str = ""):
-        if chat.image_token_id != model.cfg.image_token_id:
-            raise ValueError(f"tokenizer image id {chat.image_token_id} != model image_token_id "
-                             f"{model.cfg.image_token_id}")
-        self.model, self.chat, self.mesh, self.batch_size = model, chat, mesh, batch_size
-        self.description = description  # where the model came from (fire_jax.infer.loading.Loaded.description)
-        self.config = dataclasses.replace(config, stop_ids=chat.stop_ids, pad_id=chat.pad_id)
-        self._engine: Engine | None = None
-
-    def generate(self, images, prompts: Sequence[Sequence[Message]], rng=None) -> list[str]:
-        """The backend call of :class:`Student` and :class:`Teacher`: one image per prompt (messages), each
-        rendered by the chat template with the assistant header; the texts, stripped. Each request carries its
-        own image's tiles (decoded and tiled once for all agents, :data:`TILES`), and the engine pads them once,
-        where it forms a prefill's batch."""
-        tiled = self.tiled(images)
-        ids = [self.encode(messages, size) for messages, (_, size) in zip(prompts, tiled)]
-        texts = self.generate_ids(ids, [tiles for tiles, _ in tiled], [size for _, size in tiled], rng)
-        return [text.strip() for text in texts]
-
-    def encode(self, messages: Sequence[Message], image_size) -> list[int]:
-        """A prompt's token ids: its messages rendered by the chat template with the assistant header, the image
-        expanded for its (height, width)."""
-        return self.chat.encode(messages, image_size, add_generation_prompt=True).input_ids.tolist()
-
-    def generate_ids(self, prompts: Sequence[Sequence[int]], pixel_values, image_sizes, rng=None) -> list[str]:
-        """The texts generated for token-id prompts (images expanded), each row's tiles (a list of
-        ``[tiles, 3, T, T]`` arrays, None for a row without images, or one padded ``[batch, tiles, 3, T, T]``
-        array) and each row's image size(s)."""
-        requests = requests_for(prompts, pixel_values, image_sizes, self.config, rng)
-        try:
-            engine = self.engine(prompts, max(len(r.image_sizes) for r in requests))
-            return [result.text for result in engine.generate(requests)]
-        except BaseException:  # an interrupted or failed call leaves requests in the engine: start afresh
-            self._engine = None
-            raise
-
-    def engine(self, prompts: Sequence[Sequence[int]], images: int = 0) -> Engine:
-        """The backend's engine: ``max(batch_size, rows)`` slots, cache rows long enough for every prompt's
-        bucket + max_new_tokens (a power of two), at least ``images`` images per request; built anew, larger,
-        when a call needs more."""
-        c = self.config
-        need = max(prompt_bucket(len(p), c.bucket_min, c.bucket_step) for p in prompts) + c.max_new_tokens
-        slots = max(self.batch_size, len(prompts))
-        if (self._engine is None or self._engine.cache_len < need or self._engine.slots < slots
-                or self._engine.max_images < images):
-            cache_len = 256
-            while cache_len < need:
-                cache_len *= 2
-            old = self._engine
-            if old is not None:
-                slots, cache_len, images = (max(slots, old.slots), max(cache_len, old.cache_len),
-                                            max(images, old.max_images))
-            self._engine = Engine(self.model, tokenizer=self.chat.tokenizer, slots=slots, cache_len=cache_len,
-                                  chunk=c.chunk, stop_ids=c.stop_ids, pad_id=c.pad_id, bucket_min=c.bucket_min,
-                                  bucket_step=c.bucket_step, min_width=slots, max_images=max(4, images),
-                                  logprobs=False,  # agents read texts
-                                  prefix_cache=c.prefix_cache, mesh=self.mesh)
-            if old is not None:
-                self._engine.stats.update(old.stats)  # counts over the backend's calls
-                if c.prefix_cache:
-                    self._engine.adopt(old)
-        return self._engine
-
-    def tiled(self, images) -> list[tuple[np.ndarray, tuple[int, int]]]:
-        """Each image's tiles and (height, width), decoded and tiled once for all agents (:data:`TILES`)."""
-        return [TILES.get(image, self.model.cfg.geometry) for image in images]
-
-
 class _Role:
-    """A prompt builder over a backend: :class:`InProcess`, an endpoint's :class:`fire_jax.infer.api.ApiAgent`,
-    or any object with ``generate(images, prompts, rng) -> texts`` (``prompts``: one message list per image)."""
+    """A prompt builder over a backend (:class:`fire_jax.infer.backends.Backend`: :class:`InProcess`, an
+    endpoint's :class:`fire_jax.infer.api.ApiBackend`, or any object with its ``generate``)."""
 
     role = ""
 
-    def __init__(self, backend):
+    def __init__(self, backend: Backend):
         self.backend = backend
         self.description = getattr(backend, "description", "")
-
-    @property
-    def model(self):
-        """The in-process model (None for an endpoint)."""
-        return getattr(self.backend, "model", None)
 
 
 class Student(_Role):
@@ -176,7 +80,7 @@ class Student(_Role):
         earlier turns (r_j, f_j) as :class:`Turn` (default: none, so k = 1).
         """
         histories = [()] * len(images) if histories is None else histories
-        return self.backend.generate(images, self.prompts(questions, histories), rng)
+        return self.backend.generate(images, self.prompts(questions, histories), rng=rng)
 
 
 class Teacher(_Role):
@@ -185,7 +89,7 @@ class Teacher(_Role):
 
     role = "teacher"
 
-    def __init__(self, backend, history: str = "latest"):
+    def __init__(self, backend: Backend, history: str = "latest"):
         super().__init__(backend)
         self.history = check_teacher_history(history)
 
@@ -199,11 +103,47 @@ class Teacher(_Role):
                  histories: Sequence[Sequence[Turn]] | None = None, *, rng=None) -> list[Feedback]:
         """Feedback f_k with its parsed score on each answer r_k."""
         histories = [()] * len(images) if histories is None else histories
-        texts = self.backend.generate(images, self.prompts(questions, groundtruths, answers, histories), rng)
+        texts = self.backend.generate(images, self.prompts(questions, groundtruths, answers, histories), rng=rng)
         return [Feedback(text, parse_score(text)) for text in texts]
 
 
-def role_agent(role: str, backend, *, teacher_history: str = "latest") -> Student | Teacher:
+def answer_of(response: str) -> str:
+    """The text after the last "Answer:" of a student's response, up to the end of its line (the whole text if
+    none)."""
+    index = response.rfind("Answer:")
+    text = response if index < 0 else response[index + len("Answer:"):]
+    lines = text.strip().splitlines()
+    return lines[0] if lines else ""
+
+
+class ExactTeacher:
+    """A teacher that never errs on the synthetic set: the generator's own feedback rule
+    (:func:`fire_jax.data.synthetic.exact_feedback`) on the answer after "Answer:" (:func:`answer_of`); no
+    backend, no prompt. Spec ``exact:`` (any name after it: ``exact:synthetic``), teacher only.
+
+    Same interface as :class:`Teacher`. In free dialogues it measures what a student does with
+    informative, always-right feedback, apart from the mistakes of a trained teacher (FD).
+    """
+
+    prefix = "exact:"
+    role = "teacher"
+    name = "exact teacher (the generator's rule)"
+
+    def __init__(self, spec: str = prefix):
+        self.description = spec
+
+    def feedback(self, images, questions: Sequence[str], groundtruths: Sequence[str], answers: Sequence[str],
+                 histories=None, *, rng=None) -> list[Feedback]:
+        from fire_jax.data.synthetic import exact_feedback
+
+        out = []
+        for groundtruth, answer in zip(groundtruths, answers):
+            text, score = exact_feedback(groundtruth, answer_of(answer))
+            out.append(Feedback(text.strip(), float(score)))
+        return out
+
+
+def role_agent(role: str, backend: Backend, *, teacher_history: str = "latest") -> Student | Teacher:
     """``backend`` as the student or the teacher (``role``)."""
     if role == "student":
         return Student(backend)
@@ -213,53 +153,43 @@ def role_agent(role: str, backend, *, teacher_history: str = "latest") -> Studen
 
 
 # ----------------------------------------------------------------------------
-# The one agent factory
+# The one factory of backends and agents
 # ----------------------------------------------------------------------------
 
-#: Agent factories by spec prefix, for specs that are not an in-process checkpoint: ``factory(spec, role, decode,
-#: *, teacher_history, concurrency, seed)`` -> a student or teacher. ``api:`` (an endpoint) is registered here;
-#: ``exact:`` (:class:`fire_jax.eval.judge.ExactTeacher`, a teacher with no generator) by its module, which the
-#: FIRE-Bench runners import (so ``exact:`` is a FIRE-Bench teacher spec); a new backend registers its own prefix.
-BACKENDS: dict = {}
-
-
-def register_backend(prefix: str, factory) -> None:
-    """Make ``from_spec`` build the agents of specs that begin with ``prefix`` with ``factory``."""
-    BACKENDS[prefix] = factory
+#: The spec prefixes that name no checkpoint, each its class's own ``prefix``: an endpoint's backend, and the
+#: exact teacher (an agent with no backend). Any other spec is a checkpoint run in process.
+SPEC_PREFIXES = (ApiBackend.prefix, ExactTeacher.prefix)
 
 
 def backend_of(spec) -> str | None:
-    """The registered prefix ``spec`` begins with, or None (a checkpoint, or the config's own model)."""
-    return next((p for p in BACKENDS if isinstance(spec, str) and spec.startswith(p)), None)
-
-
-def _endpoint(spec, role, decode, *, teacher_history="latest", concurrency=32, seed=0):
-    return role_agent(role, generator(spec, decode, concurrency=concurrency, seed=seed),
-                      teacher_history=teacher_history)
-
-
-register_backend("api:", _endpoint)
+    """The prefix of :data:`SPEC_PREFIXES` that ``spec`` begins with, or None (a checkpoint, or the config's own
+    model)."""
+    return next((p for p in SPEC_PREFIXES if isinstance(spec, str) and spec.startswith(p)), None)
 
 
 def generator(spec: str | None, decode: DecodeConfig = DecodeConfig(), *, config=None, init: str | None = None,
               batch_size: int = 0, mesh=None, concurrency: int = 32, seed: int = 0, models: dict | None = None,
-              **endpoint):
-    """The text generator behind an agent, before any role: the backend of a model spec.
+              context: int = 2048, **endpoint) -> Backend:
+    """The backend of a model spec, before any role: the one way a backend is built.
 
     ``spec``:
-      - ``api:<base_url>#<model>``: an OpenAI-compatible endpoint (:class:`fire_jax.infer.api.ApiAgent`,
-        ``concurrency`` requests at a time, sampled requests seeded from ``seed``, ``endpoint``: its other
-        options, such as ``retries`` and ``timeout``);
+      - ``api:<base_url>#<model>``: an OpenAI-compatible endpoint (:class:`fire_jax.infer.api.ApiBackend`,
+        ``concurrency`` requests at a time, ``endpoint``: its other options, such as ``retries`` and
+        ``timeout``);
       - a checkpoint (an HF folder, a PEFT adapter whose base is ``init``, a ``fire_jax.train`` workdir:
         :func:`fire_jax.infer.loading.load`), or None / "" / "random": the model of ``config`` (its
-        ``init.hf_checkpoint``, else random weights), :class:`InProcess` on an engine of ``batch_size`` slots.
+        ``init.hf_checkpoint``, else random weights), :class:`InProcess` on an engine of ``batch_size`` slots,
+        streaming on one of ``context`` columns.
 
-    ``models``: a dict shared between calls, so generators of the same checkpoint share one loaded model. The
-    generator's ``description`` says where it came from.
+    ``decode``: the settings of a call that names none (sampled requests seeded from ``seed``). ``models``: a
+    dict shared between calls, so backends of the same checkpoint share one loaded model and one streaming
+    engine. The backend's ``description`` says where it came from.
     """
     spec = None if spec in (None, "", "random") else spec
-    if is_api_spec(spec):
-        return ApiAgent(spec, decode, concurrency=concurrency, seed=seed, **endpoint)
+    if backend_of(spec) == ApiBackend.prefix:
+        return ApiBackend(spec, sampling_of(decode, seed), concurrency=concurrency, **endpoint)
+    if backend_of(spec) is not None:
+        raise ValueError(f"{spec!r} is an agent with no backend behind it: build it with from_spec")
     if endpoint:
         raise TypeError(f"{sorted(endpoint)}: options of an endpoint, not of an in-process model ({spec!r})")
     import copy
@@ -271,32 +201,28 @@ def generator(spec: str | None, decode: DecodeConfig = DecodeConfig(), *, config
         model_config = copy.deepcopy(config)
         if init:
             model_config.init = dict(hf_checkpoint=init)
-        models[(spec, init)] = load(model_config, spec)
-    return models[(spec, init)].backend(decode, mesh=mesh, batch_size=batch_size)
+        models[(spec, init)] = (load(model_config, spec), StreamingEngines())
+    loaded, streaming = models[(spec, init)]
+    return InProcess(loaded.model, loaded.chat, decode, mesh=mesh, batch_size=batch_size,
+                     description=loaded.description, seed=seed, context=context, streaming=streaming)
 
 
 def from_spec(spec: str | None, role: str, decode: DecodeConfig = DecodeConfig(), *, config=None,
-              init: str | None = None, teacher_history: str = "latest", batch_size: int = 0, mesh=None,
-              concurrency: int = 32, seed: int = 0, models: dict | None = None):
+              init: str | None = None, teacher_history: str = "latest", **options):
     """The student or teacher (``role``) of a model spec: the one way every CLI and runner builds an agent.
 
-    A spec with a registered prefix (:data:`BACKENDS`: ``api:``; ``exact:`` for the synthetic set's exact
-    teacher once :mod:`fire_jax.eval.judge` is imported, as the FIRE-Bench runners do) is built by its
-    factory; any other is a checkpoint or the config's own model, run in process (:func:`generator`). The
-    agent's ``description`` says where it came from.
+    ``exact:`` is the synthetic set's :class:`ExactTeacher`; any other spec is a prompt builder
+    (:class:`Student`, :class:`Teacher`) over the backend :func:`generator` builds of it, with ``options``
+    (``batch_size``, ``mesh``, ``concurrency``, ``seed``, ``models``, ``context``). The agent's ``description``
+    says where it came from.
     """
     if role not in ("student", "teacher"):
         raise ValueError(f"role must be 'student' or 'teacher', got {role!r}")
-    if role == "teacher":
-        check_teacher_history(teacher_history)
-    prefix = backend_of(spec)
-    if prefix is not None:
-        made = BACKENDS[prefix](spec, role, decode, teacher_history=teacher_history, concurrency=concurrency,
-                                seed=seed)
-        if not getattr(made, "description", ""):
-            made.description = spec
-        return made
-    backend = generator(spec, decode, config=config, init=init, batch_size=batch_size, mesh=mesh, models=models)
+    if backend_of(spec) == ExactTeacher.prefix:
+        if role != "teacher":
+            raise ValueError(f"{spec!r} is the exact teacher (the synthetic set's rule), not a {role}")
+        return ExactTeacher(spec)
+    backend = generator(spec, decode, config=config, init=init, **options)
     return role_agent(role, backend, teacher_history=teacher_history)
 
 

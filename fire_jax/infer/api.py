@@ -12,15 +12,15 @@ exactly as in process. Rows go out concurrently (``concurrency`` threads),
 each retried up to ``retries`` times with exponential backoff on 429, 5xx,
 timeouts and connection errors; every failure is counted by reason in
 ``failures``, and a row that still fails raises :class:`ApiError` (the batch
-runners resume from their outputs). :meth:`ApiAgent.stream` passes a reply's
+runners resume from their outputs). :meth:`ApiBackend.stream` passes a reply's
 text on as it arrives (the demo shows it growing).
 
 A spec is accepted wherever a model is loaded: FIRE-Bench fixed and free
 dialogues and FIRE-1M-style generation (``student.init`` / ``teacher.init``,
 :func:`fire_jax.eval.fire_bench.build_agents`), the VLRMBench model and
-ERA/EC judge (:class:`fire_jax.vlrmbench.runner.ApiResponder`),
-``python -m fire_jax.chat`` / ``.batch_infer`` / ``.demo`` (:func:`fire_jax.infer.agents.from_spec`)
-and ``python -m fire_jax.make_fire100k``.
+ERA/EC judge (:class:`fire_jax.vlrmbench.runner.Responder`),
+``python -m fire_jax.chat`` / ``.batch_infer`` / ``.demo`` and ``python -m fire_jax.make_fire100k``, all
+through :func:`fire_jax.infer.agents.generator`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from typing import Callable, Sequence
 
 from fire_jax.data.chat import SYSTEM, Message
 from fire_jax.data.images import load_image
-from fire_jax.infer.decode import DecodeConfig
+from fire_jax.infer.backends import images_of
+from fire_jax.infer.sampling import SamplingParams
 
 API_PREFIX = "api:"
 KEY_VARIABLES = ("FIRE_JAX_API_KEY", "OPENAI_API_KEY")
@@ -68,43 +69,49 @@ def image_url(image) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-def chat_messages(messages: Sequence[Message], image) -> list[dict]:
-    """OpenAI chat messages of a prompt: a message's image as an ``image_url`` part before its text."""
-    out = [{"role": "system", "content": SYSTEM}]
+def chat_messages(messages: Sequence[Message], image, system: str | None = None) -> list[dict]:
+    """OpenAI chat messages of a prompt: the system prompt (None: fire_jax's :data:`fire_jax.data.chat.SYSTEM`),
+    then each message, its images (``image``: one, or a sequence taken in order) as ``image_url`` parts before
+    its text."""
+    images = iter(images_of(image))
+    out = [{"role": "system", "content": SYSTEM if system is None else system}]
     for message in messages:
         if message.images:
-            parts = [{"type": "image_url", "image_url": {"url": image_url(image)}}] * message.images
+            parts = [{"type": "image_url", "image_url": {"url": image_url(next(images))}}
+                     for _ in range(message.images)]
             out.append({"role": message.role, "content": parts + [{"type": "text", "text": message.text}]})
         else:
             out.append({"role": message.role, "content": message.text})
     return out
 
 
-class ApiAgent:
-    """Chat completions from one endpoint's model, rows in parallel, retried, failures counted: the endpoint
-    backend of a student or teacher (:func:`fire_jax.infer.agents.from_spec`)."""
+class ApiBackend:
+    """The endpoint backend (:class:`fire_jax.infer.backends.Backend`): chat completions from one endpoint's
+    model, rows in parallel, retried, failures counted. ``sampling``: the settings of a call that names none."""
 
-    def __init__(self, spec: str, config: DecodeConfig = DecodeConfig(), *, concurrency: int = 32, retries: int = 4,
-                 backoff: float = 0.5, timeout: float = 600.0, seed: int = 0):
+    prefix = API_PREFIX  # the specs it serves (fire_jax.infer.agents.generator)
+    context, tokenizer, geometry = 0, None, None  # the endpoint's own
+
+    def __init__(self, spec: str, sampling: SamplingParams = SamplingParams(), *, concurrency: int = 32,
+                 retries: int = 4, backoff: float = 0.5, timeout: float = 600.0):
         import openai
 
         self.spec = spec
         self.base_url, self.model_name = parse_spec(spec)
         key = next((os.environ[v] for v in KEY_VARIABLES if os.environ.get(v)), "EMPTY")
         self.client = openai.OpenAI(base_url=self.base_url, api_key=key, max_retries=0, timeout=timeout)
-        self.config, self.concurrency, self.retries, self.backoff = config, concurrency, retries, backoff
-        self.seed = seed
+        self.sampling, self.concurrency, self.retries, self.backoff = sampling, concurrency, retries, backoff
         self.failures: collections.Counter = collections.Counter()  # reason -> count, retried ones included
         self._lock = threading.Lock()
-        self.model = None  # no in-process model
         self.description = f"endpoint {spec}"
 
-    def _create(self, messages: list[dict], seed: int | None = None, **kwargs):
-        c = self.config
+    def _create(self, messages: list[dict], sampling: SamplingParams | None = None, seed: int | None = None,
+                **kwargs):
+        s = sampling or self.sampling
         return self.client.chat.completions.create(
-            model=self.model_name, messages=messages, max_tokens=c.max_new_tokens, temperature=c.temperature,
-            top_p=c.top_p, seed=self.seed if seed is None else seed,
-            extra_body={"top_k": c.top_k} if c.top_k else None, **kwargs)
+            model=self.model_name, messages=messages, max_tokens=s.max_tokens, temperature=s.temperature,
+            top_p=s.top_p, seed=s.seed if seed is None else seed,
+            extra_body={"top_k": s.top_k} if s.top_k else None, **kwargs)
 
     def _retried(self, attempt: Callable, may_retry: Callable[[], bool] = lambda: True):
         """``attempt()``, tried again with exponential backoff on 429, 5xx, timeouts and connection errors
@@ -128,43 +135,55 @@ class ApiAgent:
                                f"{so_far}", reason)
             time.sleep(self.backoff * 2 ** (tries - 1))
 
-    def complete(self, messages: list[dict], seed: int | None = None) -> str:
+    def complete(self, messages: list[dict], sampling: SamplingParams | None = None, seed: int | None = None) -> str:
         """One chat completion's text (stripped), retried; raises :class:`ApiError` once retries are spent."""
-        return self._retried(lambda: (self._create(messages, seed).choices[0].message.content or "").strip())
+        return self._retried(lambda: (self._create(messages, sampling, seed).choices[0].message.content or "").strip())
 
-    def stream(self, messages: list[dict], on_delta: Callable[[str], None]) -> str:
-        """One streamed chat completion: ``on_delta(text)`` for each piece as it arrives; returns the whole
-        text, stripped. Retried as :meth:`complete` until the first piece has arrived."""
+    def stream(self, image, messages: Sequence[Message], on_delta: Callable[[str, int], None],
+               sampling: SamplingParams | None = None) -> str:
+        """:meth:`fire_jax.infer.backends.Backend.stream` from the endpoint's streamed completion (an endpoint's
+        pieces are about a token each: ``tokens`` counts them). Retried as :meth:`complete` until the first piece
+        has arrived."""
         pieces: list[str] = []
+        request = chat_messages(messages, image)
 
         def attempt():
-            for chunk in self._create(messages, stream=True):
+            for chunk in self._create(request, sampling, stream=True):
                 delta = chunk.choices[0].delta.content if chunk.choices else None
                 if delta:
                     pieces.append(delta)
-                    on_delta(delta)
+                    on_delta(delta, len(pieces))
             return "".join(pieces).strip()
 
         return self._retried(attempt, may_retry=lambda: not pieces)
 
-    def complete_many(self, messages: Sequence[list[dict]], seeds: Sequence[int] | None = None
-                      ) -> list[str | ApiError]:
+    def complete_many(self, messages: Sequence[list[dict]], sampling: SamplingParams | None = None,
+                      seeds: Sequence[int] | None = None) -> list[str | ApiError]:
         """:meth:`complete` of every message list, ``concurrency`` at a time; a failed one's ApiError in its place."""
         def one(k):
             try:
-                return self.complete(messages[k], None if seeds is None else seeds[k])
+                return self.complete(messages[k], sampling, None if seeds is None else seeds[k])
             except ApiError as e:
                 return e
 
         with concurrent.futures.ThreadPoolExecutor(max(1, min(self.concurrency, len(messages)))) as pool:
             return list(pool.map(one, range(len(messages))))
 
-    def generate(self, images, prompts: Sequence[Sequence[Message]], rng=None) -> list[str]:
-        """The backend call of :class:`fire_jax.infer.agents.Student` and ``Teacher``: one image per prompt
-        (messages), every row's text, or the first failure raised (the runners resume). ``rng`` is unused:
-        sampled requests are seeded from ``seed``."""
-        out = self.complete_many([chat_messages(p, image) for p, image in zip(prompts, images)])
+    def generate(self, images, prompts: Sequence[Sequence[Message]], sampling: SamplingParams | None = None,
+                 rng=None, *, system: str | None = None, errors: bool = False) -> list:
+        """:meth:`fire_jax.infer.backends.Backend.generate`: every row's text, or the first failure raised (the
+        runners resume), or with ``errors`` each failed row's :class:`ApiError` in its place. Row k is seeded
+        with b + k, b drawn from ``rng`` (without one: every row the settings' ``seed``), so repeated prompts
+        of one call draw apart."""
+        seeds = None
+        if rng is not None:
+            import jax
+
+            base = int(jax.random.randint(rng, (), 0, 2 ** 30))
+            seeds = [base + k for k in range(len(prompts))]
+        out = self.complete_many([chat_messages(p, image, system) for p, image in zip(prompts, images)], sampling,
+                                 seeds)
         failed = next((o for o in out if isinstance(o, ApiError)), None)
-        if failed is not None:
+        if failed is not None and not errors:
             raise failed
         return out

@@ -1,4 +1,5 @@
-"""Models, tokenizers and agents for the command-line tools, from a config and an optional checkpoint.
+"""A model and its chat tokenizer for inference, from a config and an optional checkpoint (the backends of
+:func:`fire_jax.infer.agents.generator` and the server build on it).
 
 A checkpoint is one of (detected from the files in the directory):
 
@@ -30,14 +31,11 @@ import glob
 import json
 import os
 
-
 from fire_jax.checkpoint import build_model, restore_params
 from fire_jax.config import resolve_path
 from fire_jax.convert.hf import load_peft_adapter, peft_lora_config
 from fire_jax.convert.llava import adapter_base, is_llava_lora
 from fire_jax.data.chat import ChatTokenizer
-from fire_jax.infer.agents import InProcess, Student, Teacher, role_agent
-from fire_jax.infer.decode import DecodeConfig
 from fire_jax.results import read_json
 
 CHECKPOINT_KINDS = ("hf", "peft", "llava_lora", "workdir")
@@ -51,17 +49,6 @@ class Loaded:
     chat: ChatTokenizer
     config: object  # the ConfigDict it was built from (a train workdir's own config.json)
     description: str
-
-    def backend(self, decode: DecodeConfig = DecodeConfig(), *, mesh=None, batch_size: int = 0) -> InProcess:
-        """The model as an in-process generator (``batch_size`` as in :class:`fire_jax.infer.agents.InProcess`)."""
-        return InProcess(self.model, self.chat, decode, mesh=mesh, batch_size=batch_size,
-                         description=self.description)
-
-    def agent(self, role: str, decode: DecodeConfig = DecodeConfig(), *, teacher_history: str = "latest",
-              mesh=None, batch_size: int = 0) -> Student | Teacher:
-        """The model as a :class:`Student` or :class:`Teacher` on its :meth:`backend`."""
-        backend = self.backend(decode, mesh=mesh, batch_size=batch_size)
-        return role_agent(role, backend, teacher_history=teacher_history)
 
 
 def display_name(*, name: str = "", checkpoint: str = "", init: str = "", fallback: str = "random init") -> str:

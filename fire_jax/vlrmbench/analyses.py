@@ -35,7 +35,6 @@ release's ("official") figures (VLMEvalKit has none of these analyses).
 from __future__ import annotations
 
 import collections
-import dataclasses
 import json
 import re
 import zlib
@@ -402,25 +401,22 @@ def answer_correct(response: str, groundtruth: str) -> bool:
     return answer == truth or re.search(rf"(?<!\w){re.escape(truth)}(?!\w)", answer) is not None
 
 
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-    text: str  # the reward model's error analysis ("" when none was asked for)
-    score: float  # 10 when the answer is right, 0 when wrong (the stop rule's threshold is 8)
-
-
 class RewardModelTeacher:
-    """The ``teacher`` of :func:`fire_jax.infer.dialogue.run_dialogues` for the correction rate.
+    """The ``teacher`` of :func:`fire_jax.infer.dialogue.run_dialogues` for the correction rate: a prompt builder
+    over the reward model (a :class:`fire_jax.vlrmbench.runner.Responder`, itself over a backend).
 
     ``feedback`` judges each answer against the groundtruth; for a wrong one
     before the last turn, the reward model writes an error analysis with the
     release's ERA prompt (question, the answer as the reasoning process), which
-    the student reads as feedback.
+    the student reads as feedback: a :class:`fire_jax.infer.agents.Feedback` whose text is the analysis (""
+    when none was asked for) and whose score is 10 when the answer is right, 0 when wrong.
     """
 
     def __init__(self, reward_model, max_turns: int = 2):
         self.reward_model, self.max_turns = reward_model, max_turns
 
-    def feedback(self, images, questions, groundtruths, answers, histories, rng=None) -> list[Verdict]:
+    def feedback(self, images, questions, groundtruths, answers, histories, rng=None) -> list:
+        from fire_jax.infer.agents import Feedback
         from fire_jax.vlrmbench.runner import Request
 
         right = [answer_correct(a, gt) for a, gt in zip(answers, groundtruths)]
@@ -428,7 +424,8 @@ class RewardModelTeacher:
         prompt = TASK_PROMPTS["error_reason_analysis"]
         texts = dict(zip(ask, self.reward_model([
             Request(prompt.format(question=questions[i], reasoning_process=answers[i]), (images[i],)) for i in ask])))
-        return [Verdict((texts[i][0] or "") if i in texts else "", 10.0 if ok else 0.0) for i, ok in enumerate(right)]
+        return [Feedback((texts[i][0] or "") if i in texts else "", 10.0 if ok else 0.0)
+                for i, ok in enumerate(right)]
 
 
 def correction_rate(records: Sequence[Mapping]) -> dict:

@@ -10,21 +10,20 @@ order, each followed by a newline, as LLaVA-NeXT's processor writes several
 images), rendered with the Llama-3 template of :mod:`fire_jax.data.chat`;
 placeholder i expands to ``geometry.num_tokens(size_i)`` image token ids.
 Each image is tiled by :func:`fire_jax.data.images.preprocess` and the
-sample's tiles are concatenated in image order, so one example needs
-``sum_i num_tiles(size_i)`` tiles; ``generate`` lays the features out with
+sample's tiles are concatenated in image order (the in-process backend,
+:class:`fire_jax.infer.backends.InProcess`), so one example needs
+``sum_i num_tiles(size_i)`` tiles; the model lays the features out with
 :func:`fire_jax.geometry.place_images` (image i reads the tiles after images
-< i). The tile axis of a batch is ``generate.max_tiles`` when set (one
-compiled shape; a sample needing more tiles stops the run before any
-generation, naming it), else the largest sample of the batch rounded up to
-a multiple of one image's most tiles (few compiled shapes).
+< i). With ``generate.max_tiles`` set, a sample needing more tiles stops the
+run before any generation, naming it.
 
 **API models.** ``config.checkpoint`` (the evaluated model) and
 ``config.judge.checkpoint`` (the ERA/EC judge) may be ``api:<base_url>#<model>``:
 any OpenAI-compatible endpoint, e.g. GPT-4o or ``python -m fire_jax.serve``
-(:class:`ApiResponder`; a served fire_jax model answers exactly as in process).
+(the :class:`Responder` over an endpoint's backend; a served fire_jax model answers exactly as in process).
 
 **Generation.** Greedy (sampled for voting), on the in-process backend's engine
-(:class:`fire_jax.infer.agents.InProcess`), which has ``batch_size`` slots for
+(:class:`fire_jax.infer.backends.InProcess`), which has ``batch_size`` slots for
 every call (no recompiles). MJ is generated in both orders. ERA and
 EC: the model writes a critique (the candidate), then the judge (the same
 model unless ``config.judge`` names another) scores (reference, candidate)
@@ -71,14 +70,12 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import jax
-import numpy as np
 
 from fire_jax.config import load_config
-from fire_jax.data.chat import SYSTEM, ChatTokenizer, Message
-from fire_jax.data.images import load_image, pad_tiles, preprocess
+from fire_jax.data.chat import Message
+from fire_jax.data.images import load_image
 from fire_jax.infer import agents
-from fire_jax.infer.agents import InProcess
-from fire_jax.infer.api import ApiAgent, ApiError, image_url
+from fire_jax.infer.api import ApiError
 from fire_jax.infer.decode import DecodeConfig
 from fire_jax.infer.loading import display_name
 from fire_jax.results import ResultStore, check_settings, write_json
@@ -90,14 +87,6 @@ from fire_jax.vlrmbench.tasks import TASKS, build_judge_prompt, build_prompt, ch
 # ----------------------------------------------------------------------------
 # Prompts with several images
 # ----------------------------------------------------------------------------
-
-
-def encode_prompt(chat: ChatTokenizer, prompt: str, image_sizes: Sequence[Sequence[int]]) -> list[int]:
-    """Token ids of the rendered chat prompt (system, user turn, assistant header): the record's images in
-    order before the prompt, image i expanded to ``geometry.num_tokens(image_sizes[i])`` image token ids
-    (:meth:`ChatTokenizer.encode`). A ``<image>`` inside the prompt's text stays text."""
-    messages = [Message("user", prompt, images=len(image_sizes))]
-    return chat.encode(messages, image_sizes=image_sizes, add_generation_prompt=True).input_ids.tolist()
 
 
 def image_size(path: str) -> tuple[int, int]:
@@ -121,29 +110,6 @@ class Request:
     images: tuple[str, ...]
 
 
-@dataclasses.dataclass
-class Prepared:
-    """A request tokenised, its tiles concatenated."""
-
-    ids: list[int]
-    tiles: np.ndarray  # float32 [sum of the images' tiles, 3, tile, tile]
-    sizes: list[tuple[int, int]]  # (h, w) per image, in order
-
-
-def build_batch(rows: Sequence[Prepared], max_tiles: int = 0, multiple: int = 1):
-    """(prompts, pixel_values ``[batch, tiles, 3, T, T]``, image_sizes): the rows as one fixed batch for
-    :func:`fire_jax.infer.decode.generate` or a forward pass (the runner's agent takes each row's tiles).
-
-    The tile axis is ``max_tiles`` if > 0 (a row needing more raises), else
-    the largest row's tile count rounded up to a multiple of ``multiple`` (one
-    image's most tiles, so a run compiles few shapes); rows are zero-padded
-    behind their tiles.
-    """
-    pixel_values = pad_tiles([row.tiles for row in rows], tiles=max_tiles, multiple=multiple,
-                             tile_size=rows[0].tiles.shape[-1], limit_name=f"generate.max_tiles={max_tiles}")
-    return [row.ids for row in rows], pixel_values, [row.sizes for row in rows]
-
-
 # ----------------------------------------------------------------------------
 # Models
 # ----------------------------------------------------------------------------
@@ -161,59 +127,76 @@ def _decode_variant(decode: DecodeConfig, max_new_tokens: int | None, temperatur
     return dataclasses.replace(decode, **{k: v for k, v in changes.items() if v is not None})
 
 
-class Responder:
-    """A model answering VLRMBench requests: ``generator(requests)`` -> [(text, failure)].
+def prompt_messages(request: Request) -> list[Message]:
+    """A request's prompt: one user message, the sample's images (one placeholder each, in order, as
+    LLaVA-NeXT's processor writes several images) before the prompt text. A ``<image>`` inside the text stays
+    text. Served to an endpoint, it is fire_jax's system prompt and one user message of ``image_url`` parts then
+    the text, the shape the official VLRMBench scripts send GPT-4o."""
+    return [Message("user", request.prompt, images=len(request.images))]
 
-    Generation is the student's and the teacher's (an :class:`fire_jax.infer.agents.InProcess` backend, an
-    engine of ``batch_size`` slots for every call); what is VLRMBench's own is the multi-image prompt and the
-    per-request failures. A request may have no image (its files were missing:
-    ``missing_images="send_without"``).
+
+def failure_of(error: Exception) -> str:
+    """A failed generation's record: ``api_<reason>: ...`` for an endpoint's (``api_http_503``, ``api_timeout``,
+    ...), else ``exception: <class>: ...``."""
+    if isinstance(error, ApiError):
+        return f"api_{error.reason}: {error}"
+    return f"exception: {type(error).__name__}: {error}"
+
+
+class Responder:
+    """A model answering VLRMBench requests: ``responder(requests)`` -> [(text, failure)].
+
+    A thin adapter over the backend of ``config.checkpoint`` (:func:`fire_jax.infer.agents.generator`: in
+    process, on an engine of ``batch_size`` slots for every call, or an ``api:<base_url>#<model>`` endpoint,
+    ``concurrency`` requests at a time with its retries): what is VLRMBench's own is the multi-image prompt
+    (:func:`prompt_messages`) and the per-request failures. A request may have no image (its files were
+    missing: ``missing_images="send_without"``); an unreadable image fails its request (``input: ...``), a
+    failed generation its requests (:func:`failure_of`).
     """
 
-    def __init__(self, backend: InProcess, *, name: str, batch_size: int, max_tiles: int = 0):
-        self.backend, self.name = backend, name
-        self.model, self.chat, self.decode = backend.model, backend.chat, backend.config
-        self.batch_size, self.max_tiles = batch_size, max_tiles
+    def __init__(self, backend, decode: DecodeConfig, *, name: str, batch_size: int, max_tiles: int = 0,
+                 build: Callable | None = None):
+        self.backend, self.decode, self.name, self.batch_size, self.max_tiles = (backend, decode, name, batch_size,
+                                                                                max_tiles)
+        self._build = build  # (decode, batch_size) -> a backend of the same model (variants)
+
+    @classmethod
+    def from_config(cls, config, generate_config, *, name: str, max_new_tokens: int) -> "Responder":
+        """The model of ``config`` (:func:`fire_jax.infer.agents.generator` of ``config.checkpoint``): an
+        ``api:<base_url>#<model>`` endpoint, an HF / PEFT adapter / train workdir checkpoint
+        (:func:`fire_jax.infer.loading.load`), else ``config.init.hf_checkpoint``, else random weights."""
+        spec, models = config.get("checkpoint") or None, {}
+        decode = DecodeConfig.from_config(generate_config, max_new_tokens=max_new_tokens)
+
+        def build(decode: DecodeConfig, batch_size: int):
+            return agents.generator(spec, decode, config=config, batch_size=batch_size, seed=config.seed,
+                                    models=models)
+
+        backend = build(decode, generate_config.batch_size)
+        print(f"{name}: {backend.description}")
+        return cls(backend, decode, name=name, batch_size=generate_config.batch_size,
+                   max_tiles=generate_config.max_tiles if backend.geometry else 0, build=build)
 
     def variant(self, *, name: str | None = None, batch_size: int | None = None, max_new_tokens: int | None = None,
                 temperature: float | None = None) -> "Responder":
-        """The same model with other decode settings (the judge, the voting sampler)."""
+        """The same model with other decode settings (the judge, the voting sampler), on a backend of its own."""
         batch_size = batch_size or self.batch_size
-        backend = InProcess(self.model, self.chat, _decode_variant(self.decode, max_new_tokens, temperature),
-                            batch_size=batch_size, description=self.backend.description)
-        return Responder(backend, name=name or self.name, batch_size=batch_size, max_tiles=self.max_tiles)
-
-    @classmethod
-    def from_config(cls, config, generate_config, *, name: str, max_new_tokens: int) -> "Responder | ApiResponder":
-        """The model of ``config`` (:func:`fire_jax.infer.agents.generator` of ``config.checkpoint``): an
-        ``api:<base_url>#<model>`` endpoint (an :class:`ApiResponder`), an HF / PEFT adapter / train workdir
-        checkpoint (:func:`fire_jax.infer.loading.load`), else ``config.init.hf_checkpoint``, else random
-        weights."""
-        decode = DecodeConfig.from_config(generate_config, max_new_tokens=max_new_tokens)
-        backend = agents.generator(config.get("checkpoint") or None, decode, config=config,
-                                   batch_size=generate_config.batch_size, seed=config.seed)
-        print(f"{name}: {backend.description}")
-        if isinstance(backend, ApiAgent):
-            return ApiResponder(backend, name=name, batch_size=generate_config.batch_size)
-        return cls(backend, name=name, batch_size=generate_config.batch_size, max_tiles=generate_config.max_tiles)
+        decode = _decode_variant(self.decode, max_new_tokens, temperature)
+        return Responder(self._build(decode, batch_size), decode, name=name or self.name, batch_size=batch_size, max_tiles=self.max_tiles,
+                         build=self._build)
 
     @property
     def geometry(self):
-        return self.model.cfg.geometry
+        """How the model tiles images (None: an endpoint's own)."""
+        return self.backend.geometry
 
-    def prepare(self, request: Request, images: dict) -> Prepared:
-        """Tokenise one request and concatenate its images' tiles (``images``: a per-call cache by path)."""
-        for path in request.images:
-            if path not in images:
-                images[path] = preprocess(load_image(path), self.geometry)
-        tiles = [images[path] for path in request.images]
-        sizes = [size for _, size in tiles]
-        size = self.geometry.tile_size
-        pixels = np.concatenate([t for t, _ in tiles]) if tiles else np.zeros((0, 3, size, size), np.float32)
-        return Prepared(encode_prompt(self.chat, request.prompt, sizes), pixels, sizes)
+    @property
+    def failures(self):
+        """An endpoint's failed tries by reason, retried ones included (None in process)."""
+        return getattr(self.backend, "failures", None)
 
     def __call__(self, requests: Sequence[Request], rng=None) -> list[tuple[str | None, str | None]]:
-        """(text, failure) per request: failure None, or "input: ...", "exception: ...", "empty".
+        """(text, failure) per request: failure None, "input: ...", "empty" or :func:`failure_of`'s.
 
         rng: a JAX key when sampling; batch i of the call samples with ``fold_in(rng, i)``.
         """
@@ -221,94 +204,25 @@ class Responder:
         ready, images = [], {}
         for i, request in enumerate(requests):
             try:
-                ready.append((i, self.prepare(request, images)))
-            except Exception as e:  # an unreadable image fails its request, not the run
-                results[i] = (None, f"input: {type(e).__name__}: {e}")
-        for start in range(0, len(ready), self.batch_size):
-            chunk = ready[start:start + self.batch_size]
-            try:
-                key = None if rng is None else jax.random.fold_in(rng, start // self.batch_size)
-                texts = [text.strip() for text in self._generate([row for _, row in chunk], key)]
-            except Exception as e:  # recorded per prompt and counted; the run goes on
-                _warn(f"{self.name}: generation failed for {len(chunk)} prompts: {type(e).__name__}: {e}")
-                for i, _ in chunk:
-                    results[i] = (None, f"exception: {type(e).__name__}: {e}")
-                continue
-            for (i, _), text in zip(chunk, texts):
-                results[i] = (text, None if text else "empty")
-        return results
-
-    def _generate(self, rows: Sequence[Prepared], rng=None) -> list[str]:
-        """Each row's own tiles go to the agent's engine, which pads them once into its prefill's batch."""
-        if self.max_tiles:
-            needed = max(len(row.tiles) for row in rows)
-            if needed > self.max_tiles:
-                raise ValueError(f"a sample's images need {needed} tiles, more than generate.max_tiles={self.max_tiles}")
-        return self.backend.generate_ids([row.ids for row in rows], [row.tiles if row.sizes else None for row in rows],
-                                         [row.sizes for row in rows], rng)
-
-
-class ApiResponder:
-    """An OpenAI-compatible endpoint (``api:<base_url>#<model>``) in the place of a :class:`Responder`.
-
-    A request becomes fire_jax's system prompt and one user message: an
-    ``image_url`` part (a PNG ``data:`` URI) per image, in order, then the
-    prompt as a text part, which :mod:`fire_jax.serve` renders back to
-    the images then the prompt exactly as :func:`encode_prompt` does (the
-    official VLRMBench scripts send the same shape to GPT-4o). Requests go out
-    concurrently with the retries of :class:`fire_jax.infer.api.ApiAgent`; one
-    that still fails is recorded as ``"api_<reason>: ..."`` (``api_http_503``,
-    ``api_timeout``, ...) and counted like any failed generation.
-    ``batch_size``: samples per resumable group, as for a local model.
-    """
-
-    max_tiles = 0  # the endpoint tiles the images
-
-    def __init__(self, backend: ApiAgent, *, name: str, batch_size: int):
-        self.backend, self.name, self.batch_size = backend, name, batch_size
-        self.spec, self.seed = backend.spec, backend.seed
-
-    @property
-    def failures(self):
-        """Failed tries by reason, retried ones included."""
-        return self.backend.failures
-
-    def variant(self, *, name: str | None = None, batch_size: int | None = None, max_new_tokens: int | None = None,
-                temperature: float | None = None) -> "ApiResponder":
-        b = self.backend
-        backend = ApiAgent(b.spec, _decode_variant(b.config, max_new_tokens, temperature), concurrency=b.concurrency,
-                           seed=b.seed)
-        return ApiResponder(backend, name=name or self.name, batch_size=batch_size or self.batch_size)
-
-    def __call__(self, requests: Sequence[Request], rng=None) -> list[tuple[str | None, str | None]]:
-        """(text, failure) per request, as :meth:`Responder.__call__`. ``rng``: request i samples with seed
-        (a number drawn from rng) + i, so repeated prompts of one call (voting) draw apart."""
-        results: list[tuple[str | None, str | None]] = [(None, None)] * len(requests)
-        ready, messages, uris = [], [], {}
-        for i, request in enumerate(requests):
-            try:
                 for path in request.images:
-                    if path not in uris:
-                        uris[path] = image_url(path)
+                    if path not in images:
+                        images[path] = load_image(path)
             except Exception as e:  # an unreadable image fails its request, not the run
                 results[i] = (None, f"input: {type(e).__name__}: {e}")
                 continue
             ready.append(i)
-            messages.append(api_messages(request.prompt, [uris[path] for path in request.images]))
-        base = self.seed if rng is None else int(jax.random.randint(rng, (), 0, 2 ** 30))
-        for i, out in zip(ready, self.backend.complete_many(messages, [base + i for i in ready])):
-            if isinstance(out, ApiError):
-                results[i] = (None, f"api_{out.reason}: {out}")
-            else:
-                results[i] = (out, None if out else "empty")
+        for start in range(0, len(ready), self.batch_size):
+            chunk = ready[start:start + self.batch_size]
+            key = None if rng is None else jax.random.fold_in(rng, start // self.batch_size)
+            outs = self.backend.generate([tuple(images[path] for path in requests[i].images) for i in chunk],
+                                         [prompt_messages(requests[i]) for i in chunk], rng=key, errors=True)
+            failed = [out for out in outs if isinstance(out, Exception) and not isinstance(out, ApiError)]
+            if failed:  # recorded per prompt and counted; the run goes on
+                _warn(f"{self.name}: generation failed for {len(failed)} prompts: {type(failed[0]).__name__}: "
+                      f"{failed[0]}")
+            for i, out in zip(chunk, outs):
+                results[i] = (None, failure_of(out)) if isinstance(out, Exception) else (out, None if out else "empty")
         return results
-
-
-def api_messages(prompt: str, image_uris: Sequence[str]) -> list[dict]:
-    """Chat messages of one VLRMBench prompt: the system prompt, then the images and the prompt as one user turn."""
-    parts = [{"type": "image_url", "image_url": {"url": uri}} for uri in image_uris]
-    return [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": parts + [{"type": "text", "text": prompt}]}]
 
 
 def _warn(message: str) -> None:
@@ -339,7 +253,7 @@ def _reason(failure: str) -> str:
     return failure.split(":", 1)[0]
 
 
-def run_task(data: TaskData, generator: Responder | ApiResponder, judge: Responder | ApiResponder | None, path: Path,
+def run_task(data: TaskData, generator: Responder, judge: Responder | None, path: Path,
              *, render: str, retry_failed: bool = False, prompt: PromptFn | None = None) -> int:
     """Generate every sample of ``data`` not yet in ``path``; returns the number of samples generated now.
 
@@ -567,8 +481,9 @@ def evaluate(config, data_dir: str, workdir: str, *, image_root: str | None = No
                                 render=config.vlrm.render, retry_failed=retry_failed)
     tqdm.write(f"generated {sum(generated.values())} samples now, "
                f"{sum(len(d) for d in datasets.values()) - sum(generated.values())} reused from earlier runs")
-    for who in dict.fromkeys(g for g in (generator, judge) if isinstance(g, ApiResponder)):
-        tqdm.write(f"{who.spec}: failed tries by reason (retried ones included): {dict(who.failures) or 'none'}")
+    for who in dict.fromkeys(g for g in (generator, judge) if getattr(g, "failures", None) is not None):
+        tqdm.write(f"{who.backend.description}: failed tries by reason (retried ones included): "
+                   f"{dict(who.failures) or 'none'}")
     results = score(datasets, workdir_path, model=generator.name, judge=judge_name(config),
                     parser=config.vlrm.parser, render=config.vlrm.render, accounting=config.vlrm.accounting,
                     missing_images=missing_images(config))
