@@ -192,7 +192,7 @@ class Protocol:
 
     def judged(self, records) -> dict:
         """The exact judge's metrics (synthetic test sets: the groundtruth is the answer)."""
-        return judged_metrics(self.setting, records, threshold=self.rule.threshold, max_turns=self.rule.max_turns)
+        return judged_metrics(self.setting, records, rule=self.rule)
 
     def plot_judged(self, results: dict, workdir: str) -> dict[str, str]:
         return {}
@@ -230,8 +230,7 @@ class FreeProtocol(Protocol):
 
     def __init__(self, section):
         super().__init__(section)
-        self.rule = dialogue.StopRule(max_turns=section.max_turns, threshold=section.threshold,
-                                      score_parser=section.get("score_parser", "robust"))
+        self.rule = dialogue.StopRule.from_config(section)
 
     def run(self, pairs, student, teacher, outputs, *, batch_size, rng=None):
         items = [item_of(record, image) for record, image in pairs]
@@ -243,7 +242,7 @@ class FreeProtocol(Protocol):
         return free.free_results(records, rule=self.rule, penalty_turns=self.section.penalty_turns, baseline=baseline)
 
     def report(self, results):
-        return report.free_report(results)
+        return report.free_report(results, threshold=self.rule.threshold)
 
     def plot(self, pairs, records, results, workdir):
         figures = {"accuracy_by_turn": os.path.join(workdir, "accuracy_by_turn.png")}
@@ -281,18 +280,19 @@ def use_exact_judge(config, conversations) -> bool:
     return choice
 
 
-def judged_metrics(setting: str, records, *, threshold: float = 8.0, max_turns: int = 5) -> dict:
-    """The exact judge's metrics (:mod:`fire_jax.eval.judge`) overall and per source dataset."""
+def judged_metrics(setting: str, records, *, rule: dialogue.StopRule) -> dict:
+    """The exact judge's metrics (:mod:`fire_jax.eval.judge`) overall and per source dataset, the teacher's
+    verdicts read by ``rule``; ``threshold`` records its threshold for the reports."""
     def block(group):
         if setting == "free":
-            return judge.judged_free(group, threshold=threshold, max_turns=max_turns)
-        return judge.judged_fixed(group, threshold=threshold)
+            return judge.judged_free(group, rule=rule)
+        return judge.judged_fixed(group, rule=rule)
 
     by_source = {}
     for record in records:
         by_source.setdefault(record["source"], []).append(record)
     return {"overall": block(records), "per_source": {s: block(g) for s, g in sorted(by_source.items())},
-            "threshold": threshold}
+            "threshold": rule.threshold}
 
 
 # ----------------------------------------------------------------------------

@@ -132,9 +132,9 @@ def _free_row(label: str, m: Mapping) -> tuple:
     return (label, *(m[c] for c in FREE_COLUMNS), m["K"], m["items"])
 
 
-def free_report(results: Mapping, paper: Mapping | None = None) -> str:
+def free_report(results: Mapping, paper: Mapping | None = None, *, threshold: float) -> str:
     """Table 4 (overall; A5 / A6 on the Vicuna bases), Tables 5-6 (the paper's seen and new sources, 8B), other
-    sources, Fig. 7's accuracy (8B)."""
+    sources, Fig. 7's accuracy (8B). ``threshold``: the stop rule's the run used, named in Fig. 7's title."""
     paper = paper_results() if paper is None else paper
     metrics = results["metrics"]
     name = results["student"]["name"]
@@ -182,7 +182,7 @@ def free_report(results: Mapping, paper: Mapping | None = None) -> str:
     rows = [(f"{model} (paper)", *(values.get(f"turn{t}") for t in range(1, turns + 1)))
             for model, values in figure7.items() if model != "note"]
     rows.append((_ours(name), *(100 * a for a in metrics["overall"]["accuracy_by_turn"])))
-    sections.append("### Fig. 7: accuracy by turn (% of items with score >= 8)\n\n" +
+    sections.append(f"### Fig. 7: accuracy by turn (% of items with score >= {threshold:g})\n\n" +
                     markdown_table(("model", *(f"turn {t}" for t in range(1, turns + 1))), rows))
     stops = metrics["overall"]["stops"]
     sections.append("Stops: " + ", ".join(f"{reason} {count}" for reason, count in stops.items()) + ".")
@@ -196,7 +196,7 @@ def _pct(value) -> str | None:
 def judged_report(results: Mapping) -> str:
     """The exact judge's tables (synthetic test sets): accuracy by turn, refinement, the teacher's agreement."""
     judged = results["metrics"]["judged"]
-    threshold = judged.get("threshold", 8)
+    threshold = judged["threshold"]  # the stop rule's (fire_bench.judged_metrics)
     overall = judged["overall"]
     sections = [f"### Exact judge (answer after \"Answer:\" = groundtruth, case, spacing and final punctuation "
                 f"ignored); the teacher says \"right\" when its score is >= {threshold:g}"]

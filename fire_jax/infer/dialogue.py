@@ -54,6 +54,14 @@ class StopRule:
     its score 0, here None), and a dialogue whose last score is 0 stops
     (``CustomDataset`` drops an item whose last score is >= 8 or == 0, or
     not above the one before, from the next round).
+
+    The one owner of the stop threshold: the dialogue loop, the metrics (AT, RR, the accuracy curve), the
+    exact judge's "the teacher says right" (:meth:`solves`), and every report, plot label and analysis read it
+    from the rule they ran with. A free-dialogue config section sets every field (:meth:`from_config`;
+    docs/fire_bench.md, "Settings"). The rule of the release's interactive chat (MM-FIRE/FIRE,
+    ``llava/eval/feedback_chat.py``: ``Chat.chat`` runs ``num_round=3`` rounds and ``should_stop`` ends only on
+    a score of 10) is ``StopRule(max_turns=3, threshold=10, stop_on_no_increase=False)``, in a config
+    ``free.max_turns=3, free.threshold=10.0, free.stop_on_no_increase=False``.
     """
 
     max_turns: int = 5  # n_max
@@ -61,11 +69,24 @@ class StopRule:
     stop_on_no_increase: bool = True  # stop when a_k <= a_{k-1}
     score_parser: str = "robust"  # or "official" (above)
 
+    @classmethod
+    def from_config(cls, section) -> "StopRule":
+        """The rule of a free-dialogue config section (``config.free``): each of this class's fields the section
+        names, the defaults for the others; the section's other settings (``penalty_turns``, ...) are not the
+        rule's."""
+        return cls(**{field.name: section[field.name] for field in dataclasses.fields(cls) if field.name in section})
+
     def __post_init__(self):
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if self.score_parser not in SCORE_PARSERS:
             raise ValueError(f"score_parser must be one of {list(SCORE_PARSERS)}, got {self.score_parser!r}")
+
+    def solves(self, score: float | None) -> bool:
+        """a_k solves the item (a score >= :attr:`threshold`; no score never does): the dialogue stops as
+        ``"solved"``, the metrics count the item as solved, the exact judge reads it as the teacher saying
+        "right"."""
+        return score is not None and score >= self.threshold
 
     def score(self, feedback) -> float | None:
         """a_k of a teacher's reply (``feedback.text``, ``feedback.score``) under this rule's reading."""
@@ -82,7 +103,7 @@ def stop_reason(scores: Sequence[float | None], rule: StopRule = FREE_DIALOGUE) 
     score = scores[-1]
     if score is None:
         return "no_score"
-    if score >= rule.threshold:
+    if rule.solves(score):
         return "solved"
     if rule.score_parser == "official" and score == 0:
         return "zero_score"

@@ -42,6 +42,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from fire_jax.infer.dialogue import StopRule
 from fire_jax.results import ResultStore, check_settings
 from fire_jax.vlrmbench.data import Sample, TaskData
 from fire_jax.vlrmbench.parse import parse_foresight, try_parse_scores, try_parse_step_labels
@@ -405,7 +406,7 @@ def answer_correct(response: str, groundtruth: str) -> bool:
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     text: str  # the reward model's error analysis ("" when none was asked for)
-    score: float  # 10 when the answer is right, 0 when wrong (the stop rule's threshold is 8)
+    score: float  # 10 when the answer is right, 0 when wrong: CORRECTION solves the first, not the second
 
 
 class RewardModelTeacher:
@@ -431,10 +432,16 @@ class RewardModelTeacher:
         return [Verdict((texts[i][0] or "") if i in texts else "", 10.0 if ok else 0.0) for i, ok in enumerate(right)]
 
 
-def correction_rate(records: Sequence[Mapping]) -> dict:
-    """Correction rate = first answer wrong and second right / first answer wrong, with the counts."""
-    first_wrong = [r for r in records if r["scores"][0] < 8]
-    corrected = sum(len(r["scores"]) > 1 and r["scores"][1] >= 8 for r in first_wrong)
+#: The correction analysis's dialogues: the student answers twice at most, the second time only after a wrong
+#: first answer (a right one is solved: :class:`Verdict`'s scores lie on either side of any threshold in 0..10).
+CORRECTION = StopRule(max_turns=2, stop_on_no_increase=False)
+
+
+def correction_rate(records: Sequence[Mapping], rule: StopRule = CORRECTION) -> dict:
+    """Correction rate = first answer wrong and second right / first answer wrong, with the counts; right is
+    what ``rule`` solves."""
+    first_wrong = [r for r in records if not rule.solves(r["scores"][0])]
+    corrected = sum(len(r["scores"]) > 1 and rule.solves(r["scores"][1]) for r in first_wrong)
     return {"items": len(records), "first_wrong": len(first_wrong), "corrected": corrected,
             "rate": corrected / len(first_wrong) if first_wrong else None}
 
@@ -443,7 +450,7 @@ def correction(config, generator, workdir: Path) -> dict:
     """Table 7: the student's correction rate with the evaluated model's ERA analyses, per source and overall."""
     from fire_jax.config import load_config
     from fire_jax.data.items import load_triplets
-    from fire_jax.infer.dialogue import StopRule, run_dialogues
+    from fire_jax.infer.dialogue import run_dialogues
     from fire_jax.infer.agents import from_spec
     from fire_jax.infer.decode import DecodeConfig
 
@@ -463,7 +470,6 @@ def correction(config, generator, workdir: Path) -> dict:
                         config=student_config, batch_size=config.generate.batch_size)
     items = load_triplets(settings.data, settings.image_root, max_examples=settings.max_examples)
     teacher = RewardModelTeacher(generator.variant(max_new_tokens=settings.max_new_tokens))
-    rule = StopRule(max_turns=2, threshold=8, stop_on_no_increase=False)
     with ResultStore(str(folder / "dialogues.jsonl")) as store:
         todo = [item for item in items if item.id not in store]
 
@@ -471,7 +477,7 @@ def correction(config, generator, workdir: Path) -> dict:
             store.add({"key": dialogue.item.id, "source": dialogue.item.source, "scores": dialogue.scores,
                        "turns": [{"response": t.response, "feedback": t.feedback} for t in dialogue.turns]})
 
-        run_dialogues(todo, student, teacher, rule, batch_size=config.generate.batch_size, on_finish=finish)
+        run_dialogues(todo, student, teacher, CORRECTION, batch_size=config.generate.batch_size, on_finish=finish)
         records = [store[item.id] for item in items]
     by_source = collections.defaultdict(list)
     for record in records:
