@@ -292,6 +292,28 @@ def test_to_raw_writes_what_parse_record_reads_and_improved_is_the_papers_filter
     assert not improved([None, 9.0]) and not improved([3.0, None])
 
 
+def test_drop_reason_is_one_rule_in_one_order():
+    """The keep/drop rule of generated conversations (FIRE-1M-style dialogues and FIRE-100K-style outputs): no
+    score, too many turns, no improvement, then the schema; the first that applies names the drop."""
+    from fire_jax.data.records import FILTER_REASONS, Turn, drop_reason, to_raw
+
+    def record(*scores, response="Answer: 3"):
+        turns = [Turn(response, f"Score: {s}.\nFeedback: look." if s is not None else "Feedback: look.", s)
+                 for s in scores]
+        return to_raw("r1", "a.png", "How many?", "There are 3.", turns, source="s", split="x")
+
+    assert drop_reason(record(4, 9)) is None and drop_reason(record(4, 9), max_turns=2) is None
+    reasons = lambda r, **kw: getattr(drop_reason(r, **kw), "reason", None)
+    assert reasons(record(4, None), max_turns=1) == "no_score"  # before too_many_turns
+    assert reasons(record(9, 4, 5), max_turns=2) == "too_many_turns"  # before no_improvement
+    assert reasons(record(9, 4, 5)) == "no_improvement"  # no turn limit
+    assert reasons(record(5, 5, response=" ")) == "no_improvement"  # before the schema's empty_text
+    assert reasons(record(4, 9, response=" ")) == "empty_text"
+    error = drop_reason(record(6, 6))
+    assert str(error) == "id 'r1': field 'score': no_improvement (scores [6, 6])"
+    assert FILTER_REASONS == ("no_score", "too_many_turns", "no_improvement")
+
+
 def test_a_symlink_out_of_the_image_root_is_refused_one_inside_is_read(tmp_path):
     """The image root is checked on the path resolved through symbolic links (one check, records.outside_root,
     for the data loaders, batch prompts and VLRMBench records): a link to a file elsewhere, or a linked folder

@@ -22,11 +22,12 @@ with its prompt at turn k - 1 and r_{k-1}, the teacher's with everything but
 the answer it scores, so each call prefills only what changed.
 
 :func:`make_fire_records` is FIRE-1M-style generation: :data:`FIRE_1M_GENERATION`'s
-rule (stop at 8 or after 3 turns, no "no_increase" stop); a dialogue is kept
-only if its last score is higher than its first (dialogues solved at once
-teach no refinement); each kept one is written as a raw record in the schema
-of the FIRE release's data (docs/spec.md, "Records") and must parse through :func:`fire_jax.data.records.parse_record`
-(empty texts, feedback without "Feedback:" text, ... are dropped, by reason).
+rule (stop at 8 or after 3 turns, no "no_increase" stop); each dialogue is written as a raw record in the schema
+of the FIRE release's data (docs/spec.md, "Records") and kept or dropped by
+:func:`fire_jax.data.records.drop_reason`, the rule FIRE-100K-style generation uses too: kept only if its last
+score is higher than its first (dialogues solved at once teach no refinement) and it parses through
+:func:`fire_jax.data.records.parse_record` (empty texts, feedback without "Feedback:" text, ... are dropped, by
+reason).
 Kept records go to a JSONL file, dropped dialogues (id, reason, scores) to
 ``<out>.dropped.jsonl``; a rerun skips the ids in either.
 """
@@ -39,7 +40,7 @@ import os
 from typing import Callable, Iterable, Sequence
 
 from fire_jax.data.items import Item
-from fire_jax.data.records import SCORE_PARSERS, BadRecordError, BadRecords, Turn, improved, parse_record, parse_score, to_raw
+from fire_jax.data.records import SCORE_PARSERS, BadRecords, Turn, drop_reason, parse_score, to_raw
 from fire_jax.results import ResultStore
 
 
@@ -189,21 +190,6 @@ def fire_record(dialogue: Dialogue, *, split: str = "fire_1m", image_root: str =
     return to_raw(item.id, image, item.question, item.groundtruth, dialogue.turns, source=item.source, split=split)
 
 
-def drop_reason(dialogue: Dialogue, record: dict) -> BadRecordError | None:
-    """Why a generated dialogue is not kept: no score, no improvement, or what the record parser rejects."""
-    scores = dialogue.scores
-    if scores[-1] is None:
-        return BadRecordError("no_score", f"id {record['id']!r}", f"conversations[{2 * len(scores) - 1}].value",
-                              f"scores {scores}")
-    if not improved(scores):
-        return BadRecordError("no_improvement", f"id {record['id']!r}", "score", f"scores {scores}")
-    try:
-        parse_record(record, default_id=record["id"])
-    except BadRecordError as e:
-        return e
-    return None
-
-
 def make_fire_records(items: Sequence[Item], student, teacher, out_path: str, *, image_root: str = "",
                      split: str = "fire_1m", rule: StopRule = FIRE_1M_GENERATION, batch_size: int = 8,
                      rng=None) -> tuple[int, BadRecords]:
@@ -225,7 +211,7 @@ def make_fire_records(items: Sequence[Item], student, teacher, out_path: str, *,
                   dynamic_ncols=True) as progress:
             def finish(dialogue: Dialogue) -> None:
                 record = fire_record(dialogue, split=split, image_root=image_root)
-                reason = drop_reason(dialogue, record)
+                reason = drop_reason(record)  # the rule's max_turns already ended the dialogue
                 if reason is None:
                     kept.add(record)
                 else:
