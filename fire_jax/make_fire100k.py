@@ -18,7 +18,7 @@ response ``"Thought: ...\\nAnswer: ..."``, the teacher's feedback
 ``"Score: N.\\nFeedback: ..."``; the record is then checked with
 :func:`fire_jax.data.records.parse_record`. Kept: conversations that parse,
 have at most --max_turns (6) turns and whose last score is higher than the
-first (the paper's two filters: :func:`fire_jax.data.records.drop_reason`, the keep/drop rule of FIRE-1M-style
+first (the paper's two filters: :func:`fire_jax.data.filters.drop_reason`, the keep/drop rule of FIRE-1M-style
 generation too). Every drop is counted by reason (:data:`DROP_REASONS`).
 
 Outputs (``--process_count N`` > 1 writes ``OUT-<i>-of-<N>.jsonl`` per process,
@@ -48,7 +48,9 @@ import re
 from fire_jax.cli import run_command
 from fire_jax.config import resolve_path
 from fire_jax.data.items import Item, load_triplets
-from fire_jax.data.records import FILTER_REASONS, BadRecords, Turn, drop_reason, load_records
+from fire_jax.data.bad_records import BadRecords
+from fire_jax.data.filters import FILTER_REASONS, drop_reason
+from fire_jax.data.records import Turn, load_records
 from fire_jax.infer.agents import generator
 from fire_jax.infer.api import ApiAgent, ApiError, image_url
 from fire_jax.infer.decode import DecodeConfig
@@ -58,7 +60,7 @@ from fire_jax.results import ResultStore, write_json
 
 MAX_TURNS = 6  # the paper drops conversations with more turns
 #: Why a conversation is not kept: malformed output (not_json, bad_structure, bad_score, empty_text), the
-#: generated-conversation filter (:data:`fire_jax.data.records.FILTER_REASONS`, then a parse_record reason), or a
+#: generated-conversation filter (:data:`fire_jax.data.filters.FILTER_REASONS`, then a parse_record reason), or a
 #: request that failed.
 DROP_REASONS = ("not_json", "bad_structure", "bad_score", "empty_text", *FILTER_REASONS, "api_error")
 

@@ -6,8 +6,11 @@ import os
 import pytest
 from PIL import Image
 
+from fire_jax.data import image_files, scores
 from fire_jax.data import records as records_lib
-from fire_jax.data.records import BadRecordError, Conversation, Instruction, load_records, parse_score
+from fire_jax.data.bad_records import BadRecordError
+from fire_jax.data.records import Conversation, Instruction, load_records
+from fire_jax.data.scores import parse_score
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "fire")
 FIXTURE_FILES = [os.path.join(FIXTURES, f) for f in ("fire_100k_demo.json", "fire_1m_demo.json")]
@@ -57,8 +60,8 @@ def test_parse_score_as_the_release(feedback, official, robust):
 
 
 def test_feedback_text():
-    assert records_lib.feedback_text("Score: 3.\nFeedback: Look again.\n") == "Look again."
-    assert records_lib.feedback_text("Score: 3.\nLook again.") == "Look again."
+    assert scores.feedback_text("Score: 3.\nFeedback: Look again.\n") == "Look again."
+    assert scores.feedback_text("Score: 3.\nLook again.") == "Look again."
 
 
 @pytest.fixture(scope="module")
@@ -222,8 +225,8 @@ def test_undecodable_truncated_and_oversize_records_are_bad_and_the_good_ones_ke
 def test_an_image_outside_the_root_is_not_looked_at(bad_dir, monkeypatch):
     looked = []
     isfile = os.path.isfile
-    monkeypatch.setattr(records_lib.os.path, "isfile", lambda p: looked.append(p) or isfile(p))
-    monkeypatch.setattr(records_lib, "image_size_of", lambda p, **_: looked.append(p) or (1, 1))
+    monkeypatch.setattr(image_files.os.path, "isfile", lambda p: looked.append(p) or isfile(p))
+    monkeypatch.setattr(image_files, "image_size_of", lambda p, **_: looked.append(p) or (1, 1))
     path = bad_dir / "climb.json"
     path.write_text(json.dumps([_fire(image="../../../../etc/passwd"), _fire(image="/etc/passwd"),
                                 _fire(image="sub/../ok.png")]))
@@ -276,7 +279,8 @@ def test_field_caps_are_set_in_the_data_config(bad_dir):
 def test_to_raw_writes_what_parse_record_reads_and_improved_is_the_papers_filter():
     """One writer of raw FIRE records (generation, FIRE-100K-style data, the demo): parse_record reads it back
     to the same conversation; ``improved`` keeps a conversation whose last score is above its first."""
-    from fire_jax.data.records import Turn, improved, parse_record, to_raw
+    from fire_jax.data.filters import improved
+    from fire_jax.data.records import Turn, parse_record, to_raw
 
     turns = [Turn("Thought: one.\nAnswer: 3", "Score: 4.\nFeedback: count again.", 4.0),
              Turn("Thought: two.\nAnswer: 2", "Score: 10.\nFeedback: correct.", 10.0)]
@@ -295,7 +299,8 @@ def test_to_raw_writes_what_parse_record_reads_and_improved_is_the_papers_filter
 def test_drop_reason_is_one_rule_in_one_order():
     """The keep/drop rule of generated conversations (FIRE-1M-style dialogues and FIRE-100K-style outputs): no
     score, too many turns, no improvement, then the schema; the first that applies names the drop."""
-    from fire_jax.data.records import FILTER_REASONS, Turn, drop_reason, to_raw
+    from fire_jax.data.filters import FILTER_REASONS, drop_reason
+    from fire_jax.data.records import Turn, to_raw
 
     def record(*scores, response="Answer: 3"):
         turns = [Turn(response, f"Score: {s}.\nFeedback: look." if s is not None else "Feedback: look.", s)
@@ -315,7 +320,7 @@ def test_drop_reason_is_one_rule_in_one_order():
 
 
 def test_a_symlink_out_of_the_image_root_is_refused_one_inside_is_read(tmp_path):
-    """The image root is checked on the path resolved through symbolic links (one check, records.outside_root,
+    """The image root is checked on the path resolved through symbolic links (one check, image_files.outside_root,
     for the data loaders, batch prompts and VLRMBench records): a link to a file elsewhere, or a linked folder
     leading out, is image_outside_root; a link to another file inside the root is read."""
     root, elsewhere = tmp_path / "images", tmp_path / "elsewhere"
@@ -334,10 +339,10 @@ def test_a_symlink_out_of_the_image_root_is_refused_one_inside_is_read(tmp_path)
     assert bad.first["image_outside_root"] == (
         f"{path}: record 0 (id 'out'): field 'image': image_outside_root ('link.png' is a symbolic link out of the "
         f"image root {root} (to {elsewhere / 'secret.png'}))")
-    assert records_lib.image_path(str(root), "alias.png", "here") == str(root / "alias.png")
-    assert records_lib.outside_root(str(root), "linked_folder/secret.png") == (
+    assert image_files.image_path(str(root), "alias.png", "here") == str(root / "alias.png")
+    assert image_files.outside_root(str(root), "linked_folder/secret.png") == (
         f"'linked_folder/secret.png' is a symbolic link out of the image root {root} (to {elsewhere / 'secret.png'})")
     # a root that is itself a link is resolved too: the files under it are inside
     os.symlink(root, tmp_path / "root_link")
-    assert records_lib.outside_root(str(tmp_path / "root_link"), "ok.png") is None
-    assert records_lib.outside_root(str(tmp_path / "root_link"), "link.png").startswith("'link.png' is a symbolic")
+    assert image_files.outside_root(str(tmp_path / "root_link"), "ok.png") is None
+    assert image_files.outside_root(str(tmp_path / "root_link"), "link.png").startswith("'link.png' is a symbolic")

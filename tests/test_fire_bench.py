@@ -9,7 +9,9 @@ import pytest
 
 from fire_jax.config import load_config, resolve_path
 from fire_jax.data.items import Item, load_conversations, load_triplets
-from fire_jax.data.records import BadRecords, feedback_text, load_records, parse_score
+from fire_jax.data.bad_records import BadRecords
+from fire_jax.data.records import load_records
+from fire_jax.data.scores import feedback_text, parse_score
 from fire_jax.eval import fixed, free, plots, report
 from fire_jax.eval.fire_bench import agent_spec, build_agents, evaluate, model_config, split_statistics
 from fire_jax.infer.agents import from_spec

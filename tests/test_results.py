@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from fire_jax.data.records import BadRecordError, BadRecords
+from fire_jax.data.bad_records import BadRecordError, BadRecords
 from fire_jax.results import ResultStore, check_settings, finite, write_json
 
 

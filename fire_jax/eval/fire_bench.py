@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 from fire_jax.config import resolve_path
 from fire_jax.data.items import item_of, load_conversations
-from fire_jax.data.records import BadRecords
+from fire_jax.data.bad_records import BadRecords
 from fire_jax.eval import fixed, free, judge, plots, report
 from fire_jax.infer import dialogue
 from fire_jax.infer.decode import DecodeConfig
@@ -302,20 +302,15 @@ def judged_metrics(setting: str, records, *, rule: dialogue.StopRule) -> dict:
 
 def read_conversations(path: str, image_root: str | None = None) -> tuple[list, BadRecords]:
     """(FIRE conversations, bad record counts) of a records file; images are checked only with an image root."""
-    from fire_jax.data.records import BadRecordError, Conversation, iter_raw, load_records, parse_record
+    from fire_jax.data.jsonl import read_objects
+    from fire_jax.data.records import Conversation, load_records, parse_record
 
     if image_root:
         records, bad = load_records(path, image_root)
     else:
-        records, bad = [], BadRecords()
-        stem = os.path.splitext(os.path.basename(path))[0]
-        for index, raw in iter_raw(path):
-            try:
-                if isinstance(raw, BadRecordError):
-                    raise raw
-                records.append(parse_record(raw, default_id=f"{stem}:{index}", where=f"{path}: record {index}"))
-            except BadRecordError as e:
-                bad.handle(e, "skip")
+        bad = BadRecords()
+        records = list(read_objects(path, lambda raw, where, default_id: parse_record(
+            raw, default_id=default_id, where=where), bad=bad))
     return [r for r in records if isinstance(r, Conversation)], bad
 
 

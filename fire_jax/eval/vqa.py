@@ -19,8 +19,8 @@ import json
 import os
 from typing import Any
 
-from fire_jax.data.items import read_objects
-from fire_jax.data.records import BadRecordError, BadRecords
+from fire_jax.data.bad_records import BadRecordError, BadRecords
+from fire_jax.data.jsonl import read_objects
 from fire_jax.eval import metrics
 from fire_jax.results import ResultStore, write_json
 
@@ -50,7 +50,7 @@ def read_items(path: str, image_root: str = "") -> tuple[list[dict], BadRecords]
         return item
 
     bad = BadRecords()
-    return read_objects(path, parse, bad=bad), bad
+    return list(read_objects(path, parse, bad=bad)), bad
 
 
 def prompt(item: dict) -> str:

@@ -24,7 +24,7 @@ the answer it scores, so each call prefills only what changed.
 :func:`make_fire_records` is FIRE-1M-style generation: :data:`FIRE_1M_GENERATION`'s
 rule (stop at 8 or after 3 turns, no "no_increase" stop); each dialogue is written as a raw record in the schema
 of the FIRE release's data (docs/spec.md, "Records") and kept or dropped by
-:func:`fire_jax.data.records.drop_reason`, the rule FIRE-100K-style generation uses too: kept only if its last
+:func:`fire_jax.data.filters.drop_reason`, the rule FIRE-100K-style generation uses too: kept only if its last
 score is higher than its first (dialogues solved at once teach no refinement) and it parses through
 :func:`fire_jax.data.records.parse_record` (empty texts, feedback without "Feedback:" text, ... are dropped, by
 reason).
@@ -40,7 +40,10 @@ import os
 from typing import Callable, Iterable, Sequence
 
 from fire_jax.data.items import Item
-from fire_jax.data.records import SCORE_PARSERS, BadRecords, Turn, drop_reason, parse_score, to_raw
+from fire_jax.data.bad_records import BadRecords
+from fire_jax.data.filters import drop_reason
+from fire_jax.data.records import Turn, to_raw
+from fire_jax.data.scores import SCORE_PARSERS, parse_score
 from fire_jax.results import ResultStore
 
 
@@ -49,7 +52,7 @@ class StopRule:
     """When a dialogue ends (solved, no score increase, or the turn limit: docs/spec.md), and how it reads the teacher's score.
 
     ``score_parser``: "robust" keeps the score the teacher agent read
-    (:func:`fire_jax.data.records.parse_score`'s default); "official" reads
+    (:func:`fire_jax.data.scores.parse_score`'s default); "official" reads
     each reply as the release's free-dialogue loader does (MM-FIRE/FIRE,
     ``llava/eval/model_fire_chat_loader.py``): ``get_score`` (a failure is
     its score 0, here None), and a dialogue whose last score is 0 stops
