@@ -18,7 +18,7 @@ from typing import Any
 
 import ml_collections
 
-from fire_jax.results import write_json
+from fire_jax.results import markdown_table, write_json
 
 #: Columns of the summary: (label, setting, role or None, metric key).
 SUMMARY = (("student BLEU-4", "fixed", "student", "BLEU-4"), ("student CIDEr", "fixed", "student", "CIDEr"),
@@ -186,27 +186,26 @@ def _cell(value) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-def _table(rows: dict, labels) -> list[str]:
-    lines = ["| run | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
-    lines += [f"| {name} | " + " | ".join(_cell(row[k]) for k in labels) + " |" for name, row in rows.items()]
-    return lines
+def _table(rows: dict, labels) -> str:
+    return markdown_table(("run", *labels), [(name, *(row[k] for k in labels)) for name, row in rows.items()],
+                          align="l" + "r" * len(labels), cell=_cell)
 
 
 def summary_table(summary: dict, *, threshold: float) -> str:
     """summary.md: the paper metrics, the exact judge's columns (the teacher's verdict: a score >= the free
     dialogues' ``threshold``) and the exact teacher's runs."""
-    lines = _table(summary["rows"], [label for label, *_ in SUMMARY])
+    lines = [_table(summary["rows"], [label for label, *_ in SUMMARY])]
     if summary.get("judged"):
         lines += ["", "Exact judge (answer = groundtruth) in the same runs: fixed-dialogue student accuracy and "
                   "teacher agreement; free dialogues with the FD teacher: accuracy at turn 1 and at the end, judged "
                   "refinement rate (right at the end of those wrong at turn 1), the teacher's agreement with the judge "
                   f"over all turns (score >= {threshold:g} iff right), solved-but-wrong of solved, "
                   "stopped-but-right.", ""]
-        lines += _table(summary["judged"], [label for label, *_ in JUDGED])
+        lines.append(_table(summary["judged"], [label for label, *_ in JUDGED]))
     if summary.get("exact_teacher"):
         lines += ["", "Free dialogues with the exact teacher (the synthetic set's own feedback rule, never wrong): "
                   "what each student does with informative feedback, apart from the FD teacher's mistakes.", ""]
-        lines += _table(summary["exact_teacher"], ["AT", "ADR", "ATR", "RR", "K", *EXACT_COLUMNS])
+        lines.append(_table(summary["exact_teacher"], ["AT", "ADR", "ATR", "RR", "K", *EXACT_COLUMNS]))
     return "\n".join(lines) + "\n"
 
 

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from fire_jax.infer.dialogue import StopRule
-from fire_jax.results import ResultStore, check_settings
+from fire_jax.results import ResultStore, check_settings, markdown_table
 from fire_jax.vlrmbench.data import Sample, TaskData
 from fire_jax.vlrmbench.parse import parse_foresight, try_parse_scores, try_parse_step_labels
 from fire_jax.vlrmbench.score import load_paper_results, score_accountings
@@ -89,9 +89,8 @@ def _number(value: float | None, scale: float = 100) -> str:
 
 
 def markdown(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "| --- |" + " ---: |" * (len(header) - 1)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+    """An analysis table (:func:`fire_jax.results.markdown_table`): labels first, the other columns right-aligned."""
+    return markdown_table(header, rows, align="l" + "r" * (len(header) - 1)) + "\n"
 
 
 def _write(workdir: Path, name: str, title: str, table: str, results: dict) -> dict:
@@ -210,12 +209,6 @@ def length_table(results: Mapping, model: str, paper: Mapping) -> str:
 # ----------------------------------------------------------------------------
 
 
-def _check_settings(folder: Path, settings: dict) -> None:
-    """Stop when ``folder`` holds outputs made with other settings; record these."""
-    check_settings(folder / "settings.json", settings, where=str(folder),
-                   has_outputs=any(p.stat().st_size for p in folder.glob("*.jsonl")))
-
-
 def shot_prompt(sample: Sample, examples: Sequence[Sample]) -> str:
     """The SC prompt with ``examples`` (their question, reasoning and label list) before the question."""
     template = TASK_PROMPTS["step_correctness"]
@@ -238,7 +231,8 @@ def shots(config, data: TaskData, generator, workdir: Path) -> dict:
 
     folder = workdir / "analyses" / "shots"
     counts = [int(k) for k in config.analyses.shots.k.split(",")]
-    _check_settings(folder, {**task_settings(config, data.task), "shots": counts})
+    check_settings(folder / "settings.json", {**task_settings(config, data.task), "shots": counts},
+                   where=str(folder), outputs=folder.glob("*.jsonl"))
     outputs = {0: _outputs(workdir, data)}
     for k in counts:
         if k == 0:
@@ -326,8 +320,9 @@ def voting(config, datasets: Mapping[str, TaskData], generator, workdir: Path) -
     ks = sorted(int(k) for k in settings.k.split(","))
     folder = workdir / "analyses" / "voting"
     tasks = [task_info(t).file for t in _split(settings.tasks)]
-    _check_settings(folder, {"tasks": tasks, "k": max(ks), "temperature": settings.temperature,
-                             **task_settings(config, tasks[0])})
+    check_settings(folder / "settings.json", {"tasks": tasks, "k": max(ks), "temperature": settings.temperature,
+                                              **task_settings(config, tasks[0])},
+                   where=str(folder), outputs=folder.glob("*.jsonl"))
     results = {}
     for task in tasks:
         data, orders = datasets[task], num_orders(task)
@@ -460,11 +455,12 @@ def correction(config, generator, workdir: Path) -> dict:
                          "set --config.analyses.correction.data and .image_root")
     folder = workdir / "analyses" / "correction"
     student_config = load_config(settings.student_config) if settings.student_config else config
-    _check_settings(folder, {"data": settings.data, "image_root": settings.image_root,
-                             "student_config": settings.student_config,
-                             "student_checkpoint": settings.student_checkpoint,
-                             "max_examples": settings.max_examples, "max_new_tokens": settings.max_new_tokens,
-                             "reward_model": generator.name})
+    check_settings(folder / "settings.json",
+                   {"data": settings.data, "image_root": settings.image_root,
+                    "student_config": settings.student_config, "student_checkpoint": settings.student_checkpoint,
+                    "max_examples": settings.max_examples, "max_new_tokens": settings.max_new_tokens,
+                    "reward_model": generator.name},
+                   where=str(folder), outputs=folder.glob("*.jsonl"))
     student = from_spec(settings.student_checkpoint or student_config.get("checkpoint") or None, "student",
                         DecodeConfig.from_config(config.generate, max_new_tokens=settings.max_new_tokens),
                         config=student_config, batch_size=config.generate.batch_size)
