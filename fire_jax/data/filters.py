@@ -7,6 +7,7 @@ from typing import Sequence
 from fire_jax.data.bad_records import BadRecordError
 from fire_jax.data.records import parse_record
 
+
 def improved(scores: Sequence[float | None]) -> bool:
     """The paper's filter on generated conversations (FIRE Sec. 3.2): the last score is higher than the first."""
     return scores[-1] is not None and scores[0] is not None and scores[-1] > scores[0]
@@ -22,7 +23,7 @@ def drop_reason(record: dict, *, max_turns: int | None = None) -> BadRecordError
     (:func:`fire_jax.infer.dialogue.make_fire_records`) and FIRE-100K-style conversations
     (:mod:`fire_jax.make_fire100k`).
 
-    ``record``: a raw record of :func:`to_raw` (its turns' scores under ``score``). The paper's filters (FIRE
+    ``record``: a raw record of :func:`fire_jax.data.records.to_raw` (its turns' scores under ``score``). The paper's filters (FIRE
     Sec. 3.2; :data:`FILTER_REASONS`: ``max_turns`` None sets no turn limit), then what :func:`parse_record`
     rejects (empty texts, feedback without text after the score, oversize fields, ...).
     """

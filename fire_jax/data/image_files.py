@@ -9,6 +9,7 @@ from PIL import Image
 
 from fire_jax.data.bad_records import BadRecordError
 
+
 def image_size_of(path_or_bytes: str | bytes, *, decode: bool = False) -> tuple[int, int]:
     """(height, width) of an image file, reading the header (or everything with ``decode``)."""
     stream = io.BytesIO(path_or_bytes) if isinstance(path_or_bytes, bytes) else path_or_bytes
