@@ -24,8 +24,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     del config["fixed"]
     config.decode.max_new_tokens = 16 if (arg or "tiny") == "tiny" else 160  # 160 for free dialogues (docs/spec.md)
     config.free = ml_collections.ConfigDict(dict(
+        # The stop rule (fire_jax.infer.dialogue.StopRule, every field of it): max_turns, threshold,
+        # stop_on_no_increase, score_parser. The release's interactive chat (llava/eval/feedback_chat.py) stops only
+        # at a score of 10 within 3 rounds: max_turns=3, threshold=10.0, stop_on_no_increase=False.
         max_turns=5,  # n_max
-        threshold=8.0,  # a score >= 8 solves the item
+        threshold=8.0,  # a score >= threshold solves the item
+        stop_on_no_increase=True,  # stop when a score is not above the one before
         penalty_turns=10.0,  # p: t_k of an unsolved dialogue
         teacher_history="latest",  # the teacher sees only the latest answer (Fig. A14)
         baseline_results="",  # results.json of the baseline's free run: AT = mean t_k / its mean t_k ("" = self)

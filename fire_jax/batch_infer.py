@@ -38,7 +38,10 @@ import jax
 from fire_jax.cli import existing_dir, run_command, require_model_config
 from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, resolve_path, split_overrides
 from fire_jax.data.images import load_image
-from fire_jax.data.records import BadRecordError, BadRecords, Turn, image_path, parse_score
+from fire_jax.data.bad_records import BadRecordError, BadRecords
+from fire_jax.data.image_files import image_path
+from fire_jax.data.records import Turn
+from fire_jax.data.scores import parse_score
 from fire_jax.infer.agents import from_specs
 from fire_jax.infer.api import is_api_spec
 from fire_jax.infer.decode import DecodeConfig

@@ -28,7 +28,8 @@ from PIL import Image, ImageDraw
 
 from fire_jax.cli import run_command, require_model_config
 from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, split_overrides
-from fire_jax.data.records import Turn, parse_score
+from fire_jax.data.records import Turn
+from fire_jax.data.scores import parse_score
 from fire_jax.infer.agents import from_specs
 from fire_jax.infer.api import is_api_spec
 from fire_jax.infer.decode import DecodeConfig

@@ -29,7 +29,7 @@ import time
 from fire_jax.config import InputError, WriteFailed, config_path, load_config, override_target
 
 
-#: What a CLI reports in one line (:class:`fire_jax.data.records.BadRecordError` is an InputError).
+#: What a CLI reports in one line (:class:`fire_jax.data.bad_records.BadRecordError` is an InputError).
 INPUT_ERRORS = (InputError, FileNotFoundError, IsADirectoryError, json.JSONDecodeError)
 
 

@@ -54,7 +54,9 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Streamin
 
 from fire_jax.cli import run_command, require_model_config
 from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, split_overrides
-from fire_jax.data.records import BadRecordError, Turn, parse_record, parse_score, to_raw
+from fire_jax.data.bad_records import BadRecordError
+from fire_jax.data.records import Turn, parse_record, to_raw
+from fire_jax.data.scores import parse_score
 from fire_jax.infer.agents import from_specs
 from fire_jax.infer.api import ApiError
 from fire_jax.infer.backends import Refused, sampling_of
@@ -216,7 +218,7 @@ def _text(body: dict, field: str, *, required: bool = True) -> str:
 
 
 def _turns(body: dict) -> list[Turn]:
-    """The conversation so far: [{"response", "feedback"}] with scores parsed from the feedback (``records.parse_score``)."""
+    """The conversation so far: [{"response", "feedback"}] with scores parsed from the feedback (``scores.parse_score``)."""
     turns = body.get("turns", [])
     if not isinstance(turns, list) or not all(
             isinstance(t, dict) and isinstance(t.get("response"), str) and isinstance(t.get("feedback", ""), str)

@@ -18,7 +18,7 @@ from typing import Any
 
 import ml_collections
 
-from fire_jax.results import write_json
+from fire_jax.results import markdown_table, write_json
 
 #: Columns of the summary: (label, setting, role or None, metric key).
 SUMMARY = (("student BLEU-4", "fixed", "student", "BLEU-4"), ("student CIDEr", "fixed", "student", "CIDEr"),
@@ -112,14 +112,17 @@ def run(config, workdir: str) -> dict[str, Any]:
         results[(agent, setting)] = _timed(
             seconds, name, eval_stage, config.eval_fixed if setting == "fixed" else config.eval_free,
             os.path.join(out, name), student=student, teacher=teacher, baseline_results=baseline_results)
+    from fire_jax.infer.dialogue import StopRule
+
     summary = summarize(results)
+    threshold = StopRule.from_config(config.eval_free.free).threshold  # what the free dialogues stopped at
     figures = [p for r in results.values() for p in r.get("figures", {}).values()]
     if summary.get("judged"):
         figures.append(os.path.join(workdir, "accuracy_by_turn.png"))
-        plot_judged_curves(results, figures[-1])
+        plot_judged_curves(results, figures[-1], threshold=threshold)
     summary["figures"] = sorted(os.path.relpath(p, workdir) for p in figures)
     fixed = config.eval_fixed.get("fixed", {})
-    table = summary_table(summary) + (f"\nTeacher BLEU/CIDEr compare fixed.teacher_text="
+    table = summary_table(summary, threshold=threshold) + (f"\nTeacher BLEU/CIDEr compare fixed.teacher_text="
                                       f"{fixed.get('teacher_text', 'feedback')!r} ('feedback': the text after "
                                       f"\"Feedback:\", as the release's analyze_feedback.py; 'whole': the reply).\n")
     # summary.json holds results only (no timings or absolute paths), so reruns can be compared byte for byte.
@@ -183,36 +186,39 @@ def _cell(value) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-def _table(rows: dict, labels) -> list[str]:
-    lines = ["| run | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
-    lines += [f"| {name} | " + " | ".join(_cell(row[k]) for k in labels) + " |" for name, row in rows.items()]
-    return lines
+def _table(rows: dict, labels) -> str:
+    return markdown_table(("run", *labels), [(name, *(row[k] for k in labels)) for name, row in rows.items()],
+                          align="l" + "r" * len(labels), cell=_cell)
 
 
-def summary_table(summary: dict) -> str:
-    lines = _table(summary["rows"], [label for label, *_ in SUMMARY])
+def summary_table(summary: dict, *, threshold: float) -> str:
+    """summary.md: the paper metrics, the exact judge's columns (the teacher's verdict: a score >= the free
+    dialogues' ``threshold``) and the exact teacher's runs."""
+    lines = [_table(summary["rows"], [label for label, *_ in SUMMARY])]
     if summary.get("judged"):
         lines += ["", "Exact judge (answer = groundtruth) in the same runs: fixed-dialogue student accuracy and "
                   "teacher agreement; free dialogues with the FD teacher: accuracy at turn 1 and at the end, judged "
                   "refinement rate (right at the end of those wrong at turn 1), the teacher's agreement with the judge "
-                  "over all turns (score >= 8 iff right), solved-but-wrong of solved, stopped-but-right.", ""]
-        lines += _table(summary["judged"], [label for label, *_ in JUDGED])
+                  f"over all turns (score >= {threshold:g} iff right), solved-but-wrong of solved, "
+                  "stopped-but-right.", ""]
+        lines.append(_table(summary["judged"], [label for label, *_ in JUDGED]))
     if summary.get("exact_teacher"):
         lines += ["", "Free dialogues with the exact teacher (the synthetic set's own feedback rule, never wrong): "
                   "what each student does with informative feedback, apart from the FD teacher's mistakes.", ""]
-        lines += _table(summary["exact_teacher"], ["AT", "ADR", "ATR", "RR", "K", *EXACT_COLUMNS])
+        lines.append(_table(summary["exact_teacher"], ["AT", "ADR", "ATR", "RR", "K", *EXACT_COLUMNS]))
     return "\n".join(lines) + "\n"
 
 
-def plot_judged_curves(results: dict, out_path: str) -> None:
-    """Fig. 7 for the main job: judged accuracy beside the teacher's (score >= 8) for the baseline and FIRE."""
+def plot_judged_curves(results: dict, out_path: str, *, threshold: float) -> None:
+    """Fig. 7 for the main job: judged accuracy beside the teacher's (score >= ``threshold``, the free dialogues'
+    stop rule's) for the baseline and FIRE."""
     from fire_jax.eval.plots import plot_accuracy_by_turn
 
     curves = {}
     for run_name in ("baseline", "fire"):
         judged = results[(run_name, "free")]["metrics"]["judged"]["overall"]
         curves[f"{run_name}: exact judge"] = judged["accuracy_by_turn"]
-        curves[f"{run_name}: teacher score >= 8"] = judged["teacher_accuracy_by_turn"]
+        curves[f"{run_name}: teacher score >= {threshold:g}"] = judged["teacher_accuracy_by_turn"]
     for run_name in ("baseline", "fire"):
         if (run_name, "free_exact") in results:
             judged = results[(run_name, "free_exact")]["metrics"]["judged"]["overall"]

@@ -18,8 +18,8 @@ response ``"Thought: ...\\nAnswer: ..."``, the teacher's feedback
 ``"Score: N.\\nFeedback: ..."``; the record is then checked with
 :func:`fire_jax.data.records.parse_record`. Kept: conversations that parse,
 have at most --max_turns (6) turns and whose last score is higher than the
-first (the paper's two filters). Every drop is counted by reason
-(:data:`DROP_REASONS`).
+first (the paper's two filters: :func:`fire_jax.data.filters.drop_reason`, the keep/drop rule of FIRE-1M-style
+generation too). Every drop is counted by reason (:data:`DROP_REASONS`).
 
 Outputs (``--process_count N`` > 1 writes ``OUT-<i>-of-<N>.jsonl`` per process,
 each taking the triplets ``i, i + N, ...``):
@@ -49,7 +49,9 @@ from fire_jax.cli import run_command
 from fire_jax.config import resolve_path
 from fire_jax.data.chat import Message
 from fire_jax.data.items import Item, load_triplets
-from fire_jax.data.records import BadRecordError, BadRecords, Turn, improved, load_records, parse_record
+from fire_jax.data.bad_records import BadRecords
+from fire_jax.data.filters import FILTER_REASONS, drop_reason
+from fire_jax.data.records import Turn, load_records
 from fire_jax.infer.agents import generator
 from fire_jax.infer.api import ApiBackend, ApiError
 from fire_jax.infer.decode import DecodeConfig
@@ -58,10 +60,10 @@ from fire_jax.infer.dialogue import Dialogue
 from fire_jax.results import ResultStore, write_json
 
 MAX_TURNS = 6  # the paper drops conversations with more turns
-#: Why a conversation is not kept: malformed output (not_json, bad_structure, bad_score, empty_text, or a
-#: parse_record reason), the paper's filters (too_many_turns, no_improvement), or a request that failed.
-DROP_REASONS = ("not_json", "bad_structure", "bad_score", "empty_text", "too_many_turns", "no_improvement",
-                "api_error")
+#: Why a conversation is not kept: malformed output (not_json, bad_structure, bad_score, empty_text), the
+#: generated-conversation filter (:data:`fire_jax.data.filters.FILTER_REASONS`, then a parse_record reason), or a
+#: request that failed.
+DROP_REASONS = ("not_json", "bad_structure", "bad_score", "empty_text", *FILTER_REASONS, "api_error")
 
 SYSTEM_PROMPT = """You write training conversations for FIRE, a dataset that teaches a vision-language model to \
 refine its answers from feedback. You are given an image, a question about it and its groundtruth answer. Write a \
@@ -128,16 +130,6 @@ def parse_conversation(text: str) -> list[Turn]:
     return out
 
 
-def drop_reason(turns: list[Turn], max_turns: int = MAX_TURNS) -> tuple[str, str] | None:
-    """The paper's filters: (reason, detail) for more than ``max_turns`` turns or no score improvement."""
-    scores = [t.score for t in turns]
-    if len(turns) > max_turns:
-        return "too_many_turns", f"{len(turns)} turns > {max_turns}"
-    if not improved(scores):
-        return "no_improvement", f"scores {scores}"
-    return None
-
-
 def prompt(item: Item) -> list[Message]:
     """The prompt for one triplet, after :data:`SYSTEM_PROMPT`: the image, then the question and groundtruth."""
     return [Message("user", USER_PROMPT.format(question=item.question, groundtruth=item.groundtruth), images=1)]
@@ -152,12 +144,8 @@ def to_record(item: Item, output: str, *, image_root: str, split: str, max_turns
     except Malformed as e:
         return drop(e.reason, e.detail)
     record = fire_record(Dialogue(item, turns), split=split, image_root=image_root)
-    try:
-        parse_record(record, default_id=record["id"])
-    except BadRecordError as e:
-        return drop(e.reason, str(e))
-    filtered = drop_reason(turns, max_turns)
-    return drop(*filtered) if filtered else (record, None)
+    reason = drop_reason(record, max_turns=max_turns)
+    return drop(reason.reason, str(reason)) if reason else (record, None)
 
 
 def shard_path(out: str, index: int, count: int) -> str:

@@ -14,7 +14,9 @@ VQA, VLRMBench tasks and analyses, FIRE-1M-style data generation,
   records what the outputs depend on; a rerun with other settings stops before
   it mixes outputs.
 - :func:`finite` / :func:`write_json`: results as strict JSON (NaN and inf
-  become null).
+  become null);
+- :func:`markdown_table`: every Markdown table of the reports (FIRE-Bench,
+  the main job's summary, VQA, VLRMBench and its analyses).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import json
 import math
 import os
 import sys
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from fire_jax.config import InputError, json_error_at, writing
 
@@ -164,14 +166,18 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value))  # tuples -> lists, as read back
 
 
-def check_settings(path: str | os.PathLike, settings: dict, *, key: str | None = None, has_outputs: bool = True,
-                   where: str | None = None) -> None:
+def check_settings(path: str | os.PathLike, settings: dict, *, key: str | None = None,
+                   outputs: Iterable[str | os.PathLike] | None = None, where: str | None = None) -> None:
     """Record ``settings`` in the JSON file ``path`` (under ``key`` when given), or stop when the file holds
-    other settings and there are outputs they produced (``has_outputs``): outputs of two settings would mix.
+    other settings and there are outputs they produced: outputs of two settings would mix. The one settings guard
+    of every resumable job (FIRE-Bench runs, VLRMBench tasks and analyses).
 
-    The error names ``where`` (default: the file's folder) and each changed field, before -> now.
+    ``outputs``: the files those settings wrote; the recorded settings bind only while one of them is non-empty
+    (an empty or missing file: the new settings are recorded). None: they always bind. The error names ``where``
+    (default: the file's folder) and each changed field, before -> now.
     """
     path = str(path)
+    has_outputs = outputs is None or any(os.path.exists(p) and os.path.getsize(p) for p in outputs)
     settings = _plain(settings)
     recorded = {}
     if os.path.exists(path):
@@ -211,3 +217,19 @@ def write_json(path: str | os.PathLike, value: Any, *, indent: int = 2) -> Any:
     with open(path, "w") as f:
         json.dump(value, f, indent=indent, allow_nan=False)
     return value
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]], *, align: str = "",
+                   cell: Callable[[Any], str] = str) -> str:
+    """A Markdown table (no newline after the last row): the one table writer of every report.
+
+    ``align``: one letter per column, "l" (the default alignment, ``---``) or "r" (right, ``---:``: numbers);
+    "" leaves every column at the default. A string cell is written as it is, any other value as ``cell(value)``
+    (each report's number format).
+    """
+    align = align or "l" * len(header)
+    if len(align) != len(header) or set(align) - {"l", "r"}:
+        raise ValueError(f"align {align!r}: one of 'l' / 'r' per column of {list(header)}")
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
+    lines += ["| " + " | ".join(v if isinstance(v, str) else cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)

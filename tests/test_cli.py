@@ -12,7 +12,8 @@ from PIL import Image
 from fire_jax import batch_infer, chat
 from fire_jax.config import DEFAULT_CONFIG, load_config
 from fire_jax.convert.hf import save_hf_checkpoint, save_peft_adapter
-from fire_jax.data.records import BadRecordError, Turn
+from fire_jax.data.bad_records import BadRecordError
+from fire_jax.data.records import Turn
 from fire_jax.infer import loading
 from fire_jax.infer.agents import Feedback, Student, Teacher
 

@@ -6,8 +6,11 @@ import os
 import pytest
 from PIL import Image
 
+from fire_jax.data import image_files, scores
 from fire_jax.data import records as records_lib
-from fire_jax.data.records import BadRecordError, Conversation, Instruction, load_records, parse_score
+from fire_jax.data.bad_records import BadRecordError
+from fire_jax.data.records import Conversation, Instruction, load_records
+from fire_jax.data.scores import parse_score
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "fire")
 FIXTURE_FILES = [os.path.join(FIXTURES, f) for f in ("fire_100k_demo.json", "fire_1m_demo.json")]
@@ -57,8 +60,8 @@ def test_parse_score_as_the_release(feedback, official, robust):
 
 
 def test_feedback_text():
-    assert records_lib.feedback_text("Score: 3.\nFeedback: Look again.\n") == "Look again."
-    assert records_lib.feedback_text("Score: 3.\nLook again.") == "Look again."
+    assert scores.feedback_text("Score: 3.\nFeedback: Look again.\n") == "Look again."
+    assert scores.feedback_text("Score: 3.\nLook again.") == "Look again."
 
 
 @pytest.fixture(scope="module")
@@ -222,8 +225,8 @@ def test_undecodable_truncated_and_oversize_records_are_bad_and_the_good_ones_ke
 def test_an_image_outside_the_root_is_not_looked_at(bad_dir, monkeypatch):
     looked = []
     isfile = os.path.isfile
-    monkeypatch.setattr(records_lib.os.path, "isfile", lambda p: looked.append(p) or isfile(p))
-    monkeypatch.setattr(records_lib, "image_size_of", lambda p, **_: looked.append(p) or (1, 1))
+    monkeypatch.setattr(image_files.os.path, "isfile", lambda p: looked.append(p) or isfile(p))
+    monkeypatch.setattr(image_files, "image_size_of", lambda p, **_: looked.append(p) or (1, 1))
     path = bad_dir / "climb.json"
     path.write_text(json.dumps([_fire(image="../../../../etc/passwd"), _fire(image="/etc/passwd"),
                                 _fire(image="sub/../ok.png")]))
@@ -276,7 +279,8 @@ def test_field_caps_are_set_in_the_data_config(bad_dir):
 def test_to_raw_writes_what_parse_record_reads_and_improved_is_the_papers_filter():
     """One writer of raw FIRE records (generation, FIRE-100K-style data, the demo): parse_record reads it back
     to the same conversation; ``improved`` keeps a conversation whose last score is above its first."""
-    from fire_jax.data.records import Turn, improved, parse_record, to_raw
+    from fire_jax.data.filters import improved
+    from fire_jax.data.records import Turn, parse_record, to_raw
 
     turns = [Turn("Thought: one.\nAnswer: 3", "Score: 4.\nFeedback: count again.", 4.0),
              Turn("Thought: two.\nAnswer: 2", "Score: 10.\nFeedback: correct.", 10.0)]
@@ -292,8 +296,31 @@ def test_to_raw_writes_what_parse_record_reads_and_improved_is_the_papers_filter
     assert not improved([None, 9.0]) and not improved([3.0, None])
 
 
+def test_drop_reason_is_one_rule_in_one_order():
+    """The keep/drop rule of generated conversations (FIRE-1M-style dialogues and FIRE-100K-style outputs): no
+    score, too many turns, no improvement, then the schema; the first that applies names the drop."""
+    from fire_jax.data.filters import FILTER_REASONS, drop_reason
+    from fire_jax.data.records import Turn, to_raw
+
+    def record(*scores, response="Answer: 3"):
+        turns = [Turn(response, f"Score: {s}.\nFeedback: look." if s is not None else "Feedback: look.", s)
+                 for s in scores]
+        return to_raw("r1", "a.png", "How many?", "There are 3.", turns, source="s", split="x")
+
+    assert drop_reason(record(4, 9)) is None and drop_reason(record(4, 9), max_turns=2) is None
+    reasons = lambda r, **kw: getattr(drop_reason(r, **kw), "reason", None)
+    assert reasons(record(4, None), max_turns=1) == "no_score"  # before too_many_turns
+    assert reasons(record(9, 4, 5), max_turns=2) == "too_many_turns"  # before no_improvement
+    assert reasons(record(9, 4, 5)) == "no_improvement"  # no turn limit
+    assert reasons(record(5, 5, response=" ")) == "no_improvement"  # before the schema's empty_text
+    assert reasons(record(4, 9, response=" ")) == "empty_text"
+    error = drop_reason(record(6, 6))
+    assert str(error) == "id 'r1': field 'score': no_improvement (scores [6, 6])"
+    assert FILTER_REASONS == ("no_score", "too_many_turns", "no_improvement")
+
+
 def test_a_symlink_out_of_the_image_root_is_refused_one_inside_is_read(tmp_path):
-    """The image root is checked on the path resolved through symbolic links (one check, records.outside_root,
+    """The image root is checked on the path resolved through symbolic links (one check, image_files.outside_root,
     for the data loaders, batch prompts and VLRMBench records): a link to a file elsewhere, or a linked folder
     leading out, is image_outside_root; a link to another file inside the root is read."""
     root, elsewhere = tmp_path / "images", tmp_path / "elsewhere"
@@ -312,10 +339,10 @@ def test_a_symlink_out_of_the_image_root_is_refused_one_inside_is_read(tmp_path)
     assert bad.first["image_outside_root"] == (
         f"{path}: record 0 (id 'out'): field 'image': image_outside_root ('link.png' is a symbolic link out of the "
         f"image root {root} (to {elsewhere / 'secret.png'}))")
-    assert records_lib.image_path(str(root), "alias.png", "here") == str(root / "alias.png")
-    assert records_lib.outside_root(str(root), "linked_folder/secret.png") == (
+    assert image_files.image_path(str(root), "alias.png", "here") == str(root / "alias.png")
+    assert image_files.outside_root(str(root), "linked_folder/secret.png") == (
         f"'linked_folder/secret.png' is a symbolic link out of the image root {root} (to {elsewhere / 'secret.png'})")
     # a root that is itself a link is resolved too: the files under it are inside
     os.symlink(root, tmp_path / "root_link")
-    assert records_lib.outside_root(str(tmp_path / "root_link"), "ok.png") is None
-    assert records_lib.outside_root(str(tmp_path / "root_link"), "link.png").startswith("'link.png' is a symbolic")
+    assert image_files.outside_root(str(tmp_path / "root_link"), "ok.png") is None
+    assert image_files.outside_root(str(tmp_path / "root_link"), "link.png").startswith("'link.png' is a symbolic")

@@ -12,7 +12,8 @@ import pytest
 
 from fire_jax.data.records import load_records
 from fire_jax.demo import EXAMPLES_DIR
-from fire_jax.make_fire100k import Malformed, drop_reason, main, parse_conversation
+from fire_jax.data.items import Item
+from fire_jax.make_fire100k import MAX_TURNS, Malformed, main, parse_conversation, to_record
 from loopback import child_env, get_json, server
 
 IMAGE_ROOT = os.path.join(EXAMPLES_DIR, "images")
@@ -47,11 +48,12 @@ def test_parse_conversation_is_strict():
     assert [t.feedback for t in turns] == ["Score: 4.\nFeedback: Check part 1 of your answer.",
                                            "Score: 7.5.\nFeedback: Check part 2 of your answer."]
     assert [t.score for t in turns] == [4, 7.5] and turns[1].feedback_text == "Check part 2 of your answer."
-    for question, (_, output, outcome) in CASES.items():
-        if outcome in ("kept", "no_improvement", "too_many_turns"):
-            reason = drop_reason(parse_conversation(output))
-            assert (reason[0] if reason else "kept") == outcome, question
-        else:
+    for question, (source, output, outcome) in CASES.items():
+        item = Item(question, "test_00000.png", question, "The answer.", source)
+        record, drop = to_record(item, output, image_root="", split="fire_100k", max_turns=MAX_TURNS)
+        assert (drop["reason"] if drop else "kept") == outcome, question
+        assert (record is None) == (drop is not None) and (drop is None or drop["id"] == question)
+        if outcome not in ("kept", "no_improvement", "too_many_turns"):
             with pytest.raises(Malformed) as e:
                 parse_conversation(output)
             assert e.value.reason == outcome, question

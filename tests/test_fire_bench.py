@@ -9,7 +9,9 @@ import pytest
 
 from fire_jax.config import load_config, resolve_path
 from fire_jax.data.items import Item, load_conversations, load_triplets
-from fire_jax.data.records import BadRecords, feedback_text, load_records, parse_score
+from fire_jax.data.bad_records import BadRecords
+from fire_jax.data.records import load_records
+from fire_jax.data.scores import feedback_text, parse_score
 from fire_jax.eval import fixed, free, plots, report
 from fire_jax.eval.fire_bench import agent_spec, build_agents, evaluate, model_config, split_statistics
 from fire_jax.infer.agents import from_spec
@@ -119,6 +121,47 @@ def test_fire_1m_rule_stops_at_three_turns_and_ignores_decreases():
                        batch_size=2, on_finish=finished.append)
     assert {d.item.id: (d.scores, d.stop) for d in finished} == {
         "a": ([3, 3, 9], "solved"), "b": ([3, 2, 1], "max_turns"), "c": ([2, 9], "solved"), "d": ([9], "solved")}
+
+
+def test_the_releases_chat_rule_runs_from_the_free_dialogue_config(tmp_path):
+    """Every field of the stop rule comes from ``config.free``: the release's interactive chat
+    (llava/eval/feedback_chat.py: stop only on a score of 10, at most 3 rounds) set by overrides stops the same
+    scripted dialogues elsewhere than the paper's rule, and the report and the exact judge read its threshold."""
+    from fire_jax.config import apply_overrides
+
+    raw = synthetic_records(5)
+    questions = [f"question {k}" for k in range(5)]  # the scripted teacher's keys
+    for record, question in zip(raw, questions):
+        record["question"]["value"] = question
+    test_json = tmp_path / "test.json"
+    test_json.write_text(json.dumps(raw))
+    scores = [[9, 10], [4, 3, 6, 10], [10], [8, 8, 8, 8], [2, None]]
+    script = dict(zip(questions, scores))
+    expected = {"paper": [([9], "solved"), ([4, 3], "no_increase"), ([10], "solved"), ([8], "solved"),
+                          ([2, None], "no_score")],
+                "release": [([9, 10], "solved"), ([4, 3, 6], "max_turns"), ([10], "solved"), ([8, 8, 8], "max_turns"),
+                            ([2, None], "no_score")]}
+    for name, overrides in (("paper", []), ("release", ["free.max_turns=3", "free.threshold=10.0",
+                                                        "free.stop_on_no_increase=False"])):
+        config = eval_config("free", json=str(test_json), image_root=IMAGES)
+        apply_overrides(config, overrides)
+        results = evaluate(config, str(tmp_path / name), agents=(ScriptedStudent(), ScriptedTeacher(script)))
+        by_question = {r["question"]: (r["scores"], r["stop"]) for r in ResultStore.read(results["outputs"]).values()}
+        assert [by_question[q] for q in questions] == expected[name], name
+        threshold = 10 if name == "release" else 8
+        assert results["metrics"]["judged"]["threshold"] == threshold
+        assert len(results["metrics"]["overall"]["accuracy_by_turn"]) == (3 if name == "release" else 5)
+        markdown = open(tmp_path / name / "results.md").read()
+        assert f"accuracy by turn (% of items with score >= {threshold})" in markdown
+        assert f"the teacher says \"right\" when its score is >= {threshold}" in markdown
+    # [9, 10] and [8, 8, 8] are solved by the paper's rule, not by the release's: the curves differ at turn 1
+    assert results["metrics"]["overall"]["accuracy_by_turn"][0] == pytest.approx(1 / 5)
+    assert dialogue.StopRule.from_config(config.free) == dialogue.StopRule(max_turns=3, threshold=10.0,
+                                                                           stop_on_no_increase=False)
+
+
+def test_the_free_dialogue_config_gives_the_papers_rule():
+    assert dialogue.StopRule.from_config(eval_config("free").free) == dialogue.FREE_DIALOGUE
 
 
 def test_free_metrics_per_source_and_baseline_normalisation(tmp_path):

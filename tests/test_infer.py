@@ -15,7 +15,8 @@ from fire_jax.config import ASSETS_DIR
 from fire_jax.convert import hf as convert
 from fire_jax.data.chat import ChatTokenizer
 from fire_jax.data.images import preprocess
-from fire_jax.data.records import Turn, parse_score
+from fire_jax.data.records import Turn
+from fire_jax.data.scores import parse_score
 from fire_jax.infer.agents import Student, Teacher
 from fire_jax.infer.backends import InProcess
 from fire_jax.infer.decode import DecodeConfig, generate
@@ -399,7 +400,7 @@ def test_agents_generate_as_hf_on_their_prompts(pair, chat, images):
 
 
 def test_teacher_feedback_carries_the_parsed_score(pair, chat, images, monkeypatch):
-    """Feedback.score is the score of the generated text (fire_jax.data.records.parse_score); no score line gives None."""
+    """Feedback.score is the score of the generated text (fire_jax.data.scores.parse_score); no score line gives None."""
     teacher = Teacher(InProcess(pair[1], chat))
     texts = ["Score: 7.\nFeedback: Count the squares too.", "Feedback: Look again.", "Score: 10/10\nFeedback: Yes."]
     monkeypatch.setattr(teacher.backend, "generate", lambda images_, prompts, sampling=None, rng=None: texts[:len(prompts)])

@@ -10,7 +10,7 @@ import pytest
 from fire_jax.data import synthetic
 from fire_jax.eval import judge
 from fire_jax.infer.agents import ExactTeacher, answer_of, from_spec
-from fire_jax.infer.dialogue import StopRule, stop_reason
+from fire_jax.infer.dialogue import FREE_DIALOGUE, StopRule, stop_reason
 
 ASSETS = os.path.join(os.path.dirname(__file__), "..", "fire_jax", "assets", "synthetic_fire")
 GT = "There are 3."
@@ -66,7 +66,7 @@ def test_judged_free_hand_computed():
         dialogue(n(3), [n(5), n(4)], [4, 10]),  # solved but wrong
         dialogue(n(3), [n(3), n(2)], [6, 4]),  # right first, wrong at the end (regression)
     ]
-    m = judge.judged_free(records)
+    m = judge.judged_free(records, rule=FREE_DIALOGUE)
     assert m["items"] == 5
     # turn 1: right in dialogues 0 and 4; turn 2: 0 (kept), 2, 4 -> no: 4 says n(2) at turn 2
     assert m["accuracy_by_turn"] == [2 / 5, 2 / 5, 3 / 5, 3 / 5, 3 / 5]
@@ -94,7 +94,7 @@ def test_a_teacher_that_scores_the_turn_fails_the_judge():
         scores = [2, 10]
         records.append({"groundtruth": gt, "stop": "solved", "source": record["source"],
                         "turns": [{"response": first, "score": scores[0]}, {"response": second, "score": scores[1]}]})
-    m = judge.judged_free(records)
+    m = judge.judged_free(records, rule=FREE_DIALOGUE)
     assert m["agreement"] < 0.6
     assert m["solved_but_wrong_share"] == 1.0 and m["accuracy_final"] == 0.0
     assert 0.3 < m["accuracy_turn1"] < 0.7  # the shipped test set: about half the first answers are right
@@ -109,7 +109,7 @@ def test_judged_fixed():
         {"role": "teacher", "id": "b", "turn": 1, "groundtruth": n(3), "answer": reply(n(1)), "predicted_score": 8},
         {"role": "teacher", "id": "b", "turn": 2, "groundtruth": n(3), "answer": reply(n(2)), "predicted_score": None},
     ]
-    m = judge.judged_fixed(records)
+    m = judge.judged_fixed(records, rule=FREE_DIALOGUE)
     assert m["student"] == {"accuracy": 2 / 3, "accuracy_by_turn": {2: 0.5, 3: 1.0}, "n": 3}
     assert m["teacher"]["agreement"] == pytest.approx(2 / 3)
     assert m["teacher"]["agreement_by_turn"] == {1: 0.5, 2: 1.0}
@@ -217,7 +217,7 @@ def test_exact_teacher_is_the_generators_rule():
         feedbacks = [m["value"].strip() for m in record["conversations"][1::2]]
         out = teacher.feedback([None] * len(responses), [""] * len(responses), [gt] * len(responses), responses)
         assert [f.text for f in out] == feedbacks
-        assert [judge.says_right(f.score) for f in out] == [judge.is_right(r, gt) for r in responses]
+        assert [FREE_DIALOGUE.solves(f.score) for f in out] == [judge.is_right(r, gt) for r in responses]
     odd = teacher.feedback([None], [""], ["It is red."], ["Answer: There are 2."])[0]
     assert odd.score == 1 and "Score: 1." in odd.text
     with pytest.raises(ValueError, match="not a synthetic groundtruth"):

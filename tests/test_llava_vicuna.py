@@ -407,23 +407,26 @@ def test_report_prints_tables_a5_and_a6_beside_our_numbers():
     """The free-dialogue report: a run on a Vicuna base gets its appendix table (A5 or A6, the paper's rows and
     ours); a run of unknown base gets Table 4, A5 and A6."""
     from fire_jax.eval import report
+    from fire_jax.infer.dialogue import FREE_DIALOGUE
 
     paper = report.paper_results()
     assert paper["tableA5_vicuna_7b"]["FIRE-LLaVA-Vicuna"] == [0.94, 1.11, 0.57, 0.27]
     assert paper["tableA6_llava15_vicuna_7b"]["FIRE-LLaVA-1.5"] == [0.94, 0.8, 0.61, 0.2]
     ours = "| **ours (fire_jax)** | 0.90 | 1.20 | 0.60 | 0.30 | 7 | 9 |"
-    a6 = report.free_report(_free_results(model=_config("llava_15_vicuna_7b").model.to_dict()))
+    a6 = report.free_report(_free_results(model=_config("llava_15_vicuna_7b").model.to_dict()),
+                            threshold=FREE_DIALOGUE.threshold)
     assert "### Table A6: free dialogues, overall (LLaVA-1.5-Vicuna-7B)" in a6 and ours in a6
     assert "| LLaVA-1.5-Vicuna (paper) | 1.00 | 0.62 | 0.46 | 0.12 |  |  |" in a6
     assert "| FIRE-LLaVA-1.5 (paper) | 0.94 | 0.80 | 0.61 | 0.20 |  |  |" in a6
     assert "Table 4" not in a6 and "Table A5" not in a6 and "Table 5" not in a6 and "(paper) | 46.57" not in a6
-    a5 = report.free_report(_free_results(model=_config("llava_next_vicuna_7b").model.to_dict()))
+    a5 = report.free_report(_free_results(model=_config("llava_next_vicuna_7b").model.to_dict()),
+                            threshold=FREE_DIALOGUE.threshold)
     assert "### Table A5: free dialogues, overall (LLaVA-NeXT-Vicuna-7B)" in a5 and ours in a5
     assert "| LLaVA-Next-Vicuna (paper) | 1.00 | 0.98 | 0.49 | 0.24 |  |  |" in a5
     assert "| FIRE-LLaVA-Vicuna (paper) | 0.94 | 1.11 | 0.57 | 0.27 |  |  |" in a5 and "Table A6" not in a5
-    at_8b = report.free_report(_free_results(base="llava_next_8b"))
+    at_8b = report.free_report(_free_results(base="llava_next_8b"), threshold=FREE_DIALOGUE.threshold)
     assert "Table 4" in at_8b and "Table 5" in at_8b and "Table A5" not in at_8b
-    unknown = report.free_report(_free_results())
+    unknown = report.free_report(_free_results(), threshold=FREE_DIALOGUE.threshold)
     assert all(f"### {title}" in unknown for _, title in report.BASE_TABLES.values())
     assert unknown.count(ours) == 3 and "Table 5" in unknown
     assert report.run_base({"model": _config("llava_next_8b").model.to_dict()}) == "llava_next_8b"

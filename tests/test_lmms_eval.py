@@ -10,7 +10,7 @@ import pytest
 from fire_jax.config import resolve_path
 from fire_jax.data.chat import SYSTEM, TEACHER_INSTRUCTION
 from fire_jax.data.items import load_conversations
-from fire_jax.data.records import parse_score
+from fire_jax.data.scores import parse_score
 from fire_jax.eval import fixed
 from fire_jax.eval.fire_bench import evaluate
 from fire_jax.infer.agents import Feedback

@@ -9,6 +9,7 @@ import pytest
 
 from fire_jax.config import load_config
 from fire_jax.eval import judge
+from fire_jax.infer.dialogue import FREE_DIALOGUE
 from fire_jax.main_job import JUDGED, SUMMARY, data_size_ablation, eval_stage, run
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
@@ -111,7 +112,7 @@ def test_judged_fields_present_and_in_range(pipeline_run):
         assert 0 <= judged["refined"] <= judged["wrong_first"] <= 6
         assert judged["solved_but_wrong"] <= judged["solved"] == sum(r["stop"] == "solved" for r in records)
         # recomputed from the outputs by the judge itself
-        assert judged == json.loads(json.dumps(judge.judged_free(records)))
+        assert judged == json.loads(json.dumps(judge.judged_free(records, rule=FREE_DIALOGUE)))
         fixed = json.load(open(os.path.join(workdir, "eval", f"{run_name}_fixed", "results.json")))
         assert 0 <= fixed["metrics"]["judged"]["overall"]["teacher"]["agreement"] <= 1
         assert 0 <= fixed["metrics"]["judged"]["overall"]["student"]["accuracy"] <= 1

@@ -120,7 +120,8 @@ def test_score_mae():
         metrics.score_mae([1, 2], [1])
 
 
-# Every branch of the free-dialogue protocol, threshold 8, p = 10.
+# Every branch of the free-dialogue protocol, threshold 8 (the stop rule passes its own), p = 10.
+T = 8
 DIALOGUES = [
     [9],                # solved at turn 1: n_k = 1, removed from AT/ADR/ATR/RR
     [4, 6, 9],          # solved at turn 3: t = 3, diff 5, per turn 2.5, RR +1
@@ -132,7 +133,7 @@ DIALOGUES = [
 
 
 def test_free_dialogue_metrics_by_hand():
-    result = metrics.free_dialogue_metrics(DIALOGUES)
+    result = metrics.free_dialogue_metrics(DIALOGUES, threshold=T)
     assert result["K"] == 4
     assert result["mean_turns"] == pytest.approx((3 + 10 + 10 + 10) / 4)
     assert result["AT"] == pytest.approx(1.0)  # normalised by its own mean_turns
@@ -142,16 +143,16 @@ def test_free_dialogue_metrics_by_hand():
 
 
 def test_free_dialogue_metrics_baseline_normalisation():
-    baseline = metrics.free_dialogue_metrics([[7, 8], [6, 7]])  # t = 2 and 10
+    baseline = metrics.free_dialogue_metrics([[7, 8], [6, 7]], threshold=T)  # t = 2 and 10
     assert baseline["mean_turns"] == pytest.approx(6.0)
-    result = metrics.free_dialogue_metrics(DIALOGUES, baseline_turns=baseline["mean_turns"])
+    result = metrics.free_dialogue_metrics(DIALOGUES, baseline_turns=baseline["mean_turns"], threshold=T)
     assert result["AT"] == pytest.approx(8.25 / 6.0)
     # A first answer already >= 8 that is kept lowers RR.
-    assert metrics.free_dialogue_metrics([[8, 9], [9, 7]])["RR"] == pytest.approx((0 - 1) / 2)
+    assert metrics.free_dialogue_metrics([[8, 9], [9, 7]], threshold=T)["RR"] == pytest.approx((0 - 1) / 2)
 
 
 def test_free_dialogue_metrics_no_refined_items():
-    result = metrics.free_dialogue_metrics([[9], [None]], baseline_turns=5.0)
+    result = metrics.free_dialogue_metrics([[9], [None]], baseline_turns=5.0, threshold=T)
     assert result["K"] == 0
     assert all(math.isnan(result[key]) for key in ["AT", "ADR", "ATR", "RR", "mean_turns"])
 
@@ -165,21 +166,22 @@ def test_free_dialogue_metrics_no_refined_items():
 ])
 def test_dialogue_input_errors(sequences, message):
     with pytest.raises(ValueError, match=message):
-        metrics.free_dialogue_metrics(sequences)
+        metrics.free_dialogue_metrics(sequences, threshold=T)
     with pytest.raises(ValueError, match=message):
-        metrics.accuracy_by_turn(sequences)
+        metrics.accuracy_by_turn(sequences, threshold=T)
 
 
 def test_bad_baseline_turns():
     with pytest.raises(ValueError, match="baseline_turns"):
-        metrics.free_dialogue_metrics(DIALOGUES, baseline_turns=0)
+        metrics.free_dialogue_metrics(DIALOGUES, baseline_turns=0, threshold=T)
 
 
 def test_accuracy_by_turn():
     # Turn 1: only [9]; turn 2: [9] kept ([6, None] reads 0); turn 3 on: [9] and [4, 6, 9].
-    assert metrics.accuracy_by_turn(DIALOGUES) == pytest.approx([1 / 6, 1 / 6, 2 / 6, 2 / 6, 2 / 6])
-    assert metrics.accuracy_by_turn([[7, 8]], max_turns=3) == [0.0, 1.0, 1.0]
-    assert all(math.isnan(v) for v in metrics.accuracy_by_turn([]))
+    assert metrics.accuracy_by_turn(DIALOGUES, threshold=T) == pytest.approx([1 / 6, 1 / 6, 2 / 6, 2 / 6, 2 / 6])
+    assert metrics.accuracy_by_turn([[7, 8]], max_turns=3, threshold=T) == [0.0, 1.0, 1.0]
+    assert metrics.accuracy_by_turn([[7, 8]], max_turns=3, threshold=10) == [0.0, 0.0, 0.0]  # the rule's, not 8
+    assert all(math.isnan(v) for v in metrics.accuracy_by_turn([], threshold=T))
 
 
 # ---------------------------------------------------------------------------- VQA (Table 1)

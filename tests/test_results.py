@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from fire_jax.data.records import BadRecordError, BadRecords
+from fire_jax.data.bad_records import BadRecordError, BadRecords
 from fire_jax.results import ResultStore, check_settings, finite, write_json
 
 
@@ -47,7 +47,7 @@ def test_check_settings_whole_file_and_per_key(tmp_path):
     check_settings(path, {"seed": 0, "shape": [1, 2]})  # tuples are compared as JSON reads them back
     with pytest.raises(ValueError, match=r"its outputs were generated with other settings \(seed: 0 -> 1\)"):
         check_settings(path, {"seed": 1, "shape": [1, 2]})
-    check_settings(path, {"seed": 1}, has_outputs=False)  # nothing made yet: the new settings are recorded
+    check_settings(path, {"seed": 1}, outputs=[tmp_path / "none.jsonl"])  # nothing made yet: the new ones recorded
     assert json.loads(path.read_text()) == {"seed": 1}
 
     per_task = tmp_path / "w" / "settings.json"
@@ -56,8 +56,12 @@ def test_check_settings_whole_file_and_per_key(tmp_path):
     with pytest.raises(ValueError, match=r"w: the outputs of SC were generated with other settings \(render: "
                                          r"'plain' -> 'official'\)"):
         check_settings(per_task, {"render": "official"}, key="SC")
-    check_settings(per_task, {"render": "official"}, key="SC", has_outputs=False)
+    (tmp_path / "SC.jsonl").write_text("")
+    check_settings(per_task, {"render": "official"}, key="SC", outputs=[tmp_path / "SC.jsonl"])  # an empty file
     assert json.loads(per_task.read_text()) == {"SC": {"render": "official"}, "MJ": {"render": "plain"}}
+    (tmp_path / "SC.jsonl").write_text('{"id": 1}\n')  # outputs of those settings: they bind again
+    with pytest.raises(ValueError, match=r"render: 'official' -> 'plain'"):
+        check_settings(per_task, {"render": "plain"}, key="SC", outputs=[tmp_path / "SC.jsonl"])
 
 
 def test_finite_json(tmp_path):

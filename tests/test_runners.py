@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from fire_jax.data.items import Item
-from fire_jax.data.records import Conversation, Turn, parse_score
+from fire_jax.data.records import Conversation, Turn
+from fire_jax.data.scores import parse_score
 from fire_jax.eval import fixed, free
 from fire_jax.eval.metrics import text_metrics
 from fire_jax.infer import dialogue

@@ -13,7 +13,7 @@ import argparse
 
 from fire_jax.cli import existing_dir, input_errors_end_in_one_line
 from fire_jax.data import tfds_fire
-from fire_jax.data.records import BadRecords
+from fire_jax.data.bad_records import BadRecords
 
 
 def main():

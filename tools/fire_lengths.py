@@ -40,7 +40,8 @@ def sequence_lengths(tokenizer_path: str) -> tuple[list[Length], dict[str, int]]
     from fire_jax.data.chat import ChatTokenizer, training_messages
     from fire_jax.config import load_config
     from fire_jax.data.sources import geometry_from_model_config
-    from fire_jax.data.records import BadRecords, load_records
+    from fire_jax.data.bad_records import BadRecords
+    from fire_jax.data.records import load_records
 
     with open(os.path.join(FIXTURES, "original_sizes.json")) as f:
         sizes = json.load(f)

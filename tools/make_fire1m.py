@@ -36,7 +36,8 @@ def main(argv):
     del argv
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)
-    from fire_jax.data.records import BadRecords, load_records
+    from fire_jax.data.bad_records import BadRecords
+    from fire_jax.data.records import load_records
     from fire_jax.data.items import load_triplets
     from fire_jax.infer.dialogue import make_fire_records
     from fire_jax.eval.fire_bench import build_agents

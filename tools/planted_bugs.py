@@ -40,7 +40,7 @@ class Bug:
 
 
 STEP, LOSS = "fire_jax/train/step.py", "fire_jax/train/loss.py"
-CHAT, RECORDS, TEMPLATES = "fire_jax/data/chat.py", "fire_jax/data/records.py", "fire_jax/data/templates.py"
+CHAT, SCORES, TEMPLATES = "fire_jax/data/chat.py", "fire_jax/data/scores.py", "fire_jax/data/templates.py"
 FIXED, FREE, METRICS = "fire_jax/eval/fixed.py", "fire_jax/infer/dialogue.py", "fire_jax/eval/metrics.py"
 AGENTS = "fire_jax/infer/agents.py"
 TRAIN_TESTS = ("tests/test_train.py",)
@@ -73,15 +73,12 @@ BUGS = [
     Bug("free_official_zero_goes_on", FREE, 'if rule.score_parser == "official" and score == 0:',
         'if rule.score_parser == "official" and score < 0:', RUNNER_TESTS,
         "free dialogues: the release's score reading does not stop on a real 0"),
-    Bug("parse_score_official_any_line", RECORDS,
+    Bug("parse_score_official_any_line", SCORES,
         'numbers = _RELEASE_SCORE.findall(lines[0]) if lines and "Score:" in lines[0] else []',
         'numbers = next((_RELEASE_SCORE.findall(x) for x in lines if "Score:" in x), [])',
         ("tests/test_data_records.py",), "parse_score(parser='official') reads a score line after the first"),
     Bug("judge_case_sensitive", "fire_jax/eval/judge.py", ".strip().casefold()", ".strip()", ("tests/test_judge.py",),
         "exact judge: case not folded"),
-    Bug("judge_teacher_strict_threshold", "fire_jax/eval/judge.py", "return score is not None and score >= threshold",
-        "return score is not None and score > threshold", ("tests/test_judge.py",),
-        "exact judge: the teacher's verdict needs a score above 8, not 8 or more"),
     Bug("judge_final_is_first", "fire_jax/eval/judge.py", "final = [r[-1] for r in right if r]",
         "final = [r[0] for r in right if r]", ("tests/test_judge.py",), "exact judge: final accuracy reads turn 1"),
     Bug("judge_solved_but_wrong_ignores_stop", "fire_jax/eval/judge.py",
@@ -116,13 +113,14 @@ BUGS = [
     Bug("chat_teacher_trained_without_score", CHAT, 'messages.append(Message("assistant", turn.feedback, i))',
         'messages.append(Message("assistant", turn.feedback_text, i))', ("tests/test_data_chat.py",),
         "teacher targets f_i without its score line"),
-    Bug("parse_score_ten_rejected", RECORDS, "if not 0 <= value <= 10:", "if not 0 <= value < 10:",
+    Bug("parse_score_ten_rejected", SCORES, "if not 0 <= value <= 10:", "if not 0 <= value < 10:",
         ("tests/test_data_records.py",), 'parse_score("Score: 10") gives None'),
-    Bug("feedback_text_keeps_score", RECORDS, "        return tail.strip()\n", "        return feedback.strip()\n",
+    Bug("feedback_text_keeps_score", SCORES, "        return tail.strip()\n", "        return feedback.strip()\n",
         ("tests/test_data_records.py", "tests/test_runners.py"), "the student is shown the score line"),
     # ---- free-dialogue stop rules and metrics
-    Bug("stop_solved_strict", FREE, "if score >= rule.threshold:", "if score > rule.threshold:", RUNNER_TESTS,
-        "a score equal to the threshold does not solve the item"),
+    Bug("stop_solved_strict", FREE, "return score is not None and score >= self.threshold",
+        "return score is not None and score > self.threshold", (*RUNNER_TESTS, "tests/test_judge.py"),
+        "a score equal to the threshold does not solve the item (nor is it the teacher's \"right\" for the judge)"),
     Bug("stop_no_increase_strict", FREE, "score <= scores[-2]", "score < scores[-2]", RUNNER_TESTS,
         "an equal score does not stop the dialogue"),
     Bug("stop_max_turns_late", FREE, "if len(scores) >= rule.max_turns:", "if len(scores) > rule.max_turns:",

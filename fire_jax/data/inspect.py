@@ -23,7 +23,8 @@ from fire_jax.cli import input_errors_end_in_one_line
 from fire_jax.config import InputError, apply_overrides, load_config, resolve_path, split_overrides
 from fire_jax.data.chat import Encoded
 from fire_jax.data.pipeline import Preprocessor
-from fire_jax.data.records import BadRecords, field_caps
+from fire_jax.data.bad_records import BadRecords
+from fire_jax.data.records import field_caps
 from fire_jax.data.sources import geometry_from_model_config, open_source
 
 

@@ -7,20 +7,19 @@
   split, bad records counted by reason).
 - :func:`load_triplets`: plain triplet files without conversations (or FIRE
   records, their conversations ignored), for generation.
-- :func:`read_objects`: every record of a JSON-array / JSONL file through a
-  parser, bad ones counted or raised (the loop the readers share).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import os
 from typing import Any, Mapping, Sequence
 
 from fire_jax.config import resolve_path
-from fire_jax.data.records import (BadRecordError, BadRecords, Conversation, check_image, iter_raw,
-                                   strip_image_placeholder)
+from fire_jax.data.bad_records import BadRecordError, BadRecords
+from fire_jax.data.image_files import check_image
+from fire_jax.data.jsonl import read_objects
+from fire_jax.data.records import Conversation, strip_image_placeholder
 from fire_jax.data.sources import open_source, subset_indices
 
 
@@ -97,24 +96,3 @@ def load_triplets(paths: str | Sequence[str], image_root: str, *, on_bad_record:
     items = [item for path in ([paths] if isinstance(paths, str) else paths)
              for item in read_objects(resolve_path(path), parse, bad=bad, on_bad_record=on_bad_record)]
     return [items[i] for i in subset_indices(len(items), max_examples)]
-
-
-def read_objects(path: str, parse, *, bad: BadRecords, on_bad_record: str = "skip") -> list:
-    """``parse(raw, where, default_id)`` of every record of a JSON-array / JSONL file, in order.
-
-    A line that is not JSON or not an object, or a ``BadRecordError`` raised by ``parse``, is counted in
-    ``bad`` by reason, or raised under ``on_bad_record="error"``. ``default_id`` is ``"<file stem>:<index>"``.
-    """
-    stem = os.path.splitext(os.path.basename(path))[0]
-    out = []
-    for index, raw in iter_raw(path):
-        where = f"{path}: record {index}"
-        try:
-            if isinstance(raw, BadRecordError):
-                raise raw
-            if not isinstance(raw, dict):
-                raise BadRecordError("missing_field", where, "<record>", "expected a JSON object")
-            out.append(parse(raw, where, f"{stem}:{index}"))
-        except BadRecordError as e:
-            bad.handle(e, on_bad_record)
-    return out

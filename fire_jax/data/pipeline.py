@@ -40,7 +40,8 @@ from PIL import Image
 from fire_jax.config import DATA_DEFAULTS, resolve_path
 from fire_jax.data import chat as chat_lib
 from fire_jax.data.images import load_image, normalise, pad_tiles, tiles
-from fire_jax.data.records import BadRecordError, BadRecords, Conversation, Record, field_caps
+from fire_jax.data.bad_records import BadRecordError, BadRecords
+from fire_jax.data.records import Conversation, Record, field_caps
 from fire_jax.data.sources import open_source
 from fire_jax.geometry import ImageGeometry, place_images
 

@@ -21,7 +21,8 @@ from collections.abc import Sequence as SequenceABC
 from typing import Any, Mapping
 
 from fire_jax.config import resolve_path
-from fire_jax.data.records import BadRecords, Record, iter_records
+from fire_jax.data.bad_records import BadRecords
+from fire_jax.data.records import Record, iter_records
 from fire_jax.geometry import ImageGeometry
 
 def geometry_from_model_config(model: Mapping[str, Any]) -> ImageGeometry:

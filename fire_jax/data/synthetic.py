@@ -37,6 +37,8 @@ from typing import Mapping, Sequence
 
 from PIL import Image, ImageDraw
 
+from fire_jax.data.records import Turn, to_raw
+
 #: Colours in rainbow order: the colour task's scale.
 COLORS = {"red": (220, 40, 40), "orange": (245, 140, 20), "yellow": (235, 210, 30),
           "green": (40, 170, 60), "blue": (40, 80, 220), "purple": (140, 50, 180)}
@@ -237,24 +239,26 @@ def first_offset(rng: random.Random) -> int:
     return offset
 
 
-def dialogue(task: Task, truth: int, offset: int, rng: random.Random) -> list[tuple[str, str]]:
-    """(r_k, f_k) pairs: a first answer ``offset`` steps from ``truth``, then one step per turn towards it."""
+def dialogue(task: Task, truth: int, offset: int, rng: random.Random) -> list[Turn]:
+    """The turns (r_k, f_k, a_k): a first answer ``offset`` steps from ``truth``, then one step per turn
+    towards it."""
     sides = [s for s in (-1, 1) if 0 <= truth + s * offset < task.size] if offset else [1]
     value = truth + rng.choice(sides) * offset
     turns, thought = [], task.first_thought()
     while True:
         if value == truth:
-            turns.append((response(thought, task.answer(value)),
-                           feedback(RIGHT_SCORE, "Correct! Your answer is right.")))
+            turns.append(Turn(response(thought, task.answer(value)),
+                              feedback(RIGHT_SCORE, "Correct! Your answer is right."), RIGHT_SCORE))
             return turns
         up = truth > value
-        turns.append((response(thought, task.answer(value)),
-                      feedback(WRONG_SCORES[abs(truth - value)], task.hint(up))))
+        score = WRONG_SCORES[abs(truth - value)]
+        turns.append(Turn(response(thought, task.answer(value)), feedback(score, task.hint(up)), score))
         thought, value = task.refined_thought(up), value + (1 if up else -1)
 
 
 def synthesize(num: int, seed: int, split: str) -> tuple[list[dict], dict[str, Image.Image], dict[str, str]]:
-    """``num`` raw FIRE records (released schema), their images and their captions, both keyed by file name."""
+    """``num`` raw FIRE records (released schema, :func:`fire_jax.data.records.to_raw`), their images and their
+    captions, both keyed by file name."""
     rng = random.Random(f"{seed}/{split}")
     records, images, captions = [], {}, {}
     for i in range(num):
@@ -266,16 +270,8 @@ def synthesize(num: int, seed: int, split: str) -> tuple[list[dict], dict[str, I
         turns = dialogue(task, truth, offset, rng)
         name = f"{split}_{i:05d}.png"
         images[name] = image
-        conversations = []
-        for r, f in turns:
-            conversations += [{"role": "student", "type": "response", "value": r},
-                              {"role": "teacher", "type": "feedback", "value": f}]
-        records.append({
-            "id": f"synthetic_{split}_{i:05d}", "image": name,
-            "question": {"role": "user", "value": question},
-            "groundtruth": {"role": "user", "value": task.answer(truth)},
-            "conversations": conversations, "source": f"synthetic_{task.name}", "round": len(turns),
-            "score": [int(f.split()[1].rstrip(".")) for _, f in turns], "split": f"synthetic_{split}"})
+        records.append(to_raw(f"synthetic_{split}_{i:05d}", name, question, task.answer(truth), turns,
+                              source=f"synthetic_{task.name}", split=f"synthetic_{split}"))
         captions[name] = caption
     return records, images, captions
 
@@ -404,7 +400,7 @@ def labelled_turns(records: Sequence[Mapping]) -> list[tuple[int, str, bool]]:
 
 
 def shortcut_report(train: Sequence[Mapping], test: Sequence[Mapping]) -> dict:
-    """How well trivial predictors of "right" (score >= 8) do, fitted on ``train`` and scored on ``test``.
+    """How well trivial predictors of "right" (the answer is the groundtruth) do, fitted on ``train`` and scored on ``test``.
 
     Each predictor sees one surface feature of a student turn (:data:`SURFACE_FEATURES`) and answers the
     majority label of that feature value in the training turns (the overall majority for unseen values).

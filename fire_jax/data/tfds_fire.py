@@ -26,7 +26,9 @@ import tensorflow_datasets as tfds
 from etils import epath
 
 from fire_jax.config import InputError
-from fire_jax.data.records import BadRecords, Conversation, Instruction, Record, Turn, image_size_of, iter_records
+from fire_jax.data.bad_records import BadRecords
+from fire_jax.data.image_files import image_size_of
+from fire_jax.data.records import Conversation, Instruction, Record, Turn, iter_records
 
 SPLITS = ("fire_100k", "fire_1m", "fire_bench", "instruct")
 VERSION = "1.0.0"

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 from fire_jax.config import resolve_path
 from fire_jax.data.items import item_of, load_conversations
-from fire_jax.data.records import BadRecords
+from fire_jax.data.bad_records import BadRecords
 from fire_jax.eval import fixed, free, judge, plots, report
 from fire_jax.infer import dialogue
 from fire_jax.infer.decode import DecodeConfig
@@ -192,7 +192,7 @@ class Protocol:
 
     def judged(self, records) -> dict:
         """The exact judge's metrics (synthetic test sets: the groundtruth is the answer)."""
-        return judged_metrics(self.setting, records, threshold=self.rule.threshold, max_turns=self.rule.max_turns)
+        return judged_metrics(self.setting, records, rule=self.rule)
 
     def plot_judged(self, results: dict, workdir: str) -> dict[str, str]:
         return {}
@@ -230,8 +230,7 @@ class FreeProtocol(Protocol):
 
     def __init__(self, section):
         super().__init__(section)
-        self.rule = dialogue.StopRule(max_turns=section.max_turns, threshold=section.threshold,
-                                      score_parser=section.get("score_parser", "robust"))
+        self.rule = dialogue.StopRule.from_config(section)
 
     def run(self, pairs, student, teacher, outputs, *, batch_size, rng=None):
         items = [item_of(record, image) for record, image in pairs]
@@ -243,7 +242,7 @@ class FreeProtocol(Protocol):
         return free.free_results(records, rule=self.rule, penalty_turns=self.section.penalty_turns, baseline=baseline)
 
     def report(self, results):
-        return report.free_report(results)
+        return report.free_report(results, threshold=self.rule.threshold)
 
     def plot(self, pairs, records, results, workdir):
         figures = {"accuracy_by_turn": os.path.join(workdir, "accuracy_by_turn.png")}
@@ -281,18 +280,19 @@ def use_exact_judge(config, conversations) -> bool:
     return choice
 
 
-def judged_metrics(setting: str, records, *, threshold: float = 8.0, max_turns: int = 5) -> dict:
-    """The exact judge's metrics (:mod:`fire_jax.eval.judge`) overall and per source dataset."""
+def judged_metrics(setting: str, records, *, rule: dialogue.StopRule) -> dict:
+    """The exact judge's metrics (:mod:`fire_jax.eval.judge`) overall and per source dataset, the teacher's
+    verdicts read by ``rule``; ``threshold`` records its threshold for the reports."""
     def block(group):
         if setting == "free":
-            return judge.judged_free(group, threshold=threshold, max_turns=max_turns)
-        return judge.judged_fixed(group, threshold=threshold)
+            return judge.judged_free(group, rule=rule)
+        return judge.judged_fixed(group, rule=rule)
 
     by_source = {}
     for record in records:
         by_source.setdefault(record["source"], []).append(record)
     return {"overall": block(records), "per_source": {s: block(g) for s, g in sorted(by_source.items())},
-            "threshold": threshold}
+            "threshold": rule.threshold}
 
 
 # ----------------------------------------------------------------------------
@@ -302,20 +302,15 @@ def judged_metrics(setting: str, records, *, threshold: float = 8.0, max_turns: 
 
 def read_conversations(path: str, image_root: str | None = None) -> tuple[list, BadRecords]:
     """(FIRE conversations, bad record counts) of a records file; images are checked only with an image root."""
-    from fire_jax.data.records import BadRecordError, Conversation, iter_raw, load_records, parse_record
+    from fire_jax.data.jsonl import read_objects
+    from fire_jax.data.records import Conversation, load_records, parse_record
 
     if image_root:
         records, bad = load_records(path, image_root)
     else:
-        records, bad = [], BadRecords()
-        stem = os.path.splitext(os.path.basename(path))[0]
-        for index, raw in iter_raw(path):
-            try:
-                if isinstance(raw, BadRecordError):
-                    raise raw
-                records.append(parse_record(raw, default_id=f"{stem}:{index}", where=f"{path}: record {index}"))
-            except BadRecordError as e:
-                bad.handle(e, "skip")
+        bad = BadRecords()
+        records = list(read_objects(path, lambda raw, where, default_id: parse_record(
+            raw, default_id=default_id, where=where), bad=bad))
     return [r for r in records if isinstance(r, Conversation)], bad
 
 

@@ -16,7 +16,7 @@ Two switches, both applied when the metrics are computed (no new generation):
 
 - ``teacher_text``: what of f_k the teacher's BLEU/CIDEr compare (:data:`TEACHER_TEXTS`).
 - ``score_parser``: how the MAE reads a score. "robust" (default) is
-  :func:`fire_jax.data.records.parse_score`; "official" is the release's
+  :func:`fire_jax.data.scores.parse_score`; "official" is the release's
   ``eval_feedback.py`` (MM-FIRE/FIRE, ``llava/eval/``), which reads a reply
   with ``get_score`` and ``get_feedback`` in one step (:func:`release_reading`):
   a reply without a "Feedback:" has no score either (it costs 10), and a
@@ -29,7 +29,8 @@ import collections
 import dataclasses
 from typing import Mapping, Sequence
 
-from fire_jax.data.records import SCORE_PARSERS, Conversation, parse_score
+from fire_jax.data.records import Conversation
+from fire_jax.data.scores import SCORE_PARSERS, parse_score
 from fire_jax.eval.metrics import score_mae, text_metrics
 from fire_jax.results import ResultStore
 

@@ -15,7 +15,8 @@ function of the dialogue records the runners write:
   accuracy by turn; teacher agreement on the ground-truth answers it scored).
 
 "Agreement" is the free dialogues' solved rule (FIRE Tables 4-6) read as a classifier: the teacher says
-"right" when its score is >= the threshold (8); a reply with no score says "wrong".
+"right" when the stop rule's :meth:`~fire_jax.infer.dialogue.StopRule.solves` its score (a score >= the rule's
+threshold); a reply with no score says "wrong".
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import re
 from typing import Iterable, Mapping, Sequence
 
 from fire_jax.infer.agents import answer_of
+from fire_jax.infer.dialogue import StopRule
 
 #: Trailing characters the judge ignores: final punctuation and quotes.
 _TRAILING = " \t\n.!?;:,'\"`"
@@ -38,11 +40,6 @@ def normalize(text: str) -> str:
 def is_right(response: str, groundtruth: str) -> bool:
     """True when the response's answer equals the groundtruth sentence, up to :func:`normalize`."""
     return bool(groundtruth.strip()) and normalize(answer_of(response)) == normalize(groundtruth)
-
-
-def says_right(score: float | None, threshold: float = 8) -> bool:
-    """The teacher's verdict: its score solves the item (>= 8, as free dialogues stop); no score is a "wrong"."""
-    return score is not None and score >= threshold
 
 
 def _share(hits: Sequence[bool]) -> float | None:
@@ -60,7 +57,7 @@ def _agreement(pairs: Sequence[tuple[bool, bool]]) -> float | None:
     return _share([judge == teacher for judge, teacher in pairs])
 
 
-def judged_free(records: Sequence[Mapping], *, threshold: float = 8, max_turns: int = 5) -> dict:
+def judged_free(records: Sequence[Mapping], *, rule: StopRule) -> dict:
     """Exact-judge metrics of free dialogues (records with ``groundtruth``, ``stop`` and
     ``turns[].response`` / ``turns[].score``, as :func:`fire_jax.infer.dialogue.dialogue_record` writes them).
 
@@ -70,18 +67,20 @@ def judged_free(records: Sequence[Mapping], *, threshold: float = 8, max_turns: 
     - ``teacher_accuracy_by_turn``: the same curve by the teacher's score (solved by turn t), for Fig. 7;
     - ``refinement_rate``: of the items wrong at turn 1, the share right at the end (``refined`` of
       ``wrong_first``); ``regressions``: right at turn 1, wrong at the end;
-    - ``agreement``: share of all turns where the teacher's verdict (score >= threshold) equals the judge's,
+    - ``agreement``: share of all turns where the teacher's verdict (``rule.solves`` its score) equals the judge's,
       ``agreement_by_turn`` and ``confusion`` (judge x teacher counts over all turns);
     - ``solved_but_wrong``: dialogues stopped as solved on a wrong answer (``solved_but_wrong_share`` of the
       solved ones); ``stopped_but_right``: dialogues that ended unsolved on a right answer.
+
+    ``rule``: the stop rule the dialogues ran with (its threshold and ``max_turns``).
     """
     n = len(records)
     right = [[is_right(turn["response"], record["groundtruth"]) for turn in record["turns"]] for record in records]
-    verdicts = [[says_right(turn["score"], threshold) for turn in record["turns"]] for record in records]
+    verdicts = [[rule.solves(turn["score"]) for turn in record["turns"]] for record in records]
     first = [r[0] for r in right if r]
     final = [r[-1] for r in right if r]
     pairs = [(j, t) for rs, vs in zip(right, verdicts) for j, t in zip(rs, vs)]
-    by_turn = [[(rs[k], vs[k]) for rs, vs in zip(right, verdicts) if len(rs) > k] for k in range(max_turns)]
+    by_turn = [[(rs[k], vs[k]) for rs, vs in zip(right, verdicts) if len(rs) > k] for k in range(rule.max_turns)]
     wrong_first = sum(not r[0] for r in right if r)
     refined = sum((not r[0]) and r[-1] for r in right if r)
     solved = [record for record in records if record.get("stop") == "solved"]
@@ -89,8 +88,8 @@ def judged_free(records: Sequence[Mapping], *, threshold: float = 8, max_turns: 
     stopped_but_right = sum(rs[-1] for record, rs in zip(records, right) if record.get("stop") != "solved" and rs)
     return {
         "items": n,
-        "accuracy_by_turn": [_share([rs[min(t, len(rs) - 1)] for rs in right if rs]) for t in range(max_turns)],
-        "teacher_accuracy_by_turn": [_share([any(vs[:t + 1]) for vs in verdicts if vs]) for t in range(max_turns)],
+        "accuracy_by_turn": [_share([rs[min(t, len(rs) - 1)] for rs in right if rs]) for t in range(rule.max_turns)],
+        "teacher_accuracy_by_turn": [_share([any(vs[:t + 1]) for vs in verdicts if vs]) for t in range(rule.max_turns)],
         "accuracy_turn1": _share(first),
         "accuracy_final": _share(final),
         "wrong_first": wrong_first,
@@ -108,11 +107,12 @@ def judged_free(records: Sequence[Mapping], *, threshold: float = 8, max_turns: 
     }
 
 
-def judged_fixed(records: Sequence[Mapping], *, threshold: float = 8) -> dict:
+def judged_fixed(records: Sequence[Mapping], *, rule: StopRule) -> dict:
     """Exact-judge metrics of fixed-dialogue turn records (:func:`fire_jax.eval.fixed.turn_record`: each
     carries its conversation's ``groundtruth``). Student: ``accuracy`` of its generated r_k and
     ``accuracy_by_turn`` {k: share}. Teacher: its verdict on the ground-truth answer r_k (the record's
-    ``answer``) against the judge's: ``agreement``, ``agreement_by_turn``, ``confusion``.
+    ``answer``) against the judge's (``rule.solves`` its score): ``agreement``, ``agreement_by_turn``,
+    ``confusion``.
     """
     out = {}
     student = [r for r in records if r["role"] == "student"]
@@ -128,7 +128,7 @@ def judged_fixed(records: Sequence[Mapping], *, threshold: float = 8) -> dict:
         pairs = collections.defaultdict(list)
         for record in teacher:
             pairs[record["turn"]].append((is_right(record["answer"], record["groundtruth"]),
-                                          says_right(record["predicted_score"], threshold)))
+                                          rule.solves(record["predicted_score"])))
         everything = [p for v in pairs.values() for p in v]
         out["teacher"] = {"agreement": _agreement(everything),
                           "agreement_by_turn": {k: _agreement(v) for k, v in sorted(pairs.items())},

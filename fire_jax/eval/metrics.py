@@ -315,9 +315,12 @@ def _dialogue_scores(score_sequences: Sequence[Sequence[float | None]], max_turn
 
 
 def free_dialogue_metrics(score_sequences: Sequence[Sequence[float | None]],
-                          baseline_turns: float | None = None, threshold: float = 8,
+                          baseline_turns: float | None = None, *, threshold: float,
                           max_turns: int = 5, penalty_turns: float = 10) -> dict[str, float]:
     """AT, ADR, ATR, RR of free dialogues (FIRE Tables 4-6).
+
+    ``threshold``: the stop rule's (:class:`fire_jax.infer.dialogue.StopRule`, 8 in the paper), passed by the
+    caller so that the metrics count as solved what stopped the dialogues.
 
     `score_sequences[k]` holds the teacher scores a_{k,1..n_k}; a None (reply
     with no score) must be the last and counts as 0. Items with n_k = 1 are
@@ -352,8 +355,8 @@ def free_dialogue_metrics(score_sequences: Sequence[Sequence[float | None]],
     }
 
 
-def accuracy_by_turn(score_sequences: Sequence[Sequence[float | None]], max_turns: int = 5,
-                     threshold: float = 8) -> list[float]:
+def accuracy_by_turn(score_sequences: Sequence[Sequence[float | None]], max_turns: int = 5, *,
+                     threshold: float) -> list[float]:
     """Accuracy curve (FIRE Fig. 7): for t = 1..max_turns, the share of all
     items (n_k = 1 included) whose score at turn min(t, n_k) is >= threshold; a
     finished dialogue keeps its final score for later turns, a None counts as 0.

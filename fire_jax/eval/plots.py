@@ -83,8 +83,9 @@ def plot_data_statistics(records: Sequence, out_path: str, title: str = "") -> d
 
 def plot_accuracy_by_turn(curves: Mapping[str, Sequence[float]], out_path: str,
                           paper: Mapping[str, Mapping[str, float]] | None = None, title: str = "") -> None:
-    """Fig. 7: share of items (%) with score >= 8 by turn, one line per run in ``curves`` (fractions),
-    plus the paper's quoted points (``figure7_accuracy_by_turn`` of fire.json: {"turn1": %, "turn5": %})."""
+    """Fig. 7: share of items (%) solved by turn (a score >= their stop rule's threshold), one line per run in
+    ``curves`` (fractions), plus the paper's quoted points (``figure7_accuracy_by_turn`` of fire.json:
+    {"turn1": %, "turn5": %})."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for name, curve in curves.items():

@@ -18,7 +18,9 @@ import json
 import math
 import os
 import re
-from typing import Mapping, Sequence
+from typing import Mapping
+
+from fire_jax.results import markdown_table
 
 PAPER_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paper_results", "fire.json")
 FIXED_COLUMNS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "CIDEr")
@@ -81,14 +83,6 @@ def _format(value) -> str:
     return f"{value:.2f}"
 
 
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
-    """A Markdown table; numbers with 2 decimals (as the paper), None/NaN as "–"."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    for row in rows:
-        lines.append("| " + " | ".join(v if isinstance(v, str) else _format(v) for v in row) + " |")
-    return "\n".join(lines)
-
-
 def _ours(name: str) -> str:
     return f"**{name} (fire_jax)**"
 
@@ -108,10 +102,10 @@ def fixed_report(results: Mapping, paper: Mapping | None = None) -> str:
         rows = [(f"{model} (paper)", *values, "") for model, values in paper[table].items() if model != "columns"]
         rows.append((_ours(name), *(metrics["overall"][c] for c in columns), metrics["overall"]["n"]))
         title = f"Table {2 if role == 'student' else 3}: fixed dialogues, {role} ({name})"
-        sections.append(f"### {title}\n\n" + markdown_table(header, rows))
+        sections.append(f"### {title}\n\n" + markdown_table(header, rows, cell=_format))
         per_source = [(source, *(m[c] for c in columns), m["n"]) for source, m in metrics["per_source"].items()]
         sections.append(f"#### {role} per source dataset (fire_jax)\n\n" +
-                        markdown_table(("source", *columns, "turns"), per_source))
+                        markdown_table(("source", *columns, "turns"), per_source, cell=_format))
         if role == "teacher":
             overall = metrics["overall"]
             compared = {"whole": "the whole reply, score line included",
@@ -132,9 +126,9 @@ def _free_row(label: str, m: Mapping) -> tuple:
     return (label, *(m[c] for c in FREE_COLUMNS), m["K"], m["items"])
 
 
-def free_report(results: Mapping, paper: Mapping | None = None) -> str:
+def free_report(results: Mapping, paper: Mapping | None = None, *, threshold: float) -> str:
     """Table 4 (overall; A5 / A6 on the Vicuna bases), Tables 5-6 (the paper's seen and new sources, 8B), other
-    sources, Fig. 7's accuracy (8B)."""
+    sources, Fig. 7's accuracy (8B). ``threshold``: the stop rule's the run used, named in Fig. 7's title."""
     paper = paper_results() if paper is None else paper
     metrics = results["metrics"]
     name = results["student"]["name"]
@@ -153,7 +147,7 @@ def free_report(results: Mapping, paper: Mapping | None = None) -> str:
     for table, title in [BASE_TABLES[base]] if base else BASE_TABLES.values():
         rows = [(f"{model} (paper)", *values, "", "") for model, values in paper[table].items() if model != "columns"]
         rows.append(_free_row(_ours(name), metrics["overall"]))
-        sections.append(f"### {title}\n\n" + markdown_table(header, rows))
+        sections.append(f"### {title}\n\n" + markdown_table(header, rows, cell=_format))
     if base is None:
         sections.append("The run's base model is unknown: our row stands beside each base's published rows.")
 
@@ -171,19 +165,19 @@ def free_report(results: Mapping, paper: Mapping | None = None) -> str:
             rows += [(f"{column}: {model} (paper)", *values, "", "") for model, values in paper[key][column].items()]
             rows.append(_free_row(f"{column}: {_ours(name)} [{source}]", m))
         if rows:
-            sections.append(f"### {title}\n\n" + markdown_table(header, rows))
+            sections.append(f"### {title}\n\n" + markdown_table(header, rows, cell=_format))
     others = [_free_row(source, m) for source, m in metrics["per_source"].items() if source not in placed]
     if others:
         sections.append("### Sources the paper does not report (fire_jax)\n\n" +
-                        markdown_table(("source", *FREE_COLUMNS, "K", "items"), others))
+                        markdown_table(("source", *FREE_COLUMNS, "K", "items"), others, cell=_format))
 
     turns = len(metrics["overall"]["accuracy_by_turn"])
     figure7 = paper["figure7_accuracy_by_turn"] if base in (None, "llava_next_8b") else {}  # Fig. 7: 8B only
     rows = [(f"{model} (paper)", *(values.get(f"turn{t}") for t in range(1, turns + 1)))
             for model, values in figure7.items() if model != "note"]
     rows.append((_ours(name), *(100 * a for a in metrics["overall"]["accuracy_by_turn"])))
-    sections.append("### Fig. 7: accuracy by turn (% of items with score >= 8)\n\n" +
-                    markdown_table(("model", *(f"turn {t}" for t in range(1, turns + 1))), rows))
+    sections.append(f"### Fig. 7: accuracy by turn (% of items with score >= {threshold:g})\n\n" +
+                    markdown_table(("model", *(f"turn {t}" for t in range(1, turns + 1))), rows, cell=_format))
     stops = metrics["overall"]["stops"]
     sections.append("Stops: " + ", ".join(f"{reason} {count}" for reason, count in stops.items()) + ".")
     return "\n\n".join(sections) + "\n"
@@ -196,7 +190,7 @@ def _pct(value) -> str | None:
 def judged_report(results: Mapping) -> str:
     """The exact judge's tables (synthetic test sets): accuracy by turn, refinement, the teacher's agreement."""
     judged = results["metrics"]["judged"]
-    threshold = judged.get("threshold", 8)
+    threshold = judged["threshold"]  # the stop rule's (fire_bench.judged_metrics)
     overall = judged["overall"]
     sections = [f"### Exact judge (answer after \"Answer:\" = groundtruth, case, spacing and final punctuation "
                 f"ignored); the teacher says \"right\" when its score is >= {threshold:g}"]
@@ -210,7 +204,7 @@ def judged_report(results: Mapping) -> str:
                          f"{m['refined']} / {m['wrong_first']} ({_pct(m['refinement_rate']) or '–'})",
                          _pct(m["agreement"]) or "–", f"{m['solved_but_wrong']} / {m['solved']}",
                          m["stopped_but_right"], m["items"]))
-        sections.append(markdown_table(header, rows))
+        sections.append(markdown_table(header, rows, cell=_format))
         sections.append("Accuracy at turn t: the answer at turn t, or the last one of a dialogue that ended earlier. "
                         "Refined: wrong at turn 1, right at the end. Solved but wrong: stopped with score >= "
                         f"{threshold:g} on a wrong answer (of all solved). Stopped but right: ended unsolved on a "
@@ -219,7 +213,7 @@ def judged_report(results: Mapping) -> str:
         sections.append(markdown_table(("teacher agreement", *(f"turn {t}" for t in range(1, len(by_turn) + 1)),
                                         "all turns"),
                                        [("share of turns", *(_pct(a) or "–" for a in by_turn),
-                                         _pct(overall["agreement"]) or "–")]))
+                                         _pct(overall["agreement"]) or "–")], cell=_format))
         confusion = overall["confusion"]
     else:
         confusion = None
@@ -228,17 +222,17 @@ def judged_report(results: Mapping) -> str:
             sections.append(markdown_table(
                 ("student (generated r_k)", *(f"turn {k}" for k in s["accuracy_by_turn"]), "all", "turns"),
                 [("accuracy", *(_pct(a) or "–" for a in s["accuracy_by_turn"].values()), _pct(s["accuracy"]) or "–",
-                  s["n"])]))
+                  s["n"])], cell=_format))
         if "teacher" in overall:
             t = overall["teacher"]
             sections.append(markdown_table(
                 ("teacher (on the true r_k)", *(f"turn {k}" for k in t["agreement_by_turn"]), "all", "turns"),
                 [("agreement", *(_pct(a) or "–" for a in t["agreement_by_turn"].values()),
-                  _pct(t["agreement"]) or "–", t["n"])]))
+                  _pct(t["agreement"]) or "–", t["n"])], cell=_format))
             confusion = t["confusion"]
     if confusion is not None:
         sections.append("Teacher vs judge, all turns:\n\n" + markdown_table(
             ("judge \\ teacher", f"score >= {threshold:g}", f"score < {threshold:g} or none"),
             [("right", confusion["right_solved"], confusion["right_unsolved"]),
-             ("wrong", confusion["wrong_solved"], confusion["wrong_unsolved"])]))
+             ("wrong", confusion["wrong_solved"], confusion["wrong_unsolved"])], cell=_format))
     return "\n\n".join(sections) + "\n"

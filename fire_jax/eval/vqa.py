@@ -19,10 +19,10 @@ import json
 import os
 from typing import Any
 
-from fire_jax.data.items import read_objects
-from fire_jax.data.records import BadRecordError, BadRecords
+from fire_jax.data.bad_records import BadRecordError, BadRecords
+from fire_jax.data.jsonl import read_objects
 from fire_jax.eval import metrics
-from fire_jax.results import ResultStore, write_json
+from fire_jax.results import ResultStore, markdown_table, write_json
 
 SHORT_ANSWER = "Answer the question using a single word or phrase."
 LETTER_ANSWER = "Answer with the option's letter from the given choices directly."
@@ -50,7 +50,7 @@ def read_items(path: str, image_root: str = "") -> tuple[list[dict], BadRecords]
         return item
 
     bad = BadRecords()
-    return read_objects(path, parse, bad=bad), bad
+    return list(read_objects(path, parse, bad=bad)), bad
 
 
 def prompt(item: dict) -> str:
@@ -84,10 +84,9 @@ def paper_rows(benchmark: str) -> dict[str, float]:
 
 def table(benchmark: str, ours: dict[str, float]) -> str:
     """Markdown: the paper's rows (Table 1) and ours, accuracy in %."""
-    lines = [f"| model | {benchmark or 'accuracy'} (%) |", "|---|---|"]
-    lines += [f"| {name} (paper) | {value:.1f} |" for name, value in paper_rows(benchmark).items()]
-    lines += [f"| {name} (ours) | {100 * value:.1f} |" for name, value in ours.items()]
-    return "\n".join(lines)
+    rows = [(f"{name} (paper)", f"{value:.1f}") for name, value in paper_rows(benchmark).items()]
+    rows += [(f"{name} (ours)", f"{100 * value:.1f}") for name, value in ours.items()]
+    return markdown_table(("model", f"{benchmark or 'accuracy'} (%)"), rows)
 
 
 def run_vqa(path: str, workdir: str, student, *, name: str = "student", image_root: str = "",

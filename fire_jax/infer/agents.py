@@ -24,7 +24,8 @@ import dataclasses
 from typing import Sequence
 
 from fire_jax.data.chat import Message, check_teacher_history, student_messages, teacher_messages
-from fire_jax.data.records import Conversation, Turn, parse_score
+from fire_jax.data.records import Conversation, Turn
+from fire_jax.data.scores import parse_score
 from fire_jax.infer.api import ApiBackend
 from fire_jax.infer.backends import Backend, InProcess, StreamingEngines, sampling_of
 from fire_jax.infer.decode import DecodeConfig
@@ -33,7 +34,7 @@ from fire_jax.infer.decode import DecodeConfig
 @dataclasses.dataclass(frozen=True)
 class Feedback:
     text: str  # the whole feedback f_k, score line included
-    score: float | None  # a_k parsed from it (fire_jax.data.records.parse_score), None if it has none
+    score: float | None  # a_k parsed from it (fire_jax.data.scores.parse_score), None if it has none
 
 
 def _conversation(question: str, groundtruth: str, turns: Sequence[Turn]) -> Conversation:

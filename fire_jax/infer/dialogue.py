@@ -22,11 +22,12 @@ with its prompt at turn k - 1 and r_{k-1}, the teacher's with everything but
 the answer it scores, so each call prefills only what changed.
 
 :func:`make_fire_records` is FIRE-1M-style generation: :data:`FIRE_1M_GENERATION`'s
-rule (stop at 8 or after 3 turns, no "no_increase" stop); a dialogue is kept
-only if its last score is higher than its first (dialogues solved at once
-teach no refinement); each kept one is written as a raw record in the schema
-of the FIRE release's data (docs/spec.md, "Records") and must parse through :func:`fire_jax.data.records.parse_record`
-(empty texts, feedback without "Feedback:" text, ... are dropped, by reason).
+rule (stop at 8 or after 3 turns, no "no_increase" stop); each dialogue is written as a raw record in the schema
+of the FIRE release's data (docs/spec.md, "Records") and kept or dropped by
+:func:`fire_jax.data.filters.drop_reason`, the rule FIRE-100K-style generation uses too: kept only if its last
+score is higher than its first (dialogues solved at once teach no refinement) and it parses through
+:func:`fire_jax.data.records.parse_record` (empty texts, feedback without "Feedback:" text, ... are dropped, by
+reason).
 Kept records go to a JSONL file, dropped dialogues (id, reason, scores) to
 ``<out>.dropped.jsonl``; a rerun skips the ids in either.
 """
@@ -39,7 +40,10 @@ import os
 from typing import Callable, Iterable, Sequence
 
 from fire_jax.data.items import Item
-from fire_jax.data.records import SCORE_PARSERS, BadRecordError, BadRecords, Turn, improved, parse_record, parse_score, to_raw
+from fire_jax.data.bad_records import BadRecords
+from fire_jax.data.filters import drop_reason
+from fire_jax.data.records import Turn, to_raw
+from fire_jax.data.scores import SCORE_PARSERS, parse_score
 from fire_jax.results import ResultStore
 
 
@@ -48,12 +52,20 @@ class StopRule:
     """When a dialogue ends (solved, no score increase, or the turn limit: docs/spec.md), and how it reads the teacher's score.
 
     ``score_parser``: "robust" keeps the score the teacher agent read
-    (:func:`fire_jax.data.records.parse_score`'s default); "official" reads
+    (:func:`fire_jax.data.scores.parse_score`'s default); "official" reads
     each reply as the release's free-dialogue loader does (MM-FIRE/FIRE,
     ``llava/eval/model_fire_chat_loader.py``): ``get_score`` (a failure is
     its score 0, here None), and a dialogue whose last score is 0 stops
     (``CustomDataset`` drops an item whose last score is >= 8 or == 0, or
     not above the one before, from the next round).
+
+    The one owner of the stop threshold: the dialogue loop, the metrics (AT, RR, the accuracy curve), the
+    exact judge's "the teacher says right" (:meth:`solves`), and every report, plot label and analysis read it
+    from the rule they ran with. A free-dialogue config section sets every field (:meth:`from_config`;
+    docs/fire_bench.md, "Settings"). The rule of the release's interactive chat (MM-FIRE/FIRE,
+    ``llava/eval/feedback_chat.py``: ``Chat.chat`` runs ``num_round=3`` rounds and ``should_stop`` ends only on
+    a score of 10) is ``StopRule(max_turns=3, threshold=10, stop_on_no_increase=False)``, in a config
+    ``free.max_turns=3, free.threshold=10.0, free.stop_on_no_increase=False``.
     """
 
     max_turns: int = 5  # n_max
@@ -61,11 +73,24 @@ class StopRule:
     stop_on_no_increase: bool = True  # stop when a_k <= a_{k-1}
     score_parser: str = "robust"  # or "official" (above)
 
+    @classmethod
+    def from_config(cls, section) -> "StopRule":
+        """The rule of a free-dialogue config section (``config.free``): each of this class's fields the section
+        names, the defaults for the others; the section's other settings (``penalty_turns``, ...) are not the
+        rule's."""
+        return cls(**{field.name: section[field.name] for field in dataclasses.fields(cls) if field.name in section})
+
     def __post_init__(self):
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if self.score_parser not in SCORE_PARSERS:
             raise ValueError(f"score_parser must be one of {list(SCORE_PARSERS)}, got {self.score_parser!r}")
+
+    def solves(self, score: float | None) -> bool:
+        """a_k solves the item (a score >= :attr:`threshold`; no score never does): the dialogue stops as
+        ``"solved"``, the metrics count the item as solved, the exact judge reads it as the teacher saying
+        "right"."""
+        return score is not None and score >= self.threshold
 
     def score(self, feedback) -> float | None:
         """a_k of a teacher's reply (``feedback.text``, ``feedback.score``) under this rule's reading."""
@@ -82,7 +107,7 @@ def stop_reason(scores: Sequence[float | None], rule: StopRule = FREE_DIALOGUE) 
     score = scores[-1]
     if score is None:
         return "no_score"
-    if score >= rule.threshold:
+    if rule.solves(score):
         return "solved"
     if rule.score_parser == "official" and score == 0:
         return "zero_score"
@@ -168,21 +193,6 @@ def fire_record(dialogue: Dialogue, *, split: str = "fire_1m", image_root: str =
     return to_raw(item.id, image, item.question, item.groundtruth, dialogue.turns, source=item.source, split=split)
 
 
-def drop_reason(dialogue: Dialogue, record: dict) -> BadRecordError | None:
-    """Why a generated dialogue is not kept: no score, no improvement, or what the record parser rejects."""
-    scores = dialogue.scores
-    if scores[-1] is None:
-        return BadRecordError("no_score", f"id {record['id']!r}", f"conversations[{2 * len(scores) - 1}].value",
-                              f"scores {scores}")
-    if not improved(scores):
-        return BadRecordError("no_improvement", f"id {record['id']!r}", "score", f"scores {scores}")
-    try:
-        parse_record(record, default_id=record["id"])
-    except BadRecordError as e:
-        return e
-    return None
-
-
 def make_fire_records(items: Sequence[Item], student, teacher, out_path: str, *, image_root: str = "",
                      split: str = "fire_1m", rule: StopRule = FIRE_1M_GENERATION, batch_size: int = 8,
                      rng=None) -> tuple[int, BadRecords]:
@@ -204,7 +214,7 @@ def make_fire_records(items: Sequence[Item], student, teacher, out_path: str, *,
                   dynamic_ncols=True) as progress:
             def finish(dialogue: Dialogue) -> None:
                 record = fire_record(dialogue, split=split, image_root=image_root)
-                reason = drop_reason(dialogue, record)
+                reason = drop_reason(record)  # the rule's max_turns already ended the dialogue
                 if reason is None:
                     kept.add(record)
                 else:

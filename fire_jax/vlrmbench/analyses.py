@@ -41,7 +41,8 @@ import zlib
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from fire_jax.results import ResultStore, check_settings
+from fire_jax.infer.dialogue import StopRule
+from fire_jax.results import ResultStore, check_settings, markdown_table
 from fire_jax.vlrmbench.data import Sample, TaskData
 from fire_jax.vlrmbench.parse import parse_foresight, try_parse_scores, try_parse_step_labels
 from fire_jax.vlrmbench.score import load_paper_results, score_accountings
@@ -87,9 +88,8 @@ def _number(value: float | None, scale: float = 100) -> str:
 
 
 def markdown(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "| --- |" + " ---: |" * (len(header) - 1)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+    """An analysis table (:func:`fire_jax.results.markdown_table`): labels first, the other columns right-aligned."""
+    return markdown_table(header, rows, align="l" + "r" * (len(header) - 1)) + "\n"
 
 
 def _write(workdir: Path, name: str, title: str, table: str, results: dict) -> dict:
@@ -208,12 +208,6 @@ def length_table(results: Mapping, model: str, paper: Mapping) -> str:
 # ----------------------------------------------------------------------------
 
 
-def _check_settings(folder: Path, settings: dict) -> None:
-    """Stop when ``folder`` holds outputs made with other settings; record these."""
-    check_settings(folder / "settings.json", settings, where=str(folder),
-                   has_outputs=any(p.stat().st_size for p in folder.glob("*.jsonl")))
-
-
 def shot_prompt(sample: Sample, examples: Sequence[Sample]) -> str:
     """The SC prompt with ``examples`` (their question, reasoning and label list) before the question."""
     template = TASK_PROMPTS["step_correctness"]
@@ -236,7 +230,8 @@ def shots(config, data: TaskData, generator, workdir: Path) -> dict:
 
     folder = workdir / "analyses" / "shots"
     counts = [int(k) for k in config.analyses.shots.k.split(",")]
-    _check_settings(folder, {**task_settings(config, data.task), "shots": counts})
+    check_settings(folder / "settings.json", {**task_settings(config, data.task), "shots": counts},
+                   where=str(folder), outputs=folder.glob("*.jsonl"))
     outputs = {0: _outputs(workdir, data)}
     for k in counts:
         if k == 0:
@@ -324,8 +319,9 @@ def voting(config, datasets: Mapping[str, TaskData], generator, workdir: Path) -
     ks = sorted(int(k) for k in settings.k.split(","))
     folder = workdir / "analyses" / "voting"
     tasks = [task_info(t).file for t in _split(settings.tasks)]
-    _check_settings(folder, {"tasks": tasks, "k": max(ks), "temperature": settings.temperature,
-                             **task_settings(config, tasks[0])})
+    check_settings(folder / "settings.json", {"tasks": tasks, "k": max(ks), "temperature": settings.temperature,
+                                              **task_settings(config, tasks[0])},
+                   where=str(folder), outputs=folder.glob("*.jsonl"))
     results = {}
     for task in tasks:
         data, orders = datasets[task], num_orders(task)
@@ -428,10 +424,16 @@ class RewardModelTeacher:
                 for i, ok in enumerate(right)]
 
 
-def correction_rate(records: Sequence[Mapping]) -> dict:
-    """Correction rate = first answer wrong and second right / first answer wrong, with the counts."""
-    first_wrong = [r for r in records if r["scores"][0] < 8]
-    corrected = sum(len(r["scores"]) > 1 and r["scores"][1] >= 8 for r in first_wrong)
+#: The correction analysis's dialogues: the student answers twice at most, the second time only after a wrong
+#: first answer (a right one is solved: :class:`Verdict`'s scores lie on either side of any threshold in 0..10).
+CORRECTION = StopRule(max_turns=2, stop_on_no_increase=False)
+
+
+def correction_rate(records: Sequence[Mapping], rule: StopRule = CORRECTION) -> dict:
+    """Correction rate = first answer wrong and second right / first answer wrong, with the counts; right is
+    what ``rule`` solves."""
+    first_wrong = [r for r in records if not rule.solves(r["scores"][0])]
+    corrected = sum(len(r["scores"]) > 1 and rule.solves(r["scores"][1]) for r in first_wrong)
     return {"items": len(records), "first_wrong": len(first_wrong), "corrected": corrected,
             "rate": corrected / len(first_wrong) if first_wrong else None}
 
@@ -440,7 +442,7 @@ def correction(config, generator, workdir: Path) -> dict:
     """Table 7: the student's correction rate with the evaluated model's ERA analyses, per source and overall."""
     from fire_jax.config import load_config
     from fire_jax.data.items import load_triplets
-    from fire_jax.infer.dialogue import StopRule, run_dialogues
+    from fire_jax.infer.dialogue import run_dialogues
     from fire_jax.infer.agents import from_spec
     from fire_jax.infer.decode import DecodeConfig
 
@@ -450,17 +452,17 @@ def correction(config, generator, workdir: Path) -> dict:
                          "set --config.analyses.correction.data and .image_root")
     folder = workdir / "analyses" / "correction"
     student_config = load_config(settings.student_config) if settings.student_config else config
-    _check_settings(folder, {"data": settings.data, "image_root": settings.image_root,
-                             "student_config": settings.student_config,
-                             "student_checkpoint": settings.student_checkpoint,
-                             "max_examples": settings.max_examples, "max_new_tokens": settings.max_new_tokens,
-                             "reward_model": generator.name})
+    check_settings(folder / "settings.json",
+                   {"data": settings.data, "image_root": settings.image_root,
+                    "student_config": settings.student_config, "student_checkpoint": settings.student_checkpoint,
+                    "max_examples": settings.max_examples, "max_new_tokens": settings.max_new_tokens,
+                    "reward_model": generator.name},
+                   where=str(folder), outputs=folder.glob("*.jsonl"))
     student = from_spec(settings.student_checkpoint or student_config.get("checkpoint") or None, "student",
                         DecodeConfig.from_config(config.generate, max_new_tokens=settings.max_new_tokens),
                         config=student_config, batch_size=config.generate.batch_size)
     items = load_triplets(settings.data, settings.image_root, max_examples=settings.max_examples)
     teacher = RewardModelTeacher(generator.variant(max_new_tokens=settings.max_new_tokens))
-    rule = StopRule(max_turns=2, threshold=8, stop_on_no_increase=False)
     with ResultStore(str(folder / "dialogues.jsonl")) as store:
         todo = [item for item in items if item.id not in store]
 
@@ -468,7 +470,7 @@ def correction(config, generator, workdir: Path) -> dict:
             store.add({"key": dialogue.item.id, "source": dialogue.item.source, "scores": dialogue.scores,
                        "turns": [{"response": t.response, "feedback": t.feedback} for t in dialogue.turns]})
 
-        run_dialogues(todo, student, teacher, rule, batch_size=config.generate.batch_size, on_finish=finish)
+        run_dialogues(todo, student, teacher, CORRECTION, batch_size=config.generate.batch_size, on_finish=finish)
         records = [store[item.id] for item in items]
     by_source = collections.defaultdict(list)
     for record in records:

@@ -35,6 +35,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from fire_jax.results import markdown_table
 from fire_jax.vlrmbench.data import Sample, TaskData, load_task
 
 
@@ -178,18 +179,14 @@ def audit_table(datasets: Mapping[str, TaskData], model_f1: Mapping[str, Mapping
     best = {f: max(a["rules"].items(), key=lambda r: r[1]) for f, a in audits.items()}
     lines = ["", "Label-leak audit (tools/audit_vlrmbench.py): weighted F1 (%) of rules that read no meaning, "
              "on the same samples, beside the model's. A model below the best surface rule has not shown "
-             "that it reads the steps.", "",
-             "| Task | " + " | ".join(model_f1) + (" | " if model_f1 else "")
-             + "all_0 | all_1 | best surface rule | " + " | ".join(RULES) + " |",
-             "| --- | " + "---: | " * len(model_f1) + "---: | ---: | --- | " + "---: | " * len(RULES)]
+             "that it reads the steps.", ""]
 
     def pct(value):
         return "-" if value is None else f"{100 * value:.1f}"
 
-    for f, a in audits.items():
-        ours = [pct(row.get(f)) for row in model_f1.values()]
-        lines.append("| " + " | ".join([task_info(f).short, *ours, pct(a["all_0"]), pct(a["all_1"]),
-                                        f"{best[f][0]} {pct(best[f][1])}"]
-                                       + [pct(a["rules"][r]) for r in RULES]) + " |")
+    rows = [[task_info(f).short, *[pct(row.get(f)) for row in model_f1.values()], pct(a["all_0"]), pct(a["all_1"]),
+             f"{best[f][0]} {pct(best[f][1])}", *[pct(a["rules"][r]) for r in RULES]] for f, a in audits.items()]
+    lines.append(markdown_table(["Task", *model_f1, "all_0", "all_1", "best surface rule", *RULES], rows,
+                                align="l" + "r" * (len(model_f1) + 2) + "l" + "r" * len(RULES)))
     return "\n".join(lines) + "\n"
 

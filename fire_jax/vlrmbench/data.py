@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-from fire_jax.data.records import BadRecordError, BadRecords, outside_root
+from fire_jax.data.bad_records import BadRecordError, BadRecords
+from fire_jax.data.image_files import outside_root
 from fire_jax.vlrmbench.tasks import STEP_MARK, TaskInfo, check_choice, task_info
 
 

@@ -425,13 +425,6 @@ def task_settings(config, task: str) -> dict:
     return settings
 
 
-def _check_settings(workdir: Path, config, tasks: Sequence[str]) -> None:
-    """Refuse to add outputs made with other settings to a task's JSONL; record this run's settings."""
-    for task in tasks:
-        check_settings(workdir / "settings.json", task_settings(config, task), key=task, where=str(workdir),
-                       has_outputs=bool(read_records(workdir / "outputs" / f"{task}.jsonl")[0]))
-
-
 def evaluate(config, data_dir: str, workdir: str, *, image_root: str | None = None,
              tasks: str | Sequence[str] | None = None, retry_failed: bool = False,
              analyses: str | Sequence[str] | None = None) -> dict:
@@ -466,7 +459,9 @@ def evaluate(config, data_dir: str, workdir: str, *, image_root: str | None = No
                              missing_images=missing_images(config)) for f in files}
     for data in datasets.values():
         print(data.describe())
-    _check_settings(workdir_path, config, files)
+    for task in files:  # outputs of other settings are never added to a task's JSONL
+        check_settings(workdir_path / "settings.json", task_settings(config, task), key=task, where=workdir,
+                       outputs=[workdir_path / "outputs" / f"{task}.jsonl"])
     generator = Responder.from_config(config, config.generate, name=model_name(config),
                                       max_new_tokens=config.generate.max_new_tokens)
     _check_tiles(datasets, generator)

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from fire_jax.results import markdown_table
 from fire_jax.vlrmbench.data import Sample
 from fire_jax.vlrmbench.parse import PARSERS, parse_foresight, try_parse_scores, try_parse_step_labels
 from fire_jax.vlrmbench.tasks import TASKS, check_choice, task_info
@@ -413,9 +414,6 @@ def results_table(rows: Mapping[str, Mapping[str, TaskResult]], *, judge: str, r
     accountings = [a for a in ACCOUNTINGS if any(r.accounting == a for results in rows.values()
                                                  for r in results.values())]
 
-    def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(cells) + " |"
-
     def number(value: float | None) -> str:
         return "-" if value is None else f"{value:.1f}"
 
@@ -429,29 +427,25 @@ def results_table(rows: Mapping[str, Mapping[str, TaskResult]], *, judge: str, r
         "without an output left out; vlmevalkit: VLMEvalKit's scorer, a sample without an output scored as its "
         "failure message, no ERA/EC, and FF 0 as VLMEvalKit prints it, its `task_gt is True` never holding).",
         "",
-        line(["Model"] + columns),
-        line(["---"] + ["---:"] * len(columns)),
+        markdown_table(["Model"] + columns,
+                       [[f"{model} (paper)"] + [number(v) for v in paper["rows"][model]] for model in paper_models]
+                       + [[model] + [number(_row_cells(results)[c]) for c in columns]
+                          for model, results in rows.items()], align="l" + "r" * len(columns)),
     ]
-    for model in paper_models:
-        out.append(line([f"{model} (paper)"] + [number(v) for v in paper["rows"][model]]))
-    for model, results in rows.items():
-        cells = _row_cells(results)
-        out.append(line([model] + [number(cells[c]) for c in columns]))
     out += ["", "The step summary two ways: Step W-Avg is the paper's (the task F1s averaged, weighted by sample "
             "count); the pooled F1 is VLMEvalKit's Overall_F1_weighted (the weighted F1 of all steps of the step "
-            "tasks scored together).", "",
-            line(["Model", "Step W-Avg: paper's definition", "Step F1 pooled: VLMEvalKit's"]),
-            line(["---", "---:", "---:"])]
-    for model, results in rows.items():
-        pooled = pooled_step_f1(results)
-        out.append(line([model, number(_row_cells(results)["Step W-Avg"]),
-                         number(None if pooled is None else 100 * pooled)]))
+            "tasks scored together).", ""]
+    pooled = {model: pooled_step_f1(results) for model, results in rows.items()}
+    out.append(markdown_table(["Model", "Step W-Avg: paper's definition", "Step F1 pooled: VLMEvalKit's"],
+                              [[model, number(_row_cells(results)["Step W-Avg"]),
+                                number(None if pooled[model] is None else 100 * pooled[model])]
+                               for model, results in rows.items()], align="lrr"))
     out += ["", "Outputs the parser could not read (failures / outputs; ERA/EC: the judge's outputs):", ""]
-    out.append(line(["Model"] + [t.short for t in TASKS]))
-    out.append(line(["---"] + ["---:"] * len(TASKS)))
+    failures = []
     for model, results in rows.items():
         by_short = {task_info(name).short: r for name, r in results.items()}
-        out.append(line([model] + [f"{by_short[t.short].failures}/{by_short[t.short].num_outputs}"
-                                   if t.short in by_short else "-" for t in TASKS]))
+        failures.append([model] + [f"{by_short[t.short].failures}/{by_short[t.short].num_outputs}"
+                                   if t.short in by_short else "-" for t in TASKS])
+    out.append(markdown_table(["Model"] + [t.short for t in TASKS], failures, align="l" + "r" * len(TASKS)))
     return "\n".join(out) + "\n"
 

@@ -28,7 +28,10 @@ import sys
 
 from fire_jax.config import resolve_path
 from fire_jax.data.chat import SYSTEM
-from fire_jax.data.records import BadRecordError, BadRecords, Conversation, check_image, parse_record, parse_score
+from fire_jax.data.bad_records import BadRecordError, BadRecords
+from fire_jax.data.image_files import check_image
+from fire_jax.data.records import Conversation, parse_record
+from fire_jax.data.scores import parse_score
 from fire_jax.eval import fixed
 from fire_jax.infer.agents import student_prompt, teacher_prompt
 
