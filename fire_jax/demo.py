@@ -58,8 +58,9 @@ from fire_jax.data.images import preprocess
 from fire_jax.data.records import BadRecordError, Turn, parse_record, parse_score, to_raw
 from fire_jax.infer.agents import from_specs
 from fire_jax.infer.api import ApiAgent, ApiError, chat_messages
-from fire_jax.infer.decode import DecodeConfig
+from fire_jax.infer.engine_config import EngineConfig
 from fire_jax.infer.engine import Engine, Request
+from fire_jax.infer.sampling import SamplingParams
 from fire_jax.limits import (BadRequest, Limits, add_arguments, boolean, check_text, json_body, limits_of,
                              longest_token_chars, open_data_uri, run_server, text_chars_bound)
 from fire_jax.serve import default_models
@@ -81,7 +82,7 @@ def examples(directory: str = EXAMPLES_DIR, limit: int = NUM_EXAMPLES) -> list[d
 
 
 def load_agents(config, student_spec: str | None, teacher_spec: str | None, init: str | None,
-                decode: DecodeConfig):
+                decode: SamplingParams):
     """(student, teacher, {role: description}): :func:`fire_jax.infer.agents.from_spec`, one request at a time."""
     agents, descriptions = from_specs(config, {"student": student_spec, "teacher": teacher_spec}, decode,
                                       init=init, teacher_history="latest", concurrency=1)
@@ -98,7 +99,7 @@ class Streaming:
     The prompt is the agent's own (``agent.prompts``), as in the free dialogues.
     """
 
-    def __init__(self, agent, engine: Engine | None, decode: DecodeConfig, seed: int, max_text_chars: int = 0):
+    def __init__(self, agent, engine: Engine | None, decode: SamplingParams, seed: int, max_text_chars: int = 0):
         self.agent, self.engine, self.decode = agent, engine, decode
         self.seeds = itertools.count(seed)  # a sampled request's seed: the demo's --seed, then one more per call
         # characters of text a request may hold: the context at the tokenizer's longest token (0: any)
@@ -114,9 +115,7 @@ class Streaming:
         (messages,) = self.agent.prompts(*prompt_args)
         prompt = self.agent.backend.encode(messages, (image.height, image.width))
         tiles, size = preprocess(image, self.agent.model.cfg.geometry)
-        d = self.decode
-        request = Request(prompt, max_tokens=d.max_new_tokens, temperature=d.temperature,
-                          top_p=d.top_p, top_k=d.top_k, seed=next(self.seeds) % 2 ** 32, pixel_values=tiles,
+        request = Request(prompt, self.decode.replace(seed=next(self.seeds) % 2 ** 32), pixel_values=tiles,
                           image_sizes=[size])
 
         def on_update(ticket, delta, reason):  # the engine thread
@@ -174,7 +173,7 @@ def failure_message(error: BaseException) -> str:
     return "the model failed to generate; the demo's log says why"
 
 
-def streaming_agents(student, teacher, decode: DecodeConfig, *, seed: int, cache_len: int, slots: int = 4,
+def streaming_agents(student, teacher, decode: SamplingParams, *, seed: int, cache_len: int, slots: int = 4,
                      max_text_chars: int = 0):
     """(student, teacher) as :class:`Streaming`, one started engine per in-process model (shared by both roles
     when they share it)."""
@@ -182,9 +181,9 @@ def streaming_agents(student, teacher, decode: DecodeConfig, *, seed: int, cache
     for agent in (student, teacher):
         if agent.model is not None and id(agent.model) not in engines:
             chat = agent.backend.chat
-            engines[id(agent.model)] = Engine(agent.model, tokenizer=chat.tokenizer, slots=slots, cache_len=cache_len,
-                                              prefill_batch=1, chunk=STREAM_CHUNK, stop_ids=chat.stop_ids,
-                                              pad_id=chat.pad_id, logprobs=False).start()
+            config = EngineConfig(slots=slots, cache_len=cache_len, prefill_batch=1, chunk=STREAM_CHUNK,
+                                  bucket_step=None, stop_ids=chat.stop_ids, pad_id=chat.pad_id, logprobs=False)
+            engines[id(agent.model)] = Engine(agent.model, config, tokenizer=chat.tokenizer).start()
     return tuple(Streaming(agent, None if agent.model is None else engines[id(agent.model)], decode, seed,
                            max_text_chars) for agent in (student, teacher))
 
@@ -275,7 +274,7 @@ def fire_record(body: dict) -> dict:
     return record
 
 
-def create_app(student: Streaming, teacher: Streaming, descriptions: dict, decode: DecodeConfig, *, seed: int = 0,
+def create_app(student: Streaming, teacher: Streaming, descriptions: dict, decode: SamplingParams, *, seed: int = 0,
                limits: Limits | None = None, example_dir: str = EXAMPLES_DIR, api_docs: bool = False):
     """The demo's app; ``limits`` (:class:`fire_jax.limits.Limits`) on every request before it reaches a model.
     ``api_docs``: serve FastAPI's ``/docs`` and ``/openapi.json`` (off by default: the page is the demo's one
@@ -313,7 +312,7 @@ def create_app(student: Streaming, teacher: Streaming, descriptions: dict, decod
 
     def settings() -> dict:
         return {"student": descriptions["student"], "teacher": descriptions["teacher"],
-                "sampling": {"max_new_tokens": decode.max_new_tokens, "temperature": decode.temperature,
+                "sampling": {"max_new_tokens": decode.max_tokens, "temperature": decode.temperature,
                              "top_p": decode.top_p, "top_k": decode.top_k, "seed": seed},
                 "examples": items}
 
@@ -392,7 +391,7 @@ def main(argv=None):
         teacher_spec = teacher_spec or found.get("teacher", "random")
         init = init or base
         print(f"default models: {why}", flush=True)
-    decode = DecodeConfig.from_config(args)
+    decode = SamplingParams.from_config(args)
     config = require_model_config(apply_overrides(load_config(args.config), overrides), args.config)
     student, teacher, descriptions = load_agents(config, student_spec, teacher_spec, init, decode)
     for role, description in descriptions.items():

@@ -52,11 +52,11 @@ def events(url: str, body: dict) -> list[dict]:
 
 def in_process_student():
     from fire_jax.config import load_config
-    from fire_jax.infer.decode import DecodeConfig
     from fire_jax.config import DEFAULT_CONFIG
     from fire_jax.infer.loading import load
+    from fire_jax.infer.sampling import SamplingParams
 
-    return load(load_config(DEFAULT_CONFIG)).agent("student", DecodeConfig(max_new_tokens=12))
+    return load(load_config(DEFAULT_CONFIG)).agent("student", SamplingParams(max_tokens=12))
 
 
 def test_answers_stream_as_they_grow(demo):
@@ -272,7 +272,7 @@ def test_errors_say_what_is_wrong_without_python_and_the_api_docs_are_off(limite
     import asyncio
 
     from fire_jax.demo import create_app
-    from fire_jax.infer.decode import DecodeConfig
+    from fire_jax.infer.sampling import SamplingParams
 
     not_an_image = "data:image/png;base64," + base64.b64encode(b"this is not a PNG").decode()
     got, reply = post_json(f"{limited_demo}/api/respond", {"image": not_an_image, "question": "What is this?"})
@@ -284,10 +284,10 @@ def test_errors_say_what_is_wrong_without_python_and_the_api_docs_are_off(limite
         assert error.value.code == 404
 
     descriptions = {"student": "s", "teacher": "t"}
-    app = create_app(None, None, descriptions, DecodeConfig())
+    app = create_app(None, None, descriptions, SamplingParams())
     assert (app.docs_url, app.openapi_url) == (None, None)
     reply = asyncio.run(app.exception_handlers[Exception](None, KeyError("slot 3 <Ticket object at 0x7f00>")))
     assert reply.status_code == 500 and json.loads(reply.body) == {"error": {
         "message": "the model failed to generate; the demo's log says why", "code": "model_failure"}}
-    documented = create_app(None, None, descriptions, DecodeConfig(), api_docs=True)
+    documented = create_app(None, None, descriptions, SamplingParams(), api_docs=True)
     assert (documented.docs_url, documented.openapi_url) == ("/docs", "/openapi.json")

@@ -26,8 +26,10 @@ from fire_jax.data.chat import ChatTokenizer, Message, check_teacher_history, st
 from fire_jax.data.images import TileCache
 from fire_jax.data.records import Conversation, Turn, parse_score
 from fire_jax.infer.api import ApiAgent, is_api_spec
-from fire_jax.infer.decode import DecodeConfig, requests_for
-from fire_jax.infer.engine import Engine, prompt_bucket
+from fire_jax.infer.decode import requests_for
+from fire_jax.infer.engine import Engine
+from fire_jax.infer.engine_config import EngineConfig
+from fire_jax.infer.sampling import SamplingParams
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,20 +70,21 @@ class InProcess:
     draws the same texts (bit for bit with ``prefix_cache=False``; a reused prefix's keys and values may differ
     in the last bits).
 
-    The engine keeps each call's keys and values for the next (``config.prefix_cache``, on by default): a
+    The engine keeps each call's keys and values for the next (``engine.prefix_cache``, on by default): a
     dialogue's prompt at turn k begins with its prompt at turn k - 1 (the student's: then r_{k-1} and f_{k-1};
     the teacher's: the question, groundtruth and instruction again), so only what follows is prefilled.
     An engine rebuilt larger takes over the old one's cached prefixes.
     """
 
-    def __init__(self, model, chat: ChatTokenizer, config: DecodeConfig = DecodeConfig(), *, mesh=None,
-                 batch_size: int = 0, description: str = ""):
+    def __init__(self, model, chat: ChatTokenizer, sampling: SamplingParams = SamplingParams(), *,
+                 engine: EngineConfig = EngineConfig(), mesh=None, batch_size: int = 0, description: str = ""):
         if chat.image_token_id != model.cfg.image_token_id:
             raise ValueError(f"tokenizer image id {chat.image_token_id} != model image_token_id "
                              f"{model.cfg.image_token_id}")
         self.model, self.chat, self.mesh, self.batch_size = model, chat, mesh, batch_size
         self.description = description  # where the model came from (fire_jax.infer.loading.Loaded.description)
-        self.config = dataclasses.replace(config, stop_ids=chat.stop_ids, pad_id=chat.pad_id)
+        self.sampling = sampling
+        self.engine_config = engine.replace(stop_ids=chat.stop_ids, pad_id=chat.pad_id, logprobs=False)  # texts
         self._engine: Engine | None = None
 
     def generate(self, images, prompts: Sequence[Sequence[Message]], rng=None) -> list[str]:
@@ -103,7 +106,7 @@ class InProcess:
         """The texts generated for token-id prompts (images expanded), each row's tiles (a list of
         ``[tiles, 3, T, T]`` arrays, None for a row without images, or one padded ``[batch, tiles, 3, T, T]``
         array) and each row's image size(s)."""
-        requests = requests_for(prompts, pixel_values, image_sizes, self.config, rng)
+        requests = requests_for(prompts, pixel_values, image_sizes, self.sampling, rng)
         try:
             engine = self.engine(prompts, max(len(r.image_sizes) for r in requests))
             return [result.text for result in engine.generate(requests)]
@@ -115,23 +118,15 @@ class InProcess:
         """The backend's engine: ``max(batch_size, rows)`` slots, cache rows long enough for every prompt's
         bucket + max_new_tokens (a power of two), at least ``images`` images per request; built anew, larger,
         when a call needs more."""
-        c = self.config
-        need = max(prompt_bucket(len(p), c.bucket_min, c.bucket_step) for p in prompts) + c.max_new_tokens
-        slots = max(self.batch_size, len(prompts))
-        if (self._engine is None or self._engine.cache_len < need or self._engine.slots < slots
-                or self._engine.max_images < images):
-            cache_len = 256
-            while cache_len < need:
-                cache_len *= 2
-            old = self._engine
+        c = self.engine_config.sized_for([len(p) for p in prompts], self.sampling.max_tokens,
+                                         slots=self.batch_size, images=images, doubling=True)
+        old = self._engine
+        if old is None or old.cache_len < c.cache_len or old.slots < c.slots or old.max_images < images:
             if old is not None:
-                slots, cache_len, images = (max(slots, old.slots), max(cache_len, old.cache_len),
-                                            max(images, old.max_images))
-            self._engine = Engine(self.model, tokenizer=self.chat.tokenizer, slots=slots, cache_len=cache_len,
-                                  chunk=c.chunk, stop_ids=c.stop_ids, pad_id=c.pad_id, bucket_min=c.bucket_min,
-                                  bucket_step=c.bucket_step, min_width=slots, max_images=max(4, images),
-                                  logprobs=False,  # agents read texts
-                                  prefix_cache=c.prefix_cache, mesh=self.mesh)
+                c = c.replace(slots=max(c.slots, old.slots), cache_len=max(c.cache_len, old.cache_len),
+                              max_images=max(c.max_images, old.max_images))
+            self._engine = Engine(self.model, c.replace(min_width=c.slots), tokenizer=self.chat.tokenizer,
+                                  mesh=self.mesh)
             if old is not None:
                 self._engine.stats.update(old.stats)  # counts over the backend's calls
                 if c.prefix_cache:
@@ -216,7 +211,7 @@ def role_agent(role: str, backend, *, teacher_history: str = "latest") -> Studen
 # The one agent factory
 # ----------------------------------------------------------------------------
 
-#: Agent factories by spec prefix, for specs that are not an in-process checkpoint: ``factory(spec, role, decode,
+#: Agent factories by spec prefix, for specs that are not an in-process checkpoint: ``factory(spec, role, sampling,
 #: *, teacher_history, concurrency, seed)`` -> a student or teacher. ``api:`` (an endpoint) is registered here;
 #: ``exact:`` (:class:`fire_jax.eval.judge.ExactTeacher`, a teacher with no generator) by its module, which the
 #: FIRE-Bench runners import (so ``exact:`` is a FIRE-Bench teacher spec); a new backend registers its own prefix.
@@ -233,17 +228,17 @@ def backend_of(spec) -> str | None:
     return next((p for p in BACKENDS if isinstance(spec, str) and spec.startswith(p)), None)
 
 
-def _endpoint(spec, role, decode, *, teacher_history="latest", concurrency=32, seed=0):
-    return role_agent(role, generator(spec, decode, concurrency=concurrency, seed=seed),
+def _endpoint(spec, role, sampling, *, teacher_history="latest", concurrency=32, seed=0):
+    return role_agent(role, generator(spec, sampling, concurrency=concurrency, seed=seed),
                       teacher_history=teacher_history)
 
 
 register_backend("api:", _endpoint)
 
 
-def generator(spec: str | None, decode: DecodeConfig = DecodeConfig(), *, config=None, init: str | None = None,
-              batch_size: int = 0, mesh=None, concurrency: int = 32, seed: int = 0, models: dict | None = None,
-              **endpoint):
+def generator(spec: str | None, sampling: SamplingParams = SamplingParams(), *, engine: EngineConfig = EngineConfig(),
+              config=None, init: str | None = None, batch_size: int = 0, mesh=None, concurrency: int = 32,
+              seed: int = 0, models: dict | None = None, **endpoint):
     """The text generator behind an agent, before any role: the backend of a model spec.
 
     ``spec``:
@@ -259,7 +254,7 @@ def generator(spec: str | None, decode: DecodeConfig = DecodeConfig(), *, config
     """
     spec = None if spec in (None, "", "random") else spec
     if is_api_spec(spec):
-        return ApiAgent(spec, decode, concurrency=concurrency, seed=seed, **endpoint)
+        return ApiAgent(spec, sampling, concurrency=concurrency, seed=seed, **endpoint)
     if endpoint:
         raise TypeError(f"{sorted(endpoint)}: options of an endpoint, not of an in-process model ({spec!r})")
     import copy
@@ -272,11 +267,11 @@ def generator(spec: str | None, decode: DecodeConfig = DecodeConfig(), *, config
         if init:
             model_config.init = dict(hf_checkpoint=init)
         models[(spec, init)] = load(model_config, spec)
-    return models[(spec, init)].backend(decode, mesh=mesh, batch_size=batch_size)
+    return models[(spec, init)].backend(sampling, engine=engine, mesh=mesh, batch_size=batch_size)
 
 
-def from_spec(spec: str | None, role: str, decode: DecodeConfig = DecodeConfig(), *, config=None,
-              init: str | None = None, teacher_history: str = "latest", batch_size: int = 0, mesh=None,
+def from_spec(spec: str | None, role: str, sampling: SamplingParams = SamplingParams(), *,
+              engine: EngineConfig = EngineConfig(), config=None, init: str | None = None, teacher_history: str = "latest", batch_size: int = 0, mesh=None,
               concurrency: int = 32, seed: int = 0, models: dict | None = None):
     """The student or teacher (``role``) of a model spec: the one way every CLI and runner builds an agent.
 
@@ -291,19 +286,20 @@ def from_spec(spec: str | None, role: str, decode: DecodeConfig = DecodeConfig()
         check_teacher_history(teacher_history)
     prefix = backend_of(spec)
     if prefix is not None:
-        made = BACKENDS[prefix](spec, role, decode, teacher_history=teacher_history, concurrency=concurrency,
+        made = BACKENDS[prefix](spec, role, sampling, teacher_history=teacher_history, concurrency=concurrency,
                                 seed=seed)
         if not getattr(made, "description", ""):
             made.description = spec
         return made
-    backend = generator(spec, decode, config=config, init=init, batch_size=batch_size, mesh=mesh, models=models)
+    backend = generator(spec, sampling, engine=engine, config=config, init=init, batch_size=batch_size, mesh=mesh,
+                        models=models)
     return role_agent(role, backend, teacher_history=teacher_history)
 
 
-def from_specs(config, specs: dict, decode: DecodeConfig = DecodeConfig(), **options) -> tuple[dict, dict]:
+def from_specs(config, specs: dict, sampling: SamplingParams = SamplingParams(), **options) -> tuple[dict, dict]:
     """({role: agent}, {role: description}) of :func:`from_spec` for each role's spec in ``specs``; roles naming
     the same checkpoint share one loaded model."""
     models = options.pop("models", {})
-    agents = {role: from_spec(spec, role, decode, config=config, models=models, **options)
+    agents = {role: from_spec(spec, role, sampling, config=config, models=models, **options)
               for role, spec in specs.items()}
     return agents, {role: agent.description for role, agent in agents.items()}

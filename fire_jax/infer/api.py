@@ -36,7 +36,7 @@ from typing import Callable, Sequence
 
 from fire_jax.data.chat import SYSTEM, Message
 from fire_jax.data.images import load_image
-from fire_jax.infer.decode import DecodeConfig
+from fire_jax.infer.sampling import SamplingParams
 
 API_PREFIX = "api:"
 KEY_VARIABLES = ("FIRE_JAX_API_KEY", "OPENAI_API_KEY")
@@ -84,7 +84,7 @@ class ApiAgent:
     """Chat completions from one endpoint's model, rows in parallel, retried, failures counted: the endpoint
     backend of a student or teacher (:func:`fire_jax.infer.agents.from_spec`)."""
 
-    def __init__(self, spec: str, config: DecodeConfig = DecodeConfig(), *, concurrency: int = 32, retries: int = 4,
+    def __init__(self, spec: str, sampling: SamplingParams = SamplingParams(), *, concurrency: int = 32, retries: int = 4,
                  backoff: float = 0.5, timeout: float = 600.0, seed: int = 0):
         import openai
 
@@ -92,7 +92,7 @@ class ApiAgent:
         self.base_url, self.model_name = parse_spec(spec)
         key = next((os.environ[v] for v in KEY_VARIABLES if os.environ.get(v)), "EMPTY")
         self.client = openai.OpenAI(base_url=self.base_url, api_key=key, max_retries=0, timeout=timeout)
-        self.config, self.concurrency, self.retries, self.backoff = config, concurrency, retries, backoff
+        self.sampling, self.concurrency, self.retries, self.backoff = sampling, concurrency, retries, backoff
         self.seed = seed
         self.failures: collections.Counter = collections.Counter()  # reason -> count, retried ones included
         self._lock = threading.Lock()
@@ -100,9 +100,9 @@ class ApiAgent:
         self.description = f"endpoint {spec}"
 
     def _create(self, messages: list[dict], seed: int | None = None, **kwargs):
-        c = self.config
+        c = self.sampling
         return self.client.chat.completions.create(
-            model=self.model_name, messages=messages, max_tokens=c.max_new_tokens, temperature=c.temperature,
+            model=self.model_name, messages=messages, max_tokens=c.max_tokens, temperature=c.temperature,
             top_p=c.top_p, seed=self.seed if seed is None else seed,
             extra_body={"top_k": c.top_k} if c.top_k else None, **kwargs)
 

@@ -37,7 +37,8 @@ from fire_jax.convert.hf import load_peft_adapter, peft_lora_config
 from fire_jax.convert.llava import adapter_base, is_llava_lora
 from fire_jax.data.chat import ChatTokenizer
 from fire_jax.infer.agents import InProcess, Student, Teacher, role_agent
-from fire_jax.infer.decode import DecodeConfig
+from fire_jax.infer.engine_config import EngineConfig
+from fire_jax.infer.sampling import SamplingParams
 from fire_jax.results import read_json
 
 CHECKPOINT_KINDS = ("hf", "peft", "llava_lora", "workdir")
@@ -52,15 +53,16 @@ class Loaded:
     config: object  # the ConfigDict it was built from (a train workdir's own config.json)
     description: str
 
-    def backend(self, decode: DecodeConfig = DecodeConfig(), *, mesh=None, batch_size: int = 0) -> InProcess:
+    def backend(self, sampling: SamplingParams = SamplingParams(), *, engine: EngineConfig = EngineConfig(), mesh=None,
+                batch_size: int = 0) -> InProcess:
         """The model as an in-process generator (``batch_size`` as in :class:`fire_jax.infer.agents.InProcess`)."""
-        return InProcess(self.model, self.chat, decode, mesh=mesh, batch_size=batch_size,
+        return InProcess(self.model, self.chat, sampling, engine=engine, mesh=mesh, batch_size=batch_size,
                          description=self.description)
 
-    def agent(self, role: str, decode: DecodeConfig = DecodeConfig(), *, teacher_history: str = "latest",
-              mesh=None, batch_size: int = 0) -> Student | Teacher:
+    def agent(self, role: str, sampling: SamplingParams = SamplingParams(), *, engine: EngineConfig = EngineConfig(),
+              teacher_history: str = "latest", mesh=None, batch_size: int = 0) -> Student | Teacher:
         """The model as a :class:`Student` or :class:`Teacher` on its :meth:`backend`."""
-        backend = self.backend(decode, mesh=mesh, batch_size=batch_size)
+        backend = self.backend(sampling, engine=engine, mesh=mesh, batch_size=batch_size)
         return role_agent(role, backend, teacher_history=teacher_history)
 
 

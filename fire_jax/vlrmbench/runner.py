@@ -79,7 +79,8 @@ from fire_jax.data.images import load_image, pad_tiles, preprocess
 from fire_jax.infer import agents
 from fire_jax.infer.agents import InProcess
 from fire_jax.infer.api import ApiAgent, ApiError, image_url
-from fire_jax.infer.decode import DecodeConfig
+from fire_jax.infer.engine_config import EngineConfig
+from fire_jax.infer.sampling import SamplingParams
 from fire_jax.infer.loading import display_name
 from fire_jax.results import ResultStore, check_settings, write_json
 from fire_jax.vlrmbench.data import MISSING_IMAGES, Sample, TaskData, load_task
@@ -155,10 +156,10 @@ def model_name(config) -> str:
                         init=config.get("init", {}).get("hf_checkpoint") or "", fallback="fire_jax (random init)")
 
 
-def _decode_variant(decode: DecodeConfig, max_new_tokens: int | None, temperature: float | None) -> DecodeConfig:
-    """``decode`` with the settings a variant (the judge, the voting sampler) gives; None keeps one."""
-    changes = dict(max_new_tokens=max_new_tokens, temperature=temperature)
-    return dataclasses.replace(decode, **{k: v for k, v in changes.items() if v is not None})
+def _decode_variant(sampling: SamplingParams, max_new_tokens: int | None, temperature: float | None) -> SamplingParams:
+    """``sampling`` with the settings a variant (the judge, the voting sampler) gives; None keeps one."""
+    changes = dict(max_tokens=max_new_tokens, temperature=temperature)
+    return sampling.replace(**{k: v for k, v in changes.items() if v is not None})
 
 
 class Responder:
@@ -172,7 +173,7 @@ class Responder:
 
     def __init__(self, backend: InProcess, *, name: str, batch_size: int, max_tiles: int = 0):
         self.backend, self.name = backend, name
-        self.model, self.chat, self.decode = backend.model, backend.chat, backend.config
+        self.model, self.chat, self.decode = backend.model, backend.chat, backend.sampling
         self.batch_size, self.max_tiles = batch_size, max_tiles
 
     def variant(self, *, name: str | None = None, batch_size: int | None = None, max_new_tokens: int | None = None,
@@ -180,7 +181,7 @@ class Responder:
         """The same model with other decode settings (the judge, the voting sampler)."""
         batch_size = batch_size or self.batch_size
         backend = InProcess(self.model, self.chat, _decode_variant(self.decode, max_new_tokens, temperature),
-                            batch_size=batch_size, description=self.backend.description)
+                            engine=self.backend.engine_config, batch_size=batch_size, description=self.backend.description)
         return Responder(backend, name=name or self.name, batch_size=batch_size, max_tiles=self.max_tiles)
 
     @classmethod
@@ -189,8 +190,9 @@ class Responder:
         ``api:<base_url>#<model>`` endpoint (an :class:`ApiResponder`), an HF / PEFT adapter / train workdir
         checkpoint (:func:`fire_jax.infer.loading.load`), else ``config.init.hf_checkpoint``, else random
         weights."""
-        decode = DecodeConfig.from_config(generate_config, max_new_tokens=max_new_tokens)
-        backend = agents.generator(config.get("checkpoint") or None, decode, config=config,
+        sampling = SamplingParams.from_config(generate_config, max_tokens=max_new_tokens)
+        backend = agents.generator(config.get("checkpoint") or None, sampling,
+                                   engine=EngineConfig.from_config(generate_config), config=config,
                                    batch_size=generate_config.batch_size, seed=config.seed)
         print(f"{name}: {backend.description}")
         if isinstance(backend, ApiAgent):
