@@ -591,13 +591,12 @@ def parse_args(argv=None):
     parser.add_argument("--prefill_batch", type=int, default=8,
                         help="rows per prefill at most (waiting prompts of one length bucket)")
     parser.add_argument("--prefill_tokens", type=int, default=1024,
-                        help="padded tokens per prefill at most (one prompt whatever its length); on 2 CPU cores "
-                             "two rows of 320-448 tokens take 6-10%% less per token than one, four of 256 no less")
+                        help="padded tokens per prefill at most (one prompt whatever its length): a batched prefill "
+                             "pays per token only up to a size (docs/decoding.md, measurements)")
     parser.add_argument("--chunk", type=int, default=16, help="decode steps per dispatch at most")
     parser.add_argument("--warm_up", action="store_true",
                         help="compile every decode shape (widths x cache windows) before serving, so no request "
-                             "waits for one (30 shapes for 32 slots x 576 columns: 43 s at dim 256 x 4 layers on "
-                             "2 CPU cores)")
+                             "waits for one (30 shapes for 32 slots x 576 columns; startup prints how long it took)")
     parser.add_argument("--max_queue", type=int, default=256,
                         help="requests in flight per model (waiting, prefilling or decoding) before 503")
     add_arguments(parser)

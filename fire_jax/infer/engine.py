@@ -41,7 +41,6 @@ import threading
 import time
 from typing import Callable, Sequence
 
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh

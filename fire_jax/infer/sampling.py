@@ -101,8 +101,8 @@ class SamplingParams:
 
 def greedy_token(logits: jax.Array) -> jax.Array:
     """``jnp.argmax(logits, -1)`` (the first maximum) as two plain reductions, a max and a min over the
-    indices that reach it: XLA:CPU runs argmax's two-operand reduce as a scalar loop, 3-4x slower at
-    batch 32 x 32000."""
+    indices that reach it: XLA:CPU runs argmax's two-operand reduce as a scalar loop (docs/decoding.md,
+    measurements)."""
     vocab = logits.shape[-1]
     top = jnp.max(logits, axis=-1, keepdims=True)
     first = jnp.min(jnp.where(logits == top, jnp.arange(vocab, dtype=jnp.int32), vocab), axis=-1)
@@ -175,8 +175,8 @@ class RowSettings:
 
 def pick(logits: jax.Array, settings: RowSettings, counts: jax.Array, logprobs: bool = True):
     """Each row's next token (greedy where its temperature is 0, else drawn with the key of its ``counts``-th
-    token) and log p(token) under the raw logits (zeros without ``logprobs``: a log-softmax over the
-    vocabulary is 5-10% of a decode step on CPU). The sampling filters run only when a row samples."""
+    token) and log p(token) under the raw logits (zeros without ``logprobs``: an engine whose callers read no
+    log-probs skips the log-softmax over the vocabulary). The sampling filters run only when a row samples."""
     logits = logits.astype(jnp.float32)
     greedy = Greedy()(logits)
 

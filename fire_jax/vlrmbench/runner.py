@@ -278,7 +278,7 @@ class ApiResponder:
     def variant(self, *, name: str | None = None, batch_size: int | None = None, max_new_tokens: int | None = None,
                 temperature: float | None = None) -> "ApiResponder":
         b = self.backend
-        backend = ApiAgent(b.spec, _decode_variant(b.config, max_new_tokens, temperature), concurrency=b.concurrency,
+        backend = ApiAgent(b.spec, _decode_variant(b.sampling, max_new_tokens, temperature), concurrency=b.concurrency,
                            seed=b.seed)
         return ApiResponder(backend, name=name or self.name, batch_size=batch_size or self.batch_size)
 
