@@ -271,8 +271,9 @@ def generator(spec: str | None, sampling: SamplingParams = SamplingParams(), *, 
 
 
 def from_spec(spec: str | None, role: str, sampling: SamplingParams = SamplingParams(), *,
-              engine: EngineConfig = EngineConfig(), config=None, init: str | None = None, teacher_history: str = "latest", batch_size: int = 0, mesh=None,
-              concurrency: int = 32, seed: int = 0, models: dict | None = None):
+              engine: EngineConfig = EngineConfig(), config=None, init: str | None = None,
+              teacher_history: str = "latest", batch_size: int = 0, mesh=None, concurrency: int = 32, seed: int = 0,
+              models: dict | None = None):
     """The student or teacher (``role``) of a model spec: the one way every CLI and runner builds an agent.
 
     A spec with a registered prefix (:data:`BACKENDS`: ``api:``; ``exact:`` for the synthetic set's exact

@@ -84,8 +84,8 @@ class ApiAgent:
     """Chat completions from one endpoint's model, rows in parallel, retried, failures counted: the endpoint
     backend of a student or teacher (:func:`fire_jax.infer.agents.from_spec`)."""
 
-    def __init__(self, spec: str, sampling: SamplingParams = SamplingParams(), *, concurrency: int = 32, retries: int = 4,
-                 backoff: float = 0.5, timeout: float = 600.0, seed: int = 0):
+    def __init__(self, spec: str, sampling: SamplingParams = SamplingParams(), *, concurrency: int = 32,
+                 retries: int = 4, backoff: float = 0.5, timeout: float = 600.0, seed: int = 0):
         import openai
 
         self.spec = spec

@@ -274,7 +274,8 @@ class Engine:
         rows, length = old.slots, old.cache_len
         self.cache = self.cache.map_columns(
             lambda new, x, axis: new.at[columns(axis, slice(0, rows), slice(0, length))].set(x), old.cache)
-        self.slots_state.column[:rows], self.slots_state.padding[:rows] = old.slots_state.column, old.slots_state.padding
+        state, held = self.slots_state, old.slots_state
+        state.column[:rows], state.padding[:rows] = held.column, held.padding
         self.prefix.adopt(old.prefix)
 
     def busy(self) -> bool:

@@ -181,7 +181,8 @@ class Responder:
         """The same model with other decode settings (the judge, the voting sampler)."""
         batch_size = batch_size or self.batch_size
         backend = InProcess(self.model, self.chat, _decode_variant(self.decode, max_new_tokens, temperature),
-                            engine=self.backend.engine_config, batch_size=batch_size, description=self.backend.description)
+                            engine=self.backend.engine_config, batch_size=batch_size,
+                            description=self.backend.description)
         return Responder(backend, name=name or self.name, batch_size=batch_size, max_tiles=self.max_tiles)
 
     @classmethod
