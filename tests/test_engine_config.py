@@ -49,3 +49,21 @@ def test_one_sizing_rule_for_a_set_of_prompts():
     server = EngineConfig(bucket_step=None)  # fire_jax.serve.default_cache_len: 4 images and 3,427 text tokens
     assert server.sized_for([4 * 576 + 3427], 256).cache_len == 6144 + 256
     assert sized.bucket_step == 1024 and sized.chunk == batch.chunk  # the rest of the shape is kept
+
+
+def test_the_kv_cache_is_laid_out_by_logical_axes():
+    """An engine's cache rows (slots) go over the mesh's data axis and its KV heads over tensor where that divides
+    them, by the rules the models' parameters use (fire_jax.config.DEFAULT_RULES)."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, PartitionSpec as P
+
+    from fire_jax.config import DEFAULT_RULES
+    from fire_jax.infer.kernels import CACHE_AXES
+    from fire_jax.models.partitioning import logical_to_spec
+
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 1, 2), ("data", "fsdp", "tensor"))
+    spec = lambda name, shape: logical_to_spec(CACHE_AXES[name], shape, DEFAULT_RULES, mesh)
+    assert spec("k", (8, 4, 16, 256)) == P("data", "tensor", None, None)
+    assert spec("v", (8, 3, 256, 16)) == P("data", None, None, None)  # 3 KV heads: not split over 2
+    assert spec("mask", (8, 256)) == P("data", None) and spec("hidden", (8, 64)) == P("data", None)
