@@ -78,7 +78,7 @@ def main(argv=None):
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gguf", default="", help="a GGUF model (name or path): its LLM, its weights, both sides")
-    parser.add_argument("--chunk", type=int, default=0, help="decode steps per engine dispatch (DecodeConfig.chunk; "
+    parser.add_argument("--chunk", type=int, default=0, help="decode steps per engine dispatch (EngineConfig.chunk; "
                         "0: its default)")
     args = parser.parse_args(argv)
 
@@ -87,7 +87,9 @@ def main(argv=None):
     from flax import nnx
 
     from fire_jax.convert.hf import load_hf_checkpoint
-    from fire_jax.infer.decode import DecodeConfig, generate
+    from fire_jax.infer.decode import generate
+    from fire_jax.infer.engine_config import EngineConfig
+    from fire_jax.infer.sampling import SamplingParams
 
     if args.gguf:
         from transformers import AutoModelForCausalLM
@@ -119,8 +121,9 @@ def main(argv=None):
         ids = torch.as_tensor(prompts)
 
         def ours(new):
-            config = DecodeConfig(max_new_tokens=new, stop_ids=(), **({"chunk": args.chunk} if args.chunk else {}))
-            return lambda: generate(model, list(prompts), config=config).tokens
+            sampling = SamplingParams(max_tokens=new, stop_ids=())
+            engine = EngineConfig(**({"chunk": args.chunk} if args.chunk else {}))
+            return lambda: generate(model, list(prompts), sampling=sampling, engine=engine).tokens
 
         def theirs(new):
             def run():

@@ -56,7 +56,7 @@ def load_model(name: str, gguf: bool):
     return loaded
 
 
-def rising_teacher(loaded, decode, score_line: bool = False):
+def rising_teacher(loaded, sampling, engine, score_line: bool = False):
     """The model as the teacher, its reply to turn k scored k (so no dialogue stops before ``max_turns``);
     ``score_line`` writes that score into the reply ("Score: k.\nFeedback: <text>"), as FIRE records need."""
     from fire_jax.infer.agents import Feedback, Teacher
@@ -70,7 +70,7 @@ def rising_teacher(loaded, decode, score_line: bool = False):
             return [Feedback(f"Score: {k}.\nFeedback: {f.text.strip() or '-'}" if score_line else f.text, float(k))
                     for f, k in zip(out, scores)]
 
-    return RisingTeacher(InProcess(loaded.model, loaded.chat, decode), history="latest")
+    return RisingTeacher(InProcess(loaded.model, loaded.chat, sampling, engine=engine), history="latest")
 
 
 def run(loaded, items, args, prefix_cache: bool) -> dict:
@@ -79,12 +79,13 @@ def run(loaded, items, args, prefix_cache: bool) -> dict:
 
     from fire_jax.infer.agents import Student
     from fire_jax.infer.backends import InProcess
-    from fire_jax.infer.decode import DecodeConfig
+    from fire_jax.infer.engine_config import EngineConfig
+    from fire_jax.infer.sampling import SamplingParams
     from fire_jax.infer.dialogue import FIRE_1M_GENERATION, StopRule, make_fire_records, run_dialogues
 
-    decode = DecodeConfig(max_new_tokens=args.max_new_tokens, prefix_cache=prefix_cache)
-    student = Student(InProcess(loaded.model, loaded.chat, decode))
-    teacher = rising_teacher(loaded, decode, score_line=args.workload == "generation")
+    sampling, engine = SamplingParams(max_tokens=args.max_new_tokens), EngineConfig(prefix_cache=prefix_cache)
+    student = Student(InProcess(loaded.model, loaded.chat, sampling, engine=engine))
+    teacher = rising_teacher(loaded, sampling, engine, score_line=args.workload == "generation")
     finished = []
     steps = 0
     start = time.perf_counter()

@@ -164,7 +164,9 @@ def main(argv=None, print_fn=print) -> list[dict]:
     from flax import nnx
 
     from fire_jax.config import load_config
-    from fire_jax.infer.decode import DecodeConfig, generate
+    from fire_jax.infer.decode import generate
+    from fire_jax.infer.engine_config import EngineConfig
+    from fire_jax.infer.sampling import SamplingParams
     from fire_jax.models import LlavaNext, LlavaNextConfig, set_attention, set_layer_layout
     from fire_jax.config import loss_config, train_config
     from fire_jax.sharding import make_mesh
@@ -260,8 +262,8 @@ def main(argv=None, print_fn=print) -> list[dict]:
             prompts = list(rng.integers(0, cfg.llm.vocab_size - 2, (batch_size, prompt_len)))
 
             def run(n):
-                config_n = DecodeConfig(max_new_tokens=n, stop_ids=(), bucket_min=min(64, prompt_len))
-                return lambda: generate(model, prompts, config=config_n).tokens
+                return lambda: generate(model, prompts, sampling=SamplingParams(max_tokens=n, stop_ids=()),
+                                        engine=EngineConfig(bucket_min=min(64, prompt_len))).tokens
 
             total, prefill = with_fallback(f"the prefill at batch {batch_size}",
                                            lambda: (_best(run(new), args.repeats), _best(run(1), args.repeats)))
@@ -280,12 +282,12 @@ def main(argv=None, print_fn=print) -> list[dict]:
         turn_rng = np.random.default_rng(1)
         prompts = [turn_rng.integers(0, cfg.llm.vocab_size - 2, first_prompt).tolist() for _ in range(dialogues)]
         longest = first_prompt + turns * (new + feedback)
-        engine = Engine(model, slots=dialogues, cache_len=longest + 2 * new + 64, prefix_cache=prefix_cache,
-                        stop_ids=(), pad_id=0)
+        engine = Engine(model, EngineConfig(slots=dialogues, cache_len=longest + 2 * new + 64, bucket_step=None,
+                                            prefix_cache=prefix_cache))
         start = time.perf_counter()
         generated, answers = 0, []
         for _ in range(turns):
-            results = engine.generate([Request(p, max_tokens=new, stop_ids=()) for p in prompts])
+            results = engine.generate([Request(p, SamplingParams(max_tokens=new, stop_ids=())) for p in prompts])
             generated += sum(len(r.tokens) for r in results)
             answers.append([(r.tokens, r.logprobs) for r in results])
             prompts = [p + r.tokens + turn_rng.integers(0, cfg.llm.vocab_size - 2, feedback).tolist()

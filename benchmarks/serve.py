@@ -65,16 +65,19 @@ def best(run, repeats: int):
 
 def cache_len(requests, bucket_step: int | None = None, **_) -> int:
     """The shortest cache (a multiple of 64) that holds every request's prompt bucket + max_tokens."""
-    from fire_jax.infer.engine import prompt_bucket
+    from fire_jax.infer.buckets import Buckets
 
-    return -(-max(prompt_bucket(len(p), 64, bucket_step) + m for p, m in requests) // 64) * 64
+    return -(-max(Buckets(64, bucket_step).prompt(len(p)) + m for p, m in requests) // 64) * 64
 
 
 def engine_path(model, requests, clients: int, slots: int, repeats: int, **engine_kwargs):
     from fire_jax.infer.engine import Engine, Request
+    from fire_jax.infer.engine_config import EngineConfig
+    from fire_jax.infer.sampling import SamplingParams
 
-    engine = Engine(model, slots=slots, cache_len=cache_len(requests, **engine_kwargs), chunk=16,
-                    stop_ids=(), logprobs=False, **engine_kwargs)  # as fire_jax.serve builds it
+    engine = Engine(model, EngineConfig(**{"bucket_step": None, **engine_kwargs}, slots=slots, chunk=16,
+                                        cache_len=cache_len(requests, **engine_kwargs),
+                                        logprobs=False))  # as fire_jax.serve builds it
     engine.warm_up()  # which (width, window) shapes a run meets depends on the threads' timing
     engine.start()
 
@@ -88,7 +91,7 @@ def engine_path(model, requests, clients: int, slots: int, repeats: int, **engin
                         return
                     prompt, max_tokens = todo.pop(0)
                 start = time.perf_counter()
-                result = engine.submit(Request(prompt, max_tokens=max_tokens, stop_ids=())).wait()
+                result = engine.submit(Request(prompt, SamplingParams(max_tokens=max_tokens, stop_ids=()))).wait()
                 with lock:
                     latencies.append(time.perf_counter() - start)
                     tokens[0] += len(result.tokens)
@@ -108,14 +111,15 @@ def engine_path(model, requests, clients: int, slots: int, repeats: int, **engin
 
 
 def fixed_path(model, requests, clients: int, repeats: int):
-    from fire_jax.infer.decode import DecodeConfig, generate
+    from fire_jax.infer.decode import generate
+    from fire_jax.infer.sampling import SamplingParams
 
     def run():
         latencies, tokens, start = [], 0, time.perf_counter()
         for batch in batches(requests, clients):
             began = time.perf_counter()
             generate(model, [p for p, _ in batch], pad_rows=clients,
-                     config=DecodeConfig(max_new_tokens=max(m for _, m in batch), stop_ids=()))
+                     sampling=SamplingParams(max_tokens=max(m for _, m in batch), stop_ids=()))
             latencies += [time.perf_counter() - began] * len(batch)
             tokens += sum(m for _, m in batch)
         return tokens / (time.perf_counter() - start), latencies
@@ -149,19 +153,21 @@ def hf_path(hf, requests, clients: int, repeats: int):
 
 def runner_paths(model, batch: int, n: int, repeats: int, **engine_kwargs) -> dict:
     """tokens/s of n requests in calls of ``batch``: fixed batches, one engine call per batch, one engine call."""
-    from fire_jax.infer.decode import DecodeConfig, generate
+    from fire_jax.infer.decode import generate
     from fire_jax.infer.engine import Engine, Request
+    from fire_jax.infer.engine_config import EngineConfig
+    from fire_jax.infer.sampling import SamplingParams
 
     requests = workload(n, model.cfg.llm.vocab_size - 1, seed=1)
     tokens = sum(m for _, m in requests)
     engine_kwargs = {"bucket_step": 1024, **engine_kwargs}  # an agent's engine pads prompts as generate does
-    engine = Engine(model, slots=batch, cache_len=cache_len(requests, **engine_kwargs), chunk=16,
-                    stop_ids=(), min_width=batch, logprobs=False, **engine_kwargs)
-    as_requests = lambda group: [Request(p, max_tokens=m, stop_ids=()) for p, m in group]
+    engine = Engine(model, EngineConfig(**engine_kwargs, slots=batch, cache_len=cache_len(requests, **engine_kwargs),
+                                        chunk=16, min_width=batch, logprobs=False))
+    as_requests = lambda group: [Request(p, SamplingParams(max_tokens=m, stop_ids=())) for p, m in group]
     paths = {
         "fixed batches (generate)": lambda: [
             generate(model, [p for p, _ in group], pad_rows=batch,
-                     config=DecodeConfig(max_new_tokens=max(m for _, m in group), stop_ids=()))
+                     sampling=SamplingParams(max_tokens=max(m for _, m in group), stop_ids=()))
             for group in batches(requests, batch)],
         "engine, one call per batch": lambda: [engine.generate(as_requests(group))
                                                for group in batches(requests, batch)],
@@ -195,7 +201,7 @@ def main():
                         help="the engine's rows per prefill at most (default: the Engine's)")
     parser.add_argument("--prefill_tokens", type=int, help="the engine's padded tokens per prefill at most (default: "
                         "the Engine's)")
-    parser.add_argument("--bucket_step", type=int, help="the engine's prompt buckets (engine.prompt_bucket): powers of two "
+    parser.add_argument("--bucket_step", type=int, help="the engine's prompt buckets (buckets.Buckets): powers of two "
                         "up to this step (default: none, the server's finer buckets; --runner: 1024, as an agent's)")
     args = parser.parse_args()
     engine_kwargs = {k: getattr(args, k) for k in ("prefill_batch", "prefill_tokens", "bucket_step")

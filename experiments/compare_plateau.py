@@ -78,7 +78,9 @@ def score(texts: list[str], records: list[dict]) -> dict:
 def run_fire_jax(config, workdir: str, test: list[dict]) -> dict:
     from fire_jax.data.chat import instruction_messages
     from fire_jax.data.records import parse_record
-    from fire_jax.infer.decode import DecodeConfig, generate
+    from fire_jax.infer.decode import generate
+    from fire_jax.infer.engine_config import EngineConfig
+    from fire_jax.infer.sampling import SamplingParams
     from fire_jax.infer.loading import load, workdir_config
     from fire_jax.train.loop import train
 
@@ -91,8 +93,9 @@ def run_fire_jax(config, workdir: str, test: list[dict]) -> dict:
     for i, raw in enumerate(test):
         messages = instruction_messages(parse_record(raw, default_id=str(i)))[:1]  # the user turn only
         prompts.append(chat.encode(messages, None, add_generation_prompt=True).input_ids)
-    decode = DecodeConfig(max_new_tokens=24, stop_ids=(chat.eot_id, chat.eos_id), pad_id=chat.pad_id)
-    texts = generate(loaded.model, prompts, config=decode, tokenizer=chat.tokenizer).texts
+    sampling = SamplingParams(max_tokens=24, stop_ids=(chat.eot_id, chat.eos_id))
+    texts = generate(loaded.model, prompts, sampling=sampling, engine=EngineConfig(pad_id=chat.pad_id),
+                     tokenizer=chat.tokenizer).texts
     return {"loss": summary["metrics"]["loss"], "minutes": minutes, **score(texts, test), "samples": texts[:6]}
 
 

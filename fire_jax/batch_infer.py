@@ -44,7 +44,7 @@ from fire_jax.data.records import Turn
 from fire_jax.data.scores import parse_score
 from fire_jax.infer.agents import from_specs
 from fire_jax.infer.api import is_api_spec
-from fire_jax.infer.decode import DecodeConfig
+from fire_jax.infer.sampling import SamplingParams
 from fire_jax.infer.loading import check_checkpoint_arg
 from fire_jax.results import ResultStore
 
@@ -180,8 +180,8 @@ def main(argv=None, print_fn=print) -> dict:
         store.close()
     else:
         history = args.teacher_history or config.data.get("teacher_history", "full")
-        decode = DecodeConfig.from_config(args)
-        agents, descriptions = from_specs(config, {args.role: args.checkpoint}, decode, teacher_history=history,
+        sampling = SamplingParams.from_config(args)
+        agents, descriptions = from_specs(config, {args.role: args.checkpoint}, sampling, teacher_history=history,
                                            concurrency=args.concurrency, batch_size=args.batch_size)
         agent = agents[args.role]
         print_fn(f"{args.role}: {descriptions[args.role]}")

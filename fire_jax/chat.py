@@ -32,7 +32,7 @@ from fire_jax.data.records import Turn
 from fire_jax.data.scores import parse_score
 from fire_jax.infer.agents import from_specs
 from fire_jax.infer.api import is_api_spec
-from fire_jax.infer.decode import DecodeConfig
+from fire_jax.infer.sampling import SamplingParams
 from fire_jax.infer.loading import check_checkpoint_arg
 
 DEMO_QUESTION = "How many red squares are in the image?"
@@ -97,9 +97,9 @@ def main(argv=None, input_fn=input, print_fn=print) -> list[Turn]:
         print_fn("no question" if not question else "no groundtruth for the teacher")
         return []
 
-    decode = DecodeConfig.from_config(args)
+    sampling = SamplingParams.from_config(args)
     specs = {"student": args.student, **({"teacher": args.teacher} if use_teacher else {})}
-    agents, descriptions = from_specs(config, specs, decode, concurrency=1)  # the teacher sees the latest answer
+    agents, descriptions = from_specs(config, specs, sampling, concurrency=1)  # the teacher sees the latest answer
     student, teacher = agents["student"], agents.get("teacher")
     for role, description in descriptions.items():
         print_fn(f"{role}: {description}")

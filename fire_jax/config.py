@@ -328,9 +328,11 @@ def loss_config(**overrides) -> ml_collections.ConfigDict:
 
 
 #: Default sharding rules, (logical axis name, mesh axes): batch over data x fsdp, weights' model dimension
-#: over fsdp, heads / mlp / vocab over tensor (Megatron-style), the vision tower the same way.
+#: over fsdp, heads / mlp / vocab over tensor (Megatron-style), the vision tower the same way; an inference
+#: engine's decode slots (its KV cache's rows, fire_jax.infer.kernels.CACHE_AXES) over data.
 DEFAULT_RULES = (
     ("batch", ("data", "fsdp")),
+    ("slots", ("data",)),
     ("embed", ("fsdp",)),
     ("heads", ("tensor",)),
     ("kv_heads", ("tensor",)),

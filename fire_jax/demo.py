@@ -59,8 +59,7 @@ from fire_jax.data.records import Turn, parse_record, to_raw
 from fire_jax.data.scores import parse_score
 from fire_jax.infer.agents import from_specs
 from fire_jax.infer.api import ApiError
-from fire_jax.infer.backends import Refused, sampling_of
-from fire_jax.infer.decode import DecodeConfig
+from fire_jax.infer.backends import Refused
 from fire_jax.infer.sampling import SamplingParams
 from fire_jax.limits import (BadRequest, Limits, add_arguments, boolean, check_text, json_body, limits_of,
                              longest_token_chars, open_data_uri, run_server, text_chars_bound)
@@ -81,10 +80,10 @@ def examples(directory: str = EXAMPLES_DIR, limit: int = NUM_EXAMPLES) -> list[d
 
 
 def load_agents(config, student_spec: str | None, teacher_spec: str | None, init: str | None,
-                decode: DecodeConfig, *, seed: int = 0, context: int = 2048):
+                sampling: SamplingParams, *, seed: int = 0, context: int = 2048):
     """(student, teacher, {role: description}): :func:`fire_jax.infer.agents.from_spec`, one request at a time,
     an in-process model streaming with ``context`` columns; the teacher sees the latest answer."""
-    agents, descriptions = from_specs(config, {"student": student_spec, "teacher": teacher_spec}, decode,
+    agents, descriptions = from_specs(config, {"student": student_spec, "teacher": teacher_spec}, sampling,
                                       init=init, concurrency=1, seed=seed, context=context)
     return agents["student"], agents["teacher"], descriptions
 
@@ -369,10 +368,9 @@ def main(argv=None):
         teacher_spec = teacher_spec or found.get("teacher", "random")
         init = init or base
         print(f"default models: {why}", flush=True)
-    decode = DecodeConfig.from_config(args)
-    sampling = sampling_of(decode, args.seed)
+    sampling = SamplingParams.from_config(args, seed=args.seed)
     config = require_model_config(apply_overrides(load_config(args.config), overrides), args.config)
-    student, teacher, descriptions = load_agents(config, student_spec, teacher_spec, init, decode, seed=args.seed,
+    student, teacher, descriptions = load_agents(config, student_spec, teacher_spec, init, sampling, seed=args.seed,
                                                  context=args.cache_len)
     for role, description in descriptions.items():
         print(f"{role}: {description}", flush=True)

@@ -45,10 +45,11 @@ import warnings
 
 from PIL import Image
 
+from fire_jax.infer.sampling import SamplingParams
+
 #: data: URI MIME types -> the Pillow format each must decode as (nothing else is opened: no EPS / PostScript).
 IMAGE_FORMATS = {"image/png": "PNG", "image/jpeg": "JPEG", "image/jpg": "JPEG", "image/webp": "WEBP",
                  "image/gif": "GIF"}
-INT32_MAX = 2 ** 31 - 1
 #: Stop strings: at most this many, each at most this many characters (the engine rescans the text for each).
 MAX_STOP, MAX_STOP_CHARS = 4, 1000
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -252,9 +253,10 @@ SAMPLING_DEFAULTS = dict(max_tokens=256, temperature=1.0, top_p=1.0, top_k=0, se
                          n=1)
 
 
-def number(body: dict, name: str, kind: type, default, low, high):
-    """``body[name]`` as ``kind`` (int or float) within [low, high], ``default`` when absent or null; 400 for a
-    boolean, a string, NaN / Inf, a fractional int or a value out of range."""
+def number(body: dict, name: str, kind: type, default, low=None, high=None):
+    """``body[name]`` as ``kind`` (int or float), ``default`` when absent or null; 400 for a boolean, a string,
+    NaN / Inf, a fractional int, or a value out of [low, high] when they are given (the bounds of the
+    decode settings themselves are :class:`fire_jax.infer.sampling.SamplingParams`')."""
     value = body.get(name)
     if value is None:
         return default
@@ -264,7 +266,7 @@ def number(body: dict, name: str, kind: type, default, low, high):
         raise BadRequest(400, f"'{name}' must be finite, got {value}", "invalid_request_error")
     if kind is int and value != int(value):
         raise BadRequest(400, f"'{name}' must be an integer, got {value!r}", "invalid_request_error")
-    if not low <= value <= high:
+    if low is not None and not low <= value <= high:
         raise BadRequest(400, f"'{name}' must be in [{low}, {high}], got {_show(value)}", "invalid_request_error")
     return kind(value)
 
@@ -283,16 +285,18 @@ def _show(value) -> str:
     return text if len(text) <= 60 else text[:60] + "..."
 
 
-def sampling(body: dict) -> dict:
-    """The generation fields of a chat completion request, checked and typed (:data:`SAMPLING_DEFAULTS` for those
-    left out): max_tokens (``max_completion_tokens`` first), temperature in [0, 2], top_p in [0, 1], top_k >= 0
-    (0: off) within int32, an integer seed (taken mod 2**32; random when absent), stop (a string or up to 4),
-    stream (a boolean), n (1 only)."""
+def sampling(body: dict) -> tuple[SamplingParams, bool]:
+    """The generation settings of a chat completion request and whether it streams, from its JSON fields
+    (:data:`SAMPLING_DEFAULTS` for those left out): max_tokens (``max_completion_tokens`` first), temperature,
+    top_p, top_k (0: off), an integer seed (taken mod 2**32; random when absent), stop (a string or up to 4),
+    stream (a boolean), n (1 only). Each field's JSON type is checked here, its range by
+    :class:`fire_jax.infer.sampling.SamplingParams` (temperature in [0, 2], top_p in [0, 1], top_k and
+    max_tokens within int32): a bad field is a 400."""
     d = SAMPLING_DEFAULTS
     if number(body, "n", int, d["n"], 1, 1 << 30) != 1:
         raise BadRequest(400, "only n=1 is supported")
-    max_tokens = number(body, "max_tokens", int, d["max_tokens"], 1, INT32_MAX)
-    max_tokens = number(body, "max_completion_tokens", int, max_tokens, 1, INT32_MAX)
+    max_tokens = number(body, "max_tokens", int, d["max_tokens"])
+    max_tokens = number(body, "max_completion_tokens", int, max_tokens)
     seed = number(body, "seed", int, None, -2 ** 63, 2 ** 64 - 1)
     stop = body.get("stop")
     stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
@@ -300,11 +304,15 @@ def sampling(body: dict) -> dict:
             or not all(isinstance(s, str) and len(s) <= MAX_STOP_CHARS for s in stop)):
         raise BadRequest(400, f"'stop' must be a string or a list of up to {MAX_STOP} strings of at most "
                               f"{MAX_STOP_CHARS} characters")
-    return dict(max_tokens=max_tokens, temperature=number(body, "temperature", float, d["temperature"], 0.0, 2.0),
-                top_p=number(body, "top_p", float, d["top_p"], 0.0, 1.0),
-                top_k=number(body, "top_k", int, d["top_k"], 0, INT32_MAX),
-                seed=(seed if seed is not None else int.from_bytes(os.urandom(4), "little")) % 2 ** 32,
-                stop=[s for s in stop if s], stream=boolean(body, "stream", d["stream"]))
+    try:
+        params = SamplingParams(max_tokens=max_tokens, temperature=number(body, "temperature", float, d["temperature"]),
+                                top_p=number(body, "top_p", float, d["top_p"]),
+                                top_k=number(body, "top_k", int, d["top_k"]),
+                                seed=(seed if seed is not None else int.from_bytes(os.urandom(4), "little")) % 2 ** 32,
+                                stop=[s for s in stop if s])
+    except ValueError as e:
+        raise BadRequest(400, str(e), "invalid_request_error") from None
+    return params, boolean(body, "stream", d["stream"])
 
 
 # ------------------------------------------------------------------------------------------------

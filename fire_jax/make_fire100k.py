@@ -54,7 +54,7 @@ from fire_jax.data.filters import FILTER_REASONS, drop_reason
 from fire_jax.data.records import Turn, load_records
 from fire_jax.infer.agents import generator
 from fire_jax.infer.api import ApiBackend, ApiError
-from fire_jax.infer.decode import DecodeConfig
+from fire_jax.infer.sampling import SamplingParams
 from fire_jax.infer.dialogue import fire_record
 from fire_jax.infer.dialogue import Dialogue
 from fire_jax.results import ResultStore, write_json
@@ -261,7 +261,7 @@ def main(argv=None) -> dict:
     out = shard_path(args.out, args.process_index, args.process_count)
     if args.process_count > 1:
         print(f"process {args.process_index} of {args.process_count}: {len(items)} triplets -> {out}")
-    backend = generator(args.model, DecodeConfig.from_config(args, max_new_tokens=args.max_tokens),
+    backend = generator(args.model, SamplingParams.from_config(args, max_tokens=args.max_tokens),
                         concurrency=1, retries=args.retries, timeout=args.timeout, seed=args.seed)
     failed = make_records(items, backend, out, image_root=image_root, split=args.split, max_turns=args.max_turns,
                           concurrency=args.concurrency)

@@ -73,7 +73,8 @@ from fire_jax.cli import run_command, require_model_config
 from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, split_overrides
 from fire_jax.data.chat import Message
 from fire_jax.data.images import preprocess
-from fire_jax.infer.engine import Engine, Request, prompt_bucket
+from fire_jax.infer.engine import Engine, Request
+from fire_jax.infer.engine_config import EngineConfig
 from fire_jax.infer.loading import load
 from fire_jax.limits import (BadRequest, Limits, add_arguments, check_text, image_urls, json_body as limits_json_body,
                              limits_of, longest_token_chars, open_data_uri, run_server, sampling, text_chars_bound)
@@ -88,6 +89,10 @@ DEFAULT_MAX_TOKENS = 256
 PROMPT_TEXT_CHARS = 16384
 #: Images per request (the engine's limit; the release's vLLM server is started with --limit-mm-per-prompt image=4).
 MAX_IMAGES = 4
+#: A served model's engine shape (slots, prefill sizes, chunk and prefix cache from the flags; cache columns from
+#: --cache_len or :func:`default_cache_len`): the fine prompt buckets (``bucket_step`` None, docs/serving.md) and
+#: no log-probs (the API returns none).
+SERVER_ENGINE = EngineConfig(bucket_step=None, logprobs=False)
 #: Seconds uvicorn's own graceful timeout runs past --graceful_timeout: the time the requests ended at
 #: --graceful_timeout have to send their 503 or last event before uvicorn would cancel them mid-response.
 GRACEFUL_MARGIN_S = 10.0
@@ -110,7 +115,7 @@ def default_cache_len(geometry, text_tokens: int, max_images: int = MAX_IMAGES,
     (:func:`prompt_text_tokens` of its tokenizer), plus ``new_tokens`` to generate (the server's default
     max_tokens)."""
     image_tokens = max(geometry.num_tokens(pinpoint) for pinpoint in geometry.pinpoints)
-    return prompt_bucket(max_images * image_tokens + text_tokens) + new_tokens
+    return SERVER_ENGINE.sized_for([max_images * image_tokens + text_tokens], new_tokens).cache_len
 
 
 def kv_cache_bytes(model, slots: int, cache_len: int) -> int:
@@ -211,7 +216,7 @@ def build_request(served: Served, body: dict, limits: Limits) -> Request:
     """The engine request of a chat completion body: every field checked and typed (:func:`fire_jax.limits.sampling`),
     the text measured and the images counted before anything is decoded or tokenised, then the prompt
     checked against the context (400 ``context_length_exceeded``)."""
-    settings = sampling(body)
+    settings, _ = sampling(body)
     model_limits = dataclasses.replace(limits, max_images=min(limits.max_images, served.engine.max_images))
     system, messages, images = parse_messages(body.get("messages"), model_limits, served.max_text_chars)
     geometry = served.loaded.model.cfg.geometry
@@ -221,10 +226,7 @@ def build_request(served: Served, body: dict, limits: Limits) -> Request:
         tiles.append(t)
         sizes.append(size)
     prompt = encode_prompt(served.loaded.chat, system, messages, sizes)
-    request = Request(
-        prompt=prompt, max_tokens=settings["max_tokens"], temperature=settings["temperature"],
-        top_p=settings["top_p"], top_k=settings["top_k"], seed=settings["seed"], stop=settings["stop"],
-        pixel_values=np.concatenate(tiles) if tiles else None, image_sizes=sizes)
+    request = Request(prompt, settings, pixel_values=np.concatenate(tiles) if tiles else None, image_sizes=sizes)
     try:
         served.engine.check(request)
     except ValueError as e:
@@ -433,13 +435,13 @@ async def _replied(served: Served, body: dict, limits: Limits, grace: GracefulTi
     """A replier's answer after its delay, non-streamed or streamed (the role event, the delay, the text); fields
     and images are checked as for a real model. The graceful timeout ends the delay (a 503; a stream: an error
     event and [DONE])."""
-    settings = sampling(body)
+    _, stream = sampling(body)
     system, messages, _ = parse_messages(body.get("messages"), limits, limits.max_text_chars)
     text, delay = served.replier.reply("\n".join(([system] if system else []) + [m.text for m in messages]))
     rid, created, name = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), served.name
     updates: asyncio.Queue = asyncio.Queue()
     asyncio.get_running_loop().call_later(delay, updates.put_nowait, (text, "stop"))
-    if settings["stream"]:
+    if stream:
         return StreamingResponse(_events(rid, created, name, updates, None, grace), media_type="text/event-stream")
     if await _next_update(updates, grace) is None:
         grace.ended(rid, name, "503")
@@ -529,9 +531,10 @@ def default_models(root: str = ".") -> tuple[dict[str, str | None], str | None, 
                                          f"{' or '.join(os.path.join(root, r) for r in MAIN_JOB_RUNS)})")
 
 
-def load_models(config, specs: dict[str, str | None], init: str | None, engine_kwargs: dict,
+def load_models(config, specs: dict[str, str | None], init: str | None, shape: EngineConfig, cache_len: int = 0,
                 warm_up: bool = False, max_text_chars: int = 0, max_images: int = MAX_IMAGES) -> dict[str, Served]:
-    """The served models of ``specs``; a request's text is bounded by ``max_text_chars`` characters, 0: by the
+    """The served models of ``specs``, each on an engine of ``shape`` with ``cache_len`` columns a slot (0:
+    :func:`default_cache_len`); a request's text is bounded by ``max_text_chars`` characters, 0: by the
     model's context times its tokenizer's longest token (:func:`fire_jax.limits.text_chars_bound`)."""
     out = {}
     for name, checkpoint in specs.items():
@@ -546,11 +549,9 @@ def load_models(config, specs: dict[str, str | None], init: str | None, engine_k
             model_config.init = dict(hf_checkpoint=init)
         loaded = load(model_config, checkpoint)
         chat = loaded.chat
-        kwargs = dict(engine_kwargs, max_images=max_images)
-        kwargs["cache_len"] = kwargs.get("cache_len") or default_cache_len(loaded.model.cfg.geometry,
-                                                                            prompt_text_tokens(chat.tokenizer))
-        engine = Engine(loaded.model, tokenizer=chat.tokenizer, stop_ids=chat.stop_ids,
-                        pad_id=chat.pad_id, logprobs=False, **kwargs)  # the API returns none
+        columns = cache_len or default_cache_len(loaded.model.cfg.geometry, prompt_text_tokens(chat.tokenizer))
+        engine = Engine(loaded.model, shape.replace(cache_len=columns, max_images=max_images, stop_ids=chat.stop_ids,
+                                                    pad_id=chat.pad_id), tokenizer=chat.tokenizer)
         chars = max_text_chars or text_chars_bound(engine.cache_len, longest_token_chars(chat.tokenizer))
         out[name] = Served(name, loaded.description, loaded, engine, max_text_chars=chars)
         print(f"serving {name!r}: {loaded.description}; context {engine.cache_len} tokens x {engine.slots} slots "
@@ -590,13 +591,12 @@ def parse_args(argv=None):
     parser.add_argument("--prefill_batch", type=int, default=8,
                         help="rows per prefill at most (waiting prompts of one length bucket)")
     parser.add_argument("--prefill_tokens", type=int, default=1024,
-                        help="padded tokens per prefill at most (one prompt whatever its length); on 2 CPU cores "
-                             "two rows of 320-448 tokens take 6-10%% less per token than one, four of 256 no less")
+                        help="padded tokens per prefill at most (one prompt whatever its length): a batched prefill "
+                             "pays per token only up to a size (docs/decoding.md, measurements)")
     parser.add_argument("--chunk", type=int, default=16, help="decode steps per dispatch at most")
     parser.add_argument("--warm_up", action="store_true",
                         help="compile every decode shape (widths x cache windows) before serving, so no request "
-                             "waits for one (30 shapes for 32 slots x 576 columns: 43 s at dim 256 x 4 layers on "
-                             "2 CPU cores)")
+                             "waits for one (30 shapes for 32 slots x 576 columns; startup prints how long it took)")
     parser.add_argument("--max_queue", type=int, default=256,
                         help="requests in flight per model (waiting, prefilling or decoding) before 503")
     add_arguments(parser)
@@ -620,11 +620,12 @@ def main(argv=None):
         specs, init, why = default_models()
         init = args.init or init
         print(f"no --model: serving {why}", flush=True)
-    engine_kwargs = dict(slots=args.slots, cache_len=args.cache_len, prefill_batch=args.prefill_batch,
-                         prefill_tokens=args.prefill_tokens, chunk=args.chunk, prefix_cache=not args.no_prefix_cache)
+    shape = SERVER_ENGINE.replace(slots=args.slots, prefill_batch=args.prefill_batch,
+                                  prefill_tokens=args.prefill_tokens, chunk=args.chunk,
+                                  prefix_cache=not args.no_prefix_cache)
     if args.max_images > MAX_IMAGES:
         raise ValueError(f"--max_images {args.max_images}: at most {MAX_IMAGES} (the engine's limit)")
-    models = load_models(config, specs, init, engine_kwargs, args.warm_up, args.max_text_chars, args.max_images)
+    models = load_models(config, specs, init, shape, args.cache_len, args.warm_up, args.max_text_chars, args.max_images)
     app = create_app(models, max_queue=args.max_queue, limits=limits_of(args), graceful_timeout=args.graceful_timeout)
     run_server(app, args, "listening on http://{host}:{port}/v1", on_stop=app.state.grace.start,
                graceful_margin_s=GRACEFUL_MARGIN_S)

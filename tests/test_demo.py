@@ -52,11 +52,11 @@ def events(url: str, body: dict) -> list[dict]:
 
 def in_process_student():
     from fire_jax.config import load_config
-    from fire_jax.infer.decode import DecodeConfig
     from fire_jax.config import DEFAULT_CONFIG
     from fire_jax.infer.agents import from_spec
+    from fire_jax.infer.sampling import SamplingParams
 
-    return from_spec(None, "student", DecodeConfig(max_new_tokens=12), config=load_config(DEFAULT_CONFIG))
+    return from_spec(None, "student", SamplingParams(max_tokens=12), config=load_config(DEFAULT_CONFIG))
 
 
 def test_answers_stream_as_they_grow(demo):

@@ -9,8 +9,10 @@ from PIL import Image
 from fire_jax.config import DEFAULT_CONFIG, load_config
 from fire_jax.data.chat import Message
 from fire_jax.data.images import preprocess
-from fire_jax.infer.decode import DecodeConfig, generate
+from fire_jax.infer.decode import generate
 from fire_jax.infer.engine import Engine, Request
+from fire_jax.infer.engine_config import EngineConfig
+from fire_jax.infer.sampling import SamplingParams
 from fire_jax.infer.loading import load
 
 #: Cached keys and values come from another prefill (another bucket) or from decode steps, so they may differ
@@ -27,8 +29,9 @@ def loaded():
 
 
 def engine(loaded, on=True, **kwargs):
-    kwargs = dict(dict(slots=4, cache_len=512, chunk=8), **kwargs)
-    return Engine(loaded.model, tokenizer=loaded.chat.tokenizer, pad_id=loaded.chat.pad_id, prefix_cache=on, **kwargs)
+    config = EngineConfig(**dict(dict(slots=4, cache_len=512, chunk=8), **kwargs), bucket_step=None,
+                          pad_id=loaded.chat.pad_id, prefix_cache=on)
+    return Engine(loaded.model, config, tokenizer=loaded.chat.tokenizer)
 
 
 def counts(engine):
@@ -47,7 +50,7 @@ def test_dialogue_turns_reuse_their_previous_turn_and_generate_the_same_tokens(l
                             for h in held]
     expected, slots = 0, None
     for turn in range(3):
-        requests = [Request(p, max_tokens=12, stop_ids=()) for p in prompts]
+        requests = [Request(p, SamplingParams(max_tokens=12, stop_ids=())) for p in prompts]
         with_cache, without = on.generate(requests), off.generate(requests)
         assert [r.tokens for r in with_cache] == [r.tokens for r in without]
         for a, b in zip(with_cache, without):
@@ -60,8 +63,9 @@ def test_dialogue_turns_reuse_their_previous_turn_and_generate_the_same_tokens(l
         prompts = [p + r.tokens + rng.integers(1, 500, 10).tolist() for p, r in zip(prompts, with_cache)]
     prompt_tokens = counts(off)[0]
     assert counts(off) == (prompt_tokens, 0, prompt_tokens)
-    ref = generate(loaded.model, [prompts[0]], config=DecodeConfig(max_new_tokens=12, stop_ids=()))
-    assert on.generate([Request(prompts[0], max_tokens=12, stop_ids=())])[0].tokens == ref.tokens[0].tolist()
+    ref = generate(loaded.model, [prompts[0]], sampling=SamplingParams(max_tokens=12, stop_ids=()))
+    assert on.generate([Request(prompts[0], SamplingParams(max_tokens=12,
+                                                           stop_ids=()))])[0].tokens == ref.tokens[0].tolist()
     expected += len(held[0])
     prompt_tokens += len(prompts[0])
     assert counts(on) == (prompt_tokens, expected, prompt_tokens - expected)
@@ -72,7 +76,8 @@ def image_request(loaded, seed, question, max_tokens=8):
     image = Image.fromarray(np.random.default_rng(seed).integers(0, 255, (40, 70, 3), np.uint8))
     tiles, hw = preprocess(image, loaded.model.cfg.geometry)
     prompt = loaded.chat.encode([Message("user", question, images=1)], hw, add_generation_prompt=True).input_ids
-    return Request(prompt.tolist(), max_tokens=max_tokens, stop_ids=(), pixel_values=tiles, image_sizes=[hw])
+    return Request(prompt.tolist(), SamplingParams(max_tokens=max_tokens, stop_ids=()), pixel_values=tiles,
+                   image_sizes=[hw])
 
 
 def test_a_prefix_with_image_tokens_is_reused_only_for_the_same_image(loaded):
@@ -84,8 +89,9 @@ def test_a_prefix_with_image_tokens_is_reused_only_for_the_same_image(loaded):
     on, off = engine(loaded), engine(loaded, on=False)
     answer = on.generate([first])[0]
     assert answer.tokens == off.generate([first])[0].tokens
-    follow = lambda request: Request(request.prompt + answer.tokens + list(range(5, 25)), max_tokens=8, stop_ids=(),
-                                     pixel_values=request.pixel_values, image_sizes=request.image_sizes)
+    follow = lambda request: Request(request.prompt + answer.tokens + list(range(5, 25)),
+                                     SamplingParams(max_tokens=8, stop_ids=()), pixel_values=request.pixel_values,
+                                     image_sizes=request.image_sizes)
     other = image_request(loaded, 1, "What is this?")
     assert other.prompt == first.prompt and not np.array_equal(other.pixel_values, first.pixel_values)
     for request, reused in ((follow(other), 0), (follow(first), len(first.prompt) + len(answer.tokens) - 1)):
@@ -101,8 +107,9 @@ def test_a_shared_prefix_is_copied_into_other_slots(loaded):
     rng = np.random.default_rng(2)
     shared = rng.integers(1, 500, 100).tolist()
     on, off = engine(loaded), engine(loaded, on=False)
-    on.generate([Request(shared + [7, 8, 9], max_tokens=4, stop_ids=())])
-    requests = [Request(shared + rng.integers(10, 500, 20).tolist(), max_tokens=10, stop_ids=()) for _ in range(2)]
+    on.generate([Request(shared + [7, 8, 9], SamplingParams(max_tokens=4, stop_ids=()))])
+    requests = [Request(shared + rng.integers(10, 500, 20).tolist(), SamplingParams(max_tokens=10,
+                                                                                    stop_ids=())) for _ in range(2)]
     before = counts(on)
     assert [r.tokens for r in on.generate(requests)] == [r.tokens for r in off.generate(requests)]
     assert counts(on)[1] - before[1] == 2 * len(shared)
@@ -115,11 +122,12 @@ def test_free_rows_are_evicted_least_recently_used_first(loaded):
     rng = np.random.default_rng(3)
     prompts = {name: rng.integers(1, 500, 80).tolist() for name in "ABC"}
     on = engine(loaded, slots=2, cache_len=256)
-    tokens = {name: on.generate([Request(prompts[name], max_tokens=6, stop_ids=())])[0].tokens for name in "ABC"}
+    tokens = {name: on.generate([Request(prompts[name], SamplingParams(max_tokens=6,
+                                                                       stop_ids=()))])[0].tokens for name in "ABC"}
     assert counts(on)[1] == 0
     for name, reused in (("B", 80 + 5), ("A", 0)):
         before = counts(on)[1]
-        on.generate([Request(prompts[name] + tokens[name] + [3, 4], max_tokens=6, stop_ids=())])
+        on.generate([Request(prompts[name] + tokens[name] + [3, 4], SamplingParams(max_tokens=6, stop_ids=()))])
         assert counts(on)[1] - before == reused
 
 
@@ -128,16 +136,16 @@ def test_an_engine_adopts_a_smaller_engines_prefixes(loaded):
     follow-up prompt reuses its prefix there and equals an engine without the cache."""
     small, large = engine(loaded, slots=2, cache_len=256), engine(loaded, slots=4, cache_len=512)
     prompt = np.random.default_rng(4).integers(1, 500, 150).tolist()
-    answer = small.generate([Request(prompt, max_tokens=10, stop_ids=())])[0]
+    answer = small.generate([Request(prompt, SamplingParams(max_tokens=10, stop_ids=()))])[0]
     large.adopt(small)
-    follow = Request(prompt + answer.tokens + list(range(30, 230)), max_tokens=10, stop_ids=())
+    follow = Request(prompt + answer.tokens + list(range(30, 230)), SamplingParams(max_tokens=10, stop_ids=()))
     assert large.generate([follow])[0].tokens == engine(loaded, on=False).generate([follow])[0].tokens
     assert counts(large)[1] == len(prompt) + len(answer.tokens) - 1
 
 
 def test_free_dialogues_of_agents_reuse_every_turn_and_say_the_same(loaded, monkeypatch):
     """run_dialogues with the model as student and teacher (the teacher's reply to turn k scored k, so every
-    dialogue runs three turns), with and without the cache (DecodeConfig.prefix_cache): the same texts; the
+    dialogue runs three turns), with and without the cache (EngineConfig.prefix_cache): the same texts; the
     engines with the cache prefill less than half the prompt tokens, the others all of them. Each dialogue's
     image is decoded and tiled once for both agents, all turns and both runs."""
     from fire_jax.config import resolve_path
@@ -159,9 +167,9 @@ def test_free_dialogues_of_agents_reuse_every_turn_and_say_the_same(loaded, monk
     items = load_triplets(resolve_path("assets:synthetic_fire/test.json"), "assets:synthetic_fire/images")[:3]
     runs = {}
     for on in (False, True):
-        decode = DecodeConfig(max_new_tokens=12, prefix_cache=on)
-        student = Student(InProcess(loaded.model, loaded.chat, decode))
-        teacher = RisingTeacher(InProcess(loaded.model, loaded.chat, decode), history="latest")
+        sampling, shape = SamplingParams(max_tokens=12), EngineConfig(prefix_cache=on)
+        student = Student(InProcess(loaded.model, loaded.chat, sampling, engine=shape))
+        teacher = RisingTeacher(InProcess(loaded.model, loaded.chat, sampling, engine=shape), history="latest")
         finished = []
         run_dialogues(items, student, teacher, StopRule(max_turns=3), batch_size=3, on_finish=finished.append)
         assert sorted(len(d.turns) for d in finished) == [3, 3, 3]

@@ -19,8 +19,9 @@ from gguf import GGMLQuantizationType as Q, GGUFWriter, quants
 from fire_jax.convert.gguf import (TEXT_ONLY_VISION, GGUFError, LlavaNext, llava_from_gguf, load_gguf_llm,
                                    read_gguf)
 from fire_jax.convert.load import load_model
-from fire_jax.infer.decode import DecodeConfig, generate
+from fire_jax.infer.decode import generate
 from fire_jax.infer.engine import left_pad
+from fire_jax.infer.sampling import SamplingParams
 from fire_jax.infer.forward import forward_logits
 from fire_jax.models import count_params
 from hf_reference import load_tool
@@ -171,7 +172,7 @@ def test_logits_match_transformers_on_a_left_padded_batch(reference, model, prom
 
 def test_greedy_continuations_match_transformers(reference, model, prompts, smollm):
     _, ref = reference
-    out = generate(model, prompts, config=DecodeConfig(max_new_tokens=NEW_TOKENS, stop_ids=()),
+    out = generate(model, prompts, sampling=SamplingParams(max_tokens=NEW_TOKENS, stop_ids=()),
                    tokenizer=smollm.tokenizer())
     print(*out.texts, sep="\n---\n")
     np.testing.assert_array_equal(out.tokens, ref)
@@ -373,7 +374,7 @@ def test_hf_tools_read_a_gguf_model(tiny, tmp_path):
                                   forward_logits(model, ids, attention_mask=mask, positions=positions))
     load_tool("hf_generate").main(["--model", tiny, "--inputs", str(tmp_path / "in.npz"), "--max_new_tokens", "6",
                                     "--stop_ids", "", "--out", str(tmp_path / "gen.npz")])
-    expected = generate(model, prompts, config=DecodeConfig(max_new_tokens=6, stop_ids=())).tokens
+    expected = generate(model, prompts, sampling=SamplingParams(max_tokens=6, stop_ids=())).tokens
     np.testing.assert_array_equal(np.load(tmp_path / "gen.npz")["generated_ids"], expected)
 
 

@@ -18,6 +18,7 @@ import zlib
 import pytest
 from PIL import Image
 
+from fire_jax.infer.sampling import SamplingParams
 from fire_jax.limits import (SAMPLING_DEFAULTS, BadRequest, Limits, check_text, json_depth, open_data_uri,
                              parse_json, sampling)
 
@@ -56,13 +57,14 @@ def test_sampling_defaults_when_fields_are_omitted():
     """The settings a request gets for the fields it leaves out (null counts as left out)."""
     assert SAMPLING_DEFAULTS == dict(max_tokens=256, temperature=1.0, top_p=1.0, top_k=0, seed=None, stop=[],
                                      stream=False, n=1)
-    expected = dict(max_tokens=256, temperature=1.0, top_p=1.0, top_k=0, seed=7, stop=[], stream=False)
-    assert sampling({"seed": 7}) == expected
-    assert sampling({"seed": 7, "temperature": None, "top_k": None, "stream": None, "stop": None}) == expected
-    seeds = {sampling({})["seed"] for _ in range(4)}  # no seed: a random one per request
+    expected = SamplingParams(max_tokens=256, temperature=1.0, top_p=1.0, top_k=0, seed=7, stop=())
+    assert sampling({"seed": 7}) == (expected, False)
+    assert sampling({"seed": 7, "temperature": None, "top_k": None, "stream": None, "stop": None}) == (expected, False)
+    seeds = {sampling({})[0].seed for _ in range(4)}  # no seed: a random one per request
     assert len(seeds) > 1 and all(0 <= s < 2 ** 32 for s in seeds)
-    assert sampling({"seed": -1, "max_tokens": 8.0, "max_completion_tokens": 5, "top_k": 2 ** 31 - 1,
-                     "stop": "x"}) == dict(expected, seed=2 ** 32 - 1, max_tokens=5, top_k=2 ** 31 - 1, stop=["x"])
+    assert sampling({"seed": -1, "max_tokens": 8.0, "max_completion_tokens": 5, "top_k": 2 ** 31 - 1, "stop": "x",
+                     "stream": True}) == (expected.replace(seed=2 ** 32 - 1, max_tokens=5, top_k=2 ** 31 - 1,
+                                                           stop=("x",)), True)
 
 
 @pytest.mark.parametrize("field,value", [

@@ -1,6 +1,5 @@
 """Decoding against transformers' generate and against our own full forward."""
 
-import dataclasses
 import os
 
 import jax
@@ -19,8 +18,12 @@ from fire_jax.data.records import Turn
 from fire_jax.data.scores import parse_score
 from fire_jax.infer.agents import Student, Teacher
 from fire_jax.infer.backends import InProcess
-from fire_jax.infer.decode import DecodeConfig, generate
-from fire_jax.infer.engine import TRACE_COUNTS, left_pad, prompt_bucket
+from fire_jax.infer.buckets import Buckets
+from fire_jax.infer.decode import generate
+from fire_jax.infer.engine import left_pad
+from fire_jax.infer.engine_config import EngineConfig
+from fire_jax.infer.kernels import TRACE_COUNTS
+from fire_jax.infer.sampling import SamplingParams
 from fire_jax.infer.forward import image_inputs, normalise_sizes
 from hf_reference import hf_logits, jit_call, load_tool, make_batch, rel_err, tiny_hf_model
 
@@ -28,7 +31,7 @@ from hf_reference import hf_logits, jit_call, load_tool, make_batch, rel_err, ti
 SIZES = [(40, 70), (30, 90), None, (64, 64), None]
 TEXT = [(3, 5), (9, 2), (7, 0), (1, 1), (20, 0)]
 NEW = 12
-GREEDY = DecodeConfig(max_new_tokens=NEW, stop_ids=())
+GREEDY = SamplingParams(max_tokens=NEW, stop_ids=())
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +57,7 @@ def batch(pair):
 def free_run(pair, batch):
     """Greedy, no stop ids: every row runs NEW tokens."""
     prompts, pixel_values = batch
-    return generate(pair[1], prompts, pixel_values=pixel_values, image_sizes=SIZES, config=GREEDY)
+    return generate(pair[1], prompts, pixel_values=pixel_values, image_sizes=SIZES, sampling=GREEDY)
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +98,7 @@ def test_greedy_matches_hf_generate(pair, batch, stop):
     prompts, pixel_values = batch
     stop_id, _ = stop
     ours = generate(model, prompts, pixel_values=pixel_values, image_sizes=SIZES,
-                    config=DecodeConfig(max_new_tokens=NEW, stop_ids=(stop_id,)))
+                    sampling=SamplingParams(max_tokens=NEW, stop_ids=(stop_id,)))
     # HF cannot mix text-only and image examples in one batch: one batched call for each kind.
     with_image = [b for b, s in enumerate(SIZES) if s is not None]
     text_only = [b for b, s in enumerate(SIZES) if s is None]
@@ -112,7 +115,7 @@ def test_stop_pads_with_minus_one_and_does_not_extend(pair, batch, stop, free_ru
     prompts, pixel_values = batch
     stop_id, expected = stop
     out = generate(pair[1], prompts, pixel_values=pixel_values, image_sizes=SIZES,
-                   config=DecodeConfig(max_new_tokens=NEW, stop_ids=(stop_id,)))
+                   sampling=SamplingParams(max_tokens=NEW, stop_ids=(stop_id,)))
     np.testing.assert_array_equal(out.tokens, expected)
     cut = out.tokens == -1
     assert cut.any() and (out.logprobs[cut] == 0).all()
@@ -124,7 +127,7 @@ def test_inactive_padding_rows_change_nothing(pair, batch, stop):
     prompts, pixel_values = batch
     stop_id, expected = stop
     out = generate(pair[1], prompts, pixel_values=pixel_values, image_sizes=SIZES,
-                   config=DecodeConfig(max_new_tokens=NEW, stop_ids=(stop_id,)), pad_rows=len(prompts) + 3)
+                   sampling=SamplingParams(max_tokens=NEW, stop_ids=(stop_id,)), pad_rows=len(prompts) + 3)
     np.testing.assert_array_equal(out.tokens, expected)  # only the real rows come back, unchanged
 
 
@@ -157,12 +160,12 @@ def test_decode_chunks_and_windows_change_no_token(pair, batch, free_run, stop):
     prompts, pixel_values = batch
     for chunk in (1, NEW):
         out = generate(pair[1], prompts, pixel_values=pixel_values, image_sizes=SIZES,
-                       config=dataclasses.replace(GREEDY, chunk=chunk, bucket_min=16))
+                       sampling=GREEDY, engine=EngineConfig(chunk=chunk, bucket_min=16))
         np.testing.assert_array_equal(out.tokens, free_run.tokens)
         np.testing.assert_allclose(out.logprobs, free_run.logprobs, rtol=1e-5, atol=1e-6)
     stop_id, expected = stop
     stopped = generate(pair[1], prompts, pixel_values=pixel_values, image_sizes=SIZES,
-                       config=DecodeConfig(max_new_tokens=NEW, stop_ids=(stop_id,), chunk=1))
+                       sampling=SamplingParams(max_tokens=NEW, stop_ids=(stop_id,)), engine=EngineConfig(chunk=1))
     np.testing.assert_array_equal(stopped.tokens, expected)
 
 
@@ -183,18 +186,18 @@ def test_sampling_reproducible_and_greedy_limits(pair, batch, free_run):
     model = pair[1]
     prompts, pixel_values = batch
     kw = dict(pixel_values=pixel_values, image_sizes=SIZES)
-    sampling = DecodeConfig(max_new_tokens=NEW, stop_ids=(), temperature=1.5, top_k=100, top_p=0.95)
-    first = generate(model, prompts, config=sampling, rng=jax.random.key(1), **kw).tokens
-    again = generate(model, prompts, config=sampling, rng=jax.random.key(1), **kw).tokens
-    other = generate(model, prompts, config=sampling, rng=jax.random.key(2), **kw).tokens
+    sampling = SamplingParams(max_tokens=NEW, stop_ids=(), temperature=1.5, top_k=100, top_p=0.95)
+    first = generate(model, prompts, sampling=sampling, rng=jax.random.key(1), **kw).tokens
+    again = generate(model, prompts, sampling=sampling, rng=jax.random.key(1), **kw).tokens
+    other = generate(model, prompts, sampling=sampling, rng=jax.random.key(2), **kw).tokens
     np.testing.assert_array_equal(first, again)
     assert (first != other).mean() > 0.3
     assert (first != free_run.tokens).mean() > 0.3
-    top_p_zero = DecodeConfig(max_new_tokens=NEW, stop_ids=(), temperature=1.0, top_p=0.0)
-    np.testing.assert_array_equal(generate(model, prompts, config=top_p_zero, rng=jax.random.key(3), **kw).tokens,
+    top_p_zero = SamplingParams(max_tokens=NEW, stop_ids=(), temperature=1.0, top_p=0.0)
+    np.testing.assert_array_equal(generate(model, prompts, sampling=top_p_zero, rng=jax.random.key(3), **kw).tokens,
                                   free_run.tokens)
     with pytest.raises(ValueError, match="rng"):
-        generate(model, prompts, config=sampling, **kw)
+        generate(model, prompts, sampling=sampling, **kw)
 
 
 def test_sampler_filters_per_row():
@@ -230,17 +233,17 @@ def test_sampler_filters_per_row():
 
 def test_compilations_bounded_by_buckets(pair):
     model = pair[1]
-    config = DecodeConfig(max_new_tokens=3, stop_ids=())  # a config no other test compiles
-    step = lambda n: prompt_bucket(n, 64, 1024)
+    config = SamplingParams(max_tokens=3, stop_ids=())  # a config no other test compiles
+    step = Buckets(64, 1024).prompt
     assert [step(n) for n in (1, 64, 65, 1000, 1025, 3000)] == [64, 64, 128, 1024, 2048, 3072]
-    fine = lambda n: prompt_bucket(n, 64)
+    fine = Buckets(64).prompt
     assert [fine(n) for n in (1, 64, 65, 400, 512, 513, 1025, 3000)] == [64, 64, 128, 448, 512, 640, 1280, 3072]
     # a bucket past the room a cache row leaves falls back to the length rounded up to bucket_min
-    assert prompt_bucket(600, 64, 1024, room=1024) == 1024 and prompt_bucket(600, 64, 1024, room=700) == 640
+    assert step(600, room=1024) == 1024 and step(600, room=700) == 640
 
     def traces_for(lengths):
         before = dict(TRACE_COUNTS)
-        generate(model, [list(range(1, n + 1)) for n in lengths], config=config)
+        generate(model, [list(range(1, n + 1)) for n in lengths], sampling=config)
         return {k: TRACE_COUNTS[k] - before.get(k, 0) for k in ("engine_admit", "engine_decode")}
 
     assert traces_for([5, 9]) == {"engine_admit": 1, "engine_decode": 1}
@@ -253,7 +256,7 @@ def test_compilations_bounded_by_buckets(pair):
 def test_mesh_data_tensor_matches_single_device(pair, batch, free_run):
     prompts, pixel_values = batch
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "tensor"))
-    out = generate(pair[1], prompts, pixel_values=pixel_values, image_sizes=SIZES, config=GREEDY, mesh=mesh)
+    out = generate(pair[1], prompts, pixel_values=pixel_values, image_sizes=SIZES, sampling=GREEDY, mesh=mesh)
     np.testing.assert_array_equal(out.tokens, free_run.tokens)
     np.testing.assert_allclose(out.logprobs, free_run.logprobs, atol=1e-5)
 
@@ -378,7 +381,7 @@ def _hf_greedy_text(hf, model, chat, image, prompt, max_new_tokens):
 def test_agents_generate_as_hf_on_their_prompts(pair, chat, images):
     """Student.respond and Teacher.feedback = HF greedy generate on the same prompt ids and processed pixels."""
     hf, model, _ = pair
-    config = DecodeConfig(max_new_tokens=NEW)
+    config = SamplingParams(max_tokens=NEW)
     questions = ["How many shapes?", "What colour is the square?"]
     histories = [[], HISTORY[:1]]
     backend = InProcess(model, chat, config)
@@ -420,33 +423,10 @@ def test_loaded_models_decode_from_the_layer_list():
     plain, loaded = load(config), load(stacked)
     assert loaded.model.cfg.scan_layers is False
     prompts = [[1, 5, 9, 200, 17], [3, 4]]
-    decode = DecodeConfig(max_new_tokens=6, pad_id=plain.chat.pad_id)
-    want = generate(plain.model, prompts, config=decode).tokens
-    got = generate(loaded.model, prompts, config=decode).tokens
+    sampling, shape = SamplingParams(max_tokens=6), EngineConfig(pad_id=plain.chat.pad_id)
+    want = generate(plain.model, prompts, sampling=sampling, engine=shape).tokens
+    got = generate(loaded.model, prompts, sampling=sampling, engine=shape).tokens
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-
-
-def test_decode_config_from_any_config_section():
-    """DecodeConfig.from_config: the fields a section shares with DecodeConfig (others are the caller's), then
-    overrides; a ConfigDict, a dict and parsed flags all work."""
-    import argparse
-
-    import ml_collections
-
-    from fire_jax.infer.decode import DecodeConfig
-
-    section = ml_collections.ConfigDict(dict(max_new_tokens=16, temperature=0.5, top_k=3, top_p=0.9, batch_size=8,
-                                             bucket_min=32, bucket_step=256, max_tiles=5))
-    config = DecodeConfig.from_config(section)
-    assert config == DecodeConfig(max_new_tokens=16, temperature=0.5, top_k=3, top_p=0.9, bucket_min=32,
-                                  bucket_step=256)
-    assert DecodeConfig.from_config(section, max_new_tokens=4).max_new_tokens == 4
-    flags = argparse.Namespace(max_new_tokens=7, temperature=0.0, top_p=1.0, config="configs/tiny.py", seed=None)
-    assert DecodeConfig.from_config(flags) == DecodeConfig(max_new_tokens=7)
-    assert DecodeConfig.from_config({"max_new_tokens": 9}).max_new_tokens == 9
-    for bad in [(-1,), (2 ** 31,), tuple(range(9))]:  # what a decode chunk's stop-id rows cannot hold
-        with pytest.raises(ValueError, match="stop_ids"):
-            DecodeConfig(stop_ids=bad)
 
 
 def test_agent_writes_what_generate_writes_and_samples_by_its_key():
@@ -461,7 +441,7 @@ def test_agent_writes_what_generate_writes_and_samples_by_its_key():
     loaded = load(load_config(DEFAULT_CONFIG))
     embed = loaded.model.language_model.model.embed_tokens.embedding
     embed.set_value(embed.get_value() * 50)  # unit-scale embeddings: greedy outputs vary instead of repeating
-    student = Student(InProcess(loaded.model, loaded.chat, DecodeConfig(max_new_tokens=12), batch_size=4))
+    student = Student(InProcess(loaded.model, loaded.chat, SamplingParams(max_tokens=12), batch_size=4))
     backend = student.backend
     rng = np.random.default_rng(3)
     images = [Image.fromarray(rng.integers(0, 255, (h, w, 3), np.uint8)) for h, w in
@@ -476,7 +456,7 @@ def test_agent_writes_what_generate_writes_and_samples_by_its_key():
         prompts = _encoded(loaded.chat, student.prompts(questions, histories), sizes)
         pixel_values = pad_tiles([preprocess(i, loaded.model.cfg.geometry)[0] for i in images])
         out = generate(loaded.model, [p.input_ids for p in prompts], pixel_values=pixel_values, image_sizes=sizes,
-                       config=backend.config, tokenizer=loaded.chat.tokenizer)
+                       sampling=backend.sampling, engine=backend.engine_config, tokenizer=loaded.chat.tokenizer)
         return [t.strip() for t in out.texts]
 
     texts = student.respond(images, questions, histories)
@@ -488,18 +468,19 @@ def test_agent_writes_what_generate_writes_and_samples_by_its_key():
     # Chat prompts end alike, so this random model answers them alike; random token prompts vary.
     prompts = [rng.integers(1, 500, n).tolist() for n in (5, 70, 130, 20, 250, 9)]
     texts = backend.generate_ids(prompts, None, None)
-    ref = generate(loaded.model, prompts, config=backend.config, tokenizer=loaded.chat.tokenizer).texts
+    ref = generate(loaded.model, prompts, sampling=backend.sampling, engine=backend.engine_config,
+                   tokenizer=loaded.chat.tokenizer).texts
     assert texts == ref and len(set(texts)) > 4
     long = student.respond(images[:1], questions[:1], [(turn,) * 12])
     assert backend._engine.cache_len > engine.cache_len
     assert long == reference(images[:1], questions[:1], [(turn,) * 12])
-    sampler = InProcess(loaded.model, loaded.chat, DecodeConfig(max_new_tokens=12, temperature=1.0, prefix_cache=False),
-                        batch_size=4)
+    sampler = InProcess(loaded.model, loaded.chat, SamplingParams(max_tokens=12, temperature=1.0), engine=EngineConfig(prefix_cache=False),
+                             batch_size=4)
     drawn = sampler.generate_ids(prompts, None, None, rng=jax.random.key(5))
     assert drawn == sampler.generate_ids(prompts, None, None, rng=jax.random.key(5))
     assert drawn != sampler.generate_ids(prompts, None, None, rng=jax.random.key(6)) and drawn != texts
-    assert drawn == generate(loaded.model, prompts, config=sampler.config, tokenizer=loaded.chat.tokenizer,
-                             rng=jax.random.key(5)).texts
+    assert drawn == generate(loaded.model, prompts, sampling=sampler.sampling, engine=sampler.engine_config,
+                             tokenizer=loaded.chat.tokenizer, rng=jax.random.key(5)).texts
 
 
 def test_agent_keeps_one_engine_of_batch_size_slots_for_short_calls():
@@ -509,14 +490,14 @@ def test_agent_keeps_one_engine_of_batch_size_slots_for_short_calls():
     from fire_jax.infer.loading import load
 
     loaded = load(load_config(DEFAULT_CONFIG))
-    student = Student(InProcess(loaded.model, loaded.chat, DecodeConfig(max_new_tokens=3), batch_size=4))
+    student = Student(InProcess(loaded.model, loaded.chat, SamplingParams(max_tokens=3), batch_size=4))
     image = Image.new("RGB", (40, 30), "red")
     one = student.respond([image], ["What colour?"])
     engine = student.backend._engine
     three = student.respond([image] * 3, ["What colour?", "Which shape?", "How many?"])
     assert student.backend._engine is engine and engine.slots == 4 and len(one) == 1 and len(three) == 3
     assert three[0] == one[0]  # the same prompt, greedy: the rows beside it change nothing
-    unpadded = Student(InProcess(loaded.model, loaded.chat, DecodeConfig(max_new_tokens=3)))
+    unpadded = Student(InProcess(loaded.model, loaded.chat, SamplingParams(max_tokens=3)))
     assert unpadded.respond([image], ["What colour?"]) == one and unpadded.backend._engine.slots == 1
 
 
@@ -529,7 +510,7 @@ def test_in_process_streams_what_it_generates_refuses_over_its_context_and_stops
     from fire_jax.infer.backends import Refused
 
     models = {}
-    backend, other = (generator(None, DecodeConfig(max_new_tokens=8), config=load_config(DEFAULT_CONFIG), context=256,
+    backend, other = (generator(None, SamplingParams(max_tokens=8), config=load_config(DEFAULT_CONFIG), context=256,
                                 models=models) for _ in range(2))
     student = Student(backend)
     image = Image.new("RGB", (40, 30), "red")

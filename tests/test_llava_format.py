@@ -15,7 +15,8 @@ from fire_jax.config import InputError
 from fire_jax.convert import llava
 from fire_jax.convert.load import load_checkpoint
 from fire_jax.data.chat import ChatTokenizer, Message
-from fire_jax.infer.decode import DecodeConfig, generate
+from fire_jax.infer.decode import generate
+from fire_jax.infer.sampling import SamplingParams
 from fire_jax.models import count_params
 from hf_reference import IMAGE_TOKEN, hf_logits, jit_call, load_tool, make_batch, rel_err, tiny_hf_model
 from llava_reference import (VOCAB, original_config, original_state, tokenizer_without_image, write_clip_folder,
@@ -76,7 +77,7 @@ def test_greedy_tokens_equal_transformers(release, model):
     ids, _, pv, _, lengths = make_batch(model.cfg.geometry, SIZES, TEXT)
     prompts = [ids[b, :n].tolist() for b, n in enumerate(lengths)]
     ours = generate(model, prompts, pixel_values=pv, image_sizes=SIZES,
-                    config=DecodeConfig(max_new_tokens=NEW, stop_ids=())).tokens
+                    sampling=SamplingParams(max_tokens=NEW, stop_ids=())).tokens
     for b, size in enumerate(SIZES):
         kwargs = dict(input_ids=torch.as_tensor(prompts[b])[None])
         if size is not None:

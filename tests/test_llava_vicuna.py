@@ -141,13 +141,14 @@ def _hf_generate(arch, hf, prompts, pixel_values, sizes):
 
 
 def test_greedy_matches_hf_generate(pair, batch):
-    from fire_jax.infer.decode import DecodeConfig, generate
+    from fire_jax.infer.decode import generate
+    from fire_jax.infer.sampling import SamplingParams
 
     arch, hf, model, _ = pair
     ids, _, pv, _, lengths = batch
     prompts = [ids[b, :n].tolist() for b, n in enumerate(lengths)]
     ours = generate(model, prompts, pixel_values=pv, image_sizes=SIZES,
-                    config=DecodeConfig(max_new_tokens=NEW, stop_ids=())).tokens
+                    sampling=SamplingParams(max_tokens=NEW, stop_ids=())).tokens
     # HF cannot mix text-only and image rows in one batch: one batched call for each kind.
     with_image = [b for b, s in enumerate(SIZES) if s is not None]
     text_only = [b for b, s in enumerate(SIZES) if s is None]
@@ -303,7 +304,8 @@ def test_tools_read_either_architecture(arch, tmp_path):
     """tools/hf_logits.py and tools/hf_generate.py on a checkpoint folder of either architecture:
     pixel_values ``[batch, tiles, 3, H, W]`` (one tile for LLaVA-1.5, which may also pass HF's
     ``[batch, 3, H, W]`` and no image_sizes)."""
-    from fire_jax.infer.decode import DecodeConfig, generate
+    from fire_jax.infer.decode import generate
+    from fire_jax.infer.sampling import SamplingParams
     from fire_jax.infer.engine import left_pad
     from fire_jax.infer.forward import forward_logits
 
@@ -331,7 +333,7 @@ def test_tools_read_either_architecture(arch, tmp_path):
     load_tool("hf_generate").main(["--model", directory, "--inputs", str(tmp_path / "gen_in.npz"),
                                     "--max_new_tokens", "6", "--stop_ids", "", "--out", str(tmp_path / "gen.npz")])
     expected = generate(model, prompts, pixel_values=pv, image_sizes=sizes,
-                        config=DecodeConfig(max_new_tokens=6, stop_ids=())).tokens
+                        sampling=SamplingParams(max_tokens=6, stop_ids=())).tokens
     np.testing.assert_array_equal(np.load(tmp_path / "gen.npz")["generated_ids"], expected)
 
 

@@ -83,7 +83,8 @@ def test_image_features_and_packed_sequence_match_hf(pair, batch):
 def test_llama31_rope_scaling_matches_hf_under_jit(tmp_path):
     """A Llama-3.1 config (rope_type llama3) through the jitted forward, greedy decode and one train step,
     each against transformers; the config hashes (jit keys its cache on the graphdef)."""
-    from fire_jax.infer.decode import DecodeConfig, generate
+    from fire_jax.infer.decode import generate
+    from fire_jax.infer.sampling import SamplingParams
     from fire_jax.infer.forward import forward_logits
     from fire_jax.config import loss_config, train_config
     from fire_jax.sharding import make_mesh
@@ -100,7 +101,7 @@ def test_llama31_rope_scaling_matches_hf_under_jit(tmp_path):
     assert rel_err(forward_logits(model, ids[None])[0], reference) < TOL  # jitted forward
     # Greedy decode (prefill + KV cache under jit) against HF's generate.
     new = 6
-    ours = generate(model, [ids.tolist()], config=DecodeConfig(max_new_tokens=new, stop_ids=())).tokens[0]
+    ours = generate(model, [ids.tolist()], sampling=SamplingParams(max_tokens=new, stop_ids=())).tokens[0]
     with torch.no_grad():
         theirs = hf.generate(input_ids=torch.as_tensor(ids)[None], max_new_tokens=new, do_sample=False,
                              min_new_tokens=new, pad_token_id=0)[0, len(ids):].numpy()

@@ -53,3 +53,23 @@ def test_the_bounds_themselves_are_accepted():
     SamplingParams(max_tokens=INT32_MAX, temperature=2.0, top_p=0.0, top_k=INT32_MAX, seed=2 ** 32 - 1,
                    stop_ids=tuple(range(MAX_STOP_IDS)))
     SamplingParams(temperature=0, top_p=1)  # ints where floats are expected
+
+
+def test_from_config_reads_the_sampling_fields_of_any_section():
+    """A config section's ``max_new_tokens`` (the configs' and HF's name) becomes ``max_tokens``; temperature,
+    top_k and top_p are read; the engine's fields and the caller's (``batch_size``) are not; None keeps the
+    default; overrides come last and are checked like the rest."""
+    import argparse
+
+    import ml_collections
+
+    section = ml_collections.ConfigDict(dict(max_new_tokens=16, temperature=0.5, top_k=3, top_p=0.9, batch_size=8,
+                                             bucket_min=32, bucket_step=256, max_tiles=5))
+    assert SamplingParams.from_config(section) == SamplingParams(max_tokens=16, temperature=0.5, top_k=3, top_p=0.9)
+    assert SamplingParams.from_config(section, max_tokens=4, seed=9) == SamplingParams(
+        max_tokens=4, temperature=0.5, top_k=3, top_p=0.9, seed=9)
+    flags = argparse.Namespace(max_new_tokens=7, temperature=0.0, top_p=1.0, config="configs/tiny.py", seed=None)
+    assert SamplingParams.from_config(flags) == SamplingParams(max_tokens=7)
+    assert SamplingParams.from_config({"max_new_tokens": 9, "top_k": None}) == SamplingParams(max_tokens=9)
+    with pytest.raises(ValueError, match="temperature must be in"):
+        SamplingParams.from_config({"temperature": 2.5})

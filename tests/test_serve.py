@@ -21,7 +21,9 @@ from fire_jax.config import DEFAULT_CONFIG
 from fire_jax.convert.hf import load_hf_checkpoint
 from fire_jax.data.chat import ChatTokenizer, Message
 from fire_jax.data.images import preprocess
-from fire_jax.infer.decode import DecodeConfig, generate
+from fire_jax.infer.decode import generate
+from fire_jax.infer.engine_config import EngineConfig
+from fire_jax.infer.sampling import SamplingParams
 from fire_jax.serve import default_models
 from hf_reference import tiny_hf_model
 from loopback import server as loopback_server
@@ -114,7 +116,7 @@ def test_text_and_image_equal_in_process_generate(checkpoint, client):
     model = load_hf_checkpoint(checkpoint)
     config = load_config(DEFAULT_CONFIG)
     chat = ChatTokenizer.from_file(resolve_path(config.data.tokenizer), model.cfg.geometry)
-    config = DecodeConfig(max_new_tokens=8, stop_ids=chat.stop_ids, pad_id=chat.pad_id)
+    sampling, shape = SamplingParams(max_tokens=8), EngineConfig(stop_ids=chat.stop_ids, pad_id=chat.pad_id)
     image = picture(40, 70, 0)
     tiles, size = preprocess(image, model.cfg.geometry)
     typed = "What is <image> here?"  # a typed "<image>" is text: one image part, one image block
@@ -126,8 +128,9 @@ def test_text_and_image_equal_in_process_generate(checkpoint, client):
     for content, text, size in cases:
         encoded = chat.encode([Message("user", text or content, images=int(size is not None))], size,
                               add_generation_prompt=True)
-        ref = generate(model, [encoded.input_ids.tolist()], config=config, tokenizer=chat.tokenizer,
-                       pixel_values=None if size is None else tiles[None], image_sizes=None if size is None else [size])
+        ref = generate(model, [encoded.input_ids.tolist()], sampling=sampling, engine=shape,
+                       tokenizer=chat.tokenizer, pixel_values=None if size is None else tiles[None],
+                       image_sizes=None if size is None else [size])
         out = ask(client, content)
         assert out.usage.prompt_tokens == len(encoded)
         assert (encoded.input_ids == chat.image_token_id).sum() == (0 if size is None else

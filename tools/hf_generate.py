@@ -21,7 +21,8 @@ import numpy as np
 from fire_jax.cli import int_at_least
 from fire_jax.convert.gguf import read_gguf
 from fire_jax.convert.load import load_model
-from fire_jax.infer.decode import DecodeConfig, generate, unpad
+from fire_jax.infer.decode import generate, unpad
+from fire_jax.infer.sampling import SamplingParams
 from fire_jax.infer.forward import read_hf_inputs
 
 
@@ -68,10 +69,10 @@ def main(argv=None):
     inputs = read_hf_inputs(args.inputs)
     ids = inputs["input_ids"]
     stop_ids = default_stop_ids(args.model) if args.stop_ids is None else args.stop_ids
-    config = DecodeConfig(max_new_tokens=args.max_new_tokens, stop_ids=stop_ids)
+    sampling = SamplingParams(max_tokens=args.max_new_tokens, stop_ids=stop_ids)
     pixel_values, image_sizes = _hf_logits_tool().model_inputs(model, inputs)
     out = generate(model, unpad(ids, inputs.get("attention_mask")), pixel_values=pixel_values,
-                   image_sizes=image_sizes, config=config)
+                   image_sizes=image_sizes, sampling=sampling)
     np.savez(args.out, generated_ids=out.tokens, logprobs=out.logprobs)
     print(f"{args.out}: generated_ids {out.tokens.shape}, stop ids {stop_ids}, tokens per row {out.lengths.tolist()}")
 

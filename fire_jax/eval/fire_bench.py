@@ -29,7 +29,8 @@ from fire_jax.data.items import item_of, load_conversations
 from fire_jax.data.bad_records import BadRecords
 from fire_jax.eval import fixed, free, judge, plots, report
 from fire_jax.infer import dialogue
-from fire_jax.infer.decode import DecodeConfig
+from fire_jax.infer.engine_config import EngineConfig
+from fire_jax.infer.sampling import SamplingParams
 from fire_jax.results import check_settings, write_json
 
 SETTINGS = ("fixed", "free")
@@ -72,7 +73,8 @@ def agent_from_section(config, role: str, *, teacher_history: str = "latest", mo
 
     section = config[role]
     spec, init = agent_spec(section)
-    agent = from_spec(spec, role, DecodeConfig.from_config(config.decode), config=model_config(config), init=init,
+    agent = from_spec(spec, role, SamplingParams.from_config(config.decode),
+                      engine=EngineConfig.from_config(config.decode), config=model_config(config), init=init,
                       teacher_history=teacher_history, batch_size=config.decode.get("batch_size", 0),
                       seed=config.seed, models=models)
     print(f"{agent_name(section)}: {agent.description}")

@@ -2,8 +2,10 @@
 student / teacher agents."""
 
 from fire_jax.infer.agents import Feedback, Student, Teacher
-from fire_jax.infer.decode import DecodeConfig, Generation, generate
+from fire_jax.infer.decode import Generation, generate
+from fire_jax.infer.engine_config import EngineConfig
 from fire_jax.infer.forward import forward_logits
+from fire_jax.infer.sampling import SamplingParams
 
-__all__ = ["DecodeConfig", "Generation", "generate", "forward_logits", "Student", "Teacher",
+__all__ = ["EngineConfig", "Generation", "SamplingParams", "generate", "forward_logits", "Student", "Teacher",
            "Feedback"]

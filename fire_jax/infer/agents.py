@@ -27,8 +27,9 @@ from fire_jax.data.chat import Message, check_teacher_history, student_messages,
 from fire_jax.data.records import Conversation, Turn
 from fire_jax.data.scores import parse_score
 from fire_jax.infer.api import ApiBackend
-from fire_jax.infer.backends import Backend, InProcess, StreamingEngines, sampling_of
-from fire_jax.infer.decode import DecodeConfig
+from fire_jax.infer.backends import Backend, InProcess, StreamingEngines
+from fire_jax.infer.engine_config import EngineConfig
+from fire_jax.infer.sampling import SamplingParams
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,9 +169,9 @@ def backend_of(spec) -> str | None:
     return next((p for p in SPEC_PREFIXES if isinstance(spec, str) and spec.startswith(p)), None)
 
 
-def generator(spec: str | None, decode: DecodeConfig = DecodeConfig(), *, config=None, init: str | None = None,
-              batch_size: int = 0, mesh=None, concurrency: int = 32, seed: int = 0, models: dict | None = None,
-              context: int = 2048, **endpoint) -> Backend:
+def generator(spec: str | None, sampling: SamplingParams = SamplingParams(), *,
+              engine: EngineConfig = EngineConfig(), config=None, init: str | None = None, batch_size: int = 0,
+              mesh=None, concurrency: int = 32, seed: int = 0, models: dict | None = None, context: int = 2048, **endpoint) -> Backend:
     """The backend of a model spec, before any role: the one way a backend is built.
 
     ``spec``:
@@ -182,13 +183,15 @@ def generator(spec: str | None, decode: DecodeConfig = DecodeConfig(), *, config
         ``init.hf_checkpoint``, else random weights), :class:`InProcess` on an engine of ``batch_size`` slots,
         streaming on one of ``context`` columns.
 
-    ``decode``: the settings of a call that names none (sampled requests seeded from ``seed``). ``models``: a
+    ``sampling``: the settings of a call that names none (sampled requests seeded from ``seed``); ``engine``: the
+    shape of an in-process backend's engine (sized for each call). ``models``: a
     dict shared between calls, so backends of the same checkpoint share one loaded model and one streaming
     engine. The backend's ``description`` says where it came from.
     """
     spec = None if spec in (None, "", "random") else spec
+    sampling = sampling.replace(seed=seed)
     if backend_of(spec) == ApiBackend.prefix:
-        return ApiBackend(spec, sampling_of(decode, seed), concurrency=concurrency, **endpoint)
+        return ApiBackend(spec, sampling, concurrency=concurrency, **endpoint)
     if backend_of(spec) is not None:
         raise ValueError(f"{spec!r} is an agent with no backend behind it: build it with from_spec")
     if endpoint:
@@ -204,18 +207,18 @@ def generator(spec: str | None, decode: DecodeConfig = DecodeConfig(), *, config
             model_config.init = dict(hf_checkpoint=init)
         models[(spec, init)] = (load(model_config, spec), StreamingEngines())
     loaded, streaming = models[(spec, init)]
-    return InProcess(loaded.model, loaded.chat, decode, mesh=mesh, batch_size=batch_size,
-                     description=loaded.description, seed=seed, context=context, streaming=streaming)
+    return InProcess(loaded.model, loaded.chat, sampling, engine=engine, mesh=mesh, batch_size=batch_size,
+                     description=loaded.description, context=context, streaming=streaming)
 
 
-def from_spec(spec: str | None, role: str, decode: DecodeConfig = DecodeConfig(), *, config=None,
+def from_spec(spec: str | None, role: str, sampling: SamplingParams = SamplingParams(), *, config=None,
               init: str | None = None, teacher_history: str = "latest", **options):
     """The student or teacher (``role``) of a model spec: the one way every CLI and runner builds an agent.
 
     ``exact:`` is the synthetic set's :class:`ExactTeacher`; any other spec is a prompt builder
     (:class:`Student`, :class:`Teacher`) over the backend :func:`generator` builds of it, with ``options``
-    (``batch_size``, ``mesh``, ``concurrency``, ``seed``, ``models``, ``context``). The agent's ``description``
-    says where it came from.
+    (``engine``, ``batch_size``, ``mesh``, ``concurrency``, ``seed``, ``models``, ``context``). The agent's
+    ``description`` says where it came from.
     """
     if role not in ("student", "teacher"):
         raise ValueError(f"role must be 'student' or 'teacher', got {role!r}")
@@ -223,14 +226,14 @@ def from_spec(spec: str | None, role: str, decode: DecodeConfig = DecodeConfig()
         if role != "teacher":
             raise ValueError(f"{spec!r} is the exact teacher (the synthetic set's rule), not a {role}")
         return ExactTeacher(spec)
-    backend = generator(spec, decode, config=config, init=init, **options)
+    backend = generator(spec, sampling, config=config, init=init, **options)
     return role_agent(role, backend, teacher_history=teacher_history)
 
 
-def from_specs(config, specs: dict, decode: DecodeConfig = DecodeConfig(), **options) -> tuple[dict, dict]:
+def from_specs(config, specs: dict, sampling: SamplingParams = SamplingParams(), **options) -> tuple[dict, dict]:
     """({role: agent}, {role: description}) of :func:`from_spec` for each role's spec in ``specs``; roles naming
     the same checkpoint share one loaded model."""
     models = options.pop("models", {})
-    agents = {role: from_spec(spec, role, decode, config=config, models=models, **options)
+    agents = {role: from_spec(spec, role, sampling, config=config, models=models, **options)
               for role, spec in specs.items()}
     return agents, {role: agent.description for role, agent in agents.items()}

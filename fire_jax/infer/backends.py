@@ -16,7 +16,6 @@ never look inside one.
 
 from __future__ import annotations
 
-import dataclasses
 import queue
 import threading
 from typing import Callable, Protocol, Sequence
@@ -25,8 +24,9 @@ import numpy as np
 
 from fire_jax.data.chat import ChatTokenizer, Message
 from fire_jax.data.images import TileCache, preprocess
-from fire_jax.infer.decode import DecodeConfig, requests_for
-from fire_jax.infer.engine import Engine, Request, prompt_bucket
+from fire_jax.infer.decode import requests_for
+from fire_jax.infer.engine import Engine, Request
+from fire_jax.infer.engine_config import EngineConfig
 from fire_jax.infer.sampling import SamplingParams
 
 
@@ -68,12 +68,6 @@ class Refused(ValueError):
         self.stopping = stopping
 
 
-def sampling_of(decode: DecodeConfig, seed: int = 0) -> SamplingParams:
-    """The per-request settings of a decode config section (its engine fields stay with the engine)."""
-    return SamplingParams(max_tokens=decode.max_new_tokens, temperature=decode.temperature, top_p=decode.top_p,
-                          top_k=decode.top_k, seed=seed)
-
-
 def images_of(image) -> list:
     """A prompt's images as a list: ``image`` one image, or a tuple / list of them."""
     return list(image) if isinstance(image, (list, tuple)) else [image]
@@ -100,14 +94,15 @@ class StreamingEngines:
         with self._lock:
             key = (id(model), context)
             if key not in self._engines:
-                self._engines[key] = Engine(model, tokenizer=chat.tokenizer, slots=STREAM_SLOTS, cache_len=context,
-                                            prefill_batch=1, chunk=STREAM_CHUNK, stop_ids=chat.stop_ids,
-                                            pad_id=chat.pad_id, logprobs=False).start()
+                config = EngineConfig(slots=STREAM_SLOTS, cache_len=context, prefill_batch=1, chunk=STREAM_CHUNK,
+                                      bucket_step=None, stop_ids=chat.stop_ids, pad_id=chat.pad_id, logprobs=False)
+                self._engines[key] = Engine(model, config, tokenizer=chat.tokenizer).start()
             return self._engines[key]
 
 
 class InProcess:
-    """The in-process backend: a model, its chat tokenizer and decode settings, generating on the model's
+    """The in-process backend: a model, its chat tokenizer, the settings of a call that names none
+    (``sampling``) and the shape of its engine (``engine``), generating on the model's
     :class:`fire_jax.infer.engine.Engine`. Every in-process generation goes through :meth:`generate_ids` (the
     student's, the teacher's and VLRMBench's prompts alike); :meth:`stream` runs on a second, started engine of
     :data:`STREAM_SLOTS` slots and ``context`` columns (``streaming``'s, shared by the backends of one model),
@@ -120,22 +115,23 @@ class InProcess:
     draws the same texts (bit for bit with ``prefix_cache=False``; a reused prefix's keys and values may differ
     in the last bits).
 
-    The engine keeps each call's keys and values for the next (``config.prefix_cache``, on by default): a
+    The engine keeps each call's keys and values for the next (``engine.prefix_cache``, on by default): a
     dialogue's prompt at turn k begins with its prompt at turn k - 1 (the student's: then r_{k-1} and f_{k-1};
     the teacher's: the question, groundtruth and instruction again), so only what follows is prefilled.
     An engine rebuilt larger takes over the old one's cached prefixes.
     """
 
-    def __init__(self, model, chat: ChatTokenizer, config: DecodeConfig = DecodeConfig(), *, mesh=None,
-                 batch_size: int = 0, description: str = "", seed: int = 0, context: int = 2048,
-                 streaming: StreamingEngines | None = None):
+    def __init__(self, model, chat: ChatTokenizer, sampling: SamplingParams = SamplingParams(), *,
+                 engine: EngineConfig = EngineConfig(), mesh=None, batch_size: int = 0, description: str = "",
+                 context: int = 2048, streaming: StreamingEngines | None = None):
         if chat.image_token_id != model.cfg.image_token_id:
             raise ValueError(f"tokenizer image id {chat.image_token_id} != model image_token_id "
                              f"{model.cfg.image_token_id}")
         self.model, self.chat, self.mesh, self.batch_size = model, chat, mesh, batch_size
         self.description = description  # where the model came from (fire_jax.infer.loading.Loaded.description)
-        self.config = dataclasses.replace(config, stop_ids=chat.stop_ids, pad_id=chat.pad_id)
-        self.sampling = sampling_of(config, seed)
+        # agents read texts: no log-probs
+        self.engine_config = engine.replace(stop_ids=chat.stop_ids, pad_id=chat.pad_id, logprobs=False)
+        self.sampling = sampling
         self.context, self.tokenizer, self.geometry = context, chat.tokenizer, model.cfg.geometry
         self._engine: Engine | None = None
         self.streaming = StreamingEngines() if streaming is None else streaming
@@ -167,42 +163,30 @@ class InProcess:
         """The texts generated for token-id prompts (images expanded), each row's tiles (a list of
         ``[tiles, 3, T, T]`` arrays, None for a row without images, or one padded ``[batch, tiles, 3, T, T]``
         array) and each row's image size(s)."""
-        config = self._decode(sampling)
-        requests = requests_for(prompts, pixel_values, image_sizes, config, rng)
+        sampling = sampling or self.sampling
+        requests = requests_for(prompts, pixel_values, image_sizes, sampling, rng)
         try:
-            engine = self.engine(prompts, max(len(r.image_sizes) for r in requests), config.max_new_tokens)
+            engine = self.engine(prompts, max(len(r.image_sizes) for r in requests), sampling.max_tokens)
             return [result.text for result in engine.generate(requests)]
         except BaseException:  # an interrupted or failed call leaves requests in the engine: start afresh
             self._engine = None
             raise
 
-    def _decode(self, sampling: SamplingParams | None) -> DecodeConfig:
-        s = sampling or self.sampling
-        return dataclasses.replace(self.config, max_new_tokens=s.max_tokens, temperature=s.temperature,
-                                   top_p=s.top_p, top_k=s.top_k)
-
     def engine(self, prompts: Sequence[Sequence[int]], images: int = 0, max_tokens: int | None = None) -> Engine:
-        """The backend's engine: ``max(batch_size, rows)`` slots, cache rows long enough for every prompt's
-        bucket + ``max_tokens`` (default: the backend's; a power of two), at least ``images`` images per
-        request; built anew, larger, when a call needs more."""
-        c = self.config
-        max_tokens = c.max_new_tokens if max_tokens is None else max_tokens
-        need = max(prompt_bucket(len(p), c.bucket_min, c.bucket_step) for p in prompts) + max_tokens
-        slots = max(self.batch_size, len(prompts))
-        if (self._engine is None or self._engine.cache_len < need or self._engine.slots < slots
-                or self._engine.max_images < images):
-            cache_len = 256
-            while cache_len < need:
-                cache_len *= 2
-            old = self._engine
+        """The backend's engine, sized by :meth:`fire_jax.infer.engine_config.EngineConfig.sized_for`:
+        ``max(batch_size, rows)`` slots, cache rows long enough for every prompt's bucket + ``max_tokens``
+        (default: the backend's; a power of two), at least ``images`` images per request; built anew, larger,
+        when a call needs more."""
+        max_tokens = self.sampling.max_tokens if max_tokens is None else max_tokens
+        c = self.engine_config.sized_for([len(p) for p in prompts], max_tokens, slots=self.batch_size,
+                                         images=images, doubling=True)
+        old = self._engine
+        if old is None or old.cache_len < c.cache_len or old.slots < c.slots or old.max_images < c.max_images:
             if old is not None:
-                slots, cache_len, images = (max(slots, old.slots), max(cache_len, old.cache_len),
-                                            max(images, old.max_images))
-            self._engine = Engine(self.model, tokenizer=self.chat.tokenizer, slots=slots, cache_len=cache_len,
-                                  chunk=c.chunk, stop_ids=c.stop_ids, pad_id=c.pad_id, bucket_min=c.bucket_min,
-                                  bucket_step=c.bucket_step, min_width=slots, max_images=max(4, images),
-                                  logprobs=False,  # agents read texts
-                                  prefix_cache=c.prefix_cache, mesh=self.mesh)
+                c = c.replace(slots=max(c.slots, old.slots), cache_len=max(c.cache_len, old.cache_len),
+                              max_images=max(c.max_images, old.max_images))
+            self._engine = Engine(self.model, c.replace(min_width=c.slots), tokenizer=self.chat.tokenizer,
+                                  mesh=self.mesh)
             if old is not None:
                 self._engine.stats.update(old.stats)  # counts over the backend's calls
                 if c.prefix_cache:
@@ -220,8 +204,7 @@ class InProcess:
         s = sampling or self.sampling
         tiles, size = preprocess(image, self.geometry)
         prompt = self.chat.encode(messages, size, add_generation_prompt=True).input_ids.tolist()
-        request = Request(prompt, max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                          seed=s.seed, pixel_values=tiles, image_sizes=[size])
+        request = Request(prompt, s, pixel_values=tiles, image_sizes=[size])
         updates: queue.SimpleQueue = queue.SimpleQueue()
         engine = self.streaming_engine()
         try:

@@ -9,6 +9,9 @@ once per engine; the settings change from request to request on the same program
 from __future__ import annotations
 
 import dataclasses
+from typing import Sequence
+
+from fire_jax.infer.buckets import Buckets
 
 #: The shortest cache row :meth:`EngineConfig.sized_for` gives (columns); rows grow by doubling from it, so a
 #: growing workload rebuilds its engine a few times, not at every new length.
@@ -53,6 +56,27 @@ class EngineConfig:
 
     def replace(self, **changes) -> "EngineConfig":
         return dataclasses.replace(self, **changes)
+
+    @property
+    def buckets(self) -> Buckets:
+        """The prompt buckets and cache windows of an engine of this shape."""
+        return Buckets(self.bucket_min, self.bucket_step, self.cache_len)
+
+    def sized_for(self, prompt_lengths: Sequence[int], max_tokens: int, *, slots: int = 0, images: int = 0,
+                  doubling: bool = False) -> "EngineConfig":
+        """This shape with room for prompts of ``prompt_lengths`` tokens and ``max_tokens`` new tokens each: the
+        one sizing rule of an engine. Slots: one per prompt, at least ``slots``; cache rows: the longest
+        prompt's bucket + ``max_tokens`` (``doubling``: the power of two from :data:`MIN_CACHE_LEN` that
+        holds it, for a backend that rebuilds its engine as its calls grow); images per request: at least
+        ``images``."""
+        need = max(self.buckets.prompt(n) for n in prompt_lengths) + max_tokens
+        cache_len = need
+        if doubling:
+            cache_len = MIN_CACHE_LEN
+            while cache_len < need:
+                cache_len *= 2
+        return self.replace(slots=max(slots, len(prompt_lengths)), cache_len=cache_len,
+                            max_images=max(self.max_images, images))
 
     @classmethod
     def from_config(cls, section, **overrides) -> "EngineConfig":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -86,11 +87,22 @@ class SamplingParams:
         """These settings with ``changes`` (checked again)."""
         return dataclasses.replace(self, **changes)
 
+    @classmethod
+    def from_config(cls, section, **overrides) -> "SamplingParams":
+        """The sampling fields of a config section (``config.decode``, ``config.generate``, a CLI's parsed flags:
+        any mapping or namespace): ``max_new_tokens`` (the name Hugging Face's ``generate`` and the configs use)
+        as ``max_tokens``, ``temperature``, ``top_k``, ``top_p``; fields it leaves out or sets to None keep
+        their defaults; then ``overrides`` (SamplingParams' own names)."""
+        values = section if isinstance(section, dict) else (
+            section.to_dict() if hasattr(section, "to_dict") else vars(section))
+        names = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p"}
+        return cls(**{**{names[k]: v for k, v in values.items() if k in names and v is not None}, **overrides})
+
 
 def greedy_token(logits: jax.Array) -> jax.Array:
     """``jnp.argmax(logits, -1)`` (the first maximum) as two plain reductions, a max and a min over the
-    indices that reach it: XLA:CPU runs argmax's two-operand reduce as a scalar loop, 3-4x slower at
-    batch 32 x 32000."""
+    indices that reach it: XLA:CPU runs argmax's two-operand reduce as a scalar loop (docs/decoding.md,
+    measurements)."""
     vocab = logits.shape[-1]
     top = jnp.max(logits, axis=-1, keepdims=True)
     first = jnp.min(jnp.where(logits == top, jnp.arange(vocab, dtype=jnp.int32), vocab), axis=-1)
@@ -152,20 +164,19 @@ class RowSettings:
     seeds: jax.Array
 
     @classmethod
-    def of(cls, requests, rows: int) -> "RowSettings":
-        """Host arrays for requests (anything with temperature, top_k, top_p, seed), padded to ``rows``
-        greedy rows."""
-        pad = rows - len(requests)
-        return cls(temperature=np.asarray([r.temperature for r in requests] + [0.0] * pad, np.float32),
-                   top_k=np.asarray([r.top_k for r in requests] + [0] * pad, np.int32),
-                   top_p=np.asarray([r.top_p for r in requests] + [1.0] * pad, np.float32),
-                   seeds=np.asarray([r.seed for r in requests] + [0] * pad, np.uint32))
+    def of(cls, params: "Sequence[SamplingParams]", rows: int) -> "RowSettings":
+        """Host arrays of requests' settings, padded to ``rows`` greedy rows."""
+        pad = rows - len(params)
+        return cls(temperature=np.asarray([p.temperature for p in params] + [0.0] * pad, np.float32),
+                   top_k=np.asarray([p.top_k for p in params] + [0] * pad, np.int32),
+                   top_p=np.asarray([p.top_p for p in params] + [1.0] * pad, np.float32),
+                   seeds=np.asarray([p.seed for p in params] + [0] * pad, np.uint32))
 
 
 def pick(logits: jax.Array, settings: RowSettings, counts: jax.Array, logprobs: bool = True):
     """Each row's next token (greedy where its temperature is 0, else drawn with the key of its ``counts``-th
-    token) and log p(token) under the raw logits (zeros without ``logprobs``: a log-softmax over the
-    vocabulary is 5-10% of a decode step on CPU). The sampling filters run only when a row samples."""
+    token) and log p(token) under the raw logits (zeros without ``logprobs``: an engine whose callers read no
+    log-probs skips the log-softmax over the vocabulary). The sampling filters run only when a row samples."""
     logits = logits.astype(jnp.float32)
     greedy = Greedy()(logits)
 

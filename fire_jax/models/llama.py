@@ -37,9 +37,8 @@ class KVCache(NamedTuple):
     """Fixed-size cache, per layer: k ``[batch, kv_heads, head_dim, max_len]`` (keys transposed) and v
     ``[batch, kv_heads, max_len, head_dim]``, each head's columns contiguous, the layouts
     :func:`fire_jax.models.layers.attention` reads in place. With the keys transposed, a decode step's scores
-    are a reduction over head_dim across contiguous columns: 30 layers' single-query attention at 192 columns
-    took 8.7-9.4 ms instead of 10.9 at batch 32, and 2.8 instead of 3.9-4.0 at batch 8 (XLA:CPU, SmolLM2-135M's
-    heads), where reducing each column's 64 contiguous values was the slowest op of a decode step.
+    are a reduction over head_dim across contiguous columns, not a reduction of each column's head_dim
+    contiguous values, which was the slowest op of a decode step on XLA:CPU (docs/decoding.md, measurements).
 
     ``mask`` ``[batch, max_len]`` marks filled, non-padding slots; ``index`` is
     the next slot to write: a scalar shared by the batch (``generate``: prompts
@@ -111,9 +110,8 @@ def rope_tables(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, 
     On CPU they come out of a conditional whose other branch never runs (no position is below -2^30): left
     alone, XLA:CPU fuses the cosine and the sine into each of their 2 x layers consumers and evaluates them there
     for every head (an ``optimization_barrier`` does not stop it; the result of a conditional is always
-    materialised). Measured on a SmolLM2-135M prefill of 32 x 128 tokens (``jax.profiler``): the fusions that
-    apply RoPE and lay q and k out for attention took ~495 ms of XLA's op time, ~50 ms with the tables read
-    from memory. On GPUs a conditional waits for its predicate on the host, and recomputing is cheap there.
+    materialised), so the tables are read from memory instead (docs/decoding.md, measurements). On GPUs a
+    conditional waits for its predicate on the host, and recomputing is cheap there.
     """
 
     def tables(positions):
@@ -299,9 +297,8 @@ class LlamaModel(nnx.Module):
         ``last`` ``[batch]``: only position ``last[b]`` of row b is wanted (a prefill, whose next token comes
         from its prompt's last position): the hidden states come back ``[batch, 1, dim]`` and the top layer
         runs its queries, MLP and the final norm at those positions alone (its keys and values, which the
-        cache keeps, at every position). On CPU, a SmolLM2-135M prefill of 32 x 128 tokens went from 2.49 to
-        2.36-2.42 s (best of 12 in one process): over all 4,096 positions XLA ran that top layer's output
-        projection, MLP and final norm as one XNNPACK fusion of ~200 ms.
+        cache keeps, at every position): over every position XLA:CPU would run that top layer's output
+        projection, MLP and final norm for hidden states nobody reads (docs/decoding.md, measurements).
         """
         b, t, _ = embeds.shape
         attention_mask = attention_mask.astype(bool)

@@ -444,7 +444,8 @@ def correction(config, generator, workdir: Path) -> dict:
     from fire_jax.data.items import load_triplets
     from fire_jax.infer.dialogue import run_dialogues
     from fire_jax.infer.agents import from_spec
-    from fire_jax.infer.decode import DecodeConfig
+    from fire_jax.infer.engine_config import EngineConfig
+    from fire_jax.infer.sampling import SamplingParams
 
     settings = config.analyses.correction
     if not settings.data:
@@ -459,8 +460,9 @@ def correction(config, generator, workdir: Path) -> dict:
                     "reward_model": generator.name},
                    where=str(folder), outputs=folder.glob("*.jsonl"))
     student = from_spec(settings.student_checkpoint or student_config.get("checkpoint") or None, "student",
-                        DecodeConfig.from_config(config.generate, max_new_tokens=settings.max_new_tokens),
-                        config=student_config, batch_size=config.generate.batch_size)
+                        SamplingParams.from_config(config.generate, max_tokens=settings.max_new_tokens),
+                        engine=EngineConfig.from_config(config.generate), config=student_config,
+                        batch_size=config.generate.batch_size)
     items = load_triplets(settings.data, settings.image_root, max_examples=settings.max_examples)
     teacher = RewardModelTeacher(generator.variant(max_new_tokens=settings.max_new_tokens))
     with ResultStore(str(folder / "dialogues.jsonl")) as store:

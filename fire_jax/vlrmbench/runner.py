@@ -76,7 +76,8 @@ from fire_jax.data.chat import Message
 from fire_jax.data.images import load_image
 from fire_jax.infer import agents
 from fire_jax.infer.api import ApiError
-from fire_jax.infer.decode import DecodeConfig
+from fire_jax.infer.engine_config import EngineConfig
+from fire_jax.infer.sampling import SamplingParams
 from fire_jax.infer.loading import display_name
 from fire_jax.results import ResultStore, check_settings, write_json
 from fire_jax.vlrmbench.data import MISSING_IMAGES, Sample, TaskData, load_task
@@ -121,10 +122,11 @@ def model_name(config) -> str:
                         init=config.get("init", {}).get("hf_checkpoint") or "", fallback="fire_jax (random init)")
 
 
-def _decode_variant(decode: DecodeConfig, max_new_tokens: int | None, temperature: float | None) -> DecodeConfig:
-    """``decode`` with the settings a variant (the judge, the voting sampler) gives; None keeps one."""
-    changes = dict(max_new_tokens=max_new_tokens, temperature=temperature)
-    return dataclasses.replace(decode, **{k: v for k, v in changes.items() if v is not None})
+def _sampling_variant(sampling: SamplingParams, max_new_tokens: int | None,
+                      temperature: float | None) -> SamplingParams:
+    """``sampling`` with the settings a variant (the judge, the voting sampler) gives; None keeps one."""
+    changes = dict(max_tokens=max_new_tokens, temperature=temperature)
+    return sampling.replace(**{k: v for k, v in changes.items() if v is not None})
 
 
 def prompt_messages(request: Request) -> list[Message]:
@@ -154,11 +156,11 @@ class Responder:
     failed generation its requests (:func:`failure_of`).
     """
 
-    def __init__(self, backend, decode: DecodeConfig, *, name: str, batch_size: int, max_tiles: int = 0,
+    def __init__(self, backend, sampling: SamplingParams, *, name: str, batch_size: int, max_tiles: int = 0,
                  build: Callable | None = None):
-        self.backend, self.decode, self.name, self.batch_size, self.max_tiles = (backend, decode, name, batch_size,
-                                                                                max_tiles)
-        self._build = build  # (decode, batch_size) -> a backend of the same model (variants)
+        self.backend, self.sampling, self.name, self.batch_size, self.max_tiles = (backend, sampling, name,
+                                                                                  batch_size, max_tiles)
+        self._build = build  # (sampling, batch_size) -> a backend of the same model (variants)
 
     @classmethod
     def from_config(cls, config, generate_config, *, name: str, max_new_tokens: int) -> "Responder":
@@ -166,24 +168,25 @@ class Responder:
         ``api:<base_url>#<model>`` endpoint, an HF / PEFT adapter / train workdir checkpoint
         (:func:`fire_jax.infer.loading.load`), else ``config.init.hf_checkpoint``, else random weights."""
         spec, models = config.get("checkpoint") or None, {}
-        decode = DecodeConfig.from_config(generate_config, max_new_tokens=max_new_tokens)
+        sampling = SamplingParams.from_config(generate_config, max_tokens=max_new_tokens)
+        engine = EngineConfig.from_config(generate_config)
 
-        def build(decode: DecodeConfig, batch_size: int):
-            return agents.generator(spec, decode, config=config, batch_size=batch_size, seed=config.seed,
-                                    models=models)
+        def build(sampling: SamplingParams, batch_size: int):
+            return agents.generator(spec, sampling, engine=engine, config=config, batch_size=batch_size,
+                                    seed=config.seed, models=models)
 
-        backend = build(decode, generate_config.batch_size)
+        backend = build(sampling, generate_config.batch_size)
         print(f"{name}: {backend.description}")
-        return cls(backend, decode, name=name, batch_size=generate_config.batch_size,
+        return cls(backend, sampling, name=name, batch_size=generate_config.batch_size,
                    max_tiles=generate_config.max_tiles if backend.geometry else 0, build=build)
 
     def variant(self, *, name: str | None = None, batch_size: int | None = None, max_new_tokens: int | None = None,
                 temperature: float | None = None) -> "Responder":
         """The same model with other decode settings (the judge, the voting sampler), on a backend of its own."""
         batch_size = batch_size or self.batch_size
-        decode = _decode_variant(self.decode, max_new_tokens, temperature)
-        return Responder(self._build(decode, batch_size), decode, name=name or self.name, batch_size=batch_size, max_tiles=self.max_tiles,
-                         build=self._build)
+        sampling = _sampling_variant(self.sampling, max_new_tokens, temperature)
+        return Responder(self._build(sampling, batch_size), sampling, name=name or self.name, batch_size=batch_size,
+                         max_tiles=self.max_tiles, build=self._build)
 
     @property
     def geometry(self):
