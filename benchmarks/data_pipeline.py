@@ -29,7 +29,7 @@ from PIL import Image
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from fire_jax.config import load_config
+from fire_jax.core.config import load_config
 from fire_jax.data.images import load_image, tiles  # noqa: E402
 from fire_jax.data.pipeline import InputPipeline, Preprocessor, collate  # noqa: E402
 from fire_jax.data.records import load_records  # noqa: E402

@@ -160,7 +160,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from fire_jax.hugepages import reexec_with_huge_pages
+    from fire_jax.core.hugepages import reexec_with_huge_pages
 
     reexec_with_huge_pages()  # both sides of the comparison run in this process
     main()

@@ -43,7 +43,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
 def load_model(name: str, gguf: bool):
-    from fire_jax.config import DEFAULT_CONFIG, load_config
+    from fire_jax.core.config import DEFAULT_CONFIG, load_config
     from fire_jax.infer.loading import load
 
     config = load_config(DEFAULT_CONFIG if name == "tiny" else os.path.join(ROOT, "configs", "smollm2_llava.py"))
@@ -123,7 +123,7 @@ def main(argv=None) -> None:
     parser.add_argument("--max_new_tokens", type=int, default=64)
     args = parser.parse_args(argv)
 
-    from fire_jax.config import resolve_path
+    from fire_jax.core.config import resolve_path
     from fire_jax.data.items import load_triplets
 
     loaded = load_model(args.model, args.gguf)
@@ -150,7 +150,7 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    from fire_jax.hugepages import reexec_with_huge_pages
+    from fire_jax.core.hugepages import reexec_with_huge_pages
 
     reexec_with_huge_pages()  # both sides of the comparison run in this process
     main()

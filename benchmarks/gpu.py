@@ -163,13 +163,13 @@ def main(argv=None, print_fn=print) -> list[dict]:
     import numpy as np
     from flax import nnx
 
-    from fire_jax.config import load_config
+    from fire_jax.core.config import load_config
     from fire_jax.infer.decode import generate
     from fire_jax.infer.engine_config import EngineConfig
     from fire_jax.infer.sampling import SamplingParams
     from fire_jax.models import LlavaNext, LlavaNextConfig, set_attention, set_layer_layout
-    from fire_jax.config import loss_config, train_config
-    from fire_jax.sharding import make_mesh
+    from fire_jax.core.config import loss_config, train_config
+    from fire_jax.runtime.sharding import make_mesh
     from fire_jax.train.step import Trainer
 
     start_all = time.perf_counter()

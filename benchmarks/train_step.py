@@ -34,10 +34,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from fire_jax.config import loss_config, train_config
-from fire_jax.machine import matmul_rate  # noqa: E402
+from fire_jax.core.config import loss_config, train_config
+from fire_jax.core.machine import matmul_rate  # noqa: E402
 from fire_jax.models import LlavaNext, LlavaNextConfig  # noqa: E402
-from fire_jax.sharding import make_mesh  # noqa: E402
+from fire_jax.runtime.sharding import make_mesh  # noqa: E402
 from fire_jax.train.step import Trainer  # noqa: E402
 
 SMALL = dict(
@@ -290,7 +290,7 @@ def memory_8b(dtype: str | None, base: str = "llava_next_8b") -> None:
     copy of every frozen weight that a GPU would not; at float32 there is no cast, and any weight copy
     the step makes shows up as such."""
     from fire_jax.convert.hf import abstract_model
-    from fire_jax.config import load_config
+    from fire_jax.core.config import load_config
 
     config = load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "fire_student.py") + f":base={base}")
     if dtype:
@@ -343,7 +343,7 @@ def main():
 
 
 if __name__ == "__main__":
-    from fire_jax.hugepages import reexec_with_huge_pages
+    from fire_jax.core.hugepages import reexec_with_huge_pages
 
     reexec_with_huge_pages()  # both sides of the comparison run in this process
     main()

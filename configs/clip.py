@@ -14,7 +14,7 @@ openai/clip-vit-large-patch14-336 with a matching ``model``).
 
 import ml_collections
 
-from fire_jax.config import InputError, load_config, loss_config, mesh_config, train_config
+from fire_jax.core.config import InputError, load_config, loss_config, mesh_config, train_config
 
 TEXT = dict(vocab_size=512, max_positions=64, width=128, layers=2, heads=4, mlp_dim=512, eos_token_id=1)
 

@@ -13,7 +13,7 @@ import os
 
 import ml_collections
 
-from fire_jax.config import load_config, parse_arg
+from fire_jax.core.config import load_config, parse_arg
 
 CONFIGS = os.path.dirname(os.path.abspath(__file__))
 LLAVA_NEXT_8B = "/data/llama3-llava-next-8b-hf"  # the llava-hf checkpoint: config.json, safetensors, tokenizer.json

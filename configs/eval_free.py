@@ -13,7 +13,7 @@ import os
 
 import ml_collections
 
-from fire_jax.config import load_config
+from fire_jax.core.config import load_config
 
 CONFIGS = os.path.dirname(os.path.abspath(__file__))
 

@@ -32,7 +32,7 @@ arg: ``<recipe>[,key=value...]`` with recipe one of fire100k_student, fire_stude
 
 import os
 
-from fire_jax.config import InputError, load_config, loss_config, mesh_config, parse_arg, train_config
+from fire_jax.core.config import InputError, load_config, loss_config, mesh_config, parse_arg, train_config
 
 RECIPES = ("fire100k_student", "fire_student", "fire_teacher")
 # Release sizes: FIRE-100K, FIRE-1M (the paper), llava_v1_5_mix665k.json (LLaVA-1.5's instruction mix).

@@ -22,7 +22,7 @@ import os
 
 import ml_collections
 
-from fire_jax.config import InputError, load_config
+from fire_jax.core.config import InputError, load_config
 
 CONFIGS = os.path.dirname(os.path.abspath(__file__))
 

@@ -5,7 +5,7 @@
 
 import os
 
-from fire_jax.config import load_config
+from fire_jax.core.config import load_config
 
 
 def get_config(arg: str = ""):

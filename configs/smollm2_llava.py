@@ -18,7 +18,7 @@
 
 import ml_collections
 
-from fire_jax.config import loss_config, mesh_config, train_config
+from fire_jax.core.config import loss_config, mesh_config, train_config
 
 MODEL = "smollm2-135m-instruct"
 TOKENIZER = f"cache:{MODEL}/tokenizer/tokenizer.json"  # written by fire_jax.convert.fetch.prepare on first use

@@ -4,7 +4,7 @@
 
 import ml_collections
 
-from fire_jax.config import loss_config, mesh_config, train_config
+from fire_jax.core.config import loss_config, mesh_config, train_config
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:

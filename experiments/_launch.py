@@ -5,7 +5,7 @@ by default LLaVA-665K is mixed in whole, as the paper did)."""
 import argparse
 import os
 
-from fire_jax.config import load_config
+from fire_jax.core.config import load_config
 
 PIPELINE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "main_job.py")
 

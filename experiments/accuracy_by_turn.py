@@ -6,7 +6,7 @@
 
 import argparse
 
-from fire_jax.main_job import accuracy_curves
+from fire_jax.pipeline.main_job import accuracy_curves
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -55,7 +55,7 @@ def compare_records(train: list[dict], num: int, seed: int, max_filler: int = 4)
 
 
 def train_config(data_path: str, steps: int, batch: int, lr: float):
-    from fire_jax.config import load_config
+    from fire_jax.core.config import load_config
 
     config = load_config(CONFIG + ":tiny").base_train  # the tiny main job's base model: PIPELINE_LLM, every weight trains
     config.data.sources = dict(compare=dict(json=data_path, weight=1.0))
@@ -105,7 +105,7 @@ def run_hf(config, train_records: list[dict], test: list[dict], seed: int) -> di
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from fire_jax.data.chat import ChatTokenizer, instruction_messages
-    from fire_jax.config import resolve_path
+    from fire_jax.core.config import resolve_path
     from fire_jax.data.records import parse_record
     from fire_jax.models import LlavaNextConfig
 
@@ -175,7 +175,7 @@ def main():
                         help="comma-separated: fire_jax (this repo's trainer), transformers (the reference)")
     parser.add_argument("--out", default="runs/compare_plateau")
     args = parser.parse_args()
-    from fire_jax.config import resolve_path
+    from fire_jax.core.config import resolve_path
 
     with open(resolve_path("assets:synthetic_fire/train.json"), encoding="utf-8") as f:
         shipped = json.load(f)

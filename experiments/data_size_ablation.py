@@ -8,7 +8,7 @@ Writes WORKDIR/fig6.json (AT, ADR, ATR, RR per size) and fig6.png (the four pane
 
 from _launch import parse
 
-from fire_jax.main_job import data_size_ablation
+from fire_jax.pipeline.main_job import data_size_ablation
 
 SIZES = {"tiny": [240, 720], "8b": [200_000, 400_000, 600_000, 800_000, 1_000_000]}
 

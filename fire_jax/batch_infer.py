@@ -35,8 +35,8 @@ from typing import Sequence
 
 import jax
 
-from fire_jax.cli import existing_dir, run_command, require_model_config
-from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, resolve_path, split_overrides
+from fire_jax.core.cli import existing_dir, run_command, require_model_config
+from fire_jax.core.config import DEFAULT_CONFIG, apply_overrides, load_config, resolve_path, split_overrides
 from fire_jax.data.images import load_image
 from fire_jax.data.bad_records import BadRecordError, BadRecords
 from fire_jax.data.image_files import image_path
@@ -46,7 +46,7 @@ from fire_jax.infer.agents import from_specs
 from fire_jax.infer.api import is_api_spec
 from fire_jax.infer.sampling import SamplingParams
 from fire_jax.infer.loading import check_checkpoint_arg
-from fire_jax.results import ResultStore
+from fire_jax.core.results import ResultStore
 
 ROLES = ("student", "teacher")
 

@@ -26,8 +26,8 @@ import argparse
 import jax
 from PIL import Image, ImageDraw
 
-from fire_jax.cli import run_command, require_model_config
-from fire_jax.config import DEFAULT_CONFIG, apply_overrides, load_config, split_overrides
+from fire_jax.core.cli import run_command, require_model_config
+from fire_jax.core.config import DEFAULT_CONFIG, apply_overrides, load_config, split_overrides
 from fire_jax.data.records import Turn
 from fire_jax.data.scores import parse_score
 from fire_jax.infer.agents import from_specs

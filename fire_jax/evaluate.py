@@ -23,8 +23,8 @@ import os
 
 from absl import flags
 
-from fire_jax.cli import define_config_flag, run_absl
-from fire_jax.config import CONFIGS_DIR
+from fire_jax.core.cli import define_config_flag, run_absl
+from fire_jax.core.config import CONFIGS_DIR
 
 _CONFIG = define_config_flag(__name__, "fire_jax.evaluate", os.path.join(CONFIGS_DIR, "eval_fixed.py"),
                              "config file (get_config(arg)); path:arg", kind="setting")

@@ -17,8 +17,8 @@ import os
 
 from absl import flags
 
-from fire_jax.cli import define_config_flag, run_absl
-from fire_jax.config import CONFIGS_DIR
+from fire_jax.core.cli import define_config_flag, run_absl
+from fire_jax.core.config import CONFIGS_DIR
 
 _CONFIG = define_config_flag(__name__, "fire_jax.evaluate_vlrm", os.path.join(CONFIGS_DIR, "eval_vlrm.py"),
                              "config file (get_config(arg)); path:arg", kind="vlrm")
@@ -35,7 +35,7 @@ def main(argv):
     del argv
     from absl import logging
 
-    from fire_jax.vlrmbench.runner import evaluate
+    from fire_jax.vlrmbench.suite import evaluate
 
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # no INFO lines between the progress bars

@@ -45,8 +45,8 @@ import math
 import os
 import re
 
-from fire_jax.cli import run_command
-from fire_jax.config import resolve_path
+from fire_jax.core.cli import run_command
+from fire_jax.core.config import resolve_path
 from fire_jax.data.chat import Message
 from fire_jax.data.items import Item, load_triplets
 from fire_jax.data.bad_records import BadRecords
@@ -57,7 +57,7 @@ from fire_jax.infer.api import ApiBackend, ApiError
 from fire_jax.infer.sampling import SamplingParams
 from fire_jax.infer.dialogue import fire_record
 from fire_jax.infer.dialogue import Dialogue
-from fire_jax.results import ResultStore, write_json
+from fire_jax.core.results import ResultStore, write_json
 
 MAX_TURNS = 6  # the paper drops conversations with more turns
 #: Why a conversation is not kept: malformed output (not_json, bad_structure, bad_score, empty_text), the

@@ -1,6 +1,6 @@
 """Test-wide setup: 8 host CPU devices for mesh tests, tests/ on the path, XLA:CPU's backend at -O0
 (``loopback.TEST_XLA_FLAGS``, also in the subprocesses the tests start), one compilation cache per run,
-compiled programs freed per module, and glibc's huge pages for the workers (``fire_jax.hugepages``; the commands
+compiled programs freed per module, and glibc's huge pages for the workers (``fire_jax.core.hugepages``; the commands
 re-run themselves to get them, the workers start with them).
 
 **One compilation cache per run.** The suite builds the same tiny models in many modules and in the

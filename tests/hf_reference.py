@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from fire_jax.geometry import place_images
+from fire_jax.core.geometry import place_images
 
 PINPOINTS = [[32, 64], [64, 32], [64, 64], [96, 32], [32, 96]]
 IMAGE_TOKEN = 511

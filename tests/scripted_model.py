@@ -10,7 +10,7 @@ for a flaky endpoint. ``/health`` counts the requests each rule got.
 
 import json
 
-from fire_jax.limits import BadRequest
+from fire_jax.serving.limits import BadRequest
 
 
 class Script:

@@ -1,15 +1,29 @@
-"""Imports point one way (ARCHITECTURE.md): each layer imports only the layers below it.
+"""Imports point one way (ARCHITECTURE.md): each layer imports only the layers beneath it, a package's modules
+import each other without cycles, and the root of the package holds only the entry points.
 
-Every ``import`` / ``from ... import`` in a module counts, at any depth (function-level imports too).
+Every ``import`` / ``from ... import`` in a module counts, at any depth (function-level imports too, and those
+under ``if TYPE_CHECKING:``).
 """
 
 import ast
 import os
+import sys
 
 import pytest
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 PACKAGE = os.path.join(ROOT, "fire_jax")
+
+#: fire_jax's packages, bottom to top; a package imports only packages of the layers below its own.
+LAYERS = (
+    ("fire_jax.core",),
+    ("fire_jax.models", "fire_jax.data"),
+    ("fire_jax.convert",),
+    ("fire_jax.runtime",),
+    ("fire_jax.train", "fire_jax.infer"),
+    ("fire_jax.eval", "fire_jax.vlrmbench"),
+    ("fire_jax.serving", "fire_jax.pipeline"),
+)
 
 
 def _module_name(path: str) -> str:
@@ -43,80 +57,139 @@ def modules(under: str) -> list[str]:
     return sorted(out)
 
 
-def _violations(paths, forbidden: tuple[str, ...]) -> list[str]:
+def entry_points() -> list[str]:
+    """The jobs, ``python -m fire_jax.<job>``: the root's modules and ``train/__main__.py``."""
+    root = [os.path.join(PACKAGE, f) for f in sorted(os.listdir(PACKAGE)) if f.endswith(".py") and f != "__init__.py"]
+    return root + [os.path.join(PACKAGE, "train", "__main__.py")]
+
+
+def layer_of(module: str) -> int | None:
+    return next((k for k, layer in enumerate(LAYERS) for p in layer if module == p or module.startswith(p + ".")),
+                None)
+
+
+def _within(name: str, prefixes) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _violations(paths, forbidden) -> list[str]:
     return [f"{os.path.relpath(path, ROOT)} imports {name}" for path in paths for name in sorted(imports_of(path))
-            if any(name == f or name.startswith(f + ".") for f in forbidden)]
+            if _within(name, forbidden)]
 
 
-UPPER = ("fire_jax.data", "fire_jax.train", "fire_jax.infer", "fire_jax.eval", "fire_jax.vlrmbench",
-         "fire_jax.main_job", "fire_jax.run", "fire_jax.serve", "fire_jax.demo", "fire_jax.chat",
-         "fire_jax.batch_infer", "fire_jax.evaluate", "fire_jax.evaluate_vlrm", "fire_jax.make_fire100k")
+def _package_of(path: str) -> str:
+    return next(p for layer in LAYERS for p in layer if _within(_module_name(path), (p,)))
 
 
-@pytest.mark.parametrize("layer, forbidden", [
-    ("models", UPPER + ("fire_jax.checkpoint", "fire_jax.sharding", "fire_jax.convert")),
-    ("convert", UPPER + ("fire_jax.checkpoint", "fire_jax.sharding")),
-    ("checkpoint.py", UPPER),
-    ("sharding.py", UPPER + ("fire_jax.checkpoint",)),
-    ("machine.py", UPPER + ("fire_jax.checkpoint", "fire_jax.sharding", "fire_jax.models", "fire_jax.convert")),
-    ("data", ("fire_jax.models", "fire_jax.train", "fire_jax.infer", "fire_jax.eval", "fire_jax.vlrmbench",
-              "fire_jax.checkpoint", "fire_jax.convert")),
-    ("infer", ("fire_jax.train", "fire_jax.eval", "fire_jax.vlrmbench", "fire_jax.main_job")),
-    ("geometry.py", ("fire_jax.config", "fire_jax.results", "fire_jax.cli") + ("fire_jax.models", "fire_jax.data", "fire_jax.convert", "fire_jax.checkpoint", "fire_jax.sharding") + UPPER),
-    ("results.py", ("fire_jax.geometry", "fire_jax.cli") + ("fire_jax.models", "fire_jax.data", "fire_jax.convert", "fire_jax.checkpoint", "fire_jax.sharding") + UPPER),
-    ("cli.py", ("fire_jax.geometry", "fire_jax.results") + ("fire_jax.models", "fire_jax.data", "fire_jax.convert", "fire_jax.checkpoint", "fire_jax.sharding") + UPPER),
-    ("eval", ("fire_jax.vlrmbench", "fire_jax.main_job", "fire_jax.run", "fire_jax.serve", "fire_jax.demo",
-              "fire_jax.chat", "fire_jax.batch_infer", "fire_jax.evaluate", "fire_jax.evaluate_vlrm",
-              "fire_jax.make_fire100k")),
-    ("vlrmbench", ("fire_jax.eval", "fire_jax.main_job", "fire_jax.run", "fire_jax.serve", "fire_jax.demo",
-              "fire_jax.chat", "fire_jax.batch_infer", "fire_jax.evaluate", "fire_jax.evaluate_vlrm",
-              "fire_jax.make_fire100k")),
-    ("train", ("fire_jax.infer", "fire_jax.eval", "fire_jax.vlrmbench", "fire_jax.main_job")),
-])
-def test_layers_import_only_downwards(layer, forbidden):
-    path = os.path.join(PACKAGE, layer)
-    paths = modules(path) if os.path.isdir(path) else [path]
+def test_the_root_holds_only_the_entry_points():
+    """A module at the root of fire_jax is a job a user runs (``if __name__ == "__main__"``); the library is in
+    the layers' packages."""
+    for path in entry_points():
+        assert 'if __name__ == "__main__":' in open(path).read(), os.path.relpath(path, ROOT)
+    packages = {os.path.join(PACKAGE, d) for d in os.listdir(PACKAGE)
+                if os.path.exists(os.path.join(PACKAGE, d, "__init__.py"))}
+    assert {f"fire_jax.{os.path.basename(p)}" for p in packages} == {p for layer in LAYERS for p in layer}
+
+
+@pytest.mark.parametrize("package", [p for layer in LAYERS for p in layer])
+def test_each_package_imports_only_the_layers_beneath_it(package):
+    """Not a layer above, nor a package beside it at the same height, nor an entry point."""
+    k = layer_of(package)
+    forbidden = [p for j, layer in enumerate(LAYERS) for p in layer if j >= k and p != package]
+    forbidden += [_module_name(p) for p in entry_points() if not p.endswith("__main__.py")]
+    paths = [p for p in modules(os.path.join(PACKAGE, *package.split(".")[1:])) if not p.endswith("__main__.py")]
     assert paths
     assert _violations(paths, forbidden) == []
+
+
+def test_entry_points_do_not_import_each_other():
+    jobs = [_module_name(p) for p in entry_points() if not p.endswith("__main__.py")]
+    assert len(jobs) >= 8
+    assert _violations(entry_points(), jobs) == []
+
+
+def cycles(paths) -> list[list[str]]:
+    """The import cycles among ``paths`` (modules of one package), each as the modules around it."""
+    names = {_module_name(p): p for p in paths}
+    graph = {m: sorted(n for n in imports_of(p) if n in names and n != m and not names[n].endswith("__init__.py"))
+             for m, p in names.items()}
+    found, state = [], {}
+
+    def visit(m, stack):
+        state[m] = "open"
+        stack.append(m)
+        for n in graph[m]:
+            if state.get(n) == "open":
+                found.append(stack[stack.index(n):] + [n])
+            elif n not in state:
+                visit(n, stack)
+        stack.pop()
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
+    return found
+
+
+@pytest.mark.parametrize("package", ["fire_jax"] + [p for layer in LAYERS for p in layer])
+def test_no_import_cycles_inside_a_package(package):
+    """Modules of one package may import each other, one way only (function-level imports count: a cycle
+    hidden in a function is still two modules that need each other)."""
+    folder = os.path.join(PACKAGE, *package.split(".")[1:])
+    paths = [p for p in modules(folder) if os.path.dirname(p) == folder] if package != "fire_jax" else entry_points()
+    assert [" -> ".join(c) for c in cycles(paths)] == []
+
+
+def test_the_cycle_checker_sees_a_cycle_through_a_function(tmp_path):
+    package = tmp_path / "fire_jax" / "infer"
+    package.mkdir(parents=True)
+    (package / "a.py").write_text("from fire_jax.infer.b import g\n")
+    (package / "b.py").write_text("def g():\n    from fire_jax.infer import a\n")
+    (package / "c.py").write_text("from fire_jax.infer import a, b\n")
+    global ROOT
+    old, ROOT = ROOT, str(tmp_path)
+    try:
+        found = cycles([str(package / f) for f in ("a.py", "b.py", "c.py")])
+    finally:
+        ROOT = old
+    assert found == [["fire_jax.infer.a", "fire_jax.infer.b", "fire_jax.infer.a"]]
 
 
 def test_metrics_import_no_model_code():
     metrics = [os.path.join(PACKAGE, "eval", "metrics.py")]
     metrics += [p for p in modules(os.path.join(PACKAGE, "vlrmbench")) if os.path.basename(p) in ("score.py", "parse.py")]
-    assert len(metrics) >= 1
-    assert _violations(metrics, ("fire_jax.models", "fire_jax.infer", "fire_jax.train", "fire_jax.checkpoint",
+    assert len(metrics) == 3
+    assert _violations(metrics, ("fire_jax.models", "fire_jax.infer", "fire_jax.train", "fire_jax.runtime",
                                  "fire_jax.convert")) == []
     for path in metrics:
         assert not {n for n in imports_of(path) if n.split(".")[0] in ("jax", "flax", "torch")}, path
 
 
 def test_config_layer_imports_only_ml_collections():
-    """fire_jax.config is read by every config file and CLI: no jax, nothing of the package."""
-    import sys
-
-    names = imports_of(os.path.join(PACKAGE, "config.py"))
+    """fire_jax.core.config is read by every config file and CLI: no jax, nothing of the package."""
+    names = imports_of(os.path.join(PACKAGE, "core", "config.py"))
     assert {n.split(".")[0] for n in names} - set(sys.stdlib_module_names) == {"ml_collections"}
 
 
 def test_hugepages_imports_only_the_standard_library():
-    """fire_jax.hugepages runs before a command imports anything heavy (it may re-execute the process)."""
-    import sys
-
-    names = imports_of(os.path.join(PACKAGE, "hugepages.py"))
+    """fire_jax.core.hugepages runs before a command imports anything heavy (it may re-execute the process)."""
+    names = imports_of(os.path.join(PACKAGE, "core", "hugepages.py"))
     assert names and {n.split(".")[0] for n in names} <= set(sys.stdlib_module_names) | {"__future__"}
 
 
 def test_config_files_import_only_the_config_layer():
+    from fire_jax.core import config
+
     paths = modules(os.path.join(ROOT, "configs"))
     assert len(paths) >= 10
     for path in paths:
         ours = {n for n in imports_of(path) if n.split(".")[0] == "fire_jax"}
-        assert ours <= {"fire_jax.config"} | {f"fire_jax.config.{x}" for x in dir(__import__("fire_jax.config").config)}, \
-            (path, ours)
+        assert ours <= {"fire_jax.core.config"} | {f"fire_jax.core.config.{x}" for x in dir(config)}, (path, ours)
 
 
 def test_the_checker_sees_function_level_and_relative_imports(tmp_path):
-    """The test above cannot pass vacuously: an import inside a function, and a relative one, are found."""
+    """The tests above cannot pass vacuously: an import inside a function, and a relative one, are found."""
     package = tmp_path / "fire_jax" / "models"
     package.mkdir(parents=True)
     source = package / "bad.py"

@@ -8,11 +8,11 @@ import pytest
 import tokenizers
 from tokenizers import AddedToken
 
-from fire_jax.config import ASSETS_DIR
+from fire_jax.core.config import ASSETS_DIR
 from fire_jax.data import chat
 from fire_jax.data.records import Conversation, Turn
 from fire_jax.data.templates import ChatTemplate, template_source
-from fire_jax.geometry import ImageGeometry
+from fire_jax.core.geometry import ImageGeometry
 
 TINY = ImageGeometry(tile_size=32, patch_size=8, pinpoints=((32, 64), (64, 32), (64, 64), (96, 32), (32, 96)))
 TOKENIZER = os.path.join(ASSETS_DIR, "tiny_tokenizer.json")

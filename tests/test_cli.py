@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from fire_jax import batch_infer, chat
-from fire_jax.config import DEFAULT_CONFIG, load_config
+from fire_jax.core.config import DEFAULT_CONFIG, load_config
 from fire_jax.convert.hf import save_hf_checkpoint, save_peft_adapter
 from fire_jax.data.bad_records import BadRecordError
 from fire_jax.data.records import Turn
@@ -202,9 +202,10 @@ def test_peft_adapter_round_trip(config, tmp_path):
 
 
 def test_train_workdir_restores_the_latest_checkpoint(config, tmp_path):
-    """A workdir's latest checkpoint restores its LoRA weights through fire_jax.checkpoint, without a trainer."""
-    from fire_jax.checkpoint import Checkpointer
-    from fire_jax.sharding import make_mesh
+    """A workdir's latest checkpoint restores its LoRA weights through fire_jax.runtime.checkpoint, without a
+    trainer."""
+    from fire_jax.runtime.checkpoint import Checkpointer
+    from fire_jax.runtime.sharding import make_mesh
     from fire_jax.train.step import Trainer
 
     mesh = make_mesh((1, 1, 1), jax.devices()[:1])
@@ -243,8 +244,8 @@ def test_workdir_written_before_the_params_item_still_loads(config, tmp_path):
     ``params`` item) restores its LoRA weights without a trainer; the trainer resumes from it too."""
     import orbax.checkpoint as ocp
 
-    from fire_jax.checkpoint import Checkpointer
-    from fire_jax.sharding import make_mesh
+    from fire_jax.runtime.checkpoint import Checkpointer
+    from fire_jax.runtime.sharding import make_mesh
     from fire_jax.train.step import Trainer
 
     trainer = Trainer(loading.load(config).model, config.train, config.loss, 10, make_mesh((1, 1, 1), jax.devices()[:1]))

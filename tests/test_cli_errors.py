@@ -8,7 +8,7 @@ import sys
 import pytest
 from PIL import Image
 
-from fire_jax.config import InputError, apply_overrides, load_config, split_overrides
+from fire_jax.core.config import InputError, apply_overrides, load_config, split_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -58,9 +58,10 @@ def test_bad_input_ends_in_one_line(tmp_path):
     assert typo.returncode == 2 and "Traceback" not in typo.stderr
     assert typo.stderr.strip().splitlines()[-1].startswith(
         "fire_jax.batch_infer: error: --config.model.llm.dimm=3: no field 'dimm' in model.llm (known:")
-    missing = run("-m", "fire_jax.data.inspect", "--config", "configs/nope.py")
+    missing = run("-m", "fire_jax.inspect_data", "--config", "configs/nope.py")
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
-    assert missing.stderr.strip().splitlines()[-1].startswith("fire_jax.data.inspect: error: config file 'configs/nope.py'")
+    assert missing.stderr.strip().splitlines()[-1].startswith(
+        "fire_jax.inspect_data: error: config file 'configs/nope.py'")
 
     # A config file that is not valid JSON where JSON is read: a train workdir's config.json.
     workdir = tmp_path / "run"
@@ -80,8 +81,8 @@ def test_bad_input_ends_in_one_line(tmp_path):
 def test_absl_clis_find_repo_configs_from_any_directory(tmp_path):
     """`--config configs/x.py` means the repository's file from any directory (as load_config reads it), for the
     absl CLIs too; the default configs are absolute paths."""
-    from fire_jax.cli import config_argv
-    from fire_jax.config import CONFIGS_DIR
+    from fire_jax.core.cli import config_argv
+    from fire_jax.core.config import CONFIGS_DIR
 
     os.chdir(tmp_path)
     try:
@@ -126,7 +127,7 @@ def test_make_fire1m_cli_runs_and_resumes(tmp_path):
 def test_inspect_renders_a_main_job_stage():
     """--stage picks a main-job config's training config: the teacher stage's record 3 is a one-turn teacher
     example (its reply labelled as turn 1) under the tiny model's Llama-3 template."""
-    shown = run("-m", "fire_jax.data.inspect", "--config", "configs/main_job.py:tiny", "--stage", "teacher",
+    shown = run("-m", "fire_jax.inspect_data", "--config", "configs/main_job.py:tiny", "--stage", "teacher",
                 "--index", "3")
     assert shown.returncode == 0, shown.stderr[-2000:]
     lines = shown.stdout.splitlines()
@@ -156,12 +157,12 @@ def test_data_tools_keep_good_records_and_name_bad_ones(tmp_path):
     assert "split x: 2 examples" in built.stdout and f"invalid_utf8              1   e.g. {bad}" in built.stdout
 
     source = f"--config.data.sources.synthetic.json={jsonl}"
-    shown = run("-m", "fire_jax.data.inspect", "--config", "configs/tiny.py", source, "--index", "1")
+    shown = run("-m", "fire_jax.inspect_data", "--config", "configs/tiny.py", source, "--index", "1")
     assert shown.returncode == 0 and "record 1 of 2" in shown.stdout, shown.stderr[-2000:]
     assert bad in shown.stderr
-    beyond = run("-m", "fire_jax.data.inspect", "--config", "configs/tiny.py", source, "--index", "2")
+    beyond = run("-m", "fire_jax.inspect_data", "--config", "configs/tiny.py", source, "--index", "2")
     assert beyond.returncode == 2 and beyond.stderr.strip().splitlines()[-1] == (
-        "fire_jax.data.inspect: error: --index 2: source 'synthetic' has records 0..1 (2 usable, 1 bad records "
+        "fire_jax.inspect_data: error: --index 2: source 'synthetic' has records 0..1 (2 usable, 1 bad records "
         "skipped)")
 
     cut = tmp_path / "cut.json"
@@ -208,14 +209,14 @@ def test_data_tools_keep_good_records_and_name_bad_ones(tmp_path):
      "fire_jax.serve: error: --config configs/main_job.py:tiny: a main-job config (it has 'base_train') has no "
      "'model' field; give a training or evaluation config (configs/tiny.py, configs/smollm2_llava.py, "
      "configs/fire_student.py)"),
-    (["-m", "fire_jax.data.inspect", "--config", "configs/main_job.py:tiny"],
-     "fire_jax.data.inspect: error: configs/main_job.py:tiny: a main-job config with the stages ['base', "
+    (["-m", "fire_jax.inspect_data", "--config", "configs/main_job.py:tiny"],
+     "fire_jax.inspect_data: error: configs/main_job.py:tiny: a main-job config with the stages ['base', "
      "'clip', 'student', 'teacher']: pick one with --stage"),
-    (["-m", "fire_jax.data.inspect", "--config", "configs/main_job.py:tiny", "--stage", "fd"],
-     "fire_jax.data.inspect: error: --stage 'fd': configs/main_job.py:tiny has the stages ['base', 'clip', "
+    (["-m", "fire_jax.inspect_data", "--config", "configs/main_job.py:tiny", "--stage", "fd"],
+     "fire_jax.inspect_data: error: --stage 'fd': configs/main_job.py:tiny has the stages ['base', 'clip', "
      "'student', 'teacher']"),
-    (["-m", "fire_jax.data.inspect", "--config", "configs/tiny.py", "--index", "-1"],
-     "fire_jax.data.inspect: error: --index -1: source 'synthetic' has records 0..719 (720 usable, 0 bad records "
+    (["-m", "fire_jax.inspect_data", "--config", "configs/tiny.py", "--index", "-1"],
+     "fire_jax.inspect_data: error: --index -1: source 'synthetic' has records 0..719 (720 usable, 0 bad records "
      "skipped)"),
 ])
 def test_a_tools_bad_argument_ends_in_one_line(argv, last):

@@ -127,7 +127,7 @@ def test_clip_tower_loads_into_llava(hf_and_ours):
 def test_bad_caption_record_is_one_input_error(tmp_path, record, message):
     import json
 
-    from fire_jax.config import InputError, load_config
+    from fire_jax.core.config import InputError, load_config
     from fire_jax.data.captions import CaptionPipeline
 
     path = tmp_path / "captions.json"

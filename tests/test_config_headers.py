@@ -1,5 +1,5 @@
 """Every command a config file's header names parses: the module exists, each flag is one it defines, the
---config file and its arg load, it is of the kind the CLI takes (``fire_jax.cli.check_config_kind``), and every
+--config file and its arg load, it is of the kind the CLI takes (``fire_jax.core.cli.check_config_kind``), and every
 --config.x=y override names a field.
 
 One subprocess per CLI module (absl flags are process-global): it imports the module, then parses each
@@ -20,7 +20,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARSE = r"""
 import importlib, json, sys
 from absl import flags
-from fire_jax import cli
+from fire_jax.core import cli
 module, commands = sys.argv[1], json.loads(sys.argv[2])
 importlib.import_module(module)
 kinds = sorted(set(cli.CLI_CONFIG_KINDS.values()))

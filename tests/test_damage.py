@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fire_jax.checkpoint import CheckpointDamaged, Checkpointer
-from fire_jax.config import InputError
+from fire_jax.runtime.checkpoint import CheckpointDamaged, Checkpointer
+from fire_jax.core.config import InputError
 
 State = collections.namedtuple("State", "step params opt_state")
 

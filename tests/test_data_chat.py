@@ -8,12 +8,12 @@ import pytest
 import tokenizers
 from PIL import Image
 
-from fire_jax.config import ASSETS_DIR
+from fire_jax.core.config import ASSETS_DIR
 from fire_jax.data import chat
 from fire_jax.data.records import Instruction, load_records
 from fire_jax.data.synthetic import corpus
 from fire_jax.data.tokenizer import train_tokenizer
-from fire_jax.geometry import DEFAULT_PINPOINTS, ImageGeometry
+from fire_jax.core.geometry import DEFAULT_PINPOINTS, ImageGeometry
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "fire")
 TOKENIZER = os.path.join(ASSETS_DIR, "tiny_tokenizer.json")

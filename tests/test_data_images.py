@@ -8,7 +8,7 @@ from PIL import Image
 
 from fire_jax.data.images import CLIP_MEAN, expand_to_square, load_image, preprocess
 from fire_jax.data.records import load_records
-from fire_jax.geometry import DEFAULT_PINPOINTS, ImageGeometry
+from fire_jax.core.geometry import DEFAULT_PINPOINTS, ImageGeometry
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "fire")
 TINY = ImageGeometry(tile_size=32, patch_size=8, pinpoints=((32, 64), (64, 32), (64, 64), (96, 32), (32, 96)))

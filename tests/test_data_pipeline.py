@@ -7,14 +7,14 @@ import tempfile
 import numpy as np
 import pytest
 
-from fire_jax.config import ASSETS_DIR, DATA_DEFAULTS, load_config
-from fire_jax.config import data_config as make_data_config
+from fire_jax.core.config import ASSETS_DIR, DATA_DEFAULTS, load_config
+from fire_jax.core.config import data_config as make_data_config
 from fire_jax.data import tfds_fire
 from fire_jax.data import pipeline as pipeline_lib
 from fire_jax.data.records import Conversation, load_records
 from fire_jax.data.sources import geometry_from_model_config
 from fire_jax.data.synthetic import synthesize
-from fire_jax.geometry import ImageGeometry, unpadded_size
+from fire_jax.core.geometry import ImageGeometry, unpadded_size
 
 ROOT = os.path.dirname(os.path.dirname(__file__))
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "fire")

@@ -252,7 +252,7 @@ def test_a_json_array_keeps_its_good_records_around_an_undecodable_one(bad_dir):
     ('[{"a": 1}, {"b": "cut}]', "Unterminated string starting at byte 17 (in record 1)"),  # not "at at byte"
 ])
 def test_a_json_array_that_does_not_parse_names_the_file_and_byte(tmp_path, text, message):
-    from fire_jax.config import InputError
+    from fire_jax.core.config import InputError
 
     path = tmp_path / "broken.json"
     path.write_bytes(text.encode("utf-8"))
@@ -262,7 +262,7 @@ def test_a_json_array_that_does_not_parse_names_the_file_and_byte(tmp_path, text
 
 
 def test_field_caps_are_set_in_the_data_config(bad_dir):
-    from fire_jax.config import InputError
+    from fire_jax.core.config import InputError
 
     path = bad_dir / "caps.jsonl"
     path.write_bytes(_line(_fire(id="short")) + _line(_fire(id="long", question="What is shown here?"))

@@ -51,8 +51,8 @@ def events(url: str, body: dict) -> list[dict]:
 
 
 def in_process_student():
-    from fire_jax.config import load_config
-    from fire_jax.config import DEFAULT_CONFIG
+    from fire_jax.core.config import load_config
+    from fire_jax.core.config import DEFAULT_CONFIG
     from fire_jax.infer.agents import from_spec
     from fire_jax.infer.sampling import SamplingParams
 
@@ -63,7 +63,7 @@ def test_answers_stream_as_they_grow(demo):
     """/api/respond and /api/feedback with stream=true: the text arrives in pieces with a growing token count,
     the pieces add up to the answer, which is the in-process student's; a bad image is still a 4xx JSON error."""
     from fire_jax.data.records import Turn
-    from fire_jax.demo import EXAMPLES_DIR
+    from fire_jax.serving.demo import EXAMPLES_DIR
 
     base, _ = demo
     path = os.path.join(EXAMPLES_DIR, "images", EXAMPLE)
@@ -174,7 +174,7 @@ def test_demo_dialogue_in_browser(demo, browser, tmp_path):
 
     # the student's answers are those of the in-process tiny student on the same image and history
     from fire_jax.data.records import Turn
-    from fire_jax.demo import EXAMPLES_DIR
+    from fire_jax.serving.demo import EXAMPLES_DIR
 
     student = in_process_student()
     image = os.path.join(EXAMPLES_DIR, "images", EXAMPLE)
@@ -217,7 +217,7 @@ def post_json(url: str, body) -> tuple[int, dict]:
 def test_the_page_is_the_static_file(limited_demo):
     """GET / serves fire_jax/assets/demo/index.html byte for byte: the server's settings reach the page from
     /api/settings, not by templating."""
-    from fire_jax.demo import PAGE
+    from fire_jax.serving.demo import PAGE
 
     with urllib.request.urlopen(limited_demo + "/", timeout=60) as reply:
         assert reply.headers["content-type"].startswith("text/html")
@@ -234,7 +234,7 @@ def test_bad_input_gets_4xx_not_a_model_failure(limited_demo):
     import struct
     import zlib
 
-    from fire_jax.demo import EXAMPLES_DIR
+    from fire_jax.serving.demo import EXAMPLES_DIR
 
     with open(os.path.join(EXAMPLES_DIR, "images", EXAMPLE), "rb") as f:
         image = "data:image/png;base64," + base64.b64encode(f.read()).decode()
@@ -271,7 +271,7 @@ def test_errors_say_what_is_wrong_without_python_and_the_api_docs_are_off(limite
     unless --api_docs."""
     import asyncio
 
-    from fire_jax.demo import create_app
+    from fire_jax.serving.demo import create_app
     from fire_jax.infer.sampling import SamplingParams
 
     not_an_image = "data:image/png;base64," + base64.b64encode(b"this is not a PNG").decode()

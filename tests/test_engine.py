@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fire_jax.config import load_config
-from fire_jax.config import DEFAULT_CONFIG
+from fire_jax.core.config import load_config
+from fire_jax.core.config import DEFAULT_CONFIG
 from fire_jax.data.chat import Message
 from fire_jax.data.images import preprocess
 from fire_jax.infer.buckets import Buckets

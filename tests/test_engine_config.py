@@ -46,19 +46,19 @@ def test_one_sizing_rule_for_a_set_of_prompts():
     assert MIN_CACHE_LEN == 256
     assert [batch.sized_for([n], 40, doubling=True).cache_len for n in (5, 200, 300, 1000, 1100)] == [
         256, 512, 1024, 2048, 4096]
-    server = EngineConfig(bucket_step=None)  # fire_jax.serve.default_cache_len: 4 images and 3,427 text tokens
+    server = EngineConfig(bucket_step=None)  # fire_jax.serving.server.default_cache_len: 4 images and 3,427 text tokens
     assert server.sized_for([4 * 576 + 3427], 256).cache_len == 6144 + 256
     assert sized.bucket_step == 1024 and sized.chunk == batch.chunk  # the rest of the shape is kept
 
 
 def test_the_kv_cache_is_laid_out_by_logical_axes():
     """An engine's cache rows (slots) go over the mesh's data axis and its KV heads over tensor where that divides
-    them, by the rules the models' parameters use (fire_jax.config.DEFAULT_RULES)."""
+    them, by the rules the models' parameters use (fire_jax.core.config.DEFAULT_RULES)."""
     import jax
     import numpy as np
     from jax.sharding import Mesh, PartitionSpec as P
 
-    from fire_jax.config import DEFAULT_RULES
+    from fire_jax.core.config import DEFAULT_RULES
     from fire_jax.infer.kernels import CACHE_AXES
     from fire_jax.models.partitioning import logical_to_spec
 

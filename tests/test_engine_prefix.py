@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fire_jax.config import DEFAULT_CONFIG, load_config
+from fire_jax.core.config import DEFAULT_CONFIG, load_config
 from fire_jax.data.chat import Message
 from fire_jax.data.images import preprocess
 from fire_jax.infer.decode import generate
@@ -148,7 +148,7 @@ def test_free_dialogues_of_agents_reuse_every_turn_and_say_the_same(loaded, monk
     dialogue runs three turns), with and without the cache (EngineConfig.prefix_cache): the same texts; the
     engines with the cache prefill less than half the prompt tokens, the others all of them. Each dialogue's
     image is decoded and tiled once for both agents, all turns and both runs."""
-    from fire_jax.config import resolve_path
+    from fire_jax.core.config import resolve_path
     from fire_jax.data.images import TileCache
     from fire_jax.data.items import load_triplets
     from fire_jax.infer import backends

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from fire_jax.data.records import load_records
-from fire_jax.demo import EXAMPLES_DIR
+from fire_jax.serving.demo import EXAMPLES_DIR
 from fire_jax.data.items import Item
 from fire_jax.make_fire100k import MAX_TURNS, Malformed, main, parse_conversation, to_record
 from loopback import child_env, get_json, server

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from fire_jax.config import load_config, resolve_path
+from fire_jax.core.config import load_config, resolve_path
 from fire_jax.data.items import Item, load_conversations, load_triplets
 from fire_jax.data.bad_records import BadRecords
 from fire_jax.data.records import load_records
@@ -18,7 +18,7 @@ from fire_jax.infer.agents import from_spec
 from fire_jax.infer import dialogue
 from fire_jax.infer.agents import Feedback
 from fire_jax.infer.dialogue import make_fire_records
-from fire_jax.results import ResultStore
+from fire_jax.core.results import ResultStore
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 TEST_JSON = resolve_path("assets:synthetic_fire/test.json")
@@ -127,7 +127,7 @@ def test_the_releases_chat_rule_runs_from_the_free_dialogue_config(tmp_path):
     """Every field of the stop rule comes from ``config.free``: the release's interactive chat
     (llava/eval/feedback_chat.py: stop only on a score of 10, at most 3 rounds) set by overrides stops the same
     scripted dialogues elsewhere than the paper's rule, and the report and the exact judge read its threshold."""
-    from fire_jax.config import apply_overrides
+    from fire_jax.core.config import apply_overrides
 
     raw = synthetic_records(5)
     questions = [f"question {k}" for k in range(5)]  # the scripted teacher's keys

@@ -16,8 +16,7 @@ import torch
 from flax import nnx
 from gguf import GGMLQuantizationType as Q, GGUFWriter, quants
 
-from fire_jax.convert.gguf import (TEXT_ONLY_VISION, GGUFError, LlavaNext, llava_from_gguf, load_gguf_llm,
-                                   read_gguf)
+from fire_jax.convert.gguf import (TEXT_ONLY_VISION, GGUFError, LlavaNext, llava_from_gguf, load_gguf_llm, read_gguf)
 from fire_jax.convert.load import load_model
 from fire_jax.infer.decode import generate
 from fire_jax.infer.engine import left_pad
@@ -441,7 +440,7 @@ def test_the_llava_tokenizer_renders_fire_sequences_with_the_files_chat_template
     from fire_jax.convert.fetch import llava_tokenizer
     from fire_jax.data import chat
     from fire_jax.data.records import Conversation, Turn
-    from fire_jax.geometry import ImageGeometry
+    from fire_jax.core.geometry import ImageGeometry
 
     path = llava_tokenizer(smollm_path, str(tmp_path))
     geometry = ImageGeometry(tile_size=32, patch_size=8, pinpoints=((32, 64), (64, 32)))

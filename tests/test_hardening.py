@@ -1,4 +1,4 @@
-"""Request limits of fire_jax.serve (fire_jax.limits): each bad request gets one 4xx JSON error before it costs
+"""Request limits of fire_jax.serve (fire_jax.serving.limits): each bad request gets one 4xx JSON error before it costs
 the server work, and the server keeps serving. Checked in process where that proves the point, and on a loopback
 server with limits set low by flag."""
 
@@ -19,8 +19,8 @@ import pytest
 from PIL import Image
 
 from fire_jax.infer.sampling import SamplingParams
-from fire_jax.limits import (SAMPLING_DEFAULTS, BadRequest, Limits, check_text, json_depth, open_data_uri,
-                             parse_json, sampling)
+from fire_jax.serving.limits import (SAMPLING_DEFAULTS, BadRequest, Limits, check_text, json_depth, open_data_uri,
+                                     parse_json, sampling)
 
 
 def refused(call, *args):
@@ -118,7 +118,7 @@ def test_images_checked_before_decoding():
 def test_a_text_over_the_context_is_refused_before_tokenising():
     """build_request measures the text in characters (the context times the longest token) and counts the images
     before tokenising or decoding anything: this model's tokenizer and images would fail the test if reached."""
-    from fire_jax.serve import build_request
+    from fire_jax.serving.server import build_request
 
     def untouchable(*_, **__):
         raise AssertionError("tokenised or decoded")

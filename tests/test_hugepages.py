@@ -1,4 +1,4 @@
-"""fire_jax.hugepages: when a command re-executes itself with glibc's ``malloc.hugetlb`` tunable, that it keeps its
+"""fire_jax.core.hugepages: when a command re-executes itself with glibc's ``malloc.hugetlb`` tunable, that it keeps its
 arguments and runs once, and that the re-executed process's large ``malloc`` buffers are backed by huge pages."""
 
 import json
@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from fire_jax import hugepages
+from fire_jax.core import hugepages
 
 
 def test_thp_mode_is_the_bracketed_word(tmp_path):
@@ -41,7 +41,7 @@ def test_tunables_keep_what_was_set():
 # Re-executes itself, then mallocs 64 MiB, touches it, and reports the huge pages behind its anonymous memory.
 PROBE = textwrap.dedent("""
     import ctypes, json, os, sys
-    from fire_jax.hugepages import reexec_with_huge_pages
+    from fire_jax.core.hugepages import reexec_with_huge_pages
     reexec_with_huge_pages()
     libc = ctypes.CDLL("libc.so.6")
     libc.malloc.restype = ctypes.c_void_p

@@ -10,7 +10,7 @@ import torch
 from jax.sharding import Mesh
 from PIL import Image
 
-from fire_jax.config import ASSETS_DIR
+from fire_jax.core.config import ASSETS_DIR
 from fire_jax.convert import hf as convert
 from fire_jax.data.chat import ChatTokenizer
 from fire_jax.data.images import preprocess
@@ -414,7 +414,7 @@ def test_teacher_feedback_carries_the_parsed_score(pair, chat, images, monkeypat
 def test_loaded_models_decode_from_the_layer_list():
     """A config that trains with stacked layers (scan_layers=True, the 8B configs) loads for generation as the
     per-layer list, with the same weights: greedy tokens equal those of the list-layout model of the same seed."""
-    from fire_jax.config import load_config
+    from fire_jax.core.config import load_config
     from fire_jax.infer.loading import load
 
     config = load_config(os.path.join(os.path.dirname(ASSETS_DIR), "..", "configs", "tiny.py"))
@@ -434,7 +434,7 @@ def test_agent_writes_what_generate_writes_and_samples_by_its_key():
     built when a call needs one) writes the texts of generate's one fixed batch for image prompts of several
     lengths and for text prompts; a sampled call draws by its rng key: the same key the same texts, and those
     of generate with that key."""
-    from fire_jax.config import DEFAULT_CONFIG, load_config
+    from fire_jax.core.config import DEFAULT_CONFIG, load_config
     from fire_jax.data.images import pad_tiles
     from fire_jax.infer.loading import load
 
@@ -486,7 +486,7 @@ def test_agent_writes_what_generate_writes_and_samples_by_its_key():
 def test_agent_keeps_one_engine_of_batch_size_slots_for_short_calls():
     """An agent built with batch_size keeps one engine of that many slots (one set of compiled shapes) for
     calls of fewer rows, and returns the real rows' texts only."""
-    from fire_jax.config import DEFAULT_CONFIG, load_config
+    from fire_jax.core.config import DEFAULT_CONFIG, load_config
     from fire_jax.infer.loading import load
 
     loaded = load(load_config(DEFAULT_CONFIG))
@@ -505,7 +505,7 @@ def test_in_process_streams_what_it_generates_refuses_over_its_context_and_stops
     """InProcess.stream passes the text on as it grows (pieces adding up to generate's greedy text, the token
     count rising), refuses a prompt over its streaming context before any work, and ends (cancelling the
     request) when on_delta raises; the engine goes on serving. Backends of one loaded model share it."""
-    from fire_jax.config import DEFAULT_CONFIG, load_config
+    from fire_jax.core.config import DEFAULT_CONFIG, load_config
     from fire_jax.infer.agents import generator
     from fire_jax.infer.backends import Refused
 

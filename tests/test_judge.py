@@ -247,7 +247,7 @@ def test_compare_plateau_items_are_balanced_and_labelled_by_the_rule():
     spec = importlib.util.spec_from_file_location("compare_plateau", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    from fire_jax.config import resolve_path
+    from fire_jax.core.config import resolve_path
 
     with open(resolve_path("assets:synthetic_fire/train.json")) as f:
         shipped = json.load(f)

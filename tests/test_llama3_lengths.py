@@ -51,7 +51,7 @@ def test_lengths_of_the_real_records_set_the_8b_budget(tokenizer_path):
     assert all(r["n"] == 188 for r in rows.values())
     # One sequence by hand: the image block is geometry.num_tokens(original size), the rest is text.
     from fire_jax.data.chat import ChatTokenizer, student_messages
-    from fire_jax.config import load_config
+    from fire_jax.core.config import load_config
     from fire_jax.data.sources import geometry_from_model_config
     from fire_jax.data.records import load_records
 

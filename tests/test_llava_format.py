@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from fire_jax.cli import input_errors_end_in_one_line
-from fire_jax.config import InputError
+from fire_jax.core.cli import input_errors_end_in_one_line
+from fire_jax.core.config import InputError
 from fire_jax.convert import llava
 from fire_jax.convert.load import load_checkpoint
 from fire_jax.data.chat import ChatTokenizer, Message
@@ -279,8 +279,8 @@ def test_lora_teacher_equals_the_merge_by_hand(release, teacher):
 def test_lora_folder_alone_and_config_init_adapter(release, teacher):
     from flax import nnx
 
-    from fire_jax.checkpoint import build_model
-    from fire_jax.config import load_config
+    from fire_jax.runtime.build import build_model
+    from fire_jax.core.config import load_config
     from fire_jax.infer.loading import checkpoint_kind, load
 
     folder, _ = teacher
@@ -387,7 +387,7 @@ def test_export_tool_writes_the_config_s_model(release, tmp_path):
 
 
 def test_fire_recipes_on_the_release_s_base():
-    from fire_jax.config import load_config
+    from fire_jax.core.config import load_config
 
     for recipe, template in (("fire_student", "llama_v3_student"), ("fire_teacher", "llama_v3_teacher")):
         config = load_config(f"configs/fire.py:{recipe},base=open_llava_next_8b,released=True")

@@ -18,7 +18,7 @@ from PIL import Image
 
 from fire_jax.convert import hf as convert
 from fire_jax.data.images import load_image, pad_tiles, preprocess
-from fire_jax.geometry import ImageGeometry
+from fire_jax.core.geometry import ImageGeometry
 from fire_jax.models import LlavaNextConfig, LoRAParam, count_params
 from hf_reference import (IMAGE_TOKEN, hf_llava15_logits, hf_logits, jit_call, load_tool, make_batch, rel_err,
                           tiny_hf_llava15, tiny_hf_next_vicuna)
@@ -164,8 +164,8 @@ def test_greedy_matches_hf_generate(pair, batch):
 def test_train_step_loss_is_hf_cross_entropy(pair, batch):
     """One jitted train step on the padded image + text-only batch: its loss is transformers' mean
     cross-entropy over the labelled tokens (LoRA B = 0 at the start), and the step moves LoRA."""
-    from fire_jax.config import loss_config, train_config
-    from fire_jax.sharding import make_mesh
+    from fire_jax.core.config import loss_config, train_config
+    from fire_jax.runtime.sharding import make_mesh
     from fire_jax.train.step import Trainer
 
     arch, hf, _, directory = pair
@@ -380,7 +380,7 @@ def test_7b_parameter_counts_abstract(name):
 def test_fire_recipes_take_the_base_model(base, arch, hf):
     """configs/fire.py's base option: the student and teacher recipes on FIRE-LLaVA-Vicuna (Table A5) and
     FIRE-LLaVA-1.5 (Table A6): the base's model sizes, llava-hf checkpoint and tokenizer."""
-    from fire_jax.config import load_config
+    from fire_jax.core.config import load_config
 
     root = os.path.join(os.path.dirname(__file__), "..", "configs")
     for recipe in ("fire_student.py", "fire_teacher.py"):
@@ -392,7 +392,7 @@ def test_fire_recipes_take_the_base_model(base, arch, hf):
         assert config.data.template == ("llama3" if base == "llava_next_8b" else "vicuna_v1")
     other = load_config(os.path.join(root, "fire.py") + f":fire_student,base={base},hf=/x,tokenizer=/t/tok.json")
     assert (other.init.hf_checkpoint, other.data.tokenizer) == ("/x", "/t/tok.json")
-    from fire_jax.config import InputError
+    from fire_jax.core.config import InputError
 
     with pytest.raises(InputError, match="base="):
         load_config(os.path.join(root, "fire.py") + ":fire_student,base=llava_2")

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from fire_jax.config import resolve_path
+from fire_jax.core.config import resolve_path
 from fire_jax.data.chat import SYSTEM, TEACHER_INSTRUCTION
 from fire_jax.data.items import load_conversations
 from fire_jax.data.scores import parse_score

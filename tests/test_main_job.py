@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from fire_jax.config import load_config
+from fire_jax.core.config import load_config
 from fire_jax.eval import judge
 from fire_jax.infer.dialogue import FREE_DIALOGUE
-from fire_jax.main_job import JUDGED, SUMMARY, data_size_ablation, eval_stage, run
+from fire_jax.pipeline.main_job import JUDGED, SUMMARY, data_size_ablation, eval_stage, run
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
@@ -203,7 +203,7 @@ def test_8b_ablation_subsamples_fire_1m():
 def test_a_stage_stopped_by_sigterm_ends_the_job_with_how_to_resume(monkeypatch, tmp_path, capsys):
     """A stage stopped by SIGTERM (the train loop checkpointed and returned early) ends the main job there, with
     one line saying how to resume, instead of starting the next stage without this one's export."""
-    from fire_jax import main_job
+    from fire_jax.pipeline import main_job
     from fire_jax.train import loop
 
     monkeypatch.setattr(loop, "train", lambda config, workdir: {"step": 16, "total_steps": 20, "preempted": True,

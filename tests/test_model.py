@@ -11,7 +11,7 @@ import torch
 from flax import nnx
 
 from fire_jax.convert import hf as convert
-from fire_jax.geometry import ImageGeometry, select_best_resolution, unpadded_size
+from fire_jax.core.geometry import ImageGeometry, select_best_resolution, unpadded_size
 from fire_jax.models import KVCache, LlavaNext, LlavaNextConfig, LoRAParam, count_params, merge_lora, set_layer_layout
 from hf_reference import IMAGE_TOKEN, PINPOINTS, hf_logits, jit_call, make_batch, rel_err, tiny_hf_model
 
@@ -86,8 +86,8 @@ def test_llama31_rope_scaling_matches_hf_under_jit(tmp_path):
     from fire_jax.infer.decode import generate
     from fire_jax.infer.sampling import SamplingParams
     from fire_jax.infer.forward import forward_logits
-    from fire_jax.config import loss_config, train_config
-    from fire_jax.sharding import make_mesh
+    from fire_jax.core.config import loss_config, train_config
+    from fire_jax.runtime.sharding import make_mesh
     from fire_jax.train.step import Trainer
 
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -131,9 +131,9 @@ def test_tied_embeddings_one_matrix_through_save_transformers_and_a_train_step(t
     from safetensors.numpy import load_file, save_file
     from transformers import LlavaNextForConditionalGeneration
 
-    from fire_jax.config import loss_config, train_config
+    from fire_jax.core.config import loss_config, train_config
     from fire_jax.models import LlamaConfig, VisionConfig
-    from fire_jax.sharding import make_mesh
+    from fire_jax.runtime.sharding import make_mesh
     from fire_jax.train.step import Trainer
 
     llm = LlamaConfig(vocab_size=512, dim=64, layers=2, heads=4, kv_heads=2, head_dim=16, mlp_dim=128,
@@ -189,7 +189,7 @@ def _as_model_dict(cfg):
 
 
 def test_every_shipped_model_config_hashes():
-    from fire_jax.config import load_config
+    from fire_jax.core.config import load_config
 
     root = os.path.join(os.path.dirname(__file__), "..", "configs")
     for name in ("tiny.py", "llava_next_8b.py"):
@@ -421,7 +421,7 @@ def test_traced_builds_draw_the_keys_of_nnx_rngs(backend_compiles):
     """abstract_model, fresh_lora_state and build_model on a mesh build the model under a trace with InitKeys:
     the keys of nnx.Rngs(seed), so the jitted LoRA init is the eager model's bit for bit and the abstract model
     has the eager one's graph and shapes."""
-    from fire_jax.config import load_config
+    from fire_jax.core.config import load_config
     from fire_jax.models import InitKeys
 
     rngs, keys = nnx.Rngs(7), InitKeys(7)

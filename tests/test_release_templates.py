@@ -16,7 +16,7 @@ from tokenizers import AddedToken
 from fire_jax.data.chat import SYSTEM, ChatTokenizer, Message
 from fire_jax.data.templates import ChatTemplate, template_source
 from fire_jax.data.tokenizer import train_tokenizer
-from fire_jax.geometry import ImageGeometry
+from fire_jax.core.geometry import ImageGeometry
 
 FIXTURE = json.load(open(os.path.join(os.path.dirname(__file__), "fixtures", "release_templates.json"),
                          encoding="utf-8"))

@@ -1,4 +1,4 @@
-"""fire_jax.results: the one JSONL store, settings guard and strict-JSON writer every resumable job uses."""
+"""fire_jax.core.results: the one JSONL store, settings guard and strict-JSON writer every resumable job uses."""
 
 import json
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 
 from fire_jax.data.bad_records import BadRecordError, BadRecords
-from fire_jax.results import ResultStore, check_settings, finite, write_json
+from fire_jax.core.results import ResultStore, check_settings, finite, write_json
 
 
 def test_store_cuts_a_partial_last_line_and_the_last_line_of_a_key_wins(tmp_path):
@@ -105,7 +105,7 @@ def test_a_cut_last_line_is_reported_and_a_bad_byte_named(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"store.jsonl: line 2 is not a result record \(byte 19 of the line is "
                                          r"not UTF-8\)") as e:
         ResultStore(path, "id")
-    from fire_jax.config import InputError
+    from fire_jax.core.config import InputError
 
     assert isinstance(e.value, InputError)
     capsys.readouterr()
@@ -121,7 +121,7 @@ def test_a_cut_last_line_is_reported_and_a_bad_byte_named(tmp_path, capsys):
 
 
 def test_settings_file_that_is_not_json_names_the_file(tmp_path):
-    from fire_jax.config import InputError
+    from fire_jax.core.config import InputError
 
     path = tmp_path / "settings.json"
     path.write_text("{broken")
@@ -138,7 +138,7 @@ def test_a_store_write_that_fails_names_the_file_and_the_space_left(tmp_path):
     import errno
     import os
 
-    from fire_jax.config import WriteFailed
+    from fire_jax.core.config import WriteFailed
 
     class FullFile:
         def write(self, text):

@@ -16,15 +16,15 @@ import pytest
 import torch
 from PIL import Image
 
-from fire_jax.config import load_config, resolve_path
-from fire_jax.config import DEFAULT_CONFIG
+from fire_jax.core.config import load_config, resolve_path
+from fire_jax.core.config import DEFAULT_CONFIG
 from fire_jax.convert.hf import load_hf_checkpoint
 from fire_jax.data.chat import ChatTokenizer, Message
 from fire_jax.data.images import preprocess
 from fire_jax.infer.decode import generate
 from fire_jax.infer.engine_config import EngineConfig
 from fire_jax.infer.sampling import SamplingParams
-from fire_jax.serve import default_models
+from fire_jax.serving.server import default_models
 from hf_reference import tiny_hf_model
 from loopback import server as loopback_server
 
@@ -198,7 +198,7 @@ def test_a_bad_request_fails_alone_beside_six_concurrent_ones(server, client):
 
 def test_omitted_sampling_fields_get_the_servers_defaults(client):
     """No temperature, top_p, top_k or max_tokens: the same completion as temperature 1, top_p 1, top_k 0 (off)
-    and max_tokens 256 with the same seed (fire_jax.limits.SAMPLING_DEFAULTS)."""
+    and max_tokens 256 with the same seed (fire_jax.serving.limits.SAMPLING_DEFAULTS)."""
     def sampled(**kw):
         return client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "defaults?"}],
                                               seed=5, **kw)
@@ -404,8 +404,8 @@ def test_default_context_holds_the_served_models_real_prompts():
     prompt's engine bucket) + 256; every shipped VLRMBench IC prompt fits, whatever the tokenizer."""
     from tokenizers import Tokenizer
 
-    from fire_jax.geometry import ImageGeometry
-    from fire_jax.serve import default_cache_len, prompt_text_tokens
+    from fire_jax.core.geometry import ImageGeometry
+    from fire_jax.serving.server import default_cache_len, prompt_text_tokens
     from fire_jax.vlrmbench.data import load_task
     from fire_jax.vlrmbench.tasks import build_prompt
 

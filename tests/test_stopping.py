@@ -14,7 +14,7 @@ import time
 import orbax.checkpoint as ocp
 import pytest
 
-from fire_jax.config import WriteFailed
+from fire_jax.core.config import WriteFailed
 from fire_jax.train import loop
 from loopback import child_env
 from test_train import tiny_config
@@ -199,10 +199,10 @@ def test_sigint_stops_training_after_a_last_checkpoint(tmp_path, monkeypatch):
 
 
 #: A command whose main blocks (``--checked``: in a loop that checks StopSignals.requested) under
-#: :func:`fire_jax.cli.input_errors_end_in_one_line` with the process's StopSignals, as run_absl sets them up.
+#: :func:`fire_jax.core.cli.input_errors_end_in_one_line` with the process's StopSignals, as run_absl sets them up.
 BLOCKED_COMMAND = """
 import sys, threading, time
-from fire_jax.cli import StopSignals, input_errors_end_in_one_line
+from fire_jax.core.cli import StopSignals, input_errors_end_in_one_line
 
 def main():
     stop = StopSignals(float(sys.argv[1]), "job").install()

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from fire_jax.config import load_config
+from fire_jax.core.config import load_config
 from fire_jax.data.pipeline import InputPipeline
 from fire_jax.models import LlavaNext, LlavaNextConfig, LoRAParam, set_layer_layout
-from fire_jax.sharding import make_mesh, put_batch
+from fire_jax.runtime.sharding import make_mesh, put_batch
 from fire_jax.train import loop
 from fire_jax.train.loss import token_weights
 from fire_jax.train.step import Trainer
@@ -193,11 +193,11 @@ def test_step_loss_and_gradients_equal_a_hand_computation(hand_setup, role, norm
 
 
 def test_build_model_on_a_mesh_makes_each_weight_sharded():
-    """fire_jax.checkpoint.build_model(config, mesh): the random weights are created already placed by the
+    """fire_jax.runtime.build.build_model(config, mesh): the random weights are created already placed by the
     sharding rules (no whole-model copy on one device first), the same values as the eager build to float
     rounding (XLA fuses the initialisers' scaling under jit)."""
-    from fire_jax.checkpoint import build_model
-    from fire_jax.sharding import state_shardings
+    from fire_jax.runtime.build import build_model
+    from fire_jax.runtime.sharding import state_shardings
 
     config = tiny_config()
     mesh = make_mesh((2, 2, 2))
@@ -344,7 +344,7 @@ def test_two_processes_write_a_checkpoint_one_process_restores(tmp_path):
     import portpicker
     from safetensors.numpy import load_file
 
-    from fire_jax.checkpoint import Checkpointer
+    from fire_jax.runtime.checkpoint import Checkpointer
 
     workdir = str(tmp_path / "multi")
     port = portpicker.pick_unused_port()

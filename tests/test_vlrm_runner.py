@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fire_jax.config import load_config
+from fire_jax.core.config import load_config
 from fire_jax.convert.hf import save_peft_adapter
 from fire_jax.data.chat import Message, render
 from fire_jax.data.images import pad_tiles
-from fire_jax.geometry import TEXT
+from fire_jax.core.geometry import TEXT
 from fire_jax.infer import backends
 from fire_jax.infer.forward import image_inputs
-from fire_jax.vlrmbench import runner
+from fire_jax.vlrmbench import runner, suite
 from fire_jax.vlrmbench.tasks import TASKS
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "eval_vlrm.py")
@@ -101,7 +101,7 @@ def bench(tmp_path_factory):
 @pytest.fixture(scope="module")
 def full_run(bench, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("vlrm_full")
-    return workdir, runner.evaluate(tiny_config(), str(bench), str(workdir))
+    return workdir, suite.evaluate(tiny_config(), str(bench), str(workdir))
 
 
 # ---------------------------------------------------------------- several images per sample
@@ -188,7 +188,7 @@ def test_shipped_records_with_a_typed_image_placeholder_get_one_image_block_per_
 def test_tile_cap_stops_before_generating(bench, tmp_path, monkeypatch):
     counting = CountingGenerate().install(monkeypatch)
     with pytest.raises(ValueError, match=r"image_ref_error.jsonl:2 \(id IC-1\): its 2 image\(s\) need 9 tiles"):
-        runner.evaluate(tiny_config(max_tiles=5), str(bench), str(tmp_path), tasks="IC")
+        suite.evaluate(tiny_config(max_tiles=5), str(bench), str(tmp_path), tasks="IC")
     assert counting.calls == 0
 
 
@@ -234,13 +234,13 @@ def test_rerun_resumes_without_redoing_or_losing_samples(bench, full_run, tmp_pa
     workdir = tmp_path / "run"
     CountingGenerate(interrupt_at=6).install(monkeypatch)  # the sixth call raises KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt):
-        runner.evaluate(tiny_config(), str(bench), str(workdir))
+        suite.evaluate(tiny_config(), str(bench), str(workdir))
     before = all_records(workdir)
     lines_before = {f: (workdir / "outputs" / f"{f}.jsonl").read_text() for f in before if before[f]}
     assert 0 < sum(map(len, before.values())) < 36
 
     resumed = CountingGenerate().install(monkeypatch)
-    results = runner.evaluate(tiny_config(), str(bench), str(workdir))
+    results = suite.evaluate(tiny_config(), str(bench), str(workdir))
     after = all_records(workdir)
     expected = sum(prompts_of(task, record) for task, records in after.items() for i, record in records.items()
                    if i not in before[task])
@@ -257,19 +257,19 @@ def test_rerun_resumes_without_redoing_or_losing_samples(bench, full_run, tmp_pa
     text = path.read_text()
     path.write_text(text[:len(text) - 20])
     again = CountingGenerate().install(monkeypatch)
-    runner.evaluate(tiny_config(), str(bench), str(workdir), tasks="SC,MJ")
+    suite.evaluate(tiny_config(), str(bench), str(workdir), tasks="SC,MJ")
     assert again.prompts == 2  # MJ-2 in both orders
     assert sorted(runner.read_records(path)[0]) == ["MJ-0", "MJ-1", "MJ-2"]
     assert len(path.read_text().splitlines()) == 3
 
     # Nothing left to do: no generation, and other settings for the same outputs are refused.
     nothing = CountingGenerate().install(monkeypatch)
-    runner.evaluate(tiny_config(), str(bench), str(workdir))
+    suite.evaluate(tiny_config(), str(bench), str(workdir))
     assert nothing.calls == 0
     config = tiny_config()
     config.vlrm.render = "official"
     with pytest.raises(ValueError, match=r"outputs of step_correctness were generated with other settings.*render"):
-        runner.evaluate(config, str(bench), str(workdir), tasks="SC")
+        suite.evaluate(config, str(bench), str(workdir), tasks="SC")
 
 
 def test_failed_generations_are_recorded_counted_and_retried(bench, full_run, tmp_path, monkeypatch):
@@ -283,7 +283,7 @@ def test_failed_generations_are_recorded_counted_and_retried(bench, full_run, tm
     shutil.copy(full_run[0] / "settings.json", workdir / "settings.json")
     failing = CountingGenerate(fail=lambda prompts: failing.calls == 1,
                                blank=lambda prompts: failing.calls == 3).install(monkeypatch)
-    results = runner.evaluate(tiny_config(), str(data), str(workdir), tasks="SC,FF,ERA")
+    results = suite.evaluate(tiny_config(), str(data), str(workdir), tasks="SC,FF,ERA")
     sc, ff, era = results["tasks"]["SC"], results["tasks"]["FF"], results["tasks"]["ERA"]
     # FF-1, FF-2; the ERA candidates, then the judge on each (empty) candidate in both orders.
     assert ff["generation_failures"] == {"input": 1} and failing.prompts == 2 + 3 + 6
@@ -308,7 +308,7 @@ def test_failed_generations_are_recorded_counted_and_retried(bench, full_run, tm
     assert record["outputs"] == [None] and record["failures"][0].startswith("exception: RuntimeError: device fell")
 
     retry = CountingGenerate().install(monkeypatch)
-    results = runner.evaluate(tiny_config(), str(data), str(workdir), tasks="SC,ERA", retry_failed=True)
+    results = suite.evaluate(tiny_config(), str(data), str(workdir), tasks="SC,ERA", retry_failed=True)
     assert retry.prompts == 3 + 3 + 2 * 3  # SC; ERA's candidates (their empty ones retried), each judged
     assert "exception" not in results["tasks"]["SC"]["generation_failures"]
 
@@ -384,7 +384,7 @@ def test_runner_with_scripted_agents_gives_exact_figures(bench, tmp_path, monkey
     monkeypatch.setattr(runner.Responder, "from_config", classmethod(lambda cls, *a, **k: scripted))
     config = tiny_config()
     config.analyses.shots.k = "0,1,2"
-    results = runner.evaluate(config, str(bench), str(tmp_path), tasks="SC,MJ,FF,ERA,EC",
+    results = suite.evaluate(config, str(bench), str(tmp_path), tasks="SC,MJ,FF,ERA,EC",
                               analyses="positional,length,shots")
     tasks = results["tasks"]
     # SC: labels [0,1 | 0,1 | 0,1]; SC-0 right, SC-1 reads [1, 1], SC-2 unreadable.
@@ -476,7 +476,7 @@ def test_shipped_record_whose_image_is_missing(tmp_path, monkeypatch):
     monkeypatch.setattr(runner.Responder, "from_config", classmethod(lambda cls, *a, **k: recording))
     config = tiny_config()
     config.vlrm.accounting = "official"  # missing_images "auto": send_without
-    results = runner.evaluate(config, str(data), str(tmp_path / "official"), tasks="IC")
+    results = suite.evaluate(config, str(data), str(tmp_path / "official"), tasks="IC")
     ic = results["tasks"]["IC"]
     assert [r.images for r in recording.requests] == [(str(data / records[0]["image"][0]),), (),
                                                       (str(data / records[2]["image"][0]),)]
@@ -493,7 +493,7 @@ def test_shipped_record_whose_image_is_missing(tmp_path, monkeypatch):
     # Ours (the default): the record is skipped and counted; the official figure is then over the other two:
     # 27 steps, 3 wrong; TP 1, FP 1, FN 2, TN 23: (24 * 2/5 + 3 * 46/49) / 27 = 338/735.
     recording.requests.clear()
-    results = runner.evaluate(tiny_config(), str(data), str(tmp_path / "ours"), tasks="IC")
+    results = suite.evaluate(tiny_config(), str(data), str(tmp_path / "ours"), tasks="IC")
     ic = results["tasks"]["IC"]
     assert ic["num_samples"] == 2 and ic["bad_records"] == {"missing_image": 1} and len(recording.requests) == 2
     assert results["missing_images"] == "skip"
@@ -503,7 +503,7 @@ def test_shipped_record_whose_image_is_missing(tmp_path, monkeypatch):
     # The image found later: the sample sent without it is generated again, the others are reused.
     Image.new("RGB", (8, 8)).save(missing)
     recording.requests.clear()
-    runner.evaluate(config, str(data), str(tmp_path / "official"), tasks="IC")
+    suite.evaluate(config, str(data), str(tmp_path / "official"), tasks="IC")
     assert [r.images for r in recording.requests] == [(missing,)]
 
 
@@ -517,7 +517,7 @@ def test_analyses_on_the_tiny_model_write_tables_and_resume(bench, full_run, tmp
     config.analyses.voting.k = "1,3"
     config.analyses.correction.max_examples = 3
     config.analyses.correction.max_new_tokens = 8
-    first = runner.evaluate(config, str(bench), str(workdir), tasks="SC,MJ", analyses="all")["analyses"]
+    first = suite.evaluate(config, str(bench), str(workdir), tasks="SC,MJ", analyses="all")["analyses"]
     assert list(first) == list(vlrm_analyses.ANALYSES)
     for name, paper_row in (("positional", "| better_first | GPT-4o (paper) | 9.8 | 7.8 | 52.2 |"),
                             ("length", "| GPT-4o (paper) | 77.8 | 75.2 | 68.6 |"),
@@ -537,12 +537,12 @@ def test_analyses_on_the_tiny_model_write_tables_and_resume(bench, full_run, tmp
 
     # A rerun generates nothing: every analysis resumes from its files.
     counting = CountingGenerate().install(monkeypatch)
-    again = runner.evaluate(config, str(bench), str(workdir), tasks="SC,MJ", analyses="all")["analyses"]
+    again = suite.evaluate(config, str(bench), str(workdir), tasks="SC,MJ", analyses="all")["analyses"]
     assert counting.calls == 0
     assert {k: v["table"] for k, v in again.items()} == {k: v["table"] for k, v in first.items()}
     config.analyses.voting.temperature = 0.5
     with pytest.raises(ValueError, match=r"analyses/voting: its outputs were generated with other settings"):
-        runner.evaluate(config, str(bench), str(workdir), tasks="SC,MJ", analyses="voting")
+        suite.evaluate(config, str(bench), str(workdir), tasks="SC,MJ", analyses="voting")
 
 
 # ---------------------------------------------------------------- an endpoint as the model and the judge
@@ -563,7 +563,7 @@ def test_api_model_and_judge_give_the_in_process_results(bench, full_run, served
     local_dir, local = full_run
     config = tiny_config()
     config.checkpoint = spec
-    remote = runner.evaluate(config, str(bench), str(tmp_path / "api"))
+    remote = suite.evaluate(config, str(bench), str(tmp_path / "api"))
     assert remote["model"] == f"tiny ({served}/v1)" and remote["judge"] == f"tiny ({served}/v1) (self)"
     assert all_records(tmp_path / "api") == all_records(local_dir)
     assert {k: v["scores"] for k, v in remote["tasks"].items()} == {k: v["scores"] for k, v in local["tasks"].items()}
@@ -572,7 +572,7 @@ def test_api_model_and_judge_give_the_in_process_results(bench, full_run, served
 
     config = tiny_config()
     config.judge.checkpoint = spec  # the in-process model's critiques, judged by the endpoint
-    judged = runner.evaluate(config, str(bench), str(tmp_path / "judge"), tasks="ERA,EC")
+    judged = suite.evaluate(config, str(bench), str(tmp_path / "judge"), tasks="ERA,EC")
     assert judged["judge"] == f"tiny ({served}/v1)"
     for task in ("error_reason_analysis", "error_correction"):
         assert runner.read_records(tmp_path / "judge" / "outputs" / f"{task}.jsonl")[0] == all_records(local_dir)[task]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fire_jax.cli import input_errors_end_in_one_line  # noqa: E402
+from fire_jax.core.cli import input_errors_end_in_one_line  # noqa: E402
 from fire_jax.vlrmbench.audit import audit_file, audit_json, audit_report  # noqa: E402
 
 

@@ -11,7 +11,7 @@ records), or any other name. A split already built is not rebuilt; its saved cou
 
 import argparse
 
-from fire_jax.cli import existing_dir, input_errors_end_in_one_line
+from fire_jax.core.cli import existing_dir, input_errors_end_in_one_line
 from fire_jax.data import tfds_fire
 from fire_jax.data.bad_records import BadRecords
 

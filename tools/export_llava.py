@@ -17,7 +17,7 @@ import argparse
 import os
 import shutil
 
-from fire_jax.config import apply_overrides, load_config, resolve_path
+from fire_jax.core.config import apply_overrides, load_config, resolve_path
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
 
@@ -63,6 +63,6 @@ def main(argv=None, print_fn=print):
 
 
 if __name__ == "__main__":
-    from fire_jax.cli import input_errors_end_in_one_line
+    from fire_jax.core.cli import input_errors_end_in_one_line
 
     input_errors_end_in_one_line("export_llava")(main)()

@@ -38,7 +38,7 @@ class Length:
 def sequence_lengths(tokenizer_path: str) -> tuple[list[Length], dict[str, int]]:
     """Every record x role x image mode; and the records skipped, by reason."""
     from fire_jax.data.chat import ChatTokenizer, training_messages
-    from fire_jax.config import load_config
+    from fire_jax.core.config import load_config
     from fire_jax.data.sources import geometry_from_model_config
     from fire_jax.data.bad_records import BadRecords
     from fire_jax.data.records import load_records
@@ -119,6 +119,6 @@ def main():
 
 
 if __name__ == "__main__":
-    from fire_jax.cli import input_errors_end_in_one_line
+    from fire_jax.core.cli import input_errors_end_in_one_line
 
     input_errors_end_in_one_line("fire_lengths")(main)()

@@ -18,7 +18,7 @@ import os
 
 import numpy as np
 
-from fire_jax.cli import int_at_least
+from fire_jax.core.cli import int_at_least
 from fire_jax.convert.gguf import read_gguf
 from fire_jax.convert.load import load_model
 from fire_jax.infer.decode import generate, unpad
@@ -78,6 +78,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from fire_jax.cli import input_errors_end_in_one_line
+    from fire_jax.core.cli import input_errors_end_in_one_line
 
     input_errors_end_in_one_line(os.path.basename(__file__)[:-3])(main)()

@@ -90,6 +90,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from fire_jax.cli import input_errors_end_in_one_line
+    from fire_jax.core.cli import input_errors_end_in_one_line
 
     input_errors_end_in_one_line(os.path.basename(__file__)[:-3])(main)()

@@ -18,8 +18,8 @@ import os
 
 from absl import flags, logging
 
-from fire_jax.cli import define_config_flag, run_absl
-from fire_jax.config import CONFIGS_DIR
+from fire_jax.core.cli import define_config_flag, run_absl
+from fire_jax.core.config import CONFIGS_DIR
 
 _CONFIG = define_config_flag(__name__, "make_fire1m", os.path.join(CONFIGS_DIR, "eval_free.py"),
                              "evaluation config (agents, decoding)", kind="setting")

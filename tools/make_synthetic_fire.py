@@ -9,8 +9,8 @@ regenerates the copy shipped in the repo (seed 0, 720 train / 90 test records).
 import argparse
 import json
 
-from fire_jax.cli import input_errors_end_in_one_line, int_at_least
-from fire_jax.config import InputError
+from fire_jax.core.cli import input_errors_end_in_one_line, int_at_least
+from fire_jax.core.config import InputError
 from fire_jax.data.synthetic import corpus, write_synthetic_fire
 from fire_jax.data.tokenizer import train_tokenizer
 

@@ -134,9 +134,9 @@ def load_clip_vision_tower(model, directory: str) -> None:
     """Set a LLaVA model's vision tower to the one of the CLIPModel checkpoint in ``directory`` (in place).
 
     The towers must agree in every field but ``feature_layer`` (which layer LLaVA reads); an
-    :class:`fire_jax.config.InputError` names the first that differs.
+    :class:`fire_jax.core.config.InputError` names the first that differs.
     """
-    from fire_jax.config import InputError
+    from fire_jax.core.config import InputError
 
     with open(os.path.join(directory, "config.json")) as f:
         vision = config_from_hf(json.load(f)).vision

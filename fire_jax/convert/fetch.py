@@ -20,7 +20,7 @@ import sys
 import tempfile
 import zipfile
 
-from fire_jax.config import InputError, cache_dir
+from fire_jax.core.config import InputError, cache_dir
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +45,7 @@ MODELS = {
 
 class FetchError(InputError, RuntimeError):
     """A named model could not be fetched or failed its checksum (one line: what, and why). An
-    :class:`~fire_jax.config.InputError`: a CLI that fetches (the main job, training) ends on it in that line."""
+    :class:`~fire_jax.core.config.InputError`: a CLI that fetches (the main job, training) ends on it in that line."""
 
 
 def sha256(path: str, *, desc: str | None = None) -> str:
@@ -181,6 +181,6 @@ def main(names: list[str]) -> None:
 
 
 if __name__ == "__main__":  # python -m fire_jax.convert.fetch smollm2-135m-instruct
-    from fire_jax.cli import input_errors_end_in_one_line
+    from fire_jax.core.cli import input_errors_end_in_one_line
 
     input_errors_end_in_one_line("fire_jax.convert.fetch")(main)(sys.argv[1:])

@@ -30,8 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from fire_jax.config import InputError
-from fire_jax.geometry import DEFAULT_PINPOINTS
+from fire_jax.core.config import InputError
+from fire_jax.core.geometry import DEFAULT_PINPOINTS
 from fire_jax.models.config import ARCHITECTURES, LlamaConfig, LlavaNextConfig, LoraConfig, VisionConfig
 from fire_jax.models.layers import InitKeys, LoRAParam
 from fire_jax.models.llava_next import LlavaNext

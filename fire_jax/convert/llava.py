@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterator
 import jax
 import numpy as np
 
-from fire_jax.config import InputError
+from fire_jax.core.config import InputError
 from fire_jax.convert import hf as hub
 from fire_jax.models.config import PROJECTORS, LlavaNextConfig, LoraConfig
 from fire_jax.models.llava_next import LlavaNext

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from fire_jax.config import InputError
+from fire_jax.core.config import InputError
 from fire_jax.convert import llava
 from fire_jax.convert.gguf import TEXT_ONLY_VISION, llava_from_gguf
 from fire_jax.convert.hf import load_hf_checkpoint, read_config

@@ -10,7 +10,8 @@
 - ``tfds_fire``: the tensorflow-datasets builder (array_record, no TensorFlow) and its reader.
 - ``pipeline``: grain input pipeline -> fixed-shape numpy batches; ``config``: data config + sources.
 - ``synthetic`` / ``tokenizer``: the shipped synthetic demo set and tiny BPE tokenizer.
-- ``python -m fire_jax.data.inspect``: print one rendered example.
+
+``python -m fire_jax.inspect_data`` prints one rendered example.
 
 Plain Python + numpy (+ PIL, tokenizers, grain, tfds); this package never imports jax itself
 (grain, used by ``pipeline``, does).

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 
-from fire_jax.config import InputError
+from fire_jax.core.config import InputError
 
 # Reasons a record is skipped at parse time: invalid_json, invalid_utf8, oversize_field, missing_field,
 # missing_image, image_outside_root, unreadable_image, bad_turn_order, empty_text, and no_score where scores are

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from fire_jax.config import InputError, resolve_path
+from fire_jax.core.config import InputError, resolve_path
 from fire_jax.data.images import _resize, load_image, normalise
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from fire_jax.data.records import IMAGE_PLACEHOLDER, Conversation, Instruction, Record
 from fire_jax.data.templates import LLAMA3_FAMILY, ChatTemplate, template_source
-from fire_jax.geometry import ImageGeometry, unpadded_size
+from fire_jax.core.geometry import ImageGeometry, unpadded_size
 
 #: Llama-3's special tokens (the tiny test tokenizer has them too).
 BOS = "<|begin_of_text|>"

@@ -6,7 +6,7 @@ bicubic resize (sizes rounded up, as HF does), centred black padding (the
 extra pixel of an odd margin goes to the bottom/right), row-major tiles, the
 whole image resized to a *square* tile as tile 0 (HF does not keep its aspect
 ratio), then rescale 1/255 in float64 -> float32 and CLIP normalisation in
-float32. Tile layout comes from :class:`fire_jax.geometry.ImageGeometry`.
+float32. Tile layout comes from :class:`fire_jax.core.geometry.ImageGeometry`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import threading
 import numpy as np
 from PIL import Image
 
-from fire_jax.geometry import ImageGeometry, select_best_resolution
+from fire_jax.core.geometry import ImageGeometry, select_best_resolution
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)

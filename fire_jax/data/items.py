@@ -15,7 +15,7 @@ import collections
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-from fire_jax.config import resolve_path
+from fire_jax.core.config import resolve_path
 from fire_jax.data.bad_records import BadRecordError, BadRecords
 from fire_jax.data.image_files import check_image
 from fire_jax.data.jsonl import read_objects

@@ -8,7 +8,7 @@ import json
 import os
 from typing import Any, Callable, Iterator, TypeVar
 
-from fire_jax.config import InputError, json_error_at
+from fire_jax.core.config import InputError, json_error_at
 from fire_jax.data.bad_records import BadRecordError, BadRecords
 
 T = TypeVar("T")

@@ -5,7 +5,7 @@ chat rendering for the model's role, tokenisation with the image placeholder
 expanded, loss mask and turn ids, cut to ``max_len``. Per batch
 (:func:`collate`): pad sequences to the smallest length bucket that fits,
 tiles to ``geometry.max_tiles``, and lay out the image features with
-:func:`fire_jax.geometry.place_images`.
+:func:`fire_jax.core.geometry.place_images`.
 
 :class:`InputPipeline` runs this with grain over the configured sources:
 shuffled by seed (differently each epoch), sharded by process, mixed by
@@ -37,13 +37,13 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 from PIL import Image
 
-from fire_jax.config import DATA_DEFAULTS, resolve_path
+from fire_jax.core.config import DATA_DEFAULTS, resolve_path
 from fire_jax.data import chat as chat_lib
 from fire_jax.data.images import load_image, normalise, pad_tiles, tiles
 from fire_jax.data.bad_records import BadRecordError, BadRecords
 from fire_jax.data.records import Conversation, Record, field_caps
 from fire_jax.data.sources import open_source
-from fire_jax.geometry import ImageGeometry, place_images
+from fire_jax.core.geometry import ImageGeometry, place_images
 
 # Reasons the pipeline drops an example that parsed fine: image_cut, no_labelled_token, unreadable_image, and
 # no_score (a teacher reading a built split, which keeps unscoreable conversations for the student).
@@ -204,7 +204,7 @@ class InputPipeline:
         missing = {"tokenizer", "sources"} - set(given) - set(overrides)
         if unknown or missing:
             raise ValueError(f"data config: unknown field(s) {sorted(unknown)}, missing {sorted(missing)}; "
-                             f"see fire_jax.config.DATA_DEFAULTS")
+                             f"see fire_jax.core.config.DATA_DEFAULTS")
         cfg = {**DATA_DEFAULTS, **given, **overrides}
         self.config, self.geometry = cfg, geometry
         if cfg["batch_size"] % process_count:

@@ -18,7 +18,7 @@ import dataclasses
 import re
 from typing import Any, Mapping, Sequence
 
-from fire_jax.config import InputError
+from fire_jax.core.config import InputError
 from fire_jax.data.bad_records import BadRecordError, BadRecords
 from fire_jax.data.image_files import check_image
 from fire_jax.data.jsonl import read_objects

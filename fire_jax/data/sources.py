@@ -20,10 +20,10 @@ from __future__ import annotations
 from collections.abc import Sequence as SequenceABC
 from typing import Any, Mapping
 
-from fire_jax.config import resolve_path
+from fire_jax.core.config import resolve_path
 from fire_jax.data.bad_records import BadRecords
 from fire_jax.data.records import Record, iter_records
-from fire_jax.geometry import ImageGeometry
+from fire_jax.core.geometry import ImageGeometry
 
 def geometry_from_model_config(model: Mapping[str, Any]) -> ImageGeometry:
     """The image geometry named by ``config.model`` (what ``LlavaNextConfig.geometry`` builds)."""

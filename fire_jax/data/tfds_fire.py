@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
 
-from fire_jax.config import InputError
+from fire_jax.core.config import InputError
 from fire_jax.data.bad_records import BadRecords
 from fire_jax.data.image_files import image_size_of
 from fire_jax.data.records import Conversation, Instruction, Record, Turn, iter_records

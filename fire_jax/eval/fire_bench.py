@@ -24,14 +24,14 @@ import json
 import os
 from typing import Any, Mapping
 
-from fire_jax.config import resolve_path
+from fire_jax.core.config import resolve_path
 from fire_jax.data.items import item_of, load_conversations
 from fire_jax.data.bad_records import BadRecords
 from fire_jax.eval import fixed, free, judge, plots, report
 from fire_jax.infer import dialogue
 from fire_jax.infer.engine_config import EngineConfig
 from fire_jax.infer.sampling import SamplingParams
-from fire_jax.results import check_settings, write_json
+from fire_jax.core.results import check_settings, write_json
 
 SETTINGS = ("fixed", "free")
 

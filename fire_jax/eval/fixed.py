@@ -32,7 +32,7 @@ from typing import Mapping, Sequence
 from fire_jax.data.records import Conversation
 from fire_jax.data.scores import SCORE_PARSERS, parse_score
 from fire_jax.eval.metrics import score_mae, text_metrics
-from fire_jax.results import ResultStore
+from fire_jax.core.results import ResultStore
 
 ROLES = ("student", "teacher")
 

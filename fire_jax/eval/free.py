@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 from fire_jax.data.items import Item
 from fire_jax.eval.metrics import accuracy_by_turn, free_dialogue_metrics
 from fire_jax.infer.dialogue import FREE_DIALOGUE, Dialogue, StopRule, dialogue_record, run_dialogues
-from fire_jax.results import ResultStore
+from fire_jax.core.results import ResultStore
 
 
 def run_free(items: Sequence[Item], student, teacher, path: str, *, rule: StopRule = FREE_DIALOGUE,

@@ -20,7 +20,7 @@ import os
 import re
 from typing import Mapping
 
-from fire_jax.results import markdown_table
+from fire_jax.core.results import markdown_table
 
 PAPER_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paper_results", "fire.json")
 FIXED_COLUMNS = ("BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "CIDEr")

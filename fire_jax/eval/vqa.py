@@ -22,7 +22,7 @@ from typing import Any
 from fire_jax.data.bad_records import BadRecordError, BadRecords
 from fire_jax.data.jsonl import read_objects
 from fire_jax.eval import metrics
-from fire_jax.results import ResultStore, markdown_table, write_json
+from fire_jax.core.results import ResultStore, markdown_table, write_json
 
 SHORT_ANSWER = "Answer the question using a single word or phrase."
 LETTER_ANSWER = "Answer with the option's letter from the given choices directly."

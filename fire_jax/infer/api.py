@@ -7,7 +7,7 @@ The prompts are the agents' own (:mod:`fire_jax.infer.agents`, rendered by
 :mod:`fire_jax.data.chat`), sent as chat messages: fire_jax's system prompt,
 then each message, the ``<image>\\n`` placeholder becoming a PNG ``image_url``
 part (a ``data:`` URI) followed by the rest of the text, which is how
-:mod:`fire_jax.serve` renders them back, so a served fire_jax model answers
+:mod:`fire_jax.serving.server` renders them back, so a served fire_jax model answers
 exactly as in process. Rows go out concurrently (``concurrency`` threads),
 each retried up to ``retries`` times with exponential backoff on 429, 5xx,
 timeouts and connection errors; every failure is counted by reason in

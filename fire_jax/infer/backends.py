@@ -40,7 +40,7 @@ class Backend(Protocol):
     context: int
     #: The tokenizer a prompt's text is counted in (None: an endpoint's own).
     tokenizer: object
-    #: How its images are tiled (:class:`fire_jax.geometry.ImageGeometry`; None: an endpoint's own).
+    #: How its images are tiled (:class:`fire_jax.core.geometry.ImageGeometry`; None: an endpoint's own).
     geometry: object
 
     def generate(self, images: Sequence, prompts: Sequence[Sequence[Message]],

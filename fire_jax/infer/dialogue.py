@@ -44,7 +44,7 @@ from fire_jax.data.bad_records import BadRecords
 from fire_jax.data.filters import drop_reason
 from fire_jax.data.records import Turn, to_raw
 from fire_jax.data.scores import SCORE_PARSERS, parse_score
-from fire_jax.results import ResultStore
+from fire_jax.core.results import ResultStore
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,9 +45,9 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from fire_jax.config import DEFAULT_RULES
+from fire_jax.core.config import DEFAULT_RULES
 from fire_jax.data.images import pad_tiles
-from fire_jax.geometry import place_images
+from fire_jax.core.geometry import place_images
 from fire_jax.infer import kernels
 from fire_jax.infer.engine_config import EngineConfig
 from fire_jax.infer.prefix_cache import PrefixCache, image_key
@@ -134,7 +134,7 @@ class Engine:
       tokenizer: anything with ``decode(ids, skip_special_tokens=True)``; needed for stop strings and text.
       mesh: split the slots over its ``data`` axis (``slots`` is rounded up to a multiple of its size, and
         every chunk decodes all of them) and the cache's KV heads over ``tensor`` when that divides them,
-        through the logical axis rules of the models' parameters (``fire_jax.config.DEFAULT_RULES``).
+        through the logical axis rules of the models' parameters (``fire_jax.core.config.DEFAULT_RULES``).
     """
 
     def __init__(self, model, config: EngineConfig = EngineConfig(), *, tokenizer=None, mesh: Mesh | None = None):

@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from fire_jax.data.images import pad_tiles
-from fire_jax.geometry import place_images
+from fire_jax.core.geometry import place_images
 
 
 def normalise_sizes(image_sizes, batch: int) -> list[list[tuple[int, int]]]:

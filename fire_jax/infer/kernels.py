@@ -14,7 +14,7 @@ weigh exactly zero in attention, so a request's greedy tokens do not depend on
 what runs beside it.
 
 **On a mesh** the cache is laid out by logical axis names, like the models'
-parameters (:data:`CACHE_AXES`, mapped to mesh axes by ``fire_jax.config.DEFAULT_RULES``): slots over
+parameters (:data:`CACHE_AXES`, mapped to mesh axes by ``fire_jax.core.config.DEFAULT_RULES``): slots over
 ``data``, the KV heads over ``tensor`` where that divides them.
 """
 

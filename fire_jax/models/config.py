@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterator, Mapping
 
-from fire_jax.geometry import DEFAULT_PINPOINTS, ImageGeometry
+from fire_jax.core.geometry import DEFAULT_PINPOINTS, ImageGeometry
 
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 

@@ -6,7 +6,7 @@ has no image_newline parameter and one padded-to-square tile per image (``image_
 ``masked_scatter`` do; the merge below is the same gather.
 
 The merge has static shapes: the host computes ``image_index`` (see
-:func:`fire_jax.geometry.place_images`), the position of every image feature
+:func:`fire_jax.core.geometry.place_images`), the position of every image feature
 in the token sequence, as an index into a per-example feature bank (all tile
 features, then image_newline). The device gathers from the bank and selects
 with ``jnp.where``; no boolean scatter, no Python loop over examples.

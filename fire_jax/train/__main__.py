@@ -11,7 +11,7 @@ Multi-host: run the same command on every host with ``--coordinator HOST:PORT
 
 from absl import flags
 
-from fire_jax.cli import define_config_flag, run_absl
+from fire_jax.core.cli import define_config_flag, run_absl
 
 _CONFIG = define_config_flag(__name__, "fire_jax.train", None,
                              "config file (get_config(arg)); path:arg for sweeps", kind="train")

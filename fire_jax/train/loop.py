@@ -16,12 +16,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from fire_jax.checkpoint import Checkpointer, build_model
-from fire_jax.cli import StopSignals
-from fire_jax.config import WriteFailed, writing
+from fire_jax.runtime.build import build_model
+from fire_jax.runtime.checkpoint import Checkpointer
+from fire_jax.core.cli import StopSignals
+from fire_jax.core.config import WriteFailed, writing
 from fire_jax.models import LlavaNext
 from fire_jax.models.clip import CLIPModel
-from fire_jax.sharding import make_mesh, put_batch
+from fire_jax.runtime.sharding import make_mesh, put_batch
 from fire_jax.train.step import Trainer, batch_example_ids
 
 
@@ -89,7 +90,7 @@ def cut_metrics(path: str, step: int) -> None:
     """Cut ``path`` (metrics.jsonl) after its last line of a step <= ``step``, printing what was cut: the lines
     of later steps and a last line cut short by the kill. A line that is not a JSON record of a step before
     that ends in an :class:`InputError` naming the file and line."""
-    from fire_jax.config import InputError
+    from fire_jax.core.config import InputError
 
     if not os.path.exists(path):
         return
@@ -260,7 +261,7 @@ def export(model: LlavaNext | CLIPModel, workdir: str, config) -> None:
     ``init.vision_tower`` reads it)."""
     import shutil
 
-    from fire_jax.config import resolve_path
+    from fire_jax.core.config import resolve_path
     from fire_jax.convert.hf import save_hf_checkpoint, save_peft_adapter
     from fire_jax.models import merge_lora
 

@@ -19,10 +19,10 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from fire_jax.checkpoint import trainable_filter
+from fire_jax.runtime.build import trainable_filter
 from fire_jax.models import LlavaNext
 from fire_jax.models.clip import CLIPModel, contrastive_loss
-from fire_jax.sharding import DEFAULT_RULES, activation_sharding, batch_sharding, state_shardings
+from fire_jax.runtime.sharding import DEFAULT_RULES, activation_sharding, batch_sharding, state_shardings
 from fire_jax.train import loss as losses
 
 BATCH_KEYS = ("input_ids", "attention_mask", "loss_mask", "turn_ids", "pixel_values", "image_index")

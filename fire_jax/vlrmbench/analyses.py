@@ -42,11 +42,11 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from fire_jax.infer.dialogue import StopRule
-from fire_jax.results import ResultStore, check_settings, markdown_table
-from fire_jax.vlrmbench.data import Sample, TaskData
+from fire_jax.core.results import ResultStore, check_settings, markdown_table
+from fire_jax.vlrmbench.data import TaskData
 from fire_jax.vlrmbench.parse import parse_foresight, try_parse_scores, try_parse_step_labels
 from fire_jax.vlrmbench.score import load_paper_results, score_accountings
-from fire_jax.vlrmbench.tasks import TASK_PROMPTS, task_info
+from fire_jax.vlrmbench.tasks import TASK_PROMPTS, Sample, task_info
 
 ANALYSES = ("positional", "voting", "shots", "length", "correction")
 ACCOUNTINGS = ("ours", "official")  # the accountings the analyses report: ours and the release's
@@ -88,7 +88,8 @@ def _number(value: float | None, scale: float = 100) -> str:
 
 
 def markdown(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """An analysis table (:func:`fire_jax.results.markdown_table`): labels first, the other columns right-aligned."""
+    """An analysis table (:func:`fire_jax.core.results.markdown_table`): labels first, the other columns
+    right-aligned."""
     return markdown_table(header, rows, align="l" + "r" * (len(header) - 1)) + "\n"
 
 
@@ -440,7 +441,7 @@ def correction_rate(records: Sequence[Mapping], rule: StopRule = CORRECTION) -> 
 
 def correction(config, generator, workdir: Path) -> dict:
     """Table 7: the student's correction rate with the evaluated model's ERA analyses, per source and overall."""
-    from fire_jax.config import load_config
+    from fire_jax.core.config import load_config
     from fire_jax.data.items import load_triplets
     from fire_jax.infer.dialogue import run_dialogues
     from fire_jax.infer.agents import from_spec

@@ -35,12 +35,12 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from fire_jax.results import markdown_table
-from fire_jax.vlrmbench.data import Sample, TaskData, load_task
+from fire_jax.core.results import markdown_table
+from fire_jax.vlrmbench.data import TaskData, load_task
 
 
 from fire_jax.vlrmbench.score import weighted_f1
-from fire_jax.vlrmbench.tasks import STEP_MARK, STEP_PREFIX, task_info
+from fire_jax.vlrmbench.tasks import STEP_MARK, STEP_PREFIX, Sample, task_info
 
 FIXED_RULES = ("trailing_whitespace", "no_trailing_whitespace", "ends_with_period", "no_final_period",
                "first_step", "last_step", "differs_from_step_list", "not_prefix_of_step_list")

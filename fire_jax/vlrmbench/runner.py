@@ -1,8 +1,8 @@
 """VLRMBench with a fire_jax model: generate, judge, resume, score (docs/vlrmbench.md).
 
-The model-dependent half of the benchmark; prompts, parsers and metrics are
-:mod:`fire_jax.vlrmbench`. ``python -m fire_jax.evaluate_vlrm`` calls
-:func:`evaluate`.
+The model-dependent half of the benchmark, one task at a time (:func:`run_task`) and its scoring
+(:func:`score`); prompts, parsers and metrics are :mod:`fire_jax.vlrmbench`. A whole run, the tasks then the
+paper's analyses, is :func:`fire_jax.vlrmbench.suite.evaluate` (``python -m fire_jax.evaluate_vlrm``).
 
 **Several images per sample.** A VLRMBench record holds a list of images. The
 user turn is ``"<image>\\n" * k + prompt`` (one placeholder per image, in
@@ -13,7 +13,7 @@ Each image is tiled by :func:`fire_jax.data.images.preprocess` and the
 sample's tiles are concatenated in image order (the in-process backend,
 :class:`fire_jax.infer.backends.InProcess`), so one example needs
 ``sum_i num_tiles(size_i)`` tiles; the model lays the features out with
-:func:`fire_jax.geometry.place_images` (image i reads the tiles after images
+:func:`fire_jax.core.geometry.place_images` (image i reads the tiles after images
 < i). With ``generate.max_tiles`` set, a sample needing more tiles stops the
 run before any generation, naming it.
 
@@ -71,7 +71,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 
-from fire_jax.config import load_config
+from fire_jax.core.config import load_config
 from fire_jax.data.chat import Message
 from fire_jax.data.images import load_image
 from fire_jax.infer import agents
@@ -79,11 +79,12 @@ from fire_jax.infer.api import ApiError
 from fire_jax.infer.engine_config import EngineConfig
 from fire_jax.infer.sampling import SamplingParams
 from fire_jax.infer.loading import display_name
-from fire_jax.results import ResultStore, check_settings, write_json
-from fire_jax.vlrmbench.data import MISSING_IMAGES, Sample, TaskData, load_task
+from fire_jax.core.results import ResultStore, write_json
+from fire_jax.vlrmbench.data import MISSING_IMAGES, TaskData
 from fire_jax.vlrmbench.score import (ACCOUNTINGS, TaskResult, pooled_step_f1, results_table, score_accountings,
-                                     theme_average)
-from fire_jax.vlrmbench.tasks import TASKS, build_judge_prompt, build_prompt, check_choice, num_orders, task_info
+                                      theme_average)
+from fire_jax.vlrmbench.tasks import (TASKS, Sample, build_judge_prompt, build_prompt, check_choice, num_orders,
+                                      task_info)
 
 # ----------------------------------------------------------------------------
 # Prompts with several images
@@ -426,84 +427,6 @@ def task_settings(config, task: str) -> dict:
         settings.update(judge_config=judge.config, judge_checkpoint=judge.checkpoint,
                         judge_max_new_tokens=judge.max_new_tokens)
     return settings
-
-
-def evaluate(config, data_dir: str, workdir: str, *, image_root: str | None = None,
-             tasks: str | Sequence[str] | None = None, retry_failed: bool = False,
-             analyses: str | Sequence[str] | None = None) -> dict:
-    """Run, resume and score the chosen VLRMBench tasks; write results.json and results.md in ``workdir``.
-
-    Args:
-      config: an ``configs/eval_vlrm.py`` ConfigDict.
-      data_dir: folder holding ``<task file>.jsonl`` for every chosen task.
-      image_root: the records' image paths are relative to it (default ``data_dir``).
-      tasks: overrides ``config.vlrm.tasks``.
-      retry_failed: generate again the samples whose records hold a failure.
-      analyses: the paper's analyses to run after the tasks ("positional,voting,...";
-        :mod:`fire_jax.vlrmbench.analyses`); the tasks they read are added to the run.
-
-    Returns the results.json dict, with the Markdown table under ``"table"`` and
-    each analysis's results under ``"analyses"``.
-    """
-    from tqdm.auto import tqdm
-
-    from fire_jax.vlrmbench import analyses as vlrm_analyses
-
-    names = vlrm_analyses.select(analyses)
-    files = select_tasks(list(dict.fromkeys(select_tasks(config.vlrm.tasks if tasks is None else tasks)
-                                            + vlrm_analyses.tasks_needed(names, config))))
-    missing = [f"{f}.jsonl" for f in files if not (Path(data_dir) / f"{f}.jsonl").is_file()]
-    if missing:
-        raise FileNotFoundError(f"{data_dir}: no {', '.join(missing)}; choose tasks with --tasks")
-    workdir_path = Path(workdir)
-    (workdir_path / "outputs").mkdir(parents=True, exist_ok=True)
-
-    datasets = {f: load_task(data_dir, f, image_root or data_dir, on_bad_record=config.vlrm.on_bad_record,
-                             missing_images=missing_images(config)) for f in files}
-    for data in datasets.values():
-        print(data.describe())
-    for task in files:  # outputs of other settings are never added to a task's JSONL
-        check_settings(workdir_path / "settings.json", task_settings(config, task), key=task, where=workdir,
-                       outputs=[workdir_path / "outputs" / f"{task}.jsonl"])
-    generator = Responder.from_config(config, config.generate, name=model_name(config),
-                                      max_new_tokens=config.generate.max_new_tokens)
-    _check_tiles(datasets, generator)
-    judge = _build_judge(config, generator) if any(task_info(f).theme == "criticism" for f in files) else None
-    print(f"model: {generator.name}; ERA/EC judge: {judge_name(config)}; render={config.vlrm.render}, "
-          f"parser={config.vlrm.parser}, accounting={config.vlrm.accounting}, missing_images="
-          f"{missing_images(config)}; outputs in {workdir_path / 'outputs'}")
-
-    generated = {}
-    for f, data in datasets.items():
-        generated[f] = run_task(data, generator, judge, workdir_path / "outputs" / f"{f}.jsonl",
-                                render=config.vlrm.render, retry_failed=retry_failed)
-    tqdm.write(f"generated {sum(generated.values())} samples now, "
-               f"{sum(len(d) for d in datasets.values()) - sum(generated.values())} reused from earlier runs")
-    for who in dict.fromkeys(g for g in (generator, judge) if getattr(g, "failures", None) is not None):
-        tqdm.write(f"{who.backend.description}: failed tries by reason (retried ones included): "
-                   f"{dict(who.failures) or 'none'}")
-    results = score(datasets, workdir_path, model=generator.name, judge=judge_name(config),
-                    parser=config.vlrm.parser, render=config.vlrm.render, accounting=config.vlrm.accounting,
-                    missing_images=missing_images(config))
-    if names:
-        results["analyses"] = vlrm_analyses.run(names, config, datasets, generator, workdir_path)
-    return results
-
-
-def _check_tiles(datasets: dict[str, TaskData], generator: Responder) -> None:
-    """Stop before generating when a sample needs more tiles than ``generate.max_tiles``."""
-    if not generator.max_tiles:
-        return
-    for data in datasets.values():
-        for sample in data:
-            try:
-                needed = tiles_needed(sample, generator.geometry)
-            except OSError:
-                continue  # unreadable: recorded as a failed input when generated
-            if needed > generator.max_tiles:
-                raise ValueError(f"{data.path}:{sample.line} (id {sample.id}): its {len(sample.images)} image(s) "
-                                 f"need {needed} tiles, more than generate.max_tiles={generator.max_tiles}; "
-                                 f"raise it, or set 0 to size each batch to its largest sample")
 
 
 ACCOUNTING_ROWS = {"ours": "failures count wrong", "official": "the release's scorers",

@@ -18,10 +18,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from fire_jax.results import markdown_table
-from fire_jax.vlrmbench.data import Sample
+from fire_jax.core.results import markdown_table
+
 from fire_jax.vlrmbench.parse import PARSERS, parse_foresight, try_parse_scores, try_parse_step_labels
-from fire_jax.vlrmbench.tasks import TASKS, check_choice, task_info
+from fire_jax.vlrmbench.tasks import TASKS, Sample, check_choice, task_info
 
 
 # How failed samples are scored: "ours" counts a sample whose output is missing or not fully read wrong

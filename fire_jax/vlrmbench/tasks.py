@@ -13,13 +13,35 @@ tasks, FF, ERA, EC); {ai_respond_1} / {ai_respond_2} (MJ and both judges);
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
-if TYPE_CHECKING:
-    from fire_jax.vlrmbench.data import Sample
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """One benchmark record.
+
+    `task_gt` by theme: step tasks, a tuple of 0/1 per step of
+    `reasoning_error` (1 = the step is erroneous; its length is the number
+    of steps, even where the STEP markers of reasoning_error count otherwise); FF, a bool (the partial
+    process leads to a correct answer); ERA/EC, the reference answer (str, or
+    a tuple of steps); MJ, whatever the record holds (unused).
+    """
+
+    task: str  # file name of the task, e.g. "image_ref_error"
+    id: str
+    images: tuple[str, ...]  # joined to image_root when the loader had one
+    question: str
+    step_list: tuple[str, ...] | None  # the correct solution, one item per step
+    reasoning_error: str | None  # the solution with errors, "STEP1: ...\nSTEP2: ..."
+    task_gt: Any
+    category: str
+    line: int  # 1-based line of the record in its JSONL file
+    # Image files of the record that do not exist, left out of `images` (missing_images="send_without").
+    missing_images: tuple[str, ...] = ()
 
 
 class TaskInfo(NamedTuple):

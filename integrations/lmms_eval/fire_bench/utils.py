@@ -26,7 +26,7 @@ import json
 import os
 import sys
 
-from fire_jax.config import resolve_path
+from fire_jax.core.config import resolve_path
 from fire_jax.data.chat import SYSTEM
 from fire_jax.data.bad_records import BadRecordError, BadRecords
 from fire_jax.data.image_files import check_image

@@ -17,7 +17,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from fire_jax.config import DEFAULT_RULES  # noqa: F401 (re-exported)
+from fire_jax.core.config import DEFAULT_RULES  # noqa: F401 (re-exported)
 from fire_jax.models.partitioning import activation_sharding, logical_to_spec  # noqa: F401 (re-exported)
 
 MESH_AXES = ("data", "fsdp", "tensor")

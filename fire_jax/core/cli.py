@@ -8,7 +8,7 @@ user's input, and the tool says so in one line on stderr::
     (missing_field: 2, invalid_json: 1; e.g. bad.json: record 0: field 'question': missing_field)
 
 ``FIRE_JAX_TRACEBACK=1`` shows the traceback instead. An output that cannot be
-written (:class:`fire_jax.config.WriteFailed`: a full disk) ends a job the same
+written (:class:`fire_jax.core.config.WriteFailed`: a full disk) ends a job the same
 way, naming the path and the space left, exit 1; and SIGTERM / SIGINT end the
 long jobs in bounded time (:class:`StopSignals`).
 """
@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 
-from fire_jax.config import InputError, WriteFailed, config_path, load_config, override_target
+from fire_jax.core.config import InputError, WriteFailed, config_path, load_config, override_target
 
 
 #: What a CLI reports in one line (:class:`fire_jax.data.bad_records.BadRecordError` is an InputError).
@@ -217,7 +217,7 @@ def _config_args(argv: list[str]):
 
 def config_argv(argv: list[str]) -> list[str]:
     """``argv`` with its ``--config PATH[:ARG]`` made absolute when PATH is not under the current directory but
-    under the repository (``configs/x.py`` from anywhere, as :func:`fire_jax.config.load_config` reads it); the
+    under the repository (``configs/x.py`` from anywhere, as :func:`fire_jax.core.config.load_config` reads it); the
     absl CLIs call this on ``sys.argv`` before ``app.run``, since ml_collections reads the file itself."""
     out = list(argv)
     for at, value, prefix in _config_args(out):
@@ -332,9 +332,9 @@ def define_config_flag(module: str, prog: str, default: str | None, help_text: s
 
 def run_command(main, prog: str) -> None:
     """A plain command's ``__main__`` (argparse): re-executed with transparent huge pages where they help
-    (:mod:`fire_jax.hugepages`), then ``main()`` with input errors ending in one line
+    (:mod:`fire_jax.core.hugepages`), then ``main()`` with input errors ending in one line
     (:func:`input_errors_end_in_one_line`). :func:`run_absl` is the same for absl commands."""
-    from fire_jax.hugepages import reexec_with_huge_pages
+    from fire_jax.core.hugepages import reexec_with_huge_pages
 
     reexec_with_huge_pages()
     input_errors_end_in_one_line(prog)(main)()
@@ -343,10 +343,10 @@ def run_command(main, prog: str) -> None:
 def run_absl(main, prog: str) -> None:
     """``app.run(main)``, input errors ending in one line (:func:`input_errors_end_in_one_line`), a flag that
     does not parse too (absl's own report is two lines and exit 1). A command's ``__main__`` only: it first
-    re-executes the process with transparent huge pages where they help (:mod:`fire_jax.hugepages`)."""
+    re-executes the process with transparent huge pages where they help (:mod:`fire_jax.core.hugepages`)."""
     from absl import app, flags
 
-    from fire_jax.hugepages import reexec_with_huge_pages
+    from fire_jax.core.hugepages import reexec_with_huge_pages
 
     reexec_with_huge_pages()
     stop_timeout = flags.DEFINE_float(

@@ -1,4 +1,5 @@
-"""Limits on what one HTTP request may ask of :mod:`fire_jax.serve` and :mod:`fire_jax.demo`, checked before work.
+"""Limits on what one HTTP request may ask of :mod:`fire_jax.serving.server` and :mod:`fire_jax.serving.demo`,
+checked before work.
 
 A request is refused with one clear 4xx error, before it costs the server
 memory or reaches the engine, when

@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import ml_collections
 
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ASSETS_DIR = os.path.join(PACKAGE_DIR, "assets")
 REPO_DIR = os.path.dirname(PACKAGE_DIR)
 
@@ -46,7 +46,7 @@ DEFAULT_CONFIG = os.path.join(CONFIGS_DIR, "tiny.py")
 
 class InputError(ValueError):
     """Input the user can fix (a config field, a flag, a file, a record), as opposed to a bug; its message
-    names what and where. CLIs end on it with one line (:mod:`fire_jax.cli`)."""
+    names what and where. CLIs end on it with one line (:mod:`fire_jax.core.cli`)."""
 
 
 def json_error_at(message: str, where: str) -> str:
@@ -58,7 +58,7 @@ def json_error_at(message: str, where: str) -> str:
 class WriteFailed(OSError):
     """An output that could not be written (a full disk, a quota, a read-only or failing filesystem), as opposed
     to a bug: the message names the path and the space left on its filesystem (:func:`write_failed`). CLIs end
-    on it with that one line, exit 1 (:mod:`fire_jax.cli`)."""
+    on it with that one line, exit 1 (:mod:`fire_jax.core.cli`)."""
 
     def __str__(self) -> str:
         return self.args[0]

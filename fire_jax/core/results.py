@@ -27,7 +27,7 @@ import os
 import sys
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from fire_jax.config import InputError, json_error_at, writing
+from fire_jax.core.config import InputError, json_error_at, writing
 
 
 class ResultStore:
@@ -126,7 +126,7 @@ class ResultStore:
 
     def add_many(self, records: Iterable[dict]) -> None:
         """Append records and flush once (a batch of units finished together); a write that fails (a full disk)
-        raises :class:`fire_jax.config.WriteFailed` naming the file and the space left."""
+        raises :class:`fire_jax.core.config.WriteFailed` naming the file and the space left."""
         with writing(self.path):
             if self._file is None:
                 self._file = open(self.path, "a", encoding="utf-8")
@@ -148,7 +148,7 @@ class ResultStore:
 
 
 def read_json(path: str | os.PathLike) -> Any:
-    """A JSON file's value; a file that is not JSON (or not UTF-8) raises :class:`fire_jax.config.InputError`
+    """A JSON file's value; a file that is not JSON (or not UTF-8) raises :class:`fire_jax.core.config.InputError`
     naming the file, line and column (a CLI then ends in that one line)."""
     with open(path, "rb") as f:
         raw = f.read()

@@ -1,7 +1,7 @@
 """Print one rendered training example: labelled spans marked, the image block summarised.
 
-    python -m fire_jax.data.inspect --config configs/tiny.py --index 3 --role teacher
-    python -m fire_jax.data.inspect --config configs/main_job.py --stage teacher --index 3
+    python -m fire_jax.inspect_data --config configs/tiny.py --index 3 --role teacher
+    python -m fire_jax.inspect_data --config configs/main_job.py --stage teacher --index 3
 
 A main-job config (``configs/main_job.py``) holds one training config per stage: ``--stage`` picks
 ``base``, ``teacher`` or ``student`` (its ``<stage>_train``), and the example is rendered as that stage
@@ -19,8 +19,8 @@ import sys
 import ml_collections
 import numpy as np
 
-from fire_jax.cli import input_errors_end_in_one_line
-from fire_jax.config import InputError, apply_overrides, load_config, resolve_path, split_overrides
+from fire_jax.core.cli import input_errors_end_in_one_line
+from fire_jax.core.config import InputError, apply_overrides, load_config, resolve_path, split_overrides
 from fire_jax.data.chat import Encoded
 from fire_jax.data.pipeline import Preprocessor
 from fire_jax.data.bad_records import BadRecords
@@ -106,4 +106,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    input_errors_end_in_one_line("fire_jax.data.inspect")(main)()
+    input_errors_end_in_one_line("fire_jax.inspect_data")(main)()

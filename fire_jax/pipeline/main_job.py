@@ -18,7 +18,7 @@ from typing import Any
 
 import ml_collections
 
-from fire_jax.results import markdown_table, write_json
+from fire_jax.core.results import markdown_table, write_json
 
 #: Columns of the summary: (label, setting, role or None, metric key).
 SUMMARY = (("student BLEU-4", "fixed", "student", "BLEU-4"), ("student CIDEr", "fixed", "student", "CIDEr"),
@@ -86,9 +86,9 @@ def fetch_stage(config) -> float:
 def run(config, workdir: str) -> dict[str, Any]:
     """Train both agents, run all four evaluations, print and write ``summary.json`` / ``summary.md``."""
     fetch_seconds = fetch_stage(config)
-    from fire_jax.machine import matmul_rate
+    from fire_jax.core.machine import matmul_rate
 
-    rate = matmul_rate() / 1e9  # printed beside the minutes: the same job runs 1.75x apart on 2-core machines
+    rate = matmul_rate() / 1e9  # printed beside the minutes: a time alone does not compare across machines
     print(f"\n== this machine: float32 matmul {rate:.0f} GFLOP/s (2048^3 under jax.jit)")
     start = time.perf_counter()
     seconds: dict[str, float] = {}  # each stage's wall time in this invocation (a resumed stage: its remainder)
