@@ -24,7 +24,7 @@ from fire_jax.data.images import preprocess
 from fire_jax.infer.decode import generate
 from fire_jax.infer.engine_config import EngineConfig
 from fire_jax.infer.sampling import SamplingParams
-from fire_jax.serving.server import default_models
+from fire_jax.serving.defaults import default_models
 from hf_reference import tiny_hf_model
 from loopback import server as loopback_server
 

@@ -63,7 +63,7 @@ from fire_jax.infer.backends import Refused
 from fire_jax.infer.sampling import SamplingParams
 from fire_jax.serving.limits import (BadRequest, Limits, add_arguments, boolean, check_text, json_body, limits_of,
                                      longest_token_chars, open_data_uri, run_server, text_chars_bound)
-from fire_jax.serving.server import default_models
+from fire_jax.serving.defaults import default_models
 
 EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "synthetic_fire")
 #: The page: one static HTML file (no template); it reads the models, sampling and examples from /api/settings.

@@ -57,7 +57,6 @@ import copy
 import dataclasses
 import importlib
 import json
-import os
 import threading
 import time
 import uuid
@@ -76,13 +75,11 @@ from fire_jax.data.images import preprocess
 from fire_jax.infer.engine import Engine, Request
 from fire_jax.infer.engine_config import EngineConfig
 from fire_jax.infer.loading import load
+from fire_jax.serving.defaults import default_models
 from fire_jax.serving.limits import (BadRequest, Limits, add_arguments, check_text, image_urls,
                                      json_body as limits_json_body, limits_of, longest_token_chars, open_data_uri,
                                      run_server, sampling, text_chars_bound)
 
-#: What ``python -m fire_jax.serve`` serves without --model: the main job's run (``runs/smollm2``, its default, then
-#: ``runs/tiny``), the first one trained.
-MAIN_JOB_RUNS = ("runs/smollm2", "runs/tiny")
 DEFAULT_MAX_TOKENS = 256
 #: Characters of prompt text the default context holds besides the images: the served workloads' longest prompts
 #: with room to spare (the longest of VLRMBench's 58 shipped IC prompts, the release's prompt and the record, is
@@ -517,19 +514,6 @@ async def _events(rid, created, name, updates: asyncio.Queue, ticket, grace: Gra
 # ------------------------------------------------------------------------------------------------
 # Models and the command line
 # ------------------------------------------------------------------------------------------------
-
-
-def default_models(root: str = ".") -> tuple[dict[str, str | None], str | None, str]:
-    """({name: checkpoint or None (random)}, base init or None, why) for a run without --model."""
-    for run in MAIN_JOB_RUNS:
-        paths = {role: os.path.join(root, run, role) for role in ("student", "teacher")}
-        found = {role: path for role, path in paths.items() if os.path.isdir(path)}
-        if found:
-            base = os.path.join(root, run, "base", "export", "hf_merged")
-            return found, base if os.path.isdir(base) else None, \
-                f"the main job's trained models under {os.path.join(root, run)}"
-    return {"tiny-random": None}, None, (f"a random tiny model (no main job run under "
-                                         f"{' or '.join(os.path.join(root, r) for r in MAIN_JOB_RUNS)})")
 
 
 def load_models(config, specs: dict[str, str | None], init: str | None, shape: EngineConfig, cache_len: int = 0,
