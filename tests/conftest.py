@@ -35,7 +35,7 @@ from loopback import TEST_XLA_FLAGS  # noqa: E402  (tests/ is on the path from h
 os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {TEST_XLA_FLAGS}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from fire_jax import hugepages  # noqa: E402
+from fire_jax.core import hugepages  # noqa: E402
 
 if hugepages.wanted():  # huge pages for the test workers and their subprocesses, as the commands take them
     os.environ["GLIBC_TUNABLES"] = hugepages.tunables()
