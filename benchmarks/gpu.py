@@ -273,7 +273,8 @@ def main(argv=None, print_fn=print) -> list[dict]:
                         peak_gib=_peak_gib(device), attention=kernel()))
             print_fn(f"decode batch {batch_size} done ({time.perf_counter() - start_all:.0f}s)")
 
-    from fire_jax.infer.engine import Engine, Request
+    from fire_jax.infer.engine import Engine
+    from fire_jax.infer.requests import Request
 
     def dialogue_run(prefix_cache: bool) -> dict:
         """``dialogues`` concurrent dialogues of ``turns`` turns on one engine: each turn's prompt is the last

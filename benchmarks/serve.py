@@ -71,7 +71,8 @@ def cache_len(requests, bucket_step: int | None = None, **_) -> int:
 
 
 def engine_path(model, requests, clients: int, slots: int, repeats: int, **engine_kwargs):
-    from fire_jax.infer.engine import Engine, Request
+    from fire_jax.infer.engine import Engine
+    from fire_jax.infer.requests import Request
     from fire_jax.infer.engine_config import EngineConfig
     from fire_jax.infer.sampling import SamplingParams
 
@@ -154,7 +155,8 @@ def hf_path(hf, requests, clients: int, repeats: int):
 def runner_paths(model, batch: int, n: int, repeats: int, **engine_kwargs) -> dict:
     """tokens/s of n requests in calls of ``batch``: fixed batches, one engine call per batch, one engine call."""
     from fire_jax.infer.decode import generate
-    from fire_jax.infer.engine import Engine, Request
+    from fire_jax.infer.engine import Engine
+    from fire_jax.infer.requests import Request
     from fire_jax.infer.engine_config import EngineConfig
     from fire_jax.infer.sampling import SamplingParams
 

@@ -10,11 +10,12 @@ from fire_jax.data.chat import Message
 from fire_jax.data.images import preprocess
 from fire_jax.infer.buckets import Buckets
 from fire_jax.infer.decode import generate
-from fire_jax.infer.engine import Engine, Request
+from fire_jax.infer.engine import Engine
 from fire_jax.infer.engine_config import EngineConfig
 from fire_jax.infer.kernels import TRACE_COUNTS
-from fire_jax.infer.sampling import SamplingParams
 from fire_jax.infer.loading import load
+from fire_jax.infer.requests import Request
+from fire_jax.infer.sampling import SamplingParams
 
 NEW = 20  # the longest max_tokens
 

@@ -10,10 +10,11 @@ from fire_jax.core.config import DEFAULT_CONFIG, load_config
 from fire_jax.data.chat import Message
 from fire_jax.data.images import preprocess
 from fire_jax.infer.decode import generate
-from fire_jax.infer.engine import Engine, Request
+from fire_jax.infer.engine import Engine
 from fire_jax.infer.engine_config import EngineConfig
-from fire_jax.infer.sampling import SamplingParams
 from fire_jax.infer.loading import load
+from fire_jax.infer.requests import Request
+from fire_jax.infer.sampling import SamplingParams
 
 #: Cached keys and values come from another prefill (another bucket) or from decode steps, so they may differ
 #: from a whole-prompt prefill's in the last bits; the log-probs of the chosen tokens stay within this.

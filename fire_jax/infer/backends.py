@@ -25,8 +25,9 @@ import numpy as np
 from fire_jax.data.chat import ChatTokenizer, Message
 from fire_jax.data.images import TileCache, preprocess
 from fire_jax.infer.decode import requests_for
-from fire_jax.infer.engine import Engine, Request
+from fire_jax.infer.engine import Engine
 from fire_jax.infer.engine_config import EngineConfig
+from fire_jax.infer.requests import Request
 from fire_jax.infer.sampling import SamplingParams
 
 

@@ -24,9 +24,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from fire_jax.infer.engine import Engine, Request
+from fire_jax.infer.engine import Engine
 from fire_jax.infer.engine_config import EngineConfig
 from fire_jax.infer.forward import normalise_sizes
+from fire_jax.infer.requests import Request
 from fire_jax.infer.sampling import SamplingParams, seeds_from_key
 
 

@@ -36,7 +36,6 @@ runs beside it. docs/decoding.md has the design and its measurements.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import threading
 import time
 from typing import Callable, Sequence
@@ -46,63 +45,15 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from fire_jax.core.config import DEFAULT_RULES
-from fire_jax.data.images import pad_tiles
 from fire_jax.core.geometry import place_images
+from fire_jax.data.images import pad_tiles
 from fire_jax.infer import kernels
 from fire_jax.infer.engine_config import EngineConfig
 from fire_jax.infer.prefix_cache import PrefixCache, image_key
+from fire_jax.infer.requests import Request, Result, Ticket
 from fire_jax.infer.sampling import MAX_STOP_IDS, RowSettings, SamplingParams
 from fire_jax.infer.scheduler import Fresh, Prefill, Scheduler
 from fire_jax.models.llama import columns
-
-
-@dataclasses.dataclass
-class Request:
-    """One generation request: ``prompt`` token ids, image placeholders expanded (as ``generate``), decoded by
-    ``sampling``, with this request's images' tiles concatenated (float32 ``[tiles, 3, H, W]``) and each
-    image's (h, w)."""
-
-    prompt: Sequence[int]
-    sampling: SamplingParams = SamplingParams()
-    pixel_values: np.ndarray | None = None
-    image_sizes: Sequence[Sequence[int]] = ()
-
-
-@dataclasses.dataclass
-class Result:
-    tokens: list[int]  # generated ids, a stop id kept (as generate)
-    logprobs: list[float]  # log p(token) under the raw logits (empty from an engine with logprobs=False)
-    text: str | None  # without stop ids, cut before a stop string; None without a tokenizer
-    finish_reason: str  # "stop" (stop id or string) or "length"
-    prompt_tokens: int
-
-
-class Ticket:
-    """A submitted request: wait for its :class:`Result`, or follow it with ``on_update(ticket, delta, done)``."""
-
-    def __init__(self, request: Request, on_update: Callable | None, images: bytes | None = None):
-        self.request, self.on_update = request, on_update
-        self.ids = np.asarray(request.prompt, np.int32)
-        self.images = images  # a digest of the request's images (fire_jax.infer.prefix_cache.image_key)
-        self.tokens: list[int] = []
-        self.logprobs: list[float] = []
-        self.text = ""
-        self.sent = 0  # characters of text already passed to on_update
-        self.result: Result | None = None
-        self.error: BaseException | None = None
-        self.cancelled = False  # set by Engine.cancel; the engine thread frees the slot
-        self._done = threading.Event()
-
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def wait(self, timeout: float | None = None) -> Result:
-        if not self._done.wait(timeout):
-            raise TimeoutError("request not finished")
-        if self.error is not None:
-            raise self.error
-        return self.result
 
 
 def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int):
@@ -329,7 +280,7 @@ class Engine:
         except Exception as e:  # a request the model cannot run fails alone; the engine keeps serving
             for ticket, slot in zip(prefill.tickets, prefill.slots):
                 self.prefix.drop(slot)
-                self._finish_error(ticket, e)
+                ticket.fail(e)
         return True
 
     def _prefill(self, prefill: Prefill) -> None:
@@ -447,57 +398,19 @@ class Engine:
         self._freed = sum(t is not None and state.occupant[s] is None for s, t in enumerate(occupant))
 
     def _emit(self, slot: int, tokens: list[int], logprobs: list[float]) -> None:
-        """Append a slot's new tokens; finish its request (freeing the slot) on a stop or its budget."""
+        """Append a slot's new tokens to its request; finish it (freeing the slot) on a stop or its budget."""
         ticket = self.slots_state.occupant[slot]
-        request, sampling = ticket.request, ticket.request.sampling
-        stop_ids = self.stop_ids_of(request)
-        reason = None
-        for token, logprob in zip(tokens, logprobs):
-            ticket.tokens.append(token)
-            if self.config.logprobs:
-                ticket.logprobs.append(logprob)
-            if token in stop_ids:
-                reason = "stop"
-                break
-            if len(ticket.tokens) >= sampling.max_tokens:
-                reason = "length"
-                break
         self.stats["tokens"] += len(tokens)
-        hold = 0
-        if self.tokenizer is not None:
-            ids = [t for t in ticket.tokens if t not in stop_ids]
-            ticket.text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            cuts = [i for i in (ticket.text.find(s) for s in sampling.stop) if i >= 0]
-            if cuts:
-                ticket.text, reason = ticket.text[:min(cuts)], "stop"
-            elif reason is None:  # not yet sure these characters stay: a stop string may be starting
-                hold = max([len(s) - 1 for s in sampling.stop] + [0])
-                hold += len(ticket.text) - len(ticket.text.rstrip("\ufffd"))  # an incomplete UTF-8 character
+        reason = ticket.append(tokens, logprobs if self.config.logprobs else None,
+                               self.stop_ids_of(ticket.request), self.tokenizer)
         if reason is not None:
             self.scheduler.release(slot)
             self._finish(ticket, reason)
-        elif ticket.on_update is not None:
-            end = max(ticket.sent, len(ticket.text) - hold)
-            delta, ticket.sent = ticket.text[ticket.sent:end], end
-            ticket.on_update(ticket, delta, None)
 
     def _finish(self, ticket: Ticket, reason: str) -> None:
-        """Hand a finished request (a stop, its budget, or cancelled) its :class:`Result`; the rest of its text
-        goes to ``on_update`` with the reason."""
-        if ticket.on_update is not None:
-            delta, ticket.sent = ticket.text[ticket.sent:], len(ticket.text)
-            ticket.on_update(ticket, delta, reason)
+        """Hand a finished request (a stop, its budget, or cancelled) its result."""
         self.stats["cancelled" if reason == "cancelled" else "requests"] += 1
-        ticket.result = Result(list(ticket.tokens), list(ticket.logprobs),
-                               ticket.text if self.tokenizer is not None else None, reason,
-                               len(ticket.request.prompt))
-        ticket._done.set()
-
-    def _finish_error(self, ticket: Ticket, error: BaseException) -> None:
-        ticket.error = error
-        if ticket.on_update is not None:
-            ticket.on_update(ticket, "", "error")
-        ticket._done.set()
+        ticket.finish(reason, with_text=self.tokenizer is not None)
 
     # -- a background thread ----------------------------------------------------------------------
 
@@ -528,7 +441,7 @@ class Engine:
                     if ticket is not None:
                         self.slots_state.occupant[slot] = None
                         self.prefix.drop(slot)
-                        self._finish_error(ticket, e)
+                        ticket.fail(e)
 
     def stop(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop accepting requests; finish those in flight (``drain``) or fail them; join the thread."""
@@ -536,7 +449,7 @@ class Engine:
             self.accepting = False
             if not drain:
                 for t in list(self.waiting):
-                    self._finish_error(t, RuntimeError("the engine stopped"))
+                    t.fail(RuntimeError("the engine stopped"))
                 self.waiting.clear()
             self._stopping = True
             self.lock.notify_all()

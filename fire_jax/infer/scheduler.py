@@ -48,7 +48,7 @@ class Admission:
     """How one waiting request goes in: as a :class:`Fresh` or an :class:`Extend` prefill; ``source``: the row
     that holds its cached prefix of ``reused`` tokens (-1 and 0 for a fresh one)."""
 
-    ticket: object  # fire_jax.infer.engine.Ticket
+    ticket: object  # fire_jax.infer.requests.Ticket
     kind: Fresh | Extend
     source: int = -1
     reused: int = 0

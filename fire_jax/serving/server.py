@@ -72,9 +72,10 @@ from fire_jax.core.cli import require_model_config
 from fire_jax.core.config import DEFAULT_CONFIG, apply_overrides, load_config, split_overrides
 from fire_jax.data.chat import Message
 from fire_jax.data.images import preprocess
-from fire_jax.infer.engine import Engine, Request
+from fire_jax.infer.engine import Engine
 from fire_jax.infer.engine_config import EngineConfig
 from fire_jax.infer.loading import load
+from fire_jax.infer.requests import Request
 from fire_jax.serving.defaults import default_models
 from fire_jax.serving.limits import (BadRequest, Limits, add_arguments, check_text, image_urls,
                                      json_body as limits_json_body, limits_of, longest_token_chars, open_data_uri,
