@@ -29,7 +29,6 @@ import sys
 
 import argparse
 import dataclasses
-import json
 import os
 from typing import Sequence
 
@@ -40,6 +39,7 @@ from fire_jax.core.config import DEFAULT_CONFIG, apply_overrides, load_config, r
 from fire_jax.data.images import load_image
 from fire_jax.data.bad_records import BadRecordError, BadRecords
 from fire_jax.data.image_files import image_path
+from fire_jax.data.jsonl import jsonl_lines
 from fire_jax.data.records import Turn
 from fire_jax.data.scores import parse_score
 from fire_jax.infer.agents import from_specs
@@ -70,12 +70,9 @@ def _text(raw: dict, field: str, where: str, *, location: str | None = None) -> 
     return value.strip()
 
 
-def parse_prompt(line: str, where: str, role: str, image_root: str) -> Prompt:
-    """One input line as a :class:`Prompt`; raises :class:`BadRecordError` (image existence checked)."""
-    try:
-        raw = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise BadRecordError("invalid_json", where, "<line>", str(e)) from None
+def parse_prompt(raw, where: str, role: str, image_root: str) -> Prompt:
+    """One input line's JSON value as a :class:`Prompt`; raises :class:`BadRecordError` (image existence
+    checked)."""
     if not isinstance(raw, dict):
         raise BadRecordError("missing_field", where, "<line>", f"expected a JSON object, got {type(raw).__name__}")
     if not isinstance(raw.get("id"), (str, int)) or raw["id"] == "":
@@ -106,20 +103,20 @@ def read_prompts(path: str, role: str, image_root: str, *, skip_ids=frozenset(),
     """The valid prompts of a JSONL file whose ids are not in ``skip_ids``; bad lines counted in ``bad``."""
     bad = BadRecords() if bad is None else bad
     prompts, seen = [], set()
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                prompt = parse_prompt(line, f"{path}:{number}", role, image_root)
-                if prompt.id in seen:
-                    raise BadRecordError("duplicate_id", prompt.where, "id", "the id appeared on an earlier line")
-            except BadRecordError as e:
-                bad.handle(e, on_bad_record)
-                continue
-            seen.add(prompt.id)
-            if prompt.id not in skip_ids:
-                prompts.append(prompt)
+    for record in jsonl_lines(path):
+        where = f"{path}:{record.line}"
+        try:
+            if record.error is not None:
+                raise BadRecordError("invalid_json", where, "<line>", record.error)
+            prompt = parse_prompt(record.value, where, role, image_root)
+            if prompt.id in seen:
+                raise BadRecordError("duplicate_id", prompt.where, "id", "the id appeared on an earlier line")
+        except BadRecordError as e:
+            bad.handle(e, on_bad_record)
+            continue
+        seen.add(prompt.id)
+        if prompt.id not in skip_ids:
+            prompts.append(prompt)
     return prompts
 
 

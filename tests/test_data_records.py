@@ -346,3 +346,19 @@ def test_a_symlink_out_of_the_image_root_is_refused_one_inside_is_read(tmp_path)
     os.symlink(root, tmp_path / "root_link")
     assert image_files.outside_root(str(tmp_path / "root_link"), "ok.png") is None
     assert image_files.outside_root(str(tmp_path / "root_link"), "link.png").startswith("'link.png' is a symbolic")
+
+
+def test_jsonl_lines_is_the_one_line_loop_of_every_jsonl_reader(tmp_path):
+    """jsonl_lines (the loop under read_objects, VLRMBench's tasks and batch_infer's prompts): a BOM dropped,
+    blank lines skipped but counted in line numbers, a line that is not JSON carried with its error, the last
+    line cut short said so, bytes that are not UTF-8 kept as surrogates."""
+    from fire_jax.data.jsonl import jsonl_lines
+
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"id": 1}\n\n{"id": "caf\xe9"}\nnot json\n{"id": 3')
+    lines = list(jsonl_lines(str(path)))
+    assert [(r.index, r.line) for r in lines] == [(0, 1), (1, 3), (2, 4), (3, 5)]
+    assert lines[0].value == {"id": 1} and lines[0].error is None
+    assert lines[1].value == {"id": "caf\udce9"}
+    assert lines[2].value is None and lines[2].error.startswith("Expecting value: line 1 column 1")
+    assert lines[3].error.endswith(", the file's last line, cut short?")

@@ -1,12 +1,13 @@
-"""Streaming reads of JSON-array and JSONL record files: each record's raw object, a broken one named by file,
-record and byte or line (:func:`iter_raw`), and the one loop every record reader runs over them
-(:func:`read_objects`: FIRE and instruction records, triplets, VQA items)."""
+"""Streaming reads of JSON-array and JSONL record files: the one loop over a JSONL file's lines
+(:func:`jsonl_lines`: every JSONL reader's, VLRMBench's tasks and batch_infer's prompts too), each record's raw
+object, a broken one named by file, record and byte or line (:func:`iter_raw`), and the one loop every FIRE
+record reader runs over them (:func:`read_objects`: FIRE and instruction records, triplets, VQA items)."""
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, NamedTuple, TypeVar
 
 from fire_jax.core.config import InputError, json_error_at
 from fire_jax.data.bad_records import BadRecordError, BadRecords
@@ -14,6 +15,38 @@ from fire_jax.data.bad_records import BadRecordError, BadRecords
 T = TypeVar("T")
 
 _JSON_WHITESPACE = " \t\n\r"
+
+
+class JsonLine(NamedTuple):
+    """One non-blank line of a JSONL file: its record index (blank lines skipped), its 1-based line number, and
+    its JSON value, or why it is not JSON (``error``; ``value`` None)."""
+
+    index: int
+    line: int
+    value: Any
+    error: str | None
+
+
+def jsonl_lines(path: str) -> Iterator[JsonLine]:
+    """The records of a JSONL file as they are read, blank lines skipped, a leading BOM dropped. Bytes that are
+    not UTF-8 are kept as surrogates (``surrogateescape``), so that a record's checks name the field; a line that
+    is not JSON comes with its error (and, the file's last line without a newline, the hint that it was cut)."""
+    index = 0
+    with open(path, "rb") as f:
+        for line_number, raw_line in enumerate(f, 1):
+            line = raw_line.decode("utf-8", "surrogateescape")
+            if line_number == 1:
+                line = line.lstrip("\ufeff")
+            if not line.strip():
+                continue
+            try:
+                yield JsonLine(index, line_number, json.loads(line), None)
+            except json.JSONDecodeError as e:
+                cut = "" if raw_line.endswith(b"\n") else ", the file's last line, cut short?"
+                yield JsonLine(index, line_number, None, f"{e}{cut}")
+            except RecursionError:
+                yield JsonLine(index, line_number, None, "nested too deeply")
+            index += 1
 
 
 def iter_raw(path: str) -> Iterator[tuple[int, Any]]:
@@ -29,24 +62,12 @@ def iter_raw(path: str) -> Iterator[tuple[int, Any]]:
     if head.startswith(b"["):
         yield from enumerate(_json_array(path))
         return
-    index = 0
-    with open(path, "rb") as f:
-        for line_number, raw_line in enumerate(f, 1):
-            line = raw_line.decode("utf-8", "surrogateescape")
-            if line_number == 1:
-                line = line.lstrip("\ufeff")
-            if not line.strip():
-                continue
-            try:
-                yield index, json.loads(line)
-            except json.JSONDecodeError as e:
-                where = f"{path}: record {index} (line {line_number})"
-                cut = "" if raw_line.endswith(b"\n") else ", the file's last line, cut short?"
-                yield index, BadRecordError("invalid_json", where, "<line>", f"{e}{cut}")
-            except RecursionError:
-                yield index, BadRecordError("invalid_json", f"{path}: record {index} (line {line_number})", "<line>",
-                                            "nested too deeply")
-            index += 1
+    for record in jsonl_lines(path):
+        if record.error is None:
+            yield record.index, record.value
+        else:
+            yield record.index, BadRecordError("invalid_json", f"{path}: record {record.index} (line {record.line})",
+                                               "<line>", record.error)
 
 
 def _json_array(path: str) -> list[Any]:

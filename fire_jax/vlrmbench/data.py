@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any, Iterator
 
 from fire_jax.data.bad_records import BadRecordError, BadRecords
 from fire_jax.data.image_files import outside_root
+from fire_jax.data.jsonl import jsonl_lines
 from fire_jax.vlrmbench.tasks import STEP_MARK, Sample, TaskInfo, check_choice, task_info
 
 
@@ -74,15 +74,11 @@ def _text_fields(info: TaskInfo) -> tuple[str, ...]:
 MISSING_IMAGES = ("skip", "send_without")
 
 
-def _parse_record(text: str, info: TaskInfo, path: Path, line: int, image_root: Path | None,
+def _parse_record(record: Any, info: TaskInfo, path: Path, line: int, image_root: Path | None,
                   kept: collections.Counter, missing_images: str = "skip") -> Sample:
     def bad(reason: str, field: str | None, detail: str) -> BadRecord:
         return BadRecord(path, line, field, reason, detail)
 
-    try:
-        record = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise bad("malformed_json", None, str(e)) from None
     if not isinstance(record, dict):
         raise bad("malformed_json", None, f"expected a JSON object, got {type(record).__name__}")
 
@@ -181,21 +177,20 @@ def load_task(path_or_dir: str | Path, task: str, image_root: str | Path | None 
     skipped = BadRecords()
     kept: collections.Counter = collections.Counter()
     seen: set[str] = set()
-    with open(path, encoding="utf-8") as f:
-        for line, text in enumerate(f, start=1):
-            if not text.strip():
-                continue
-            try:
-                odd = collections.Counter()
-                sample = _parse_record(text, info, path, line, root, odd, missing_images)
-                if sample.id in seen:
-                    raise BadRecord(path, line, "id", "duplicate_id", f"id {sample.id!r} seen before")
-            except BadRecord as e:
-                skipped.handle(e, on_bad_record)
-                continue
-            seen.add(sample.id)
-            samples.append(sample)
-            kept.update(odd)
+    for record in jsonl_lines(str(path)):
+        try:
+            if record.error is not None:
+                raise BadRecord(path, record.line, None, "malformed_json", record.error)
+            odd = collections.Counter()
+            sample = _parse_record(record.value, info, path, record.line, root, odd, missing_images)
+            if sample.id in seen:
+                raise BadRecord(path, record.line, "id", "duplicate_id", f"id {sample.id!r} seen before")
+        except BadRecord as e:
+            skipped.handle(e, on_bad_record)
+            continue
+        seen.add(sample.id)
+        samples.append(sample)
+        kept.update(odd)
     return TaskData(task=info.file, path=path, samples=samples, skipped=skipped, kept=kept)
 
 
