@@ -177,7 +177,7 @@ def main(argv=None, print_fn=print) -> dict:
         store.close()
     else:
         history = args.teacher_history or config.data.get("teacher_history", "full")
-        sampling = SamplingParams.from_config(args)
+        sampling = SamplingParams.from_config(args, source="the command line")
         agents, descriptions = from_specs(config, {args.role: args.checkpoint}, sampling, teacher_history=history,
                                            concurrency=args.concurrency, batch_size=args.batch_size)
         agent = agents[args.role]

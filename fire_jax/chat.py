@@ -97,7 +97,7 @@ def main(argv=None, input_fn=input, print_fn=print) -> list[Turn]:
         print_fn("no question" if not question else "no groundtruth for the teacher")
         return []
 
-    sampling = SamplingParams.from_config(args)
+    sampling = SamplingParams.from_config(args, source="the command line")
     specs = {"student": args.student, **({"teacher": args.teacher} if use_teacher else {})}
     agents, descriptions = from_specs(config, specs, sampling, concurrency=1)  # the teacher sees the latest answer
     student, teacher = agents["student"], agents.get("teacher")

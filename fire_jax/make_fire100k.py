@@ -261,8 +261,8 @@ def main(argv=None) -> dict:
     out = shard_path(args.out, args.process_index, args.process_count)
     if args.process_count > 1:
         print(f"process {args.process_index} of {args.process_count}: {len(items)} triplets -> {out}")
-    backend = generator(args.model, SamplingParams.from_config(args, max_tokens=args.max_tokens),
-                        concurrency=1, retries=args.retries, timeout=args.timeout, seed=args.seed)
+    sampling = SamplingParams.from_config(args, source="the command line", max_tokens=args.max_tokens)
+    backend = generator(args.model, sampling, concurrency=1, retries=args.retries, timeout=args.timeout, seed=args.seed)
     failed = make_records(items, backend, out, image_root=image_root, split=args.split, max_turns=args.max_turns,
                           concurrency=args.concurrency)
     if backend.failures:

@@ -215,6 +215,11 @@ def test_data_tools_keep_good_records_and_name_bad_ones(tmp_path):
     (["-m", "fire_jax.inspect_data", "--config", "configs/main_job.py:tiny", "--stage", "fd"],
      "fire_jax.inspect_data: error: --stage 'fd': configs/main_job.py:tiny has the stages ['base', 'clip', "
      "'student', 'teacher']"),
+    (["-m", "fire_jax.chat", "--temperature", "3"],
+     "fire_jax.chat: error: the command line: temperature must be in [0, 2], got 3.0"),
+    (["-m", "fire_jax.evaluate", "--config", "configs/eval_free.py", "--config.decode.max_new_tokens=0",
+      "--workdir", "w"],
+     "fire_jax.evaluate: error: config.decode: max_new_tokens must be an integer in [1, 2147483647], got 0"),
     (["-m", "fire_jax.inspect_data", "--config", "configs/tiny.py", "--index", "-1"],
      "fire_jax.inspect_data: error: --index -1: source 'synthetic' has records 0..719 (720 usable, 0 bad records "
      "skipped)"),
@@ -223,3 +228,4 @@ def test_a_tools_bad_argument_ends_in_one_line(argv, last):
     ended = run(*argv)
     assert ended.returncode == 2 and "Traceback" not in ended.stderr, ended.stderr[-2000:]
     assert ended.stderr.strip().splitlines()[-1] == last
+    assert not os.path.exists(os.path.join(ROOT, "w"))  # ended before its workdir (and its settings) were written

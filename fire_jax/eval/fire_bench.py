@@ -73,7 +73,7 @@ def agent_from_section(config, role: str, *, teacher_history: str = "latest", mo
 
     section = config[role]
     spec, init = agent_spec(section)
-    agent = from_spec(spec, role, SamplingParams.from_config(config.decode),
+    agent = from_spec(spec, role, SamplingParams.from_config(config.decode, source="config.decode"),
                       engine=EngineConfig.from_config(config.decode), config=model_config(config), init=init,
                       teacher_history=teacher_history, batch_size=config.decode.get("batch_size", 0),
                       seed=config.seed, models=models)
@@ -126,6 +126,7 @@ def evaluate(config, workdir: str, *, agents=None) -> dict:
     setting = config.setting
     if setting not in SETTINGS:
         raise ValueError(f"config.setting must be one of {SETTINGS}, got {setting!r}")
+    SamplingParams.from_config(config.decode, source="config.decode")  # bad settings end the run before it records them
     os.makedirs(workdir, exist_ok=True)
     settings = run_settings(config)
     check_settings(os.path.join(workdir, "settings.json"), settings, where=workdir)

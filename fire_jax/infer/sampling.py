@@ -88,15 +88,26 @@ class SamplingParams:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_config(cls, section, **overrides) -> "SamplingParams":
+    def from_config(cls, section, *, source: str = "decode settings", **overrides) -> "SamplingParams":
         """The sampling fields of a config section (``config.decode``, ``config.generate``, a CLI's parsed flags:
         any mapping or namespace): ``max_new_tokens`` (the name Hugging Face's ``generate`` and the configs use)
         as ``max_tokens``, ``temperature``, ``top_k``, ``top_p``; fields it leaves out or sets to None keep
-        their defaults; then ``overrides`` (SamplingParams' own names)."""
+        their defaults; then ``overrides`` (SamplingParams' own names). A value out of range is bad input: an
+        :class:`fire_jax.core.config.InputError` naming ``source`` (the section, or the command line), which a
+        command ends on in one line."""
+        from fire_jax.core.config import InputError
+
         values = section if isinstance(section, dict) else (
             section.to_dict() if hasattr(section, "to_dict") else vars(section))
         names = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p"}
-        return cls(**{**{names[k]: v for k, v in values.items() if k in names and v is not None}, **overrides})
+        settings = {names[k]: v for k, v in values.items() if k in names and v is not None}
+        try:
+            return cls(**{**settings, **overrides})
+        except ValueError as e:
+            problem = str(e)
+            if "max_tokens" in settings and "max_tokens" not in overrides:  # the name the section gave it
+                problem = problem.replace("max_tokens", "max_new_tokens")
+            raise InputError(f"{source}: {problem}") from None
 
 
 def greedy_token(logits: jax.Array) -> jax.Array:

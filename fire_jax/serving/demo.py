@@ -368,7 +368,7 @@ def main(argv=None):
         teacher_spec = teacher_spec or found.get("teacher", "random")
         init = init or base
         print(f"default models: {why}", flush=True)
-    sampling = SamplingParams.from_config(args, seed=args.seed)
+    sampling = SamplingParams.from_config(args, source="the command line", seed=args.seed)
     config = require_model_config(apply_overrides(load_config(args.config), overrides), args.config)
     student, teacher, descriptions = load_agents(config, student_spec, teacher_spec, init, sampling, seed=args.seed,
                                                  context=args.cache_len)

@@ -461,7 +461,8 @@ def correction(config, generator, workdir: Path) -> dict:
                     "reward_model": generator.name},
                    where=str(folder), outputs=folder.glob("*.jsonl"))
     student = from_spec(settings.student_checkpoint or student_config.get("checkpoint") or None, "student",
-                        SamplingParams.from_config(config.generate, max_tokens=settings.max_new_tokens),
+                        SamplingParams.from_config(config.generate, source="config.generate",
+                                                  max_tokens=settings.max_new_tokens),
                         engine=EngineConfig.from_config(config.generate), config=student_config,
                         batch_size=config.generate.batch_size)
     items = load_triplets(settings.data, settings.image_root, max_examples=settings.max_examples)

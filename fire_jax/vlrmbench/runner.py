@@ -169,7 +169,7 @@ class Responder:
         ``api:<base_url>#<model>`` endpoint, an HF / PEFT adapter / train workdir checkpoint
         (:func:`fire_jax.infer.loading.load`), else ``config.init.hf_checkpoint``, else random weights."""
         spec, models = config.get("checkpoint") or None, {}
-        sampling = SamplingParams.from_config(generate_config, max_tokens=max_new_tokens)
+        sampling = SamplingParams.from_config(generate_config, source="config.generate", max_tokens=max_new_tokens)
         engine = EngineConfig.from_config(generate_config)
 
         def build(sampling: SamplingParams, batch_size: int):
