@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fire_jax.data.synthetic import TASKS, _parse_value  # noqa: E402
+from fire_jax.data.synthetic import TASKS, parse_answer  # noqa: E402
 
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "main_job.py")
 QUESTION = "Is the answer the same as the groundtruth?"
@@ -42,7 +42,7 @@ def compare_records(train: list[dict], num: int, seed: int, max_filler: int = 4)
     rng, out = random.Random(seed), []
     for k in range(num):
         record = rng.choice(train)
-        name, truth = _parse_value(record["groundtruth"]["value"])
+        name, truth = parse_answer(record["groundtruth"]["value"])
         task = TASKS[name]()
         value = truth if rng.random() < 0.5 else rng.choice([v for v in range(task.size) if v != truth])
         filler = [rng.choice(train)["question"]["value"] for _ in range(rng.randint(min(1, max_filler), max_filler))]

@@ -82,6 +82,52 @@ def test_judged_free_hand_computed():
     assert m["teacher_accuracy_by_turn"] == [1 / 5, 2 / 5, 3 / 5, 3 / 5, 3 / 5]
 
 
+def test_teacher_direction_and_distance_against_the_rule_hand_computed():
+    """On wrong answers of the synthetic scale: does the feedback point the rule's way, is the score the rule's
+    for that distance? Right answers, malformed ones and real data have nothing to point at."""
+    low = "Score: 6.\nFeedback: Your count is too low. Count them again."  # the rule's on 2 for 3
+    high = "Score: 6.\nFeedback: Your count is too high. Count them again."
+    assert judge.rule_check(reply(n(2)), GT, low, 6) == (True, True)
+    assert judge.rule_check(reply(n(2)), GT, high, 6) == (False, True)  # the wrong way, the right distance
+    assert judge.rule_check(reply(n(1)), GT, low, 6.0) == (True, False)  # 2 away: the rule scores 4
+    assert judge.rule_check(reply(n(6)), GT, high.replace("6", "2"), 2) == (True, True)  # 3 away: the rule scores 2
+    assert judge.rule_check(reply(n(6)), GT, "Score: 2. Your count is too high.", 2) == (False, True)  # no "Feedback:"
+    assert judge.rule_check(reply(n(4)), GT, "Score: 6.\nFeedback: Correct! Your answer is right.", 6) == (False, True)
+    assert judge.rule_check(reply(n(2)), GT, "", None) == (False, False)  # no reply, no score
+    assert judge.rule_check(reply("It is red."), "It is orange.", "Score: 6.\nFeedback: The colour comes "
+                            "LATER in the rainbow. Look again", 6) == (True, True)  # case, final punctuation
+    for answer, truth in ((n(3), GT), ("It is red.", GT), ("three", GT), (n(2), "A cat on a mat.")):
+        assert judge.rule_check(reply(answer), truth, low, 6) is None
+    records = [dialogue(n(3), [n(1), n(2), n(3)], [4, 6, 10]), dialogue(n(3), [n(5), "three"], [6, 1]),
+               dialogue(n(3), [n(3)], [10])]
+    records[0]["turns"][0]["feedback"] = low.replace("6", "4")  # right way, right distance
+    records[0]["turns"][1]["feedback"] = high  # wrong way, right distance
+    records[1]["turns"][0]["feedback"] = high  # right way, wrong distance (2 away scores 4)
+    m = judge.judged_free(records, rule=FREE_DIALOGUE)
+    assert m["wrong_turns_on_scale"] == 3
+    assert m["teacher_direction"] == pytest.approx(2 / 3) and m["teacher_distance_score"] == pytest.approx(2 / 3)
+    real = judge.judged_free([dialogue("A cat on a mat.", ["A dog."], [6])], rule=FREE_DIALOGUE)
+    assert real["wrong_turns_on_scale"] == 0 and real["teacher_direction"] is None
+
+
+def test_the_exact_teacher_points_the_rules_way_on_every_wrong_answer():
+    """The generator's rule as the teacher, on every wrong value of every shipped test question."""
+    with open(os.path.join(ASSETS, "test.json")) as f:
+        test = json.load(f)
+    teacher, records = ExactTeacher(), []
+    for record in test:
+        truth = record["groundtruth"]["value"]
+        task = synthetic.TASKS[synthetic.parse_answer(truth)[0]]()
+        answers = [reply(task.answer(v)) for v in range(task.size)]
+        feedback = teacher.feedback([None] * len(answers), [""] * len(answers), [truth] * len(answers), answers)
+        records.append({"groundtruth": truth, "stop": "max_turns", "source": record["source"],
+                        "turns": [{"response": a, "feedback": f.text, "score": f.score}
+                                  for a, f in zip(answers, feedback)]})
+    m = judge.judged_free(records, rule=StopRule(max_turns=7))
+    assert m["wrong_turns_on_scale"] == sum(len(r["turns"]) - 1 for r in records) > 400
+    assert m["teacher_direction"] == 1.0 and m["teacher_distance_score"] == 1.0
+
+
 def test_a_teacher_that_scores_the_turn_fails_the_judge():
     """A teacher that says 10 at turn 2 whatever the answer: its agreement and solved-but-wrong give it away."""
     with open(os.path.join(ASSETS, "test.json")) as f:
@@ -261,7 +307,7 @@ def test_compare_plateau_items_are_balanced_and_labelled_by_the_rule():
         text, score = synthetic.exact_feedback(truth, answer)
         assert (reply == "Yes.") == (score == synthetic.RIGHT_SCORE)
         if score != synthetic.RIGHT_SCORE:
-            task = synthetic._parse_value(truth)[0]
+            task = synthetic.parse_answer(truth)[0]
             assert ("later" in reply) == (later[task] in text), (truth, answer, reply, text)
     right = sum(item["conversations"][1]["value"] == "Yes." for item in items) / len(items)
     assert 0.42 <= right <= 0.58

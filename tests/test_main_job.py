@@ -116,7 +116,8 @@ def test_judged_fields_present_and_in_range(pipeline_run):
         fixed = json.load(open(os.path.join(workdir, "eval", f"{run_name}_fixed", "results.json")))
         assert 0 <= fixed["metrics"]["judged"]["overall"]["teacher"]["agreement"] <= 1
         assert 0 <= fixed["metrics"]["judged"]["overall"]["student"]["accuracy"] <= 1
-        for label in ("acc turn 1", "acc final", "teacher agreement", "judged RR"):
+        for label in ("acc turn 1", "acc final", "teacher agreement", "judged RR", "teacher direction",
+                      "teacher distance score"):
             assert summary["judged"][run_name][label] is None or 0 <= summary["judged"][run_name][label] <= 1
 
 
@@ -127,6 +128,9 @@ def test_exact_teacher_runs_agree_with_the_judge(pipeline_run):
         results = json.load(open(os.path.join(workdir, "eval", f"{run_name}_free_exact", "results.json")))
         judged = results["metrics"]["judged"]["overall"]
         assert judged["agreement"] == 1.0 and judged["solved_but_wrong"] == 0 and judged["stopped_but_right"] == 0
+        # it is the rule the direction and distance are checked against
+        expected = 1.0 if judged["wrong_turns_on_scale"] else None
+        assert judged["teacher_direction"] == judged["teacher_distance_score"] == expected
         assert results["teacher"]["init"] == "exact:synthetic"
         assert summary["exact_teacher"][run_name]["acc final"] == judged["accuracy_final"]
         assert summary["exact_teacher"][run_name]["RR"] == results["metrics"]["overall"]["RR"]

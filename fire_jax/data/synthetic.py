@@ -343,8 +343,8 @@ def turn_records(records: list[dict], seed: int = 0) -> list[dict]:
     rng = random.Random(f"{seed}/teacher_turns")
     out = []
     for record in records:
-        task = TASKS[_parse_value(record["groundtruth"]["value"])[0]]()
-        truth = _parse_value(record["groundtruth"]["value"])[1]
+        task = TASKS[parse_answer(record["groundtruth"]["value"])[0]]()
+        truth = parse_answer(record["groundtruth"]["value"])[1]
         for k in range(1, len(record["conversations"]) // 2 + 1):
             value = truth
             if rng.random() >= 0.5:
@@ -429,7 +429,7 @@ def shortcut_report(train: Sequence[Mapping], test: Sequence[Mapping]) -> dict:
 
 # ---------------------------------------------------------------------------- the rule that wrote the feedback
 
-def _parse_value(sentence: str) -> tuple[str, int] | None:
+def parse_answer(sentence: str) -> tuple[str, int] | None:
     """(task name, 0-based value) of an answer sentence of :func:`generate`'s tasks, or None."""
     text = sentence.strip().rstrip(".").strip().lower()
     for name, pattern in (("count", r"there are (\d+)"), ("bars", r"bar (\d+) is the tallest")):
@@ -450,7 +450,7 @@ def exact_feedback(groundtruth: str, answer: str) -> tuple[str, int]:
     sentence of the groundtruth's task scores 1 with a request for one. Used as the *exact teacher* in free
     dialogues, to measure the student's refinement apart from a trained teacher's mistakes.
     """
-    truth, given = _parse_value(groundtruth), _parse_value(answer)
+    truth, given = parse_answer(groundtruth), parse_answer(answer)
     if truth is None:
         raise ValueError(f"not a synthetic groundtruth: {groundtruth!r}")
     if given is None or given[0] != truth[0]:

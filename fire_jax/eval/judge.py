@@ -10,7 +10,9 @@ function of the dialogue records the runners write:
   (:func:`fire_jax.infer.agents.answer_of`, which the exact teacher reads too);
 - :func:`judged_free` : accuracy by turn, judged refinement, the teacher's
   agreement with the judge and its confusion table, "solved but wrong" and
-  "stopped but right" counts, for free dialogues;
+  "stopped but right" counts, for free dialogues; on the synthetic set, also
+  whether the teacher's feedback on a wrong answer points the right way and
+  scores the distance, against the set's own rule (:func:`rule_check`);
 - :func:`judged_fixed`: the same judge on fixed-dialogue predictions (student
   accuracy by turn; teacher agreement on the ground-truth answers it scored).
 
@@ -25,6 +27,7 @@ import collections
 import re
 from typing import Iterable, Mapping, Sequence
 
+from fire_jax.data import synthetic
 from fire_jax.infer.agents import answer_of
 from fire_jax.infer.dialogue import StopRule
 
@@ -57,6 +60,29 @@ def _agreement(pairs: Sequence[tuple[bool, bool]]) -> float | None:
     return _share([judge == teacher for judge, teacher in pairs])
 
 
+def _feedback_text(feedback: str) -> str:
+    """What follows "Feedback:" in a reply (the whole reply if it has none), :func:`normalize`d."""
+    index = feedback.rfind("Feedback:")
+    return normalize(feedback if index < 0 else feedback[index + len("Feedback:"):])
+
+
+def rule_check(response: str, groundtruth: str, feedback: str, score) -> tuple[bool, bool] | None:
+    """(direction, distance) of a teacher's reply on a wrong answer of the synthetic set, against the rule that
+    wrote the set's feedback (:func:`fire_jax.data.synthetic.exact_feedback`): whether its feedback text is the
+    rule's (the rule's text for a wrong answer says only which way to move: "Your count is too low. Count them
+    again.") and whether its score is the rule's (the distance score, ``WRONG_SCORES``).
+
+    None when there is nothing to point at: the answer is right, or it or the groundtruth is not a value on the
+    same scale of a synthetic task (real data, a malformed answer).
+    """
+    answer = answer_of(response)
+    truth, given = synthetic.parse_answer(groundtruth), synthetic.parse_answer(answer)
+    if truth is None or given is None or given[0] != truth[0] or given[1] == truth[1]:
+        return None
+    text, rule_score = synthetic.exact_feedback(groundtruth, answer)
+    return _feedback_text(feedback) == _feedback_text(text), score is not None and float(score) == rule_score
+
+
 def judged_free(records: Sequence[Mapping], *, rule: StopRule) -> dict:
     """Exact-judge metrics of free dialogues (records with ``groundtruth``, ``stop`` and
     ``turns[].response`` / ``turns[].score``, as :func:`fire_jax.infer.dialogue.dialogue_record` writes them).
@@ -70,7 +96,11 @@ def judged_free(records: Sequence[Mapping], *, rule: StopRule) -> dict:
     - ``agreement``: share of all turns where the teacher's verdict (``rule.solves`` its score) equals the judge's,
       ``agreement_by_turn`` and ``confusion`` (judge x teacher counts over all turns);
     - ``solved_but_wrong``: dialogues stopped as solved on a wrong answer (``solved_but_wrong_share`` of the
-      solved ones); ``stopped_but_right``: dialogues that ended unsolved on a right answer.
+      solved ones); ``stopped_but_right``: dialogues that ended unsolved on a right answer;
+    - on the synthetic set (:func:`rule_check`), over the ``wrong_turns_on_scale`` turns whose answer is a
+      wrong value on the groundtruth's scale: ``teacher_direction``, the share whose feedback points the way
+      the set's rule does, and ``teacher_distance_score``, the share scored as the rule scores that distance
+      (None on data without the rule).
 
     ``rule``: the stop rule the dialogues ran with (its threshold and ``max_turns``).
     """
@@ -86,6 +116,9 @@ def judged_free(records: Sequence[Mapping], *, rule: StopRule) -> dict:
     solved = [record for record in records if record.get("stop") == "solved"]
     solved_but_wrong = sum(not rs[-1] for record, rs in zip(records, right) if record.get("stop") == "solved" and rs)
     stopped_but_right = sum(rs[-1] for record, rs in zip(records, right) if record.get("stop") != "solved" and rs)
+    checks = [rule_check(turn["response"], record["groundtruth"], turn.get("feedback") or "", turn["score"])
+              for record in records for turn in record["turns"]]
+    checks = [c for c in checks if c is not None]
     return {
         "items": n,
         "accuracy_by_turn": [_share([rs[min(t, len(rs) - 1)] for rs in right if rs]) for t in range(rule.max_turns)],
@@ -104,6 +137,9 @@ def judged_free(records: Sequence[Mapping], *, rule: StopRule) -> dict:
         "solved_but_wrong": solved_but_wrong,
         "solved_but_wrong_share": solved_but_wrong / len(solved) if solved else None,
         "stopped_but_right": stopped_but_right,
+        "wrong_turns_on_scale": len(checks),
+        "teacher_direction": _share([direction for direction, _ in checks]),
+        "teacher_distance_score": _share([distance for _, distance in checks]),
     }
 
 

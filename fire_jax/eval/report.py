@@ -197,18 +197,21 @@ def judged_report(results: Mapping) -> str:
     if results["setting"] == "free":
         turns = len(overall["accuracy_by_turn"])
         header = ("source", *(f"acc t{t}" for t in range(1, turns + 1)), "acc final", "refined / wrong first",
-                  "agreement", "solved but wrong", "stopped but right", "items")
+                  "agreement", "direction", "distance score", "solved but wrong", "stopped but right", "items")
         rows = []
         for source, m in [("overall", overall), *judged["per_source"].items()]:
             rows.append((source, *(_pct(a) or "–" for a in m["accuracy_by_turn"]), _pct(m["accuracy_final"]) or "–",
                          f"{m['refined']} / {m['wrong_first']} ({_pct(m['refinement_rate']) or '–'})",
-                         _pct(m["agreement"]) or "–", f"{m['solved_but_wrong']} / {m['solved']}",
+                         _pct(m["agreement"]) or "–", _pct(m["teacher_direction"]) or "–",
+                         _pct(m["teacher_distance_score"]) or "–", f"{m['solved_but_wrong']} / {m['solved']}",
                          m["stopped_but_right"], m["items"]))
         sections.append(markdown_table(header, rows, cell=_format))
         sections.append("Accuracy at turn t: the answer at turn t, or the last one of a dialogue that ended earlier. "
-                        "Refined: wrong at turn 1, right at the end. Solved but wrong: stopped with score >= "
-                        f"{threshold:g} on a wrong answer (of all solved). Stopped but right: ended unsolved on a "
-                        "right answer.")
+                        "Refined: wrong at turn 1, right at the end. Direction, distance score: of the teacher's "
+                        "replies to wrong answers on the task's scale (synthetic set), the share whose feedback "
+                        "points the way the set's rule does, and the share whose score is the rule's for that "
+                        f"distance. Solved but wrong: stopped with score >= {threshold:g} on a wrong answer (of all "
+                        "solved). Stopped but right: ended unsolved on a right answer.")
         by_turn = overall["agreement_by_turn"]
         sections.append(markdown_table(("teacher agreement", *(f"turn {t}" for t in range(1, len(by_turn) + 1)),
                                         "all turns"),

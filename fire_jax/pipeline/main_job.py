@@ -32,6 +32,8 @@ JUDGED = (("fixed student acc", "fixed", ("student", "accuracy")),
           ("fixed teacher agreement", "fixed", ("teacher", "agreement")),
           ("acc turn 1", "free", ("accuracy_turn1",)), ("acc final", "free", ("accuracy_final",)),
           ("judged RR", "free", ("refinement_rate",)), ("teacher agreement", "free", ("agreement",)),
+          ("teacher direction", "free", ("teacher_direction",)),
+          ("teacher distance score", "free", ("teacher_distance_score",)),
           ("solved but wrong", "free", ("solved_but_wrong",)), ("solved", "free", ("solved",)),
           ("stopped but right", "free", ("stopped_but_right",)))
 
@@ -199,7 +201,9 @@ def summary_table(summary: dict, *, threshold: float) -> str:
         lines += ["", "Exact judge (answer = groundtruth) in the same runs: fixed-dialogue student accuracy and "
                   "teacher agreement; free dialogues with the FD teacher: accuracy at turn 1 and at the end, judged "
                   "refinement rate (right at the end of those wrong at turn 1), the teacher's agreement with the judge "
-                  f"over all turns (score >= {threshold:g} iff right), solved-but-wrong of solved, "
+                  f"over all turns (score >= {threshold:g} iff right), on wrong answers the share of its feedback "
+                  "that points the way the set's rule does and of its scores that are the rule's distance score, "
+                  "solved-but-wrong of solved, "
                   "stopped-but-right.", ""]
         lines.append(_table(summary["judged"], [label for label, *_ in JUDGED]))
     if summary.get("exact_teacher"):
