@@ -30,10 +30,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from fire_jax.convert.fetch import prepare  # noqa: E402
 
+#: Every ordered pair (groundtruth, answer) of two different counts 1..7.
+PAIRS = [(t, a) for t in range(1, 8) for a in range(1, 8) if t != a]
+
+
+def word(truth: int, answer: int) -> str:
+    """Which way the answer is off: "low" or "high"."""
+    return "low" if answer < truth else "high"
+
 
 def example(truth: int, answer: int, solved: bool = True) -> str:
     text = f"Groundtruth: There are {truth}.\nAnswer: There are {answer}.\nThe answer is too"
-    return text + (f" {'low' if answer < truth else 'high'}.\n\n" if solved else "")
+    return text + (f" {word(truth, answer)}.\n\n" if solved else "")
 
 
 def question(truth: int, answer: int) -> str:
@@ -51,13 +59,12 @@ def train_and_score(base: str, steps: int, workdir: str, seed: int) -> None:
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     rng = random.Random(seed)
-    pairs = [(t, a) for t in range(1, 8) for a in range(1, 8) if t != a]
     os.makedirs(workdir, exist_ok=True)
     data = os.path.join(workdir, "order.json")
     with open(data, "w") as f:
         json.dump([{"id": f"order_{i}", "source": "order", "conversations": [
-            {"from": "human", "value": question(t, a)}, {"from": "gpt", "value": f"Too {'low' if a < t else 'high'}."}]}
-            for i, (t, a) in enumerate(rng.choice(pairs) for _ in range(8 * steps))], f)
+            {"from": "human", "value": question(t, a)}, {"from": "gpt", "value": f"Too {word(t, a)}."}]}
+            for i, (t, a) in enumerate(rng.choice(PAIRS) for _ in range(8 * steps))], f)
     config = load_config(os.path.join(root, "configs", "main_job.py"))
     train = config.student_train
     train.init.hf_checkpoint = os.path.abspath(base)
@@ -68,9 +75,9 @@ def train_and_score(base: str, steps: int, workdir: str, seed: int) -> None:
     evaluation = config.eval_free
     evaluation.student = {"name": "order", "init": os.path.abspath(base), "adapter": run}
     backend = agent_from_section(evaluation, "student").backend
-    replies = backend.generate([()] * len(pairs), [[Message("user", question(t, a))] for t, a in pairs])
-    right = sum(r.strip().lower().startswith(f"too {'low' if a < t else 'high'}") for (t, a), r in zip(pairs, replies))
-    print(f"after {steps} steps of 8: right on {right} of {len(pairs)} pairs ({right / len(pairs):.2f}; chance 0.50)")
+    replies = backend.generate([()] * len(PAIRS), [[Message("user", question(t, a))] for t, a in PAIRS])
+    right = sum(r.strip().lower().startswith(f"too {word(t, a)}") for (t, a), r in zip(PAIRS, replies))
+    print(f"after {steps} steps of 8: right on {right} of {len(PAIRS)} pairs ({right / len(PAIRS):.2f}; chance 0.50)")
 
 
 def main() -> None:
@@ -96,18 +103,17 @@ def few_shot(args) -> None:
     folder, name = os.path.dirname(path), os.path.basename(path)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name).eval()
-    low, high = (tokenizer(word).input_ids[0] for word in (" low", " high"))
-    pairs = [(t, a) for t in range(1, 8) for a in range(1, 8) if t != a]
+    low, high = (tokenizer(w).input_ids[0] for w in (" low", " high"))
     rng = random.Random(args.seed)
     for shots in (int(s) for s in args.shots.split(",")):
         right = 0
-        for truth, answer in pairs:
-            context = "".join(example(*rng.choice(pairs)) for _ in range(shots)) + example(truth, answer, False)
+        for truth, answer in PAIRS:
+            context = "".join(example(*rng.choice(PAIRS)) for _ in range(shots)) + example(truth, answer, False)
             with torch.no_grad():
                 logits = model(tokenizer(context, return_tensors="pt").input_ids).logits[0, -1]
             right += bool((logits[low] > logits[high]) == (answer < truth))
-        print(f"{shots:3d} shots: the right word is the likelier on {right} of {len(pairs)} pairs "
-              f"({right / len(pairs):.2f}; chance 0.50)")
+        print(f"{shots:3d} shots: the right word is the likelier on {right} of {len(PAIRS)} pairs "
+              f"({right / len(PAIRS):.2f}; chance 0.50)")
 
 
 if __name__ == "__main__":
