@@ -60,8 +60,11 @@ def _tiny_train(role: str):
 #: of 2 (the same 320 examples) learned the comparison with the groundtruth (agreement 0.97).
 SMOLLM2_STAGES = dict(base=dict(steps=20, batch=8), teacher=dict(steps=160, batch=2),
                       student=dict(steps=32, batch=8))
-#: What the base stage trains besides LoRA: the from-scratch vision tower, the connector and image_newline.
-VISION_PARTS = (r"vision_tower\..*", r"multi_modal_projector\..*", r"image_newline")
+#: What the base stage trains besides LoRA: the fresh connector and image_newline, the CLIP stage's tower frozen
+#: (LLaVA-1.5's instruction stage; regexes over "/"-joined parameter paths, as
+#: ``fire_jax.runtime.build.trainable_filter`` matches them). Training the tower too left the base as blind and
+#: made the teacher from it worse (docs/main_job.md).
+VISION_PARTS = (r"multi_modal_projector/.*", r"image_newline")
 
 
 def _smollm2_train(role: str, stage: str):

@@ -11,7 +11,7 @@ import jax
 import ml_collections
 from flax import nnx
 
-from fire_jax.core.config import resolve_path
+from fire_jax.core.config import InputError, resolve_path
 from fire_jax.models import InitKeys, LlavaNext, LlavaNextConfig, LoRAParam
 
 
@@ -112,3 +112,21 @@ def trainable_filter(train_cfg):
         regex = re.compile("|".join(f"(?:{p})" for p in patterns))
         filters.append(nnx.All(nnx.Param, lambda path, _: regex.fullmatch("/".join(map(str, path))) is not None))
     return nnx.Any(*filters)
+
+
+def check_trainable(model, train_cfg) -> None:
+    """Refuse a ``train.trainable`` regex that fully matches no parameter path of ``model``: such a pattern
+    would leave the weights it names frozen without a word (``vision_tower\\..*`` against the "/"-joined
+    paths, for one). The error names the pattern and a path of the model that it was probably meant for."""
+    patterns = tuple(train_cfg.get("trainable", ()))
+    if not patterns:
+        return
+    paths = ["/".join(map(str, path)) for path, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))]
+    for pattern in patterns:
+        regex = re.compile(pattern)
+        if any(regex.fullmatch(path) for path in paths):
+            continue
+        head = re.split(r"[^A-Za-z0-9_]", pattern, maxsplit=1)[0]
+        near = [path for path in paths if head and path.startswith(head)] or paths
+        raise InputError(f"train.trainable: {pattern!r} fully matches none of the model's {len(paths)} parameter "
+                         f"paths; they are joined with '/', e.g. {near[0]!r}")

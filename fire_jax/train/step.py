@@ -19,7 +19,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from fire_jax.runtime.build import trainable_filter
+from fire_jax.runtime.build import check_trainable, trainable_filter
 from fire_jax.models import LlavaNext
 from fire_jax.models.clip import CLIPModel, contrastive_loss
 from fire_jax.runtime.sharding import DEFAULT_RULES, activation_sharding, batch_sharding, state_shardings
@@ -61,6 +61,7 @@ class Trainer:
         if self.contrastive and train_cfg.accum_steps != 1:
             raise ValueError(f"train.accum_steps={train_cfg.accum_steps}: a contrastive batch is one micro-batch "
                              f"(its negatives are the other pairs in it); use 1")
+        check_trainable(model, train_cfg)
         self.graphdef, params, frozen = nnx.split(model, trainable_filter(train_cfg), ...)
         # A copy even when already float32: the step donates its state, and the model must stay usable.
         to_f32 = lambda tree: jax.tree.map(lambda x: jnp.array(x, jnp.float32, copy=True), tree)
