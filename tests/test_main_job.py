@@ -207,20 +207,20 @@ def test_8b_ablation_subsamples_fire_1m():
 def test_the_smollm2_base_stage_trains_the_connector_and_image_newline():
     """configs/main_job.py's base stage trains the connector and image_newline beside LoRA, the CLIP stage's tower
     frozen (LLaVA-1.5's instruction stage): its ``train.trainable`` regexes select exactly those weights of a LLaVA
-    with the SmolLM2 model's parameter names (configs/tiny.py's shapes), no tower weight and no frozen LLM one. A regex that
-    selects nothing (the paths are '/'-joined, so ``vision_tower\\..*`` is one) is refused, not ignored."""
+    with the SmolLM2 model's parameter names (configs/tiny.py's shapes), no tower weight and no frozen LLM one.
+    A regex that selects nothing (the paths are '/'-joined, so ``vision_tower\\..*`` is one) is refused."""
     from flax import nnx
 
     from fire_jax.core.config import InputError
     from fire_jax.models import LoRAParam
-    from fire_jax.runtime.build import build_model, check_trainable, trainable_filter
+    from fire_jax.runtime.build import build_model, check_trainable, param_path, trainable_filter
 
     train = load_config(os.path.join(ROOT, "configs", "main_job.py")).base_train.train
     model = build_model(load_config(os.path.join(ROOT, "configs", "tiny.py")))
     check_trainable(model, train)
     weights = nnx.state(model, nnx.Any(nnx.Param, LoRAParam))
-    every = {"/".join(map(str, path)): var for path, var in nnx.to_flat_state(weights)}
-    trained = {"/".join(map(str, path)) for path, _ in nnx.to_flat_state(nnx.state(model, trainable_filter(train)))}
+    every = {param_path(path): var for path, var in nnx.to_flat_state(weights)}
+    trained = {param_path(path) for path, _ in nnx.to_flat_state(nnx.state(model, trainable_filter(train)))}
     for part in ("multi_modal_projector/", "image_newline"):
         wanted = {path for path in every if path.startswith(part)}
         assert wanted and wanted <= trained, part

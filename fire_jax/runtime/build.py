@@ -110,8 +110,13 @@ def trainable_filter(train_cfg):
     patterns = tuple(train_cfg.get("trainable", ()))
     if patterns:
         regex = re.compile("|".join(f"(?:{p})" for p in patterns))
-        filters.append(nnx.All(nnx.Param, lambda path, _: regex.fullmatch("/".join(map(str, path))) is not None))
+        filters.append(nnx.All(nnx.Param, lambda path, _: regex.fullmatch(param_path(path)) is not None))
     return nnx.Any(*filters)
+
+
+def param_path(path) -> str:
+    """An NNX state path as ``train.trainable`` regexes see it: its keys joined with "/"."""
+    return "/".join(map(str, path))
 
 
 def check_trainable(model, train_cfg) -> None:
@@ -121,7 +126,7 @@ def check_trainable(model, train_cfg) -> None:
     patterns = tuple(train_cfg.get("trainable", ()))
     if not patterns:
         return
-    paths = ["/".join(map(str, path)) for path, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))]
+    paths = [param_path(path) for path, _ in nnx.to_flat_state(nnx.state(model, nnx.Param))]
     for pattern in patterns:
         regex = re.compile(pattern)
         if any(regex.fullmatch(path) for path in paths):
