@@ -284,6 +284,23 @@ def test_xla_options_reach_the_steps_compile(setup):
         trainer.step(trainer.initial_state, put_batch(batch, mesh), jax.random.key(0))
 
 
+def test_lr_schedules_warm_up_then_decay_or_hold():
+    from fire_jax.core.config import InputError, train_config
+    from fire_jax.train.step import make_optimizer
+
+    def lrs(**cfg):
+        _, schedule = make_optimizer(train_config(lr=1e-3, warmup_frac=0.1, **cfg), 100)
+        return [float(schedule(step)) for step in (0, 5, 10, 55, 100)]
+
+    # Warm-up to 1e-3 over 10 steps, then cosine: at step 55, half-way through the 90 decay steps, 1e-3 / 2.
+    np.testing.assert_allclose(lrs(), [0.0, 5e-4, 1e-3, 5e-4, 0.0], atol=1e-9)
+    np.testing.assert_allclose(lrs(lr_schedule="constant"), [0.0, 5e-4, 1e-3, 1e-3, 1e-3], atol=1e-9)
+    _, schedule = make_optimizer(train_config(lr=1e-3, warmup_frac=0.0, lr_schedule="constant"), 100)
+    assert float(schedule(0)) == pytest.approx(1e-3)  # no warm-up: the first step already at the peak
+    with pytest.raises(InputError, match="lr_schedule"):
+        lrs(lr_schedule="linear")
+
+
 def test_turn_normalisation_weights():
     mask = jnp.array([[0, 1, 1, 1, 1, 0]], jnp.float32)
     turns = jnp.array([[-1, 2, 2, 2, 3, -1]])

@@ -297,6 +297,7 @@ def train_config(**overrides) -> ml_collections.ConfigDict:
     """AdamW lr 2e-4, wd 0, betas (0.9, 0.999), eps 1e-8; 3% warm-up then cosine; clip 1.0; batch 64; 1 epoch."""
     config = ml_collections.ConfigDict(dict(
         lr=2e-4, weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, warmup_frac=0.03, clip_norm=1.0,
+        lr_schedule="cosine",  # after the warm-up: "cosine" to 0 (the release's) or "constant" (the peak lr)
         batch_size=64,  # global; must equal data.batch_size
         accum_steps=1,  # micro-batches per step (the global batch is split, gradients summed)
         epochs=1.0,

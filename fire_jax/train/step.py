@@ -19,6 +19,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from fire_jax.core.config import InputError
 from fire_jax.runtime.build import check_trainable, trainable_filter
 from fire_jax.models import LlavaNext
 from fire_jax.models.clip import CLIPModel, contrastive_loss
@@ -29,9 +30,17 @@ BATCH_KEYS = ("input_ids", "attention_mask", "loss_mask", "turn_ids", "pixel_val
 
 
 def make_optimizer(cfg, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """AdamW + linear warm-up (``warmup_frac`` of the steps) + cosine to 0, global-norm clip."""
+    """AdamW + linear warm-up (``warmup_frac`` of the steps), then cosine to 0 (``lr_schedule="cosine"``, the
+    release's) or the peak lr held to the end (``"constant"``); global-norm clip."""
     warmup = int(round(cfg.warmup_frac * total_steps))
-    schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, warmup, max(total_steps, warmup + 1), 0.0)
+    kind = cfg.get("lr_schedule", "cosine")
+    if kind == "cosine":
+        schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, warmup, max(total_steps, warmup + 1), 0.0)
+    elif kind == "constant":
+        schedule = optax.constant_schedule(cfg.lr) if not warmup else optax.join_schedules(
+            [optax.linear_schedule(0.0, cfg.lr, warmup), optax.constant_schedule(cfg.lr)], [warmup])
+    else:
+        raise InputError(f"train.lr_schedule must be 'cosine' or 'constant', got {kind!r}")
     tx = optax.chain(
         optax.clip_by_global_norm(cfg.clip_norm),
         optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay))

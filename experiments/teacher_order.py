@@ -1,0 +1,145 @@
+"""How many updates the FD teacher needs to point the right way, on the reference side (transformers + peft).
+
+The main job's FD teacher learns when an answer is right from a few hundred examples but writes a direction
+("Your count is too low.") at chance. This experiment trains the pretrained SmolLM2-135M-Instruct with LoRA
+(rank 32, alpha 64, on q, k, v, o: the main job's teacher adapter) on wrong answers of the synthetic set's three
+tasks, each scored by the synthetic rule (``fire_jax.data.synthetic.exact_feedback``'s text), and every
+``--every`` steps measures the direction: for every ordered pair (groundtruth, answer) at most
+``MAX_OFFSET`` apart, with the feedback forced up to the direction word ("Score: 6.\\nFeedback: Your count is
+too"), is the right word (" low") likelier than the other (" high")? Chance is half.
+
+Two prompts:
+
+- ``--prompt teacher``: the FD teacher's sequence without the image (system, user "Question: ...\\nGroundtruth:
+  ...", user TEACHER_INSTRUCTION, user r_k with its thought, as in the shipped teacher turns), the labels the
+  whole feedback, as the main job's teacher stage trains it;
+- ``--prompt short``: one user message "Groundtruth: ...\\nAnswer: ..." (the student's answer sentence alone).
+
+The learning rate is constant (AdamW, no warm-up, no clipping): the point is the number of updates, apart from
+a schedule. Nothing of fire_jax's model or trainer runs; fire_jax only writes the sentences.
+
+    python experiments/teacher_order.py --tasks count --steps 200 --batch 2      # ~8 minutes on 2 cores
+    python experiments/teacher_order.py --steps 300 --batch 2                    # the three tasks, ~28 minutes
+    python experiments/teacher_order.py --prompt short --tasks count --steps 80 --batch 4
+"""
+
+import argparse
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from fire_jax.convert.fetch import prepare  # noqa: E402
+from fire_jax.data import synthetic  # noqa: E402
+from fire_jax.data.chat import SYSTEM, TEACHER_INSTRUCTION  # noqa: E402
+
+#: The direction words of each task's hint: (towards a higher value, towards a lower one).
+WORDS = {"count": ("low", "high"), "bars": ("right", "left"), "color": ("later", "earlier")}
+
+
+def question(task: str, rng: random.Random) -> str:
+    """A question of the task, its named thing drawn as the generator draws it."""
+    if task == "count":
+        return f"How many {rng.choice(synthetic.RAINBOW)} {rng.choice(synthetic.SHAPES)}s are in the image?"
+    if task == "bars":
+        return f"Which bar is the tallest? The bars are numbered 1 to {synthetic.NUM_BARS} from the left."
+    return f"What colour is the {rng.choice(synthetic.SHAPES)}?"
+
+
+def pairs(tasks) -> list[tuple[str, int, int]]:
+    """Every (task, groundtruth, answer) with a wrong answer at most MAX_OFFSET away (0-based values)."""
+    return [(name, truth, given) for name in tasks for truth in range(synthetic.TASKS[name].size)
+            for given in range(synthetic.TASKS[name].size)
+            if truth != given and abs(truth - given) <= synthetic.MAX_OFFSET]
+
+
+class Examples:
+    """Token ids of one training example, and where its labels and its direction word start."""
+
+    def __init__(self, tokenizer, prompt: str):
+        self.tokenizer, self.prompt = tokenizer, prompt
+
+    def ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    def __call__(self, name: str, truth: int, given: int, rng: random.Random):
+        task = synthetic.TASKS[name]()
+        up = truth > given
+        # The thought is drawn apart from the answer, as in the shipped teacher turns.
+        thought = rng.choice([task.first_thought(), task.refined_thought(True), task.refined_thought(False)])
+        if self.prompt == "teacher":
+            turns = [("user", f"Question: {question(name, rng)}\nGroundtruth: {task.answer(truth)}"),
+                     ("user", TEACHER_INSTRUCTION), ("user", synthetic.response(thought, task.answer(given)))]
+        else:
+            turns = [("user", f"Groundtruth: {task.answer(truth)}\nAnswer: {task.answer(given)}")]
+        messages = [{"role": "system", "content": SYSTEM}] + [{"role": r, "content": c} for r, c in turns]
+        prompt = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text, _ = synthetic.exact_feedback(task.answer(truth), task.answer(given))
+        head = text[:text.index(" " + WORDS[name][0 if up else 1])]  # the feedback up to its direction word
+        full = self.ids(prompt + text + "<|im_end|>")
+        return full, len(self.ids(prompt)), len(self.ids(prompt + head)), up
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="a name of fire_jax.convert.fetch.MODELS")
+    parser.add_argument("--prompt", choices=("teacher", "short"), default="teacher")
+    parser.add_argument("--tasks", default="count,bars,color")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--every", type=int, default=40, help="measure the direction every this many steps")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(args.seed)
+    path = prepare(args.model)
+    folder, name = os.path.dirname(path), os.path.basename(path)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
+    model = get_peft_model(model, LoraConfig(r=32, lora_alpha=64, lora_dropout=0.0,
+                                             target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    tasks = args.tasks.split(",")
+    items, example = pairs(tasks), Examples(tokenizer, args.prompt)
+    word_ids = {t: tuple(tokenizer(" " + w).input_ids[0] for w in WORDS[t]) for t in tasks}
+
+    def direction() -> str:
+        model.eval()
+        right, seen, rng = dict.fromkeys(tasks, 0), dict.fromkeys(tasks, 0), random.Random(1234)
+        with torch.no_grad():
+            for item in items:
+                full, _, head, up = example(*item, rng)
+                logits = model(torch.tensor([full[:head]])).logits[0, -1]
+                towards_higher, towards_lower = word_ids[item[0]]
+                right[item[0]] += bool((logits[towards_higher] > logits[towards_lower]) == up)
+                seen[item[0]] += 1
+        model.train()
+        return ", ".join(f"{t} {right[t]} / {seen[t]}" for t in tasks)
+
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
+    rng, start = random.Random(args.seed), time.time()
+    print(f"{args.prompt} prompt, {args.tasks}, steps of {args.batch}, lr {args.lr}")
+    print(f"step 0: direction right on {direction()}", flush=True)
+    for step in range(1, args.steps + 1):
+        loss = 0.0
+        for _ in range(args.batch):
+            full, labels_from, _, _ = example(*rng.choice(items), rng)
+            ids = torch.tensor([full])
+            logits = model(ids).logits[0, labels_from - 1:-1]
+            loss = loss + torch.nn.functional.cross_entropy(logits, ids[0, labels_from:]) / args.batch
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step % args.every == 0 or step == args.steps:
+            print(f"step {step} ({step * args.batch} examples, loss {loss.item():.3f} a token, "
+                  f"{time.time() - start:.0f} s): direction right on {direction()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
