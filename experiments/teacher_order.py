@@ -35,17 +35,16 @@ from fire_jax.convert.fetch import prepare  # noqa: E402
 from fire_jax.data import synthetic  # noqa: E402
 from fire_jax.data.chat import SYSTEM, TEACHER_INSTRUCTION  # noqa: E402
 
-#: The direction words of each task's hint: (towards a higher value, towards a lower one).
-WORDS = {"count": ("low", "high"), "bars": ("right", "left"), "color": ("later", "earlier")}
+def direction_words(name: str) -> tuple[str, str]:
+    """The word where the task's two hints differ: (towards a higher value, towards a lower one), e.g. low, high."""
+    task = synthetic.TASKS[name]()
+    up, down = task.hint(True).split(), task.hint(False).split()
+    return next((u.strip(".,"), d.strip(".,")) for u, d in zip(up, down) if u != d)
 
 
-def question(task: str, rng: random.Random) -> str:
-    """A question of the task, its named thing drawn as the generator draws it."""
-    if task == "count":
-        return f"How many {rng.choice(synthetic.RAINBOW)} {rng.choice(synthetic.SHAPES)}s are in the image?"
-    if task == "bars":
-        return f"Which bar is the tallest? The bars are numbered 1 to {synthetic.NUM_BARS} from the left."
-    return f"What colour is the {rng.choice(synthetic.SHAPES)}?"
+def question(name: str, rng: random.Random) -> str:
+    """A question of the task as the generator asks it (its drawing is thrown away)."""
+    return synthetic.TASKS[name]().draw(rng, synthetic.IMAGE_SIZES[0])[1]
 
 
 def pairs(tasks) -> list[tuple[str, int, int]]:
@@ -77,7 +76,7 @@ class Examples:
         messages = [{"role": "system", "content": SYSTEM}] + [{"role": r, "content": c} for r, c in turns]
         prompt = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         text, _ = synthetic.exact_feedback(task.answer(truth), task.answer(given))
-        head = text[:text.index(" " + WORDS[name][0 if up else 1])]  # the feedback up to its direction word
+        head = text[:text.index(" " + direction_words(name)[0 if up else 1])]  # the feedback up to its direction word
         full = self.ids(prompt + text + "<|im_end|>")
         return full, len(self.ids(prompt)), len(self.ids(prompt + head)), up
 
@@ -107,7 +106,7 @@ def main() -> None:
                                              target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
     tasks = args.tasks.split(",")
     items, example = pairs(tasks), Examples(tokenizer, args.prompt)
-    word_ids = {t: tuple(tokenizer(" " + w).input_ids[0] for w in WORDS[t]) for t in tasks}
+    word_ids = {t: tuple(tokenizer(" " + w).input_ids[0] for w in direction_words(t)) for t in tasks}
 
     def direction() -> str:
         model.eval()

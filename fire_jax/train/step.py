@@ -37,8 +37,8 @@ def make_optimizer(cfg, total_steps: int) -> tuple[optax.GradientTransformation,
     if kind == "cosine":
         schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, warmup, max(total_steps, warmup + 1), 0.0)
     elif kind == "constant":
-        schedule = optax.constant_schedule(cfg.lr) if not warmup else optax.join_schedules(
-            [optax.linear_schedule(0.0, cfg.lr, warmup), optax.constant_schedule(cfg.lr)], [warmup])
+        # (optax's warm-up schedules stay at their initial value when the warm-up has no steps)
+        schedule = optax.warmup_constant_schedule(0.0, cfg.lr, warmup) if warmup else optax.constant_schedule(cfg.lr)
     else:
         raise InputError(f"train.lr_schedule must be 'cosine' or 'constant', got {kind!r}")
     tx = optax.chain(
