@@ -204,6 +204,24 @@ def test_teacher_turns_need_the_comparison():
     assert 0.45 <= scores[10] / len(turns) <= 0.55 and min(scores[s] for s in (6, 4, 2, 1)) > 80, scores
 
 
+def test_teacher_turns_right_share():
+    """A smaller share of right answers gives the teacher more wrong ones to learn the direction from; every
+    feedback is still the rule's, and the share is checked."""
+    with open(os.path.join(ASSETS, "train.json")) as f:
+        dialogues = json.load(f)[:300]
+    for share in (0.0, 0.25, 1.0):
+        turns = synthetic.turn_records(dialogues, seed=0, right_share=share)
+        assert len(turns) == sum(r["round"] for r in dialogues)
+        right = sum(t["score"][-1] == 10 for t in turns) / len(turns)
+        assert abs(right - share) <= 0.05, (share, right)
+        for record in turns:
+            answer = record["conversations"][-2]["value"].split("Answer:")[-1].strip()
+            assert (record["conversations"][-1]["value"], record["score"][-1]) == synthetic.exact_feedback(
+                record["groundtruth"]["value"], answer)
+    with pytest.raises(ValueError, match="right_share"):
+        synthetic.turn_records(dialogues, right_share=1.5)
+
+
 def test_captions_say_what_was_drawn_on_training_images_only():
     with open(os.path.join(ASSETS, "captions.json")) as f:
         captions = {r["image"]: r["caption"] for r in json.load(f)}
@@ -336,3 +354,37 @@ def test_the_protocols_stop_rule_is_the_judges_one_threshold():
     assert judged["overall"]["accuracy_by_turn"] == [0.5, 0.5, 0.5]  # max_turns from the same rule
     fixed_protocol = PROTOCOLS["fixed"](ml_collections.ConfigDict(dict(roles=("student", "teacher"))))
     assert isinstance(fixed_protocol, FixedProtocol) and fixed_protocol.rule.threshold == 8.0
+
+
+def test_teacher_curve_scores_replies_against_the_rule():
+    """experiments/teacher_curve.py's held-out score: agreement over every turn, direction and distance score over
+    the wrong answers, per task, on four hand-made replies."""
+    import importlib.util
+
+    from fire_jax.infer.agents import Feedback
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments",
+                        "teacher_curve.py")
+    spec = importlib.util.spec_from_file_location("teacher_curve", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def turn(source, truth, answer):
+        return {"source": source, "groundtruth": {"value": truth},
+                "conversations": [{"value": f"Thought: I look.\nAnswer: {answer}"}, {"value": ""}]}
+
+    turns = [turn("synthetic_count", "There are 5.", "There are 5."),   # right, scored 10: agrees
+             turn("synthetic_count", "There are 5.", "There are 5."),   # right, scored 6: disagrees
+             turn("synthetic_count", "There are 5.", "There are 3."),   # wrong by 2: the rule's reply
+             turn("synthetic_color", "It is red.", "It is blue.")]      # wrong: other way, wrong score
+    rule = synthetic.exact_feedback("There are 5.", "There are 3.")
+    assert rule[1] == 4 and "too low" in rule[0]
+    replies = [Feedback("Score: 10.\nFeedback: Correct! Your answer is right.", 10.0),
+               Feedback("Score: 6.\nFeedback: Your count is too high. Count them again.", 6.0),
+               Feedback(rule[0], float(rule[1])),
+               Feedback("Score: 6.\nFeedback: The colour comes later in the rainbow. Look again.", 6.0)]
+    assert "earlier" in synthetic.exact_feedback("It is red.", "It is blue.")[0]
+    result = module.score(turns, replies)
+    assert result == {"turns": 4, "agreement": 3, "wrong": 2, "direction": 1, "distance": 1,
+                      "wrong count": 1, "direction count": 1, "wrong color": 1, "direction color": 0}, result
+    assert len(module.held_out_turns(120)) == 120

@@ -324,7 +324,7 @@ def caption_records(records: list[dict], captions: Mapping[str, str]) -> list[di
             for r in records]
 
 
-def turn_records(records: list[dict], seed: int = 0) -> list[dict]:
+def turn_records(records: list[dict], seed: int = 0, right_share: float = 0.5) -> list[dict]:
     """One teacher record per turn k of each conversation, id ``<id>_t<k>``: its first k (r, f) pairs, the
     answer of r_k redrawn so that only comparing it with the groundtruth tells f_k.
 
@@ -336,10 +336,14 @@ def turn_records(records: list[dict], seed: int = 0) -> list[dict]:
     ("The feedback says my count is too low, ..."): the feedback's direction is the thought's on every wrong
     refined turn (250 of the 587 wrong turns of the shipped set), which a teacher copies instead of comparing.
     So r_k's thought is drawn among the first one and both refined ones, apart from its answer, which is right
-    with probability 1/2, else off on a side drawn uniformly among those the scale has room on, by a distance
+    with probability ``right_share``, else off on a side drawn uniformly among those the scale has room on, by a distance
     drawn uniformly among those that fit (1..MAX_OFFSET); f_k is :func:`exact_feedback`'s. The thought then
-    says nothing of the feedback.
+    says nothing of the feedback. The shipped ``teacher_turns.json`` has ``right_share`` 1/2; a teacher learns
+    equality from few examples and the direction only from many updates on wrong answers
+    (``experiments/teacher_curve.py`` trains on a smaller share).
     """
+    if not 0 <= right_share <= 1:
+        raise ValueError(f"right_share must be in [0, 1], got {right_share}")
     rng = random.Random(f"{seed}/teacher_turns")
     out = []
     for record in records:
@@ -347,7 +351,7 @@ def turn_records(records: list[dict], seed: int = 0) -> list[dict]:
         truth = parse_answer(record["groundtruth"]["value"])[1]
         for k in range(1, len(record["conversations"]) // 2 + 1):
             value = truth
-            if rng.random() >= 0.5:
+            if rng.random() >= right_share:
                 side = rng.choice([s for s in (-1, 1) if 0 <= truth + s < task.size])
                 value = truth + side * rng.choice([d for d in range(1, MAX_OFFSET + 1) if 0 <= truth + side * d < task.size])
             thought = rng.choice([task.first_thought(), task.refined_thought(True), task.refined_thought(False)])
