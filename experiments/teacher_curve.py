@@ -122,7 +122,7 @@ def main() -> None:
     stage.data.sources.synthetic.json = data
     stage.data.batch_size = args.batch
     stage.train.update(dict(total_steps=args.steps, batch_size=args.batch, lr_schedule=args.lr_schedule,
-                            checkpoint_every=args.every))
+                            checkpoint_every=args.every, keep_checkpoints=-(-args.steps // args.every)))
     train(stage, args.out)
 
     turns = held_out_turns(args.held_out)
@@ -132,7 +132,12 @@ def main() -> None:
     answers = [t["conversations"][-2]["value"] for t in turns]
     curve = []
     for step in [s for s in range(args.every, args.steps, args.every)] + [args.steps]:
-        feedback = teacher_at(config.eval_free, base, args.out, step).feedback(images, questions, truths, answers)
+        try:
+            teacher = teacher_at(config.eval_free, base, args.out, step)
+        except FileNotFoundError as e:  # a workdir trained before with fewer checkpoints kept
+            print(f"step {step}: not scored: {e}")
+            continue
+        feedback = teacher.feedback(images, questions, truths, answers)
         result = dict(score(turns, feedback), step=step, examples=step * args.batch)
         curve.append(result)
         per_task = ", ".join(f"{task} {result.get(f'direction {task}', 0)}/{result[f'wrong {task}']}"
