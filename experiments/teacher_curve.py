@@ -10,7 +10,7 @@ training set's teacher turns drawn with a share ``--right_share`` of right answe
 ``--every`` steps the checkpoint writes greedy feedback on held-out turns drawn the same way from the *test* set
 (right half the time) and each reply is scored against the set's rule (``fire_jax.eval.judge.rule_check``):
 
-- agreement: its score is >= 8 exactly when the answer is right;
+- agreement: its score solves the item (>= 8, the free dialogues' rule) exactly when the answer is right;
 - direction and distance score, on the wrong answers: the rule's feedback text, the rule's score.
 
     python -m fire_jax.run --workdir runs/smollm2          # the base model the teacher starts from (first)
@@ -44,15 +44,13 @@ def held_out_turns(count: int) -> list[dict]:
 
 def score(turns: list[dict], feedback) -> dict:
     """Agreement over all turns; direction and distance score over the wrong ones, overall and per task."""
-    from fire_jax.data import synthetic
-    from fire_jax.eval.judge import rule_check
-    from fire_jax.infer.agents import answer_of
+    from fire_jax.eval.judge import is_right, rule_check
+    from fire_jax.infer.dialogue import FREE_DIALOGUE
 
     out = collections.Counter()
     for record, reply in zip(turns, feedback):
         response, truth = record["conversations"][-2]["value"], record["groundtruth"]["value"]
-        right = synthetic.parse_answer(answer_of(response)) == synthetic.parse_answer(truth)
-        out["agreement"] += (reply.score is not None and reply.score >= 8) == right
+        out["agreement"] += FREE_DIALOGUE.solves(reply.score) == is_right(response, truth)
         check = rule_check(response, truth, reply.text, reply.score)
         if check is not None:
             task = record["source"].removeprefix("synthetic_")
