@@ -354,7 +354,7 @@ def test_requests_past_the_graceful_timeout_end_cleanly(tmp_path):
 
 
 def test_engine_requests_past_the_graceful_timeout_end_cleanly():
-    """The same with the engine: a plain request and a stream of 9,000 tokens each, SIGTERM, --graceful_timeout
+    """The same with the engine: a plain request and a stream of 9,000 tokens each (ignore_eos), SIGTERM, --graceful_timeout
     1: the plain one gets its 503, the stream its error event and [DONE] after the tokens so far (none, when the
     first compile takes the second); the server exits."""
     from loopback import get_json, server as loopback_server
@@ -363,7 +363,8 @@ def test_engine_requests_past_the_graceful_timeout_end_cleanly():
     with loopback_server("fire_jax.serve", ["--model", "tiny=random", "--slots", "2", "--graceful_timeout", "1"],
                          "/health") as (process, base):
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            body = {"model": "tiny", "messages": messages, "max_tokens": 9000}
+            # ignore_eos: sampled from a random model both would otherwise end within a few hundred tokens
+            body = {"model": "tiny", "messages": messages, "max_tokens": 9000, "ignore_eos": True}
             plain, streamed = pool.submit(post, base, body), pool.submit(stream_events, base, body)
             while get_json(f"{base}/health")["models"]["tiny"]["in_flight"] < 2:
                 assert not plain.done() and not streamed.done()
@@ -371,7 +372,7 @@ def test_engine_requests_past_the_graceful_timeout_end_cleanly():
             assert process.wait(timeout=30) in (0, -signal.SIGTERM)
             (status, body), events = plain.result(), streamed.result()
         log = open(process.log_path).read()
-    assert (status, body["error"]["code"]) == (503, "shutting_down")
+    assert status == 503 and body["error"]["code"] == "shutting_down", (status, body)
     assert json.loads(events[-2])["error"]["code"] == "shutting_down" and events[-1] == "[DONE]"
     assert json.loads(events[0])["choices"][0]["delta"]["role"] == "assistant"
     assert sorted(line.rsplit("(", 1)[1] for line in log.splitlines() if line.startswith("graceful timeout")) == [

@@ -137,6 +137,13 @@ def test_text_and_image_equal_in_process_generate(checkpoint, client):
                                                                      model.cfg.geometry.num_tokens(size))
         assert out.choices[0].message.content == ref.texts[0] and len(ref.texts[0]) > 3
         assert out.choices[0].finish_reason == ("length" if ref.lengths[0] == 8 else "stop")
+    # ignore_eos (vLLM's field): the same sampled tokens, on past the end of turn and EOS to max_tokens
+    sampled = dict(max_tokens=200, temperature=1.0, seed=2)  # seed 2 ends its turn after 30 tokens
+    stopped = ask(client, "How many squares?", **sampled)
+    out = ask(client, "How many squares?", **sampled, extra_body={"ignore_eos": True})
+    assert stopped.choices[0].finish_reason == "stop" and stopped.usage.completion_tokens < 200
+    assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens == 200
+    assert out.choices[0].message.content.startswith(stopped.choices[0].message.content)
 
 
 def test_two_images_and_streaming(client):
@@ -169,6 +176,7 @@ def test_bad_input_gets_4xx_and_the_server_lives(server, client):
     assert status("hi", max_tokens=600) == (400, "context_length_exceeded")
     assert status("hi", model="gpt-4o") == (404, "model_not_found")
     assert status("hi", temperature="hot") == (400, "invalid_request_error")
+    assert status("hi", extra_body={"ignore_eos": 1}) == (400, "invalid_request_error")
     code, _, reply = http(f"{server[1]}/v1/chat/completions", raw=b'{"model": "tiny", "messages": [')
     assert code == 400 and reply["error"]["code"] == "invalid_json"
     assert http(f"{server[1]}/health")[0] == 200

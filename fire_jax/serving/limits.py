@@ -251,7 +251,7 @@ def image_urls(parts) -> list:
 #: What a chat completion request gets for each field it leaves out (null counts as left out); ``seed``: a
 #: random one.
 SAMPLING_DEFAULTS = dict(max_tokens=256, temperature=1.0, top_p=1.0, top_k=0, seed=None, stop=[], stream=False,
-                         n=1)
+                         n=1, ignore_eos=False)
 
 
 def number(body: dict, name: str, kind: type, default, low=None, high=None):
@@ -290,7 +290,8 @@ def sampling(body: dict) -> tuple[SamplingParams, bool]:
     """The generation settings of a chat completion request and whether it streams, from its JSON fields
     (:data:`SAMPLING_DEFAULTS` for those left out): max_tokens (``max_completion_tokens`` first), temperature,
     top_p, top_k (0: off), an integer seed (taken mod 2**32; random when absent), stop (a string or up to 4),
-    stream (a boolean), n (1 only). Each field's JSON type is checked here, its range by
+    stream (a boolean), n (1 only), and vLLM's ``ignore_eos`` (a boolean: true decodes all of max_tokens, past
+    the end of turn and EOS, as throughput benchmarks and shutdown tests need). Each field's JSON type is checked here, its range by
     :class:`fire_jax.infer.sampling.SamplingParams` (temperature in [0, 2], top_p in [0, 1], top_k and
     max_tokens within int32): a bad field is a 400."""
     d = SAMPLING_DEFAULTS
@@ -310,7 +311,8 @@ def sampling(body: dict) -> tuple[SamplingParams, bool]:
                                 top_p=number(body, "top_p", float, d["top_p"]),
                                 top_k=number(body, "top_k", int, d["top_k"]),
                                 seed=(seed if seed is not None else int.from_bytes(os.urandom(4), "little")) % 2 ** 32,
-                                stop=[s for s in stop if s])
+                                stop=[s for s in stop if s],
+                                stop_ids=() if boolean(body, "ignore_eos", d["ignore_eos"]) else None)
     except ValueError as e:
         raise BadRequest(400, str(e), "invalid_request_error") from None
     return params, boolean(body, "stream", d["stream"])
