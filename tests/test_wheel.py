@@ -76,9 +76,10 @@ def test_the_wheel_runs_the_main_job_in_an_empty_environment(dist, tmp_path):
                            capture_output=True, text=True, check=True).stdout
     assert where.startswith(str(env_dir)), where
     workdir = tmp_path / "run"
-    overrides = [f"--config.{stage}.train.{field}={value}" for stage in ("base_train", "teacher_train",
+    overrides = [f"--config.{stage}.train.{field}={value}" for stage in ("clip_train", "base_train", "teacher_train",
                                                                            "student_train")
                  for field, value in (("total_steps", 2), ("checkpoint_every", 100))]
+    overrides += [f"--config.clip_train.{part}.batch_size=8" for part in ("data", "train")]
     overrides += [f"--config.{setting}.{field}={value}" for setting in ("eval_fixed", "eval_free")
                   for field, value in (("test.max_examples", 2), ("decode.max_new_tokens", 6))]
     job = subprocess.run([python, "-m", "fire_jax.run", "--config", "configs/main_job.py:tiny", "--workdir",
