@@ -11,7 +11,8 @@ training set's teacher turns drawn with a share ``--right_share`` of right answe
 (right half the time) and each reply is scored against the set's rule (``fire_jax.eval.judge.rule_check``):
 
 - agreement: its score solves the item (>= 8, the free dialogues' rule) exactly when the answer is right;
-- direction and distance score, on the wrong answers: the rule's feedback text, the rule's score.
+- direction and distance score, on the wrong answers: the rule's feedback text, the rule's score; beside them
+  the blind teacher's (``fire_jax.eval.judge.blind_check``: the answer alone, no image), the floor.
 
     python -m fire_jax.run --workdir runs/smollm2          # the base model the teacher starts from (first)
     python experiments/teacher_curve.py --run runs/smollm2 --out runs/teacher_b1q \\
@@ -44,7 +45,7 @@ def held_out_turns(count: int) -> list[dict]:
 
 def score(turns: list[dict], feedback) -> dict:
     """Agreement over all turns; direction and distance score over the wrong ones, overall and per task."""
-    from fire_jax.eval.judge import is_right, rule_check
+    from fire_jax.eval.judge import blind_check, is_right, rule_check
     from fire_jax.infer.dialogue import FREE_DIALOGUE
 
     out = collections.Counter()
@@ -59,6 +60,9 @@ def score(turns: list[dict], feedback) -> dict:
             out["direction"] += check[0]
             out[f"direction {task}"] += check[0]
             out["distance"] += check[1]
+            blind = blind_check(response, truth)
+            out["blind direction"] += blind[0]
+            out["blind distance"] += blind[1]
     return dict(out, turns=len(turns))
 
 
@@ -142,7 +146,8 @@ def main() -> None:
                              for task in ("count", "bars", "color") if result.get(f"wrong {task}"))
         print(f"step {step}: agreement {result['agreement']}/{result['turns']}, direction "
               f"{result['direction']}/{result['wrong']} ({per_task}), distance score "
-              f"{result['distance']}/{result['wrong']}", flush=True)
+              f"{result['distance']}/{result['wrong']}; a blind teacher: direction {result['blind direction']}, "
+              f"distance score {result['blind distance']}", flush=True)
         for turn, answer, reply in list(zip(turns, answers, feedback))[:6]:
             print(f"  {turn['groundtruth']['value']!r} | {answer_of(answer)!r} -> {reply.text!r}")
     with open(os.path.join(args.out, "curve.json"), "w", encoding="utf-8") as f:

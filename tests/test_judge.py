@@ -106,8 +106,36 @@ def test_teacher_direction_and_distance_against_the_rule_hand_computed():
     m = judge.judged_free(records, rule=FREE_DIALOGUE)
     assert m["wrong_turns_on_scale"] == 3
     assert m["teacher_direction"] == pytest.approx(2 / 3) and m["teacher_distance_score"] == pytest.approx(2 / 3)
+    # the blind teacher (fitted on the shipped teacher turns) says "too low" to 1 and 2 and "too high" to 5, all
+    # with score 6: the rule's way on all three, the rule's score only for 2 (1 and 5 are 2 away: 4)
+    assert [judge.blind_teacher()[("count", k)][1] for k in (0, 1, 4)] == [6, 6, 6]
+    assert m["blind_direction"] == 1.0 and m["blind_distance_score"] == pytest.approx(1 / 3)
     real = judge.judged_free([dialogue("A cat on a mat.", ["A dog."], [6])], rule=FREE_DIALOGUE)
     assert real["wrong_turns_on_scale"] == 0 and real["teacher_direction"] is None
+
+
+def test_blind_feedback_is_the_commonest_hint_and_score_of_each_wrong_answer():
+    """Hand-made teacher turns: per (task, answer) the majority hint and score among its wrong turns (ties: the
+    first sorted); right answers and answers off the task's scale are left out."""
+    def turn(answer, score, hint):
+        return {"conversations": [{"role": "user", "value": "q"}, {"role": "student", "value": reply(answer)},
+                                  {"role": "teacher", "value": synthetic.feedback(score, hint)}], "score": [score]}
+
+    low, high = "Your count is too low. Count them again.", "Your count is too high. Count them again."
+    turns = [turn(n(2), 6, low), turn(n(2), 4, low), turn(n(2), 6, high), turn(n(5), 4, high), turn(n(5), 2, high),
+             turn(n(3), 10, "Correct! Your answer is right."), turn("three", 1, "Answer with one sentence."),
+             turn("It is red.", 6, "The colour comes later in the rainbow. Look again.")]
+    assert synthetic.blind_feedback(turns) == {
+        ("count", 1): (synthetic.feedback(6, low), 6), ("count", 4): (synthetic.feedback(2, high), 2),
+        ("color", 0): (synthetic.feedback(6, "The colour comes later in the rainbow. Look again."), 6)}
+    blind = synthetic.blind_feedback(json.load(open(os.path.join(ASSETS, "teacher_turns.json"))))
+    # the ends of each scale can be wrong one way only
+    for task, top in (("count", synthetic.MAX_COUNT - 1), ("bars", synthetic.NUM_BARS - 1),
+                      ("color", len(synthetic.RAINBOW) - 1)):
+        up, down = (synthetic.exact_feedback(synthetic.TASKS[task]().answer(v), synthetic.TASKS[task]().answer(w))[0]
+                    for v, w in ((1, 0), (top - 1, top)))
+        assert blind[(task, 0)][0].split("\n")[1] == up.split("\n")[1]
+        assert blind[(task, top)][0].split("\n")[1] == down.split("\n")[1]
 
 
 def test_the_exact_teacher_points_the_rules_way_on_every_wrong_answer():
@@ -386,5 +414,7 @@ def test_teacher_curve_scores_replies_against_the_rule():
     assert "earlier" in synthetic.exact_feedback("It is red.", "It is blue.")[0]
     result = module.score(turns, replies)
     assert result == {"turns": 4, "agreement": 3, "wrong": 2, "direction": 1, "distance": 1,
-                      "wrong count": 1, "direction count": 1, "wrong color": 1, "direction color": 0}, result
+                      "wrong count": 1, "direction count": 1, "wrong color": 1, "direction color": 0,
+                      # the blind teacher: "too low", 4 to 3 (both the rule's); "earlier", 6 to blue (4 away: 1)
+                      "blind direction": 2, "blind distance": 1}, result
     assert len(module.held_out_turns(120)) == 120

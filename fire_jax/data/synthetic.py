@@ -464,3 +464,30 @@ def exact_feedback(groundtruth: str, answer: str) -> tuple[str, int]:
     task = TASKS[truth[0]]()  # hints name nothing of the drawing, so an undrawn task writes them
     distance = min(abs(given[1] - truth[1]), MAX_OFFSET)
     return feedback(WRONG_SCORES[distance], task.hint(truth[1] > given[1])), WRONG_SCORES[distance]
+
+
+def blind_feedback(turns: Sequence[Mapping]) -> dict[tuple[str, int], tuple[str, int]]:
+    """The feedback of a *blind teacher*, fitted on teacher training turns (:func:`turn_records`): one that reads
+    the question's task and the answer it judges, never the image nor the groundtruth. For each (task, 0-based
+    value) answered wrong in ``turns``: the hint the rule gave that answer most often, and the score it gave it
+    most often (ties: the first in sorted order), as {(task, value): (feedback text, score)}.
+
+    This is the floor a trained teacher's direction and distance score (:func:`fire_jax.eval.judge.rule_check`)
+    must clear before they show that it compares the answer with the image. It is far above 1/2 and 1/4: with
+    the sides and distances drawn uniformly where the scale allows, an answer near one end of its scale is
+    mostly wrong towards the other (an answer of 1 is always too low), and distance 1 is possible from every
+    value, so it is the commonest distance and score 6 the commonest score of a wrong answer.
+    """
+    hints, scores = collections.defaultdict(collections.Counter), collections.defaultdict(collections.Counter)
+    for record in turns:
+        key = parse_answer(_answer(record["conversations"][-2]["value"]))
+        score = record["score"][-1]
+        if key is None or score == RIGHT_SCORE:
+            continue
+        hints[key][record["conversations"][-1]["value"].split("Feedback:", 1)[-1].strip()] += 1
+        scores[key][score] += 1
+
+    def most(counter):
+        return max(sorted(counter.items()), key=lambda item: item[1])[0]
+
+    return {key: (feedback(most(scores[key]), most(hints[key])), most(scores[key])) for key in sorted(hints)}

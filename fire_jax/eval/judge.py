@@ -12,7 +12,8 @@ function of the dialogue records the runners write:
   agreement with the judge and its confusion table, "solved but wrong" and
   "stopped but right" counts, for free dialogues; on the synthetic set, also
   whether the teacher's feedback on a wrong answer points the right way and
-  scores the distance, against the set's own rule (:func:`rule_check`);
+  scores the distance, against the set's own rule (:func:`rule_check`), beside
+  what a blind teacher gets on the same turns (:func:`blind_teacher`);
 - :func:`judged_fixed`: the same judge on fixed-dialogue predictions (student
   accuracy by turn; teacher agreement on the ground-truth answers it scored).
 
@@ -24,6 +25,8 @@ threshold); a reply with no score says "wrong".
 from __future__ import annotations
 
 import collections
+import functools
+import json
 import re
 from typing import Iterable, Mapping, Sequence
 
@@ -31,6 +34,8 @@ from fire_jax.data import synthetic
 from fire_jax.infer.agents import answer_of
 from fire_jax.infer.dialogue import StopRule
 
+#: The FD teacher's training turns in the main job (configs/main_job.py), which the blind teacher is fitted on.
+TEACHER_TURNS = "assets:synthetic_fire/teacher_turns.json"
 #: Trailing characters the judge ignores: final punctuation and quotes.
 _TRAILING = " \t\n.!?;:,'\"`"
 
@@ -83,6 +88,26 @@ def rule_check(response: str, groundtruth: str, feedback: str, score) -> tuple[b
     return _feedback_text(feedback) == _feedback_text(text), score is not None and float(score) == rule_score
 
 
+@functools.cache
+def blind_teacher() -> dict[tuple[str, int], tuple[str, int]]:
+    """:func:`fire_jax.data.synthetic.blind_feedback` fitted on the FD teacher's training turns as the main job
+    ships them (``assets:synthetic_fire/teacher_turns.json``): the direction and distance score a teacher gets
+    from the answer alone, without looking at the image."""
+    from fire_jax.core.config import resolve_path
+
+    with open(resolve_path(TEACHER_TURNS), encoding="utf-8") as f:
+        return synthetic.blind_feedback(json.load(f))
+
+
+def blind_check(response: str, groundtruth: str) -> tuple[bool, bool] | None:
+    """:func:`rule_check` of the blind teacher's feedback on ``response`` (False, False when it never saw that
+    answer wrong); None where :func:`rule_check` is None."""
+    given = synthetic.parse_answer(answer_of(response))
+    text, score = blind_teacher().get(given, ("", None)) if given else ("", None)
+    check = rule_check(response, groundtruth, text, score)
+    return None if check is None else (bool(text) and check[0], check[1])
+
+
 def judged_free(records: Sequence[Mapping], *, rule: StopRule) -> dict:
     """Exact-judge metrics of free dialogues (records with ``groundtruth``, ``stop`` and
     ``turns[].response`` / ``turns[].score``, as :func:`fire_jax.infer.dialogue.dialogue_record` writes them).
@@ -100,7 +125,9 @@ def judged_free(records: Sequence[Mapping], *, rule: StopRule) -> dict:
     - on the synthetic set (:func:`rule_check`), over the ``wrong_turns_on_scale`` turns whose answer is a
       wrong value on the groundtruth's scale: ``teacher_direction``, the share whose feedback points the way
       the set's rule does, and ``teacher_distance_score``, the share scored as the rule scores that distance
-      (None on data without the rule).
+      (None on data without the rule); ``blind_direction`` and ``blind_distance_score``, the same shares for
+      the blind teacher's feedback on the same turns (:func:`blind_teacher`: the answer alone, no image), the
+      floor the teacher's must clear to show it compared.
 
     ``rule``: the stop rule the dialogues ran with (its threshold and ``max_turns``).
     """
@@ -118,6 +145,8 @@ def judged_free(records: Sequence[Mapping], *, rule: StopRule) -> dict:
     stopped_but_right = sum(rs[-1] for record, rs in zip(records, right) if record.get("stop") != "solved" and rs)
     checks = [rule_check(turn["response"], record["groundtruth"], turn.get("feedback") or "", turn["score"])
               for record in records for turn in record["turns"]]
+    blind = [blind_check(turn["response"], record["groundtruth"]) for record in records for turn in record["turns"]]
+    blind = [b for b, c in zip(blind, checks) if c is not None]
     checks = [c for c in checks if c is not None]
     return {
         "items": n,
@@ -140,6 +169,8 @@ def judged_free(records: Sequence[Mapping], *, rule: StopRule) -> dict:
         "wrong_turns_on_scale": len(checks),
         "teacher_direction": _share([direction for direction, _ in checks]),
         "teacher_distance_score": _share([distance for _, distance in checks]),
+        "blind_direction": _share([direction for direction, _ in blind]),
+        "blind_distance_score": _share([distance for _, distance in blind]),
     }
 
 

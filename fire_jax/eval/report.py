@@ -187,6 +187,14 @@ def _pct(value) -> str | None:
     return None if value is None else f"{100 * value:.1f}%"
 
 
+def _beside(m: Mapping, key: str, blind: str) -> str:
+    """A teacher's share with the blind teacher's in brackets ("–" when there is none; results written before
+    the blind teacher existed have no bracket)."""
+    if m.get(key) is None:
+        return "–"
+    return _pct(m[key]) + (f" ({_pct(m[blind])})" if m.get(blind) is not None else "")
+
+
 def judged_report(results: Mapping) -> str:
     """The exact judge's tables (synthetic test sets): accuracy by turn, refinement, the teacher's agreement."""
     judged = results["metrics"]["judged"]
@@ -197,20 +205,23 @@ def judged_report(results: Mapping) -> str:
     if results["setting"] == "free":
         turns = len(overall["accuracy_by_turn"])
         header = ("source", *(f"acc t{t}" for t in range(1, turns + 1)), "acc final", "refined / wrong first",
-                  "agreement", "direction", "distance score", "solved but wrong", "stopped but right", "items")
+                  "agreement", "direction (blind)", "distance score (blind)", "solved but wrong", "stopped but right",
+                  "items")
         rows = []
         for source, m in [("overall", overall), *judged["per_source"].items()]:
             rows.append((source, *(_pct(a) or "–" for a in m["accuracy_by_turn"]), _pct(m["accuracy_final"]) or "–",
                          f"{m['refined']} / {m['wrong_first']} ({_pct(m['refinement_rate']) or '–'})",
-                         _pct(m["agreement"]) or "–", _pct(m["teacher_direction"]) or "–",
-                         _pct(m["teacher_distance_score"]) or "–", f"{m['solved_but_wrong']} / {m['solved']}",
+                         _pct(m["agreement"]) or "–", _beside(m, "teacher_direction", "blind_direction"),
+                         _beside(m, "teacher_distance_score", "blind_distance_score"),
+                         f"{m['solved_but_wrong']} / {m['solved']}",
                          m["stopped_but_right"], m["items"]))
         sections.append(markdown_table(header, rows, cell=_format))
         sections.append("Accuracy at turn t: the answer at turn t, or the last one of a dialogue that ended earlier. "
                         "Refined: wrong at turn 1, right at the end. Direction, distance score: of the teacher's "
                         "replies to wrong answers on the task's scale (synthetic set), the share whose feedback "
                         "points the way the set's rule does, and the share whose score is the rule's for that "
-                        f"distance. Solved but wrong: stopped with score >= {threshold:g} on a wrong answer (of all "
+                        "distance; in brackets the same for a blind teacher (the hint and score given most often to "
+                        "that answer in the FD teacher's training turns, without the image). Solved but wrong: stopped with score >= {threshold:g} on a wrong answer (of all "
                         "solved). Stopped but right: ended unsolved on a right answer.")
         by_turn = overall["agreement_by_turn"]
         sections.append(markdown_table(("teacher agreement", *(f"turn {t}" for t in range(1, len(by_turn) + 1)),

@@ -34,6 +34,8 @@ JUDGED = (("fixed student acc", "fixed", ("student", "accuracy")),
           ("judged RR", "free", ("refinement_rate",)), ("teacher agreement", "free", ("agreement",)),
           ("teacher direction", "free", ("teacher_direction",)),
           ("teacher distance score", "free", ("teacher_distance_score",)),
+          ("blind direction", "free", ("blind_direction",)),
+          ("blind distance score", "free", ("blind_distance_score",)),
           ("solved but wrong", "free", ("solved_but_wrong",)), ("solved", "free", ("solved",)),
           ("stopped but right", "free", ("stopped_but_right",)))
 
@@ -203,7 +205,9 @@ def summary_table(summary: dict, *, threshold: float) -> str:
                   "refinement rate (right at the end of those wrong at turn 1), the teacher's agreement with the judge "
                   f"over all turns (score >= {threshold:g} iff right), on wrong answers the share of its feedback "
                   "that points the way the set's rule does and of its scores that are the rule's distance score, "
-                  "solved-but-wrong of solved, "
+                  "the same two shares for a blind teacher on the same turns (the hint and score most often given "
+                  "to that answer in the FD teacher's training turns: no image, the floor a teacher that compares "
+                  "must clear), solved-but-wrong of solved, "
                   "stopped-but-right.", ""]
         lines.append(_table(summary["judged"], [label for label, *_ in JUDGED]))
     if summary.get("exact_teacher"):
