@@ -12,7 +12,8 @@ training set's teacher turns drawn with a share ``--right_share`` of right answe
 
 - agreement: its score solves the item (>= 8, the free dialogues' rule) exactly when the answer is right;
 - direction and distance score, on the wrong answers: the rule's feedback text, the rule's score; beside them
-  the blind teacher's (``fire_jax.eval.judge.blind_check``: the answer alone, no image), the floor.
+  the blind teacher's (``fire_jax.eval.judge.blind_check``: the answer alone, neither the groundtruth nor the
+  image), the floor.
 
     python -m fire_jax.run --workdir runs/smollm2          # the base model the teacher starts from (first)
     python experiments/teacher_curve.py --run runs/smollm2 --out runs/teacher_b1q \\

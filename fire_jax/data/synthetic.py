@@ -473,10 +473,11 @@ def blind_feedback(turns: Sequence[Mapping]) -> dict[tuple[str, int], tuple[str,
     most often (ties: the first in sorted order), as {(task, value): (feedback text, score)}.
 
     This is the floor a trained teacher's direction and distance score (:func:`fire_jax.eval.judge.rule_check`)
-    must clear before they show that it compares the answer with the image. It is far above 1/2 and 1/4: with
-    the sides and distances drawn uniformly where the scale allows, an answer near one end of its scale is
-    mostly wrong towards the other (an answer of 1 is always too low), and distance 1 is possible from every
-    value, so it is the commonest distance and score 6 the commonest score of a wrong answer.
+    must clear before they show that it compares the answer with the groundtruth its prompt states. It is far
+    above 1/2 and 1/4: with the sides and distances drawn uniformly where the scale allows, an answer near one
+    end of its scale is mostly wrong towards the other (an answer of 1 is always too low), and distance 1 is
+    possible from every value, so it is the commonest distance and score 6 the commonest score of a wrong
+    answer.
     """
     hints, scores = collections.defaultdict(collections.Counter), collections.defaultdict(collections.Counter)
     for record in turns:

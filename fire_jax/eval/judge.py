@@ -92,7 +92,7 @@ def rule_check(response: str, groundtruth: str, feedback: str, score) -> tuple[b
 def blind_teacher() -> dict[tuple[str, int], tuple[str, int]]:
     """:func:`fire_jax.data.synthetic.blind_feedback` fitted on the FD teacher's training turns as the main job
     ships them (``assets:synthetic_fire/teacher_turns.json``): the direction and distance score a teacher gets
-    from the answer alone, without looking at the image."""
+    from the answer alone, without reading the groundtruth in its prompt or the image."""
     from fire_jax.core.config import resolve_path
 
     with open(resolve_path(TEACHER_TURNS), encoding="utf-8") as f:
@@ -126,8 +126,8 @@ def judged_free(records: Sequence[Mapping], *, rule: StopRule) -> dict:
       wrong value on the groundtruth's scale: ``teacher_direction``, the share whose feedback points the way
       the set's rule does, and ``teacher_distance_score``, the share scored as the rule scores that distance
       (None on data without the rule); ``blind_direction`` and ``blind_distance_score``, the same shares for
-      the blind teacher's feedback on the same turns (:func:`blind_teacher`: the answer alone, no image), the
-      floor the teacher's must clear to show it compared.
+      the blind teacher's feedback on the same turns (:func:`blind_teacher`: the answer alone, neither
+      groundtruth nor image), the floor the teacher's must clear to show it compared.
 
     ``rule``: the stop rule the dialogues ran with (its threshold and ``max_turns``).
     """

@@ -221,7 +221,8 @@ def judged_report(results: Mapping) -> str:
                         "replies to wrong answers on the task's scale (synthetic set), the share whose feedback "
                         "points the way the set's rule does, and the share whose score is the rule's for that "
                         "distance; in brackets the same for a blind teacher (the hint and score given most often to "
-                        "that answer in the FD teacher's training turns, without the image). Solved but wrong: stopped with score >= {threshold:g} on a wrong answer (of all "
+                        "that answer in the FD teacher's training turns, without the groundtruth or the image). "
+                        f"Solved but wrong: stopped with score >= {threshold:g} on a wrong answer (of all "
                         "solved). Stopped but right: ended unsolved on a right answer.")
         by_turn = overall["agreement_by_turn"]
         sections.append(markdown_table(("teacher agreement", *(f"turn {t}" for t in range(1, len(by_turn) + 1)),

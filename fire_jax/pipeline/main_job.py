@@ -206,8 +206,8 @@ def summary_table(summary: dict, *, threshold: float) -> str:
                   f"over all turns (score >= {threshold:g} iff right), on wrong answers the share of its feedback "
                   "that points the way the set's rule does and of its scores that are the rule's distance score, "
                   "the same two shares for a blind teacher on the same turns (the hint and score most often given "
-                  "to that answer in the FD teacher's training turns: no image, the floor a teacher that compares "
-                  "must clear), solved-but-wrong of solved, "
+                  "to that answer in the FD teacher's training turns: neither groundtruth nor image, the floor a "
+                  "teacher that compares must clear), solved-but-wrong of solved, "
                   "stopped-but-right.", ""]
         lines.append(_table(summary["judged"], [label for label, *_ in JUDGED]))
     if summary.get("exact_teacher"):
