@@ -56,10 +56,12 @@ def png_header(width: int, height: int) -> bytes:
 def test_sampling_defaults_when_fields_are_omitted():
     """The settings a request gets for the fields it leaves out (null counts as left out)."""
     assert SAMPLING_DEFAULTS == dict(max_tokens=256, temperature=1.0, top_p=1.0, top_k=0, seed=None, stop=[],
-                                     stream=False, n=1)
+                                     stream=False, n=1, ignore_eos=False)
     expected = SamplingParams(max_tokens=256, temperature=1.0, top_p=1.0, top_k=0, seed=7, stop=())
     assert sampling({"seed": 7}) == (expected, False)
     assert sampling({"seed": 7, "temperature": None, "top_k": None, "stream": None, "stop": None}) == (expected, False)
+    assert sampling({"seed": 7, "ignore_eos": True}) == (expected.replace(stop_ids=()), False)  # no stop token
+    assert sampling({"seed": 7, "ignore_eos": False})[0].stop_ids is None  # the engine's
     seeds = {sampling({})[0].seed for _ in range(4)}  # no seed: a random one per request
     assert len(seeds) > 1 and all(0 <= s < 2 ** 32 for s in seeds)
     assert sampling({"seed": -1, "max_tokens": 8.0, "max_completion_tokens": 5, "top_k": 2 ** 31 - 1, "stop": "x",
@@ -72,7 +74,7 @@ def test_sampling_defaults_when_fields_are_omitted():
     ("temperature", float("inf")), ("temperature", float("nan")), ("temperature", -0.5), ("temperature", 2.5),
     ("temperature", "hot"), ("top_p", 1.5), ("top_p", float("nan")), ("max_tokens", float("inf")),
     ("max_tokens", 0), ("max_tokens", 2 ** 31), ("max_completion_tokens", 1e400), ("seed", 2 ** 64),
-    ("seed", "1"), ("n", 2), ("stream", "no"), ("stream", 1), ("stop", ["a"] * 5), ("stop", [1]),
+    ("seed", "1"), ("n", 2), ("stream", "no"), ("stream", 1), ("ignore_eos", 1), ("ignore_eos", "true"), ("stop", ["a"] * 5), ("stop", [1]),
     ("stop", "x" * 1001)])
 def test_a_bad_field_is_one_400(field, value):
     status, code = refused(sampling, {field: value})
