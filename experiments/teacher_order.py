@@ -1,4 +1,5 @@
-"""How many updates the FD teacher needs to point the right way, on the reference side (transformers + peft).
+"""How many updates the FD teacher needs to point the right way and to score the distance, on the reference side
+(transformers + peft).
 
 The main job's FD teacher learns when an answer is right from a few hundred examples but writes a direction
 ("Your count is too low.") at chance. This experiment trains the pretrained SmolLM2-135M-Instruct with LoRA
@@ -6,7 +7,10 @@ The main job's FD teacher learns when an answer is right from a few hundred exam
 tasks, each scored by the synthetic rule (``fire_jax.data.synthetic.exact_feedback``'s text), and every
 ``--every`` steps measures the direction: for every ordered pair (groundtruth, answer) at most
 ``MAX_OFFSET`` apart, with the feedback forced up to the direction word ("Score: 6.\\nFeedback: Your count is
-too"), is the right word (" low") likelier than the other (" high")? Chance is half.
+too"), is the right word (" low") likelier than the other (" high")? Chance is half. And the distance score:
+with the feedback forced up to "Score: ", is the rule's score for that distance (6, 4, 2 or 1 for 1 to 4 apart,
+``synthetic.WRONG_SCORES``) the likeliest of the four? (Chance is a quarter; "1" also begins "10", the score
+of a right answer.)
 
 Two prompts:
 
@@ -78,7 +82,9 @@ class Examples:
         text, _ = synthetic.exact_feedback(task.answer(truth), task.answer(given))
         head = text[:text.index(" " + direction_words(name)[0 if up else 1])]  # the feedback up to its direction word
         full = self.ids(prompt + text + "<|im_end|>")
-        return full, len(self.ids(prompt)), len(self.ids(prompt + head)), up
+        before_score = self.ids(prompt + "Score: ")  # the score's digit is the next token
+        assert full[:len(before_score)] == before_score, "the tokenizer merges the score into the text before it"
+        return full, len(self.ids(prompt)), len(self.ids(prompt + head)), up, len(before_score)
 
 
 def main() -> None:
@@ -89,7 +95,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--every", type=int, default=40, help="measure the direction every this many steps")
+    parser.add_argument("--every", type=int, default=40,
+                        help="measure the direction and the distance score every this many steps")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
@@ -107,28 +114,36 @@ def main() -> None:
     tasks = args.tasks.split(",")
     items, example = pairs(tasks), Examples(tokenizer, args.prompt)
     word_ids = {t: tuple(tokenizer(" " + w).input_ids[0] for w in direction_words(t)) for t in tasks}
+    scores = sorted(synthetic.WRONG_SCORES.values())
+    digit_ids = [tokenizer(str(s), add_special_tokens=False).input_ids for s in scores]
+    assert all(len(i) == 1 for i in digit_ids), digit_ids
+    digit_ids = [i[0] for i in digit_ids]
 
     def direction() -> str:
+        """Per task: pairs whose direction word is the right one, pairs whose distance score is, of all."""
         model.eval()
-        right, seen, rng = dict.fromkeys(tasks, 0), dict.fromkeys(tasks, 0), random.Random(1234)
+        right, scored, seen = dict.fromkeys(tasks, 0), dict.fromkeys(tasks, 0), dict.fromkeys(tasks, 0)
+        rng = random.Random(1234)
         with torch.no_grad():
-            for item in items:
-                full, _, head, up = example(*item, rng)
-                logits = model(torch.tensor([full[:head]])).logits[0, -1]
-                towards_higher, towards_lower = word_ids[item[0]]
-                right[item[0]] += bool((logits[towards_higher] > logits[towards_lower]) == up)
-                seen[item[0]] += 1
+            for name, truth, given in items:
+                full, _, head, up, score_at = example(name, truth, given, rng)
+                logits = model(torch.tensor([full[:head]])).logits[0]
+                towards_higher, towards_lower = word_ids[name]
+                right[name] += bool((logits[-1, towards_higher] > logits[-1, towards_lower]) == up)
+                likeliest = scores[int(torch.argmax(logits[score_at - 1, digit_ids]))]
+                scored[name] += likeliest == synthetic.WRONG_SCORES[abs(truth - given)]
+                seen[name] += 1
         model.train()
-        return ", ".join(f"{t} {right[t]} / {seen[t]}" for t in tasks)
+        return ", ".join(f"{t} {right[t]} / {seen[t]} (score {scored[t]})" for t in tasks)
 
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
     rng, start = random.Random(args.seed), time.time()
     print(f"{args.prompt} prompt, {args.tasks}, steps of {args.batch}, lr {args.lr}")
-    print(f"step 0: direction right on {direction()}", flush=True)
+    print(f"step 0: right direction (and distance score) on {direction()}", flush=True)
     for step in range(1, args.steps + 1):
         loss = 0.0
         for _ in range(args.batch):
-            full, labels_from, _, _ = example(*rng.choice(items), rng)
+            full, labels_from, *_ = example(*rng.choice(items), rng)
             ids = torch.tensor([full])
             logits = model(ids).logits[0, labels_from - 1:-1]
             loss = loss + torch.nn.functional.cross_entropy(logits, ids[0, labels_from:]) / args.batch
@@ -137,7 +152,7 @@ def main() -> None:
         optimizer.zero_grad()
         if step % args.every == 0 or step == args.steps:
             print(f"step {step} ({step * args.batch} examples, loss {loss.item():.3f} a token, "
-                  f"{time.time() - start:.0f} s): direction right on {direction()}", flush=True)
+                  f"{time.time() - start:.0f} s): right direction (and distance score) on {direction()}", flush=True)
 
 
 if __name__ == "__main__":
