@@ -19,7 +19,8 @@ training set's teacher turns drawn with a share ``--right_share`` of right answe
     python experiments/teacher_curve.py --run runs/smollm2 --out runs/teacher_b1q \\
         --right_share 0.25 --batch 1 --steps 480 --every 160            # ~15 minutes on a 2-core machine
 
-It prints one line per scored checkpoint and writes ``curve.json`` and ``teacher_turns.json`` under ``--out``;
+It prints one line per scored checkpoint and writes ``curve.json``, ``teacher_turns.json`` and each scored
+checkpoint's replies beside the rule's (``held_out_<step>.jsonl``) under ``--out``;
 ``--free`` then runs the main job's free dialogues (its baseline and FIRE students, ``--run``) with the last
 checkpoint as the FD teacher and prints the exact judge's figures (about 4 more minutes).
 """
@@ -151,6 +152,12 @@ def main() -> None:
               f"distance score {result['blind distance']}", flush=True)
         for turn, answer, reply in list(zip(turns, answers, feedback))[:6]:
             print(f"  {turn['groundtruth']['value']!r} | {answer_of(answer)!r} -> {reply.text!r}")
+        with open(os.path.join(args.out, f"held_out_{step}.jsonl"), "w", encoding="utf-8") as f:
+            for turn, answer, reply in zip(turns, answers, feedback):
+                f.write(json.dumps(dict(image=turn["image"], source=turn["source"], groundtruth=turn["groundtruth"]
+                                        ["value"], answer=answer_of(answer), reply=reply.text, score=reply.score,
+                                        rule=synthetic.exact_feedback(turn["groundtruth"]["value"],
+                                                                      answer_of(answer))[0])) + "\n")
     with open(os.path.join(args.out, "curve.json"), "w", encoding="utf-8") as f:
         json.dump(dict(vars(args), curve=curve), f, indent=1)
     if args.free:
