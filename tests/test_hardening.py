@@ -74,7 +74,8 @@ def test_sampling_defaults_when_fields_are_omitted():
     ("temperature", float("inf")), ("temperature", float("nan")), ("temperature", -0.5), ("temperature", 2.5),
     ("temperature", "hot"), ("top_p", 1.5), ("top_p", float("nan")), ("max_tokens", float("inf")),
     ("max_tokens", 0), ("max_tokens", 2 ** 31), ("max_completion_tokens", 1e400), ("seed", 2 ** 64),
-    ("seed", "1"), ("n", 2), ("stream", "no"), ("stream", 1), ("ignore_eos", 1), ("ignore_eos", "true"), ("stop", ["a"] * 5), ("stop", [1]),
+    ("seed", "1"), ("n", 2), ("stream", "no"), ("stream", 1), ("ignore_eos", 1), ("ignore_eos", "true"),
+    ("stop", ["a"] * 5), ("stop", [1]),
     ("stop", "x" * 1001)])
 def test_a_bad_field_is_one_400(field, value):
     status, code = refused(sampling, {field: value})
@@ -356,9 +357,9 @@ def test_requests_past_the_graceful_timeout_end_cleanly(tmp_path):
 
 
 def test_engine_requests_past_the_graceful_timeout_end_cleanly():
-    """The same with the engine: a plain request and a stream of 9,000 tokens each (ignore_eos), SIGTERM, --graceful_timeout
-    1: the plain one gets its 503, the stream its error event and [DONE] after the tokens so far (none, when the
-    first compile takes the second); the server exits."""
+    """The same with the engine: a plain request and a stream of 9,000 tokens each (ignore_eos), SIGTERM,
+    --graceful_timeout 1: the plain one gets its 503, the stream its error event and [DONE] after the tokens so
+    far (none, when the first compile takes the second); the server exits."""
     from loopback import get_json, server as loopback_server
 
     messages = [{"role": "user", "content": "go on"}]

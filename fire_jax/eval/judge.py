@@ -100,12 +100,10 @@ def blind_teacher() -> dict[tuple[str, int], tuple[str, int]]:
 
 
 def blind_check(response: str, groundtruth: str) -> tuple[bool, bool] | None:
-    """:func:`rule_check` of the blind teacher's feedback on ``response`` (False, False when it never saw that
-    answer wrong); None where :func:`rule_check` is None."""
-    given = synthetic.parse_answer(answer_of(response))
-    text, score = blind_teacher().get(given, ("", None)) if given else ("", None)
-    check = rule_check(response, groundtruth, text, score)
-    return None if check is None else (bool(text) and check[0], check[1])
+    """:func:`rule_check` of the blind teacher's feedback on ``response`` (no feedback and no score, so (False,
+    False), for an answer it never saw wrong)."""
+    text, score = blind_teacher().get(synthetic.parse_answer(answer_of(response)), ("", None))
+    return rule_check(response, groundtruth, text, score)
 
 
 def judged_free(records: Sequence[Mapping], *, rule: StopRule) -> dict:
@@ -145,9 +143,9 @@ def judged_free(records: Sequence[Mapping], *, rule: StopRule) -> dict:
     stopped_but_right = sum(rs[-1] for record, rs in zip(records, right) if record.get("stop") != "solved" and rs)
     checks = [rule_check(turn["response"], record["groundtruth"], turn.get("feedback") or "", turn["score"])
               for record in records for turn in record["turns"]]
-    blind = [blind_check(turn["response"], record["groundtruth"]) for record in records for turn in record["turns"]]
-    blind = [b for b, c in zip(blind, checks) if c is not None]
     checks = [c for c in checks if c is not None]
+    blind = [blind_check(turn["response"], record["groundtruth"]) for record in records for turn in record["turns"]]
+    blind = [b for b in blind if b is not None]  # the same turns: both are None exactly where rule_check is
     return {
         "items": n,
         "accuracy_by_turn": [_share([rs[min(t, len(rs) - 1)] for rs in right if rs]) for t in range(rule.max_turns)],

@@ -291,9 +291,9 @@ def sampling(body: dict) -> tuple[SamplingParams, bool]:
     (:data:`SAMPLING_DEFAULTS` for those left out): max_tokens (``max_completion_tokens`` first), temperature,
     top_p, top_k (0: off), an integer seed (taken mod 2**32; random when absent), stop (a string or up to 4),
     stream (a boolean), n (1 only), and vLLM's ``ignore_eos`` (a boolean: true decodes all of max_tokens, past
-    the end of turn and EOS, as throughput benchmarks and shutdown tests need). Each field's JSON type is checked here, its range by
-    :class:`fire_jax.infer.sampling.SamplingParams` (temperature in [0, 2], top_p in [0, 1], top_k and
-    max_tokens within int32): a bad field is a 400."""
+    the end of turn and EOS, as throughput benchmarks and shutdown tests need). Each field's JSON type is
+    checked here, its range by :class:`fire_jax.infer.sampling.SamplingParams` (temperature in [0, 2], top_p in
+    [0, 1], top_k and max_tokens within int32): a bad field is a 400."""
     d = SAMPLING_DEFAULTS
     if number(body, "n", int, d["n"], 1, 1 << 30) != 1:
         raise BadRequest(400, "only n=1 is supported")
