@@ -11,7 +11,7 @@ from fire_jax.core.config import ASSETS_DIR, DATA_DEFAULTS, load_config
 from fire_jax.core.config import data_config as make_data_config
 from fire_jax.data import tfds_fire
 from fire_jax.data import pipeline as pipeline_lib
-from fire_jax.data.records import Conversation, load_records
+from fire_jax.data.records import Conversation, Instruction, load_records
 from fire_jax.data.sources import geometry_from_model_config
 from fire_jax.data.synthetic import synthesize
 from fire_jax.core.geometry import ImageGeometry, unpadded_size
@@ -128,6 +128,57 @@ def test_shuffle_is_deterministic_by_seed_and_differs_per_epoch():
     assert one == epoch_ids(data_config(num_epochs=2, batch_size=40))
     assert one[:720] != epoch_ids(data_config(num_epochs=1, batch_size=40, seed=1))
     assert sorted(one[:720]) == sorted(one[720:]) and one[:720] != one[720:]
+
+
+def test_length_grouped_windows_hand_checked():
+    """Windows of 3 batches of 2 over 14 records of known lengths: each window keeps its records, its batches are
+    pairs of neighbours in length order, their order is the seed's, the last window's partial batch stays last."""
+    lengths = [9, 1, 7, 3, 12, 5, 2, 8, 4, 11, 6, 10, 13, 0]
+    records = [(Conversation(f"r{i}", None, "q" * n, "", (), "s", "train"), None) for i, n in enumerate(lengths)]
+    grouped = pipeline_lib.LengthGrouped(records, batch_size=2, window=3, seed=0)
+    order = [grouped[i][0].id for i in range(len(records))]
+    by_length = lambda ids: sorted(ids, key=lambda i: lengths[int(i[1:])])
+    windows = [order[0:6], order[6:12], order[12:14]]
+    assert [sorted(w) for w in windows] == [sorted(f"r{i}" for i in range(a, b))
+                                            for a, b in ((0, 6), (6, 12), (12, 14))]
+    # window 0 by length: r1 (1), r3 (3), r5 (5), r2 (7), r0 (9), r4 (12) -> batches [r1 r3] [r5 r2] [r0 r4]
+    assert {tuple(windows[0][j:j + 2]) for j in (0, 2, 4)} == {("r1", "r3"), ("r5", "r2"), ("r0", "r4")}
+    assert {tuple(windows[1][j:j + 2]) for j in (0, 2, 4)} == {("r6", "r8"), ("r10", "r7"), ("r11", "r9")}
+    assert windows[2] == ["r13", "r12"]  # the end of a finite run: one batch, sorted
+    for w in windows[:2]:
+        assert [by_length(w[j:j + 2]) for j in (0, 2, 4)] == [w[j:j + 2] for j in (0, 2, 4)]
+    again = pipeline_lib.LengthGrouped(records, batch_size=2, window=3, seed=0)
+    assert [again[i][0].id for i in reversed(range(14))] == order[::-1]  # a pure function of the position
+    seeds = {tuple(pipeline_lib.LengthGrouped(records, 2, 3, seed)[i][0].id for i in range(12)) for seed in range(8)}
+    assert len(seeds) > 1  # the batch order within a window is drawn
+    assert pipeline_lib.text_length(records[4]) == 12
+    instruction = Instruction("i", None, (("user", "What is it?"), ("assistant", "A cat.")), "s", "train")
+    assert pipeline_lib.text_length((instruction, None)) == 17
+
+
+def test_group_by_length_pads_less_and_reads_every_record_once():
+    """The shipped training dialogues (one to five turns) as the student reads them: windows of 8 batches keep
+    one epoch's records, resume exactly, and fill 0.71 of the padded columns where the shuffled order fills 0.55."""
+    def epoch(**changes):
+        config = data_config(num_epochs=1, batch_size=8, buckets=(128, 192, 256, 384, 512, 640, 768), **changes)
+        batches = list(InputPipeline(config, TINY))
+        real = sum(int(b["attention_mask"].sum()) for b in batches)
+        padded = sum(b["attention_mask"].size for b in batches)
+        return [i for b in batches for i in b["example_id"] if i], real / padded
+
+    plain_ids, plain_fill = epoch()
+    grouped_ids, grouped_fill = epoch(group_by_length=8)
+    assert sorted(grouped_ids) == sorted(plain_ids) == [f"synthetic_train_{i:05d}" for i in range(720)]
+    assert grouped_ids != plain_ids
+    assert 0.5 < plain_fill < 0.6 and grouped_fill > 0.7, (plain_fill, grouped_fill)
+    config = data_config(batch_size=4, group_by_length=4)
+    first = InputPipeline(config, TINY)
+    take(first, 3)
+    state = json.loads(json.dumps(first.get_state()))
+    expected = take(first, 5)  # across a window's end
+    resumed = InputPipeline(config, TINY)
+    resumed.set_state(state)
+    assert_batches_equal(take(resumed, 5), expected)
 
 
 def test_mixing_ratio():

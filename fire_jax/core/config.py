@@ -276,6 +276,8 @@ DATA_DEFAULTS = dict(
     on_bad_record="skip",  # or "error"
     max_len=3072,  # tokens, image features included
     buckets=(),  # sequence lengths batches are padded to (max_len is always one)
+    group_by_length=0,  # n > 0: each window of n batches of the shuffled order sorted by text length, cut into
+                        # batches taken in random order (transformers' group_by_length); 0: the shuffled order
     batch_size=64,  # global; each process gets batch_size // process_count
     shuffle=True,
     seed=0,
