@@ -94,6 +94,9 @@ def test_resume_gives_the_same_batches(threads):
 def test_threads_give_the_same_batches():
     assert_batches_equal(take(InputPipeline(data_config(num_threads=2), TINY), 3),
                          take(InputPipeline(data_config(), TINY), 3))
+    grouped = data_config(batch_size=4, group_by_length=4)  # read threads share the windows' cached orders
+    assert_batches_equal(take(InputPipeline(dict(grouped, num_threads=2), TINY), 5),
+                         take(InputPipeline(grouped, TINY), 5))
 
 
 def test_worker_processes_give_the_same_batches():
