@@ -81,13 +81,34 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(cores, available // WORKER_MEMORY) if available else cores)
 
 
+#: The files that take one worker longest (seconds on an idle 2-core machine, 2026-12-06, docs/testing.md), longest
+#: first. Under ``loadfile`` they are queued first, so that the last files to start are short ones.
+SLOW_FILES = ("test_main_job.py", "test_wheel.py", "test_train.py", "test_engine.py", "test_serve.py",
+              "test_infer.py", "test_vlrm_runner.py", "test_stopping.py", "test_gguf.py", "test_engine_prefix.py",
+              "test_lmms_eval.py", "test_model.py")
+
+
 def pytest_configure(config):
     """With workers (``-n``) and no ``--dist`` given, each test file runs whole on one worker (``loadfile``): a
     module's fixtures (the reduced main job, the engines, the GGUF models) are built once, and its compiled
-    programs are freed when it ends (below)."""
-    given = any(arg == "--dist" or arg.startswith("--dist=") for arg in config.invocation_params.args)
+    programs are freed when it ends (below). The files are then queued in collection order, which
+    :func:`pytest_collection_modifyitems` makes longest first; xdist's own order (most tests first) put
+    ``test_wheel.py``, two tests and the second longest file, last, and one worker idled while it ran."""
+    args = config.invocation_params.args
+    given = any(arg == "--dist" or arg.startswith("--dist=") for arg in args)
     if getattr(config.option, "dist", "no") == "load" and not given:
         config.option.dist = "loadfile"
+        if not any(arg in ("--loadscope-reorder", "--no-loadscope-reorder") for arg in args):
+            config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under xdist (the workers collect), :data:`SLOW_FILES` first, longest first; every other file after them in
+    its usual order, and each file's tests in theirs."""
+    if not hasattr(config, "workerinput"):
+        return
+    rank = {name: i for i, name in enumerate(SLOW_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 @pytest.hookimpl(hookwrapper=True)
