@@ -87,9 +87,10 @@ def _smollm2(config) -> None:
     # Instruction sequences are 110-148 SmolLM2 tokens: one bucket of 160, not 192 (a sixth less compute a step).
     config.base_train.data.buckets = (160,)
     config.teacher_train = _smollm2_train("teacher", "teacher")
-    # The teacher's 160 steps run its 30 layers unrolled: 2.4 s a step of 2 x 384 where the scanned layers take 3.0
-    # (the stacked weights are sliced out, and the scan's residuals written back, at every layer), for 8 s more
-    # compiling per length; the other stages' fewer or shorter steps do not repay that.
+    # The teacher's 160 steps run its 30 layers unrolled: 2.47 s a step of 2 x 384 where the scanned layers take 2.79
+    # on a 2-core Intel Xeon (the stacked weights are sliced out, and the scan's residuals written back, at every
+    # layer), for 9 s more compiling per length (benchmarks/main_job_steps.py); the base's 20 steps break even, the
+    # student's 32 over five lengths do not repay it.
     config.teacher_train.model.scan_layers = False
     config.student_train = _smollm2_train("student", "student")
     # Dialogues of one to five turns (110-368 tokens): batches from windows of 8 sorted by length, and a 160 bucket,

@@ -81,11 +81,12 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(cores, available // WORKER_MEMORY) if available else cores)
 
 
-#: The files that take one worker longest (seconds on an idle 2-core machine, 2026-12-06, docs/testing.md), longest
-#: first. Under ``loadfile`` they are queued first, so that the last files to start are short ones.
-SLOW_FILES = ("test_main_job.py", "test_wheel.py", "test_train.py", "test_engine.py", "test_serve.py",
-              "test_infer.py", "test_vlrm_runner.py", "test_stopping.py", "test_gguf.py", "test_engine_prefix.py",
-              "test_lmms_eval.py", "test_model.py")
+#: The files that take one worker longest, longest first (their tests' seconds under 2 workers on a 2-core machine,
+#: 2026-12-06: 157, 144, 126, 116, 96, 83, 83, 64, 61, 61, 59, 56, 53; docs/testing.md). Under ``loadfile`` they
+#: are queued first, so that the last files to start are short ones.
+SLOW_FILES = ("test_wheel.py", "test_train.py", "test_main_job.py", "test_serve.py", "test_infer.py",
+              "test_engine.py", "test_model.py", "test_engine_prefix.py", "test_vlrm_runner.py", "test_gguf.py",
+              "test_stopping.py", "test_llava_vicuna.py", "test_lmms_eval.py")
 
 
 def pytest_configure(config):
@@ -93,7 +94,7 @@ def pytest_configure(config):
     module's fixtures (the reduced main job, the engines, the GGUF models) are built once, and its compiled
     programs are freed when it ends (below). The files are then queued in collection order, which
     :func:`pytest_collection_modifyitems` makes longest first; xdist's own order (most tests first) put
-    ``test_wheel.py``, two tests and the second longest file, last, and one worker idled while it ran."""
+    ``test_wheel.py``, two tests and the longest file, among the last, and one worker idled while it ran."""
     args = config.invocation_params.args
     given = any(arg == "--dist" or arg.startswith("--dist=") for arg in args)
     if getattr(config.option, "dist", "no") == "load" and not given:

@@ -157,6 +157,13 @@ def test_length_grouped_windows_hand_checked():
     assert pipeline_lib.text_length(records[4]) == 12
     instruction = Instruction("i", None, (("user", "What is it?"), ("assistant", "A cat.")), "s", "train")
     assert pipeline_lib.text_length((instruction, None)) == 17
+    # The same 14 positions as two epochs of 7 (one process): windows start again at position 7.
+    epochs = pipeline_lib.LengthGrouped(records, batch_size=2, window=3, seed=0, epoch=(7, 0, 1))
+    assert [epochs.window(i) for i in (0, 5, 6, 7, 12, 13)] == [(0, 6), (0, 6), (6, 7), (7, 13), (7, 13), (13, 14)]
+    assert sorted(epochs[i][0].id for i in range(7)) == [f"r{i}" for i in range(7)]
+    # Process 1 of 2 over epochs of 7: its positions 0-2 are items 1, 3, 5 (epoch 0), 3-6 are 7, 9, 11, 13.
+    shard = pipeline_lib.LengthGrouped(records, batch_size=2, window=3, seed=0, epoch=(7, 1, 2))
+    assert [shard.window(i) for i in (0, 2, 3, 6)] == [(0, 3), (0, 3), (3, 7), (3, 7)]
 
 
 def test_group_by_length_pads_less_and_reads_every_record_once():
@@ -173,7 +180,15 @@ def test_group_by_length_pads_less_and_reads_every_record_once():
     grouped_ids, grouped_fill = epoch(group_by_length=8)
     assert sorted(grouped_ids) == sorted(plain_ids) == [f"synthetic_train_{i:05d}" for i in range(720)]
     assert grouped_ids != plain_ids
-    assert 0.5 < plain_fill < 0.6 and grouped_fill > 0.7, (plain_fill, grouped_fill)
+    assert 0.5 < plain_fill < 0.6 and grouped_fill > 0.68, (plain_fill, grouped_fill)
+    # Two epochs of 720 in windows of 64: the windows start again at each epoch, so neither epoch reads a record
+    # twice and no batch holds one twice (one window across the boundary put 3-4 batches of an epoch so).
+    for process in range(2):
+        config = data_config(num_epochs=2, batch_size=8, group_by_length=8, buckets=(768,))
+        batches = list(InputPipeline(config, TINY, process_index=process, process_count=2))
+        ids = [i for b in batches for i in b["example_id"] if i]
+        assert len(ids) == 720 and len(set(ids[:360])) == len(set(ids[360:])) == 360
+        assert all(len(set(b["example_id"])) == len(b["example_id"]) for b in batches)
     config = data_config(batch_size=4, group_by_length=4)
     first = InputPipeline(config, TINY)
     take(first, 3)

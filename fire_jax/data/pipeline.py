@@ -130,8 +130,8 @@ class Preprocessor:
 
 
 def text_length(item: tuple[Record, Any]) -> int:
-    """Characters of a record's text: the cheap length estimate :class:`LengthGrouped` sorts by (LLaVA's
-    ``modality_lengths`` count words the same way, before tokenising)."""
+    """Characters of a record's text: the cheap length estimate :class:`LengthGrouped` sorts by, read before
+    tokenising (LLaVA's ``modality_lengths`` count the words of a record's turns for the same purpose)."""
     record = item[0]
     if isinstance(record, Conversation):
         return len(record.question) + len(record.groundtruth) + sum(len(t.response) + len(t.feedback)
@@ -140,51 +140,82 @@ def text_length(item: tuple[Record, Any]) -> int:
 
 
 class LengthGrouped:
-    """Batches of similar length from a shuffled order: positions ``[w * n * B, (w + 1) * n * B)`` (window ``w``
-    of ``n`` batches of ``B``) are sorted by :func:`text_length`, cut into batches of ``B``, and the full batches
-    taken in an order drawn from ``(seed, w)``; a window's partial batch (the end of a finite run) stays last.
+    """Batches of similar length from a shuffled order: each window of ``n`` batches of ``B`` consecutive positions
+    is sorted by :func:`text_length`, cut into batches of ``B``, and its full batches are taken in an order drawn
+    from the seed and the window; a window's partial batch stays last.
 
-    The order within a window changes, not which records it holds, so every epoch still reads every record once
-    and sources keep their mixing weights over a window. As transformers' ``group_by_length``
-    (``LengthGroupedSampler``: megabatches of 50 batches, sorted) and LLaVA's ``--group_by_modality_length``, it
-    cuts padding when sequence lengths vary: the main job's student batches (dialogues of one to five turns,
-    110-368 tokens) fill 79% of their padded columns with windows of 8 batches, 56% without. A pure function of
-    the position, so a restored iterator continues the same order.
+    ``epoch=(records, offset, stride)`` says that position ``j`` of this stream is item ``offset + j * stride`` of
+    a repeated order whose epochs hold ``records`` items each (a process's share of ``ds.repeat()[p::count]``):
+    windows then start again at each epoch's first position, so no window holds the end of one epoch and the start
+    of the next (which would put one record twice in a window, and, sorted, side by side), and every epoch reads
+    each record once. Without it (sources mixed by weight) windows are cut every ``n * B`` positions.
+
+    As transformers' ``group_by_length`` (``LengthGroupedSampler``: megabatches of 50 batches, sorted) and LLaVA's
+    ``--group_by_modality_length``, it cuts padding when sequence lengths vary: the main job's student batches
+    (dialogues of one to five turns, 110-368 tokens) fill 80% of their padded columns with windows of 8 batches,
+    56% without. A pure function of the position, so a restored iterator continues the same order.
+
+    Limits: examples the pipeline drops after this (``image_cut``, ``no_labelled_token``) shift every later batch
+    boundary off the windows' (each batch then joins two runs); and a window's lengths are read from its records,
+    each read once more (per worker process) than without grouping.
     """
 
-    def __init__(self, parent, batch_size: int, window: int, seed: int):
+    def __init__(self, parent, batch_size: int, window: int, seed: int,
+                 epoch: tuple[int, int, int] | None = None):
         import grain
 
         if batch_size < 1 or window < 1:
             raise ValueError(f"LengthGrouped: batch_size and window must be >= 1, got {batch_size}, {window}")
+        if epoch is not None and (epoch[0] < 1 or epoch[2] < 1):
+            raise ValueError(f"LengthGrouped: epoch=(records, offset, stride) needs records, stride >= 1, got {epoch}")
         self.parent, self.batch_size, self.size, self.seed = parent, batch_size, batch_size * window, seed
+        self.epoch = epoch
         self._orders: dict[int, list[int]] = {}  # a few windows' orders (a pure function: races only recompute)
         self.dataset = grain.MapDataset.source(self)
 
     def __len__(self) -> int:
         return len(self.parent)
 
-    def order(self, w: int) -> list[int]:
-        """Window ``w``'s positions, relative to its start, in the order they are read."""
-        order = self._orders.get(w)
+    def _epoch_start(self, e: int) -> int:
+        """The first position of this stream in epoch ``e``."""
+        records, offset, stride = self.epoch
+        return max(0, -(-(e * records - offset) // stride))
+
+    def window(self, index: int) -> tuple[int, int]:
+        """The ``[start, end)`` positions of the window holding position ``index``."""
+        if self.epoch is None:
+            start = index // self.size * self.size
+            end = start + self.size
+        else:
+            records, offset, stride = self.epoch
+            e = (offset + index * stride) // records
+            first = self._epoch_start(e)
+            start = first + (index - first) // self.size * self.size
+            end = min(start + self.size, self._epoch_start(e + 1))
+        return start, min(end, len(self.parent))
+
+    def order(self, start: int, end: int) -> list[int]:
+        """The window ``[start, end)``'s positions, relative to its start, in the order they are read."""
+        order = self._orders.get(start)
         if order is None:
-            start = w * self.size
-            n = min(self.size, len(self.parent) - start)
+            n = end - start
             lengths = [text_length(self.parent[start + i]) for i in range(n)]
             ranked = sorted(range(n), key=lambda i: (lengths[i], i))
             batches = [ranked[j:j + self.batch_size] for j in range(0, n, self.batch_size)]
             full = [b for b in batches if len(b) == self.batch_size]
-            rng = np.random.default_rng([self.seed, w])
+            # the batch order's key: (seed, w) for the w-th window of n * B, the start's remainder after an epoch's
+            key = [self.seed, start // self.size] + ([start % self.size] if start % self.size else [])
+            rng = np.random.default_rng(key)
             order = [i for k in rng.permutation(len(full)) for i in full[k]] + [i for b in batches[len(full):]
                                                                                 for i in b]
             if len(self._orders) >= 8:
                 self._orders.clear()
-            self._orders[w] = order
+            self._orders[start] = order
         return order
 
     def __getitem__(self, index: int):
-        w, i = divmod(index, self.size)
-        return self.parent[w * self.size + self.order(w)[i]]
+        start, end = self.window(index)
+        return self.parent[start + self.order(start, end)[index - start]]
 
 
 def batch_length(length: int, buckets: Sequence[int]) -> int:
@@ -294,7 +325,10 @@ class InputPipeline:
         self.process_count = process_count
         ds = self._order(opened, cfg, process_index, process_count)
         if cfg["group_by_length"]:
-            ds = LengthGrouped(ds, self.batch_size, int(cfg["group_by_length"]), cfg["seed"]).dataset
+            # Epoch boundaries are known where one stream repeats: a finite run (sources concatenated) or one source.
+            epoch = ((self.num_examples, process_index, process_count)
+                     if cfg["num_epochs"] or len(opened) == 1 else None)
+            ds = LengthGrouped(ds, self.batch_size, int(cfg["group_by_length"]), cfg["seed"], epoch).dataset
         ds = ds.map(self.preprocessor).to_iter_dataset(grain.ReadOptions(
             num_threads=cfg["num_threads"], prefetch_buffer_size=2 * self.batch_size if cfg["num_threads"] else 0))
         if cfg["num_workers"]:
