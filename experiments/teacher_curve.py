@@ -18,6 +18,13 @@ training set's teacher turns drawn with a share ``--right_share`` of right answe
     python -m fire_jax.run --workdir runs/smollm2          # the base model the teacher starts from (first)
     python experiments/teacher_curve.py --run runs/smollm2 --out runs/teacher_b1q \\
         --right_share 0.25 --batch 1 --steps 480 --every 160            # ~15 minutes on a 2-core machine
+    python experiments/teacher_curve.py --run runs/smollm2 --out runs/teacher_compare \\
+        --right_share 0.5 --batch 2 --steps 160 --lr_schedule cosine --every 80 --compare_steps 150   # ~20 minutes
+
+``--compare_steps N`` first trains N steps of ``--compare_batch`` on text-only comparisons
+(``synthetic.comparison_records``: "Groundtruth: ...\\nAnswer: ..." -> the rule's feedback, the student stage's
+LoRA) and starts the teacher stage from their merged export (under ``--out/compare``); ``--b2`` sets AdamW's
+second-moment decay.
 
 It prints one line per scored checkpoint and writes ``curve.json``, ``teacher_turns.json`` and each scored
 checkpoint's replies beside the rule's (``held_out_<step>.jsonl``) under ``--out``;
@@ -94,6 +101,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=480)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--lr_schedule", choices=("constant", "cosine"), default="constant")
+    parser.add_argument("--b2", type=float, default=None, help="AdamW's second-moment decay (default: the stage's)")
+    parser.add_argument("--compare_steps", type=int, default=0,
+                        help="first this many steps of --compare_batch on text-only comparisons "
+                             "(synthetic.comparison_records: 'Groundtruth: ...\\nAnswer: ...' -> the rule's feedback; "
+                             "the student stage's LoRA), the teacher stage then starting from their merged export")
+    parser.add_argument("--compare_batch", type=int, default=8)
     parser.add_argument("--every", type=int, default=160, help="score a checkpoint every this many steps")
     parser.add_argument("--held_out", type=int, default=120, help="held-out turns scored")
     parser.add_argument("--free", action="store_true",
@@ -121,12 +134,29 @@ def main() -> None:
     print(f"{len(turns)} training turns, {right} right ({right / len(turns):.2f}) -> {data}")
 
     config = load_config(CONFIG)
+    student_base = base
+    if args.compare_steps:  # the student stage's model and LoRA, on text-only comparisons, merged for the teacher
+        compare = config.student_train
+        records = os.path.abspath(os.path.join(args.out, "comparisons.json"))
+        with open(resolve_path("assets:synthetic_fire/train.json"), encoding="utf-8") as f:
+            comparisons = synthetic.comparison_records(json.load(f), seed=0)
+        with open(records, "w", encoding="utf-8") as f:
+            json.dump(comparisons, f)
+        compare.init.hf_checkpoint = base
+        compare.data.sources = dict(compare=dict(json=records))  # assigned: update() would keep the dialogues
+        compare.data.update(dict(buckets=(64, 96), group_by_length=0, batch_size=args.compare_batch))
+        compare.train.update(dict(total_steps=args.compare_steps, batch_size=args.compare_batch,
+                                  checkpoint_every=args.compare_steps, export_merged=True))
+        train(compare, os.path.join(args.out, "compare"))
+        base = os.path.abspath(os.path.join(args.out, "compare", "export", "hf_merged"))
     stage = config.teacher_train
     stage.init.hf_checkpoint = base
     stage.data.sources.synthetic.json = data
     stage.data.batch_size = args.batch
     stage.train.update(dict(total_steps=args.steps, batch_size=args.batch, lr_schedule=args.lr_schedule,
                             checkpoint_every=args.every, keep_checkpoints=-(-args.steps // args.every)))
+    if args.b2 is not None:
+        stage.train.b2 = args.b2
     train(stage, args.out)
 
     turns = held_out_turns(args.held_out)
@@ -161,7 +191,7 @@ def main() -> None:
     with open(os.path.join(args.out, "curve.json"), "w", encoding="utf-8") as f:
         json.dump(dict(vars(args), curve=curve), f, indent=1)
     if args.free:
-        free_dialogues(config, base, args.run, args.out)
+        free_dialogues(config, base, args.run, args.out, student_base)
 
 
 #: The exact judge's figures of a free-dialogue run printed by ``--free`` (fire_jax.eval.judge.judged_free).
@@ -169,14 +199,15 @@ FREE_FIGURES = ("accuracy_turn1", "accuracy_final", "agreement", "teacher_direct
                 "solved", "solved_but_wrong")
 
 
-def free_dialogues(config, base: str, run: str, out: str) -> None:
-    """The main job's free dialogues (90 test items) of its baseline and FIRE students with this FD teacher."""
+def free_dialogues(config, base: str, run: str, out: str, student_base: str) -> None:
+    """The main job's free dialogues (90 test items) of its baseline and FIRE students (on ``student_base``) with
+    this FD teacher (on ``base``)."""
     from fire_jax.pipeline.main_job import eval_stage
 
     fd = dict(name="FD (teacher_curve)", init=base, adapter=os.path.abspath(out))
     folder = os.path.join(out, "free")
-    students = (("baseline", dict(name="base (no FIRE)", init=base, adapter="")),
-                ("fire", dict(name="FIRE", init=base, adapter=os.path.abspath(os.path.join(run, "student")))))
+    students = (("baseline", dict(name="base (no FIRE)", init=student_base, adapter="")),
+                ("fire", dict(name="FIRE", init=student_base, adapter=os.path.abspath(os.path.join(run, "student")))))
     for name, student in students:
         baseline = os.path.join(folder, "baseline_free", "results.json") if name == "fire" else ""
         result = eval_stage(config.eval_free, os.path.join(folder, f"{name}_free"), student=student, teacher=fd,

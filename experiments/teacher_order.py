@@ -22,9 +22,19 @@ Two prompts:
 The learning rate is constant (AdamW, no warm-up, no clipping): the point is the number of updates, apart from
 a schedule. Nothing of fire_jax's model or trainer runs; fire_jax only writes the sentences.
 
+Three levers on the plateau before the direction is learned:
+
+- ``--contrast``: each step's examples judge one answer against groundtruths on both sides of it (and at other
+  distances), so an answer's usual direction cannot lower the step's loss and only the groundtruth can;
+- ``--b2``: AdamW's second-moment decay (0.999 remembers the large gradients of the first steps, where the
+  format is learned, for about a thousand steps, and scales the later, smaller ones down);
+- ``--warmup N``: first N steps of 8 on the short prompt, then ``--steps`` on ``--prompt``: the order learned
+  with the two values side by side, before the teacher's prompt puts 150 tokens between them.
+
     python experiments/teacher_order.py --tasks count --steps 200 --batch 2      # ~8 minutes on 2 cores
     python experiments/teacher_order.py --steps 300 --batch 2                    # the three tasks, ~28 minutes
     python experiments/teacher_order.py --prompt short --tasks count --steps 80 --batch 4
+    python experiments/teacher_order.py --steps 160 --batch 2 --every 40 --warmup 150  # ~15 minutes
 """
 
 import argparse
@@ -56,6 +66,17 @@ def pairs(tasks) -> list[tuple[str, int, int]]:
     return [(name, truth, given) for name in tasks for truth in range(synthetic.TASKS[name].size)
             for given in range(synthetic.TASKS[name].size)
             if truth != given and abs(truth - given) <= synthetic.MAX_OFFSET]
+
+
+def batch_items(items, size: int, contrast: bool, rng: random.Random) -> list[tuple[str, int, int]]:
+    """A step's (task, groundtruth, answer) triples: drawn apart, or (``contrast``) one task and answer with
+    ``size`` groundtruths, alternately above and below the answer where both sides exist."""
+    if not contrast:
+        return [rng.choice(items) for _ in range(size)]
+    name, _, given = rng.choice(items)
+    sides = [[t for n, t, g in items if n == name and g == given and (t > given) == up] for up in (True, False)]
+    sides = [rng.sample(side, len(side)) for side in sides if side]
+    return [(name, sides[i % len(sides)][(i // len(sides)) % len(sides[i % len(sides)])], given) for i in range(size)]
 
 
 class Examples:
@@ -95,9 +116,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--b2", type=float, default=0.999, help="AdamW's second-moment decay")
     parser.add_argument("--every", type=int, default=40,
                         help="measure the direction and the distance score every this many steps")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--warmup", type=int, default=0,
+                        help="first this many steps of 8 on the short prompt, then --steps on --prompt")
+    parser.add_argument("--contrast", action="store_true",
+                        help="each batch judges one answer against groundtruths on both sides of it and at "
+                             "different distances (a step's examples differ only by the groundtruth)")
     args = parser.parse_args()
 
     import torch
@@ -136,22 +163,36 @@ def main() -> None:
         model.train()
         return ", ".join(f"{t} {right[t]} / {seen[t]} (score {scored[t]})" for t in tasks)
 
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, betas=(0.9, args.b2),
+                                  weight_decay=0.0)
     rng, start = random.Random(args.seed), time.time()
-    print(f"{args.prompt} prompt, {args.tasks}, steps of {args.batch}, lr {args.lr}")
-    print(f"step 0: right direction (and distance score) on {direction()}", flush=True)
-    for step in range(1, args.steps + 1):
+
+    def update(batch, make) -> float:
+        """One AdamW step on the mean token loss of the examples ``make`` writes for ``batch``."""
         loss = 0.0
-        for _ in range(args.batch):
-            full, labels_from, *_ = example(*rng.choice(items), rng)
+        for item in batch:
+            full, labels_from, *_ = make(*item, rng)
             ids = torch.tensor([full])
             logits = model(ids).logits[0, labels_from - 1:-1]
-            loss = loss + torch.nn.functional.cross_entropy(logits, ids[0, labels_from:]) / args.batch
+            loss = loss + torch.nn.functional.cross_entropy(logits, ids[0, labels_from:]) / len(batch)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
+        return loss.item()
+
+    short = Examples(tokenizer, "short")
+    for _ in range(args.warmup):
+        loss = update(batch_items(items, 8, False, rng), short)
+    if args.warmup:
+        print(f"warm-up: {args.warmup} steps of 8 on the short prompt ({time.time() - start:.0f} s, last loss "
+              f"{loss:.3f} a token)")
+    print(f"{args.prompt} prompt, {args.tasks}, steps of {args.batch}, lr {args.lr}, b2 {args.b2}"
+          + (", contrast batches" if args.contrast else ""))
+    print(f"step 0: right direction (and distance score) on {direction()}", flush=True)
+    for step in range(1, args.steps + 1):
+        loss = update(batch_items(items, args.batch, args.contrast, rng), example)
         if step % args.every == 0 or step == args.steps:
-            print(f"step {step} ({step * args.batch} examples, loss {loss.item():.3f} a token, "
+            print(f"step {step} ({step * args.batch} examples, loss {loss:.3f} a token, "
                   f"{time.time() - start:.0f} s): right direction (and distance score) on {direction()}", flush=True)
 
 

@@ -249,6 +249,36 @@ def test_teacher_turns_right_share():
     with pytest.raises(ValueError, match="right_share"):
         synthetic.turn_records(dialogues, right_share=1.5)
 
+def test_comparisons_are_the_rules_feedback_beside_the_groundtruth():
+    """The comparison records (experiments/teacher_curve.py --compare_steps): two per training record, each a
+    wrong answer on the groundtruth's scale, the groundtruth beside it in one user message and the rule's
+    feedback as the reply; both sides and every distance score occur, an end of a scale only points inwards;
+    the same seed draws the same records."""
+    with open(os.path.join(ASSETS, "train.json")) as f:
+        dialogues = json.load(f)
+    records = synthetic.comparison_records(dialogues, seed=0)
+    assert records == synthetic.comparison_records(dialogues, seed=0) != synthetic.comparison_records(dialogues, seed=1)
+    assert len(records) == 2 * len(dialogues) and "image" not in records[0]
+    assert records[0]["conversations"] == [  # hand-checked: 7 is three above 4, score 2, "too high"
+        {"from": "human", "value": "Groundtruth: There are 4.\nAnswer: There are 7."},
+        {"from": "gpt", "value": "Score: 2.\nFeedback: Your count is too high. Count them again.\n"}]
+    sides, scores = collections.Counter(), collections.Counter()
+    for record, dialogue in zip(records, [d for d in dialogues for _ in range(2)]):
+        question, reply = (m["value"] for m in record["conversations"])
+        groundtruth = dialogue["groundtruth"]["value"]
+        head, answer = question.split("\nAnswer: ")
+        assert head == f"Groundtruth: {groundtruth}" and record["source"] == dialogue["source"]
+        assert reply == synthetic.exact_feedback(groundtruth, answer)[0]
+        (task, truth), (answer_task, given) = synthetic.parse_answer(groundtruth), synthetic.parse_answer(answer)
+        assert answer_task == task and given != truth and abs(given - truth) <= synthetic.MAX_OFFSET
+        if truth == 0:
+            assert given > truth
+        sides[given > truth] += 1
+        scores[synthetic.exact_feedback(groundtruth, answer)[1]] += 1
+    assert min(sides.values()) > 0.4 * len(records), sides
+    assert set(scores) == {6, 4, 2, 1} and scores[10] == 0, scores
+
+
 
 def test_captions_say_what_was_drawn_on_training_images_only():
     with open(os.path.join(ASSETS, "captions.json")) as f:
@@ -329,16 +359,21 @@ def test_exact_specs_need_no_import_of_the_judge():
     assert out.stdout.split("\n")[-2] == "ExactTeacher []"
 
 
+def _experiment(name: str):
+    """The module experiments/<name>.py (experiments/ is not a package)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_compare_plateau_items_are_balanced_and_labelled_by_the_rule():
     """experiments/compare_plateau.py's isolated comparison: "Yes." exactly when the answer is the groundtruth,
     the direction the generator's own hint gives, right about half the time, fillers as asked."""
-    import importlib.util
-
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments",
-                        "compare_plateau.py")
-    spec = importlib.util.spec_from_file_location("compare_plateau", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _experiment("compare_plateau")
     from fire_jax.core.config import resolve_path
 
     with open(resolve_path("assets:synthetic_fire/train.json")) as f:
@@ -387,15 +422,9 @@ def test_the_protocols_stop_rule_is_the_judges_one_threshold():
 def test_teacher_curve_scores_replies_against_the_rule():
     """experiments/teacher_curve.py's held-out score: agreement over every turn, direction and distance score over
     the wrong answers, per task, on four hand-made replies."""
-    import importlib.util
-
     from fire_jax.infer.agents import Feedback
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments",
-                        "teacher_curve.py")
-    spec = importlib.util.spec_from_file_location("teacher_curve", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _experiment("teacher_curve")
 
     def turn(source, truth, answer):
         return {"source": source, "groundtruth": {"value": truth},
@@ -418,3 +447,21 @@ def test_teacher_curve_scores_replies_against_the_rule():
                       # the blind teacher: "too low", 4 to 3 (both the rule's); "earlier", 6 to blue (4 away: 1)
                       "blind direction": 2, "blind distance": 1}, result
     assert len(module.held_out_turns(120)) == 120
+
+
+def test_teacher_order_contrast_batches_differ_only_by_the_groundtruth():
+    """experiments/teacher_order.py --contrast: a step's examples share the task and the answer, and their
+    groundtruths alternate above and below it where the scale has both sides (hand-checked: a count answer of 1
+    (0-based 0) has groundtruths above only)."""
+    module, rng = _experiment("teacher_order"), __import__("random").Random(0)
+    items = module.pairs(["count", "bars", "color"])
+    assert ("count", 4, 0) in items and ("count", 5, 0) not in items  # at most MAX_OFFSET apart
+    for _ in range(200):
+        batch = module.batch_items(items, 4, True, rng)
+        assert len({(name, given) for name, _, given in batch}) == 1 and all(b in items for b in batch)
+        name, _, given = batch[0]
+        above = [truth > given for _, truth, _ in batch]
+        if 0 < given < synthetic.TASKS[name].size - 1:
+            assert above == [True, False, True, False]
+    assert {t for _, t, _ in module.batch_items([("count", t, 0) for t in (1, 2)], 4, True, rng)} == {1, 2}
+    assert len(module.batch_items(items, 3, False, rng)) == 3

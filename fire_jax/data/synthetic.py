@@ -364,6 +364,35 @@ def turn_records(records: list[dict], seed: int = 0, right_share: float = 0.5) -
     return out
 
 
+def comparison_records(records: list[dict], seed: int = 0, per_record: int = 2) -> list[dict]:
+    """Text-only comparisons in the teacher's words, ``per_record`` for each record's groundtruth: the user message
+    "Groundtruth: <groundtruth>\nAnswer: <answer>", the assistant the rule's feedback (:func:`exact_feedback`),
+    the answer wrong, off on a side and by a distance drawn as in :func:`turn_records`. No image, no question,
+    no instruction: the groundtruth stands beside the answer it judges.
+
+    A pretrained LLM of 135M parameters orders no two values in context; through the teacher's own prompt, where
+    the groundtruth comes some 150 tokens before the answer, its LoRA learns an order only after a plateau of a
+    hundred updates or more per task. With the two values side by side the order comes within tens of updates.
+    ``experiments/teacher_curve.py --compare_steps`` trains a stage on these before the teacher's, and
+    ``experiments/teacher_order.py --warmup`` does the same on the reference side (docs/main_job.md).
+    """
+    rng = random.Random(f"{seed}/comparisons")
+    out = []
+    for record in records:
+        groundtruth = record["groundtruth"]["value"]
+        name, truth = parse_answer(groundtruth)
+        task = TASKS[name]()
+        for j in range(per_record):
+            side = rng.choice([s for s in (-1, 1) if 0 <= truth + s < task.size])
+            value = truth + side * rng.choice([d for d in range(1, MAX_OFFSET + 1) if 0 <= truth + side * d < task.size])
+            text, _ = exact_feedback(groundtruth, task.answer(value))
+            out.append({"id": f"{record['id']}_compare{j}", "source": record["source"], "split": "compare",
+                        "conversations": [{"from": "human", "value": f"Groundtruth: {groundtruth}\nAnswer: "
+                                                                     f"{task.answer(value)}"},
+                                          {"from": "gpt", "value": text}]})
+    return out
+
+
 def corpus(records: list[dict]) -> list[str]:
     """The texts of raw records, for tokenizer training, with the system prompt and the teacher instruction
     once per record, as often as training sequences carry them (so BPE gives them short encodings)."""
