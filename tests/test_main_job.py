@@ -247,3 +247,32 @@ def test_a_stage_stopped_by_sigterm_ends_the_job_with_how_to_resume(monkeypatch,
                                                                  "metrics": {"loss": 0.1}})
     assert main_job.train_stage(reduced_config().base_train, str(tmp_path / "base"), "base model") == str(
         tmp_path / "base")
+
+
+def test_compile_cache_is_the_workdirs_for_the_job_and_a_cache_set_before_is_kept(tmp_path):
+    """The main job keeps its compiled programs under <workdir>/xla_cache while it runs (its evaluations build an
+    engine each on the same shapes) and unsets it after; a cache set already (the suite's, conftest) is kept."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.compilation_cache import compilation_cache
+
+    from fire_jax.pipeline.main_job import compile_cache
+
+    own, min_time = jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs
+    if own:
+        with compile_cache(str(tmp_path / "kept")) as path:
+            assert path == own and jax.config.jax_compilation_cache_dir == own
+        assert jax.config.jax_compilation_cache_dir == own and not os.path.exists(tmp_path / "kept")
+    jax.config.update("jax_compilation_cache_dir", None)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    compilation_cache.reset_cache()
+    try:
+        with compile_cache(str(tmp_path / "job")) as path:
+            assert path == str(tmp_path / "job" / "xla_cache")
+            assert jax.jit(lambda x: x * 3.25 + 1.75)(jnp.arange(7.0)).tolist() == [1.75 + 3.25 * i for i in range(7)]
+            assert os.listdir(path)  # the program was written there
+        assert jax.config.jax_compilation_cache_dir is None
+    finally:
+        jax.config.update("jax_compilation_cache_dir", own)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", min_time)
+        compilation_cache.reset_cache()
