@@ -324,6 +324,13 @@ def caption_records(records: list[dict], captions: Mapping[str, str]) -> list[di
             for r in records]
 
 
+def wrong_value(task, truth: int, rng: random.Random) -> int:
+    """A wrong 0-based value for ``truth`` on ``task``'s scale: a side drawn uniformly among those the scale has
+    room on, then a distance drawn uniformly among those that fit (1..MAX_OFFSET)."""
+    side = rng.choice([s for s in (-1, 1) if 0 <= truth + s < task.size])
+    return truth + side * rng.choice([d for d in range(1, MAX_OFFSET + 1) if 0 <= truth + side * d < task.size])
+
+
 def turn_records(records: list[dict], seed: int = 0, right_share: float = 0.5) -> list[dict]:
     """One teacher record per turn k of each conversation, id ``<id>_t<k>``: its first k (r, f) pairs, the
     answer of r_k redrawn so that only comparing it with the groundtruth tells f_k.
@@ -352,8 +359,7 @@ def turn_records(records: list[dict], seed: int = 0, right_share: float = 0.5) -
         for k in range(1, len(record["conversations"]) // 2 + 1):
             value = truth
             if rng.random() >= right_share:
-                side = rng.choice([s for s in (-1, 1) if 0 <= truth + s < task.size])
-                value = truth + side * rng.choice([d for d in range(1, MAX_OFFSET + 1) if 0 <= truth + side * d < task.size])
+                value = wrong_value(task, truth, rng)
             thought = rng.choice([task.first_thought(), task.refined_thought(True), task.refined_thought(False)])
             text, score = exact_feedback(record["groundtruth"]["value"], task.answer(value))
             turns = record["conversations"][:2 * k - 2] + [
@@ -383,8 +389,7 @@ def comparison_records(records: list[dict], seed: int = 0, per_record: int = 2) 
         name, truth = parse_answer(groundtruth)
         task = TASKS[name]()
         for j in range(per_record):
-            side = rng.choice([s for s in (-1, 1) if 0 <= truth + s < task.size])
-            value = truth + side * rng.choice([d for d in range(1, MAX_OFFSET + 1) if 0 <= truth + side * d < task.size])
+            value = wrong_value(task, truth, rng)
             text, _ = exact_feedback(groundtruth, task.answer(value))
             out.append({"id": f"{record['id']}_compare{j}", "source": record["source"], "split": "compare",
                         "conversations": [{"from": "human", "value": f"Groundtruth: {groundtruth}\nAnswer: "
