@@ -140,6 +140,72 @@ def test_a_text_over_the_context_is_refused_before_tokenising():
     check_text(["z" * 10 ** 6], 0)  # 0: no bound
 
 
+def test_a_finished_requests_result_is_there_when_its_listener_hears_the_reason(monkeypatch):
+    """The engine thread ends a request with its finish reason to ``on_update``; the server's event loop may answer
+    the client before the engine thread runs on. So the ticket's result is set before the listener hears: a
+    listener reads it at once, and a server whose engine pauses while building the result (here 0.3 s) still
+    answers 200 with the reply, not 500 for a missing result."""
+    import asyncio
+
+    from fire_jax.core.config import DEFAULT_CONFIG, load_config
+    from fire_jax.infer import requests as requests_module
+    from fire_jax.infer.engine import Engine
+    from fire_jax.infer.engine_config import EngineConfig
+    from fire_jax.infer.loading import load
+    from fire_jax.infer.requests import Request, Ticket
+    from fire_jax.serving.server import Served, create_app
+
+    heard = []
+    ticket = Ticket(Request([1, 2, 3], SamplingParams(max_tokens=2, stop_ids=())),
+                    lambda t, delta, reason: heard.append((reason, t.result)))
+    assert ticket.append([7], None, stop_ids=()) is None and ticket.append([9], None, stop_ids=()) == "length"
+    ticket.finish("length", with_text=False)
+    assert heard[0] == (None, None) and heard[-1][0] == "length" and heard[-1][1].tokens == [7, 9]
+
+    built = requests_module.Result
+
+    def slow_result(*args):
+        time.sleep(0.3)  # the engine thread held between the last token and the result
+        return built(*args)
+
+    monkeypatch.setattr(requests_module, "Result", slow_result)
+    loaded = load(load_config(DEFAULT_CONFIG))
+    engine = Engine(loaded.model, EngineConfig(bucket_step=None, pad_id=loaded.chat.pad_id, slots=2, cache_len=256,
+                                               chunk=4), tokenizer=loaded.chat.tokenizer)
+    app = create_app({"tiny": Served("tiny", "a tiny random model", loaded, engine)})
+    body = json.dumps({"model": "tiny", "max_tokens": 3, "temperature": 0,
+                       "messages": [{"role": "user", "content": "hello"}]}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",
+             "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+    sent = []
+
+    async def call():
+        connected = asyncio.Event()  # never set: the client stays
+        messages = iter([{"type": "http.request", "body": body, "more_body": False}])
+
+        async def receive():
+            for message in messages:
+                return message
+            await connected.wait()
+
+        async def send(message):
+            sent.append(message)
+
+        await app(scope, receive, send)
+
+    engine.start()
+    try:
+        asyncio.run(call())
+    finally:
+        engine.stop()
+    reply = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+    assert sent[0]["status"] == 200, reply
+    assert reply["choices"][0]["finish_reason"] == "length" and reply["usage"]["completion_tokens"] == 3
+    assert isinstance(reply["choices"][0]["message"]["content"], str)
+
+
 # ------------------------------------------------------------------------------------------------
 # A loopback server with low limits
 # ------------------------------------------------------------------------------------------------

@@ -100,12 +100,13 @@ class Ticket:
 
     def finish(self, reason: str, *, with_text: bool) -> None:
         """End the request with its :class:`Result` (``with_text``: the engine decodes text); the rest of its text
-        goes to ``on_update`` with the reason."""
+        goes to ``on_update`` with the reason. The result is set first: a listener on another thread (the server's
+        event loop) may read it as soon as it hears the reason."""
+        self.result = Result(list(self.tokens), list(self.logprobs), self.text if with_text else None, reason,
+                             len(self.request.prompt))
         if self.on_update is not None:
             delta, self.sent = self.text[self.sent:], len(self.text)
             self.on_update(self, delta, reason)
-        self.result = Result(list(self.tokens), list(self.logprobs), self.text if with_text else None, reason,
-                             len(self.request.prompt))
         self._done.set()
 
     def fail(self, error: BaseException) -> None:
