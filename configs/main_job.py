@@ -10,7 +10,9 @@ arg "smollm2" (default): configs/smollm2_llava.py, a small LLaVA-NeXT on the pre
 the shipped synthetic FIRE set. As LLaVA's tower is a pretrained CLIP, a CLIP (configs/clip.py) is first trained
 on the captions of the training images; a base model is then trained on single-turn instruction data (question ->
 first answer: what a VLM knows before FIRE) from that CLIP's vision tower: the tower, a fresh connector, LoRA on the
-LLM. It is the baseline; FD and FIRE start from it (its LoRA merged) with fresh LoRA adapters.
+LLM. It is the baseline; FIRE starts from it (its LoRA merged) with a fresh LoRA adapter. FD starts from a comparison
+stage on it: text-only comparisons of a groundtruth with a wrong answer in the teacher's words, merged, then a fresh
+adapter on the teacher's turns.
 arg "tiny": the same stages (configs/clip.py:tiny first) on configs/tiny.py's from-scratch 2-layer model (seconds a stage: the tests' pipeline).
 A tiny model is too small for LoRA alone, so every weight trains (``train.trainable=(".*",)``).
 arg "8b[,key=value...]": FD-LLaVA and FIRE-LLaVA from configs/fire_teacher.py / fire_student.py (LoRA on the llava-hf
@@ -54,12 +56,18 @@ def _tiny_train(role: str):
     return train
 
 
+#: The comparison stage before the teacher's: the base model's LoRA on text-only comparisons in the teacher's words
+#: ("Groundtruth: There are 4.\nAnswer: There are 7." -> "Score: 2.\nFeedback: Your count is too high. ..."; the
+#: shipped comparisons.json, synthetic.comparison_records), merged, and the teacher's stage started from it. Through
+#: the teacher's own prompt, where some 150 tokens stand between the groundtruth and the answer, the LLM learns the
+#: order of two values only after a plateau of a hundred updates or more per task; side by side, within tens.
+COMPARE_STEPS = 150
 #: The SmolLM2 stages: optimizer steps and examples a step. The teacher's verdict is two tokens of its twenty
 #: (the score and the feedback's first word), so it needs updates more than examples: 40 steps of 8 learned the
 #: format and the prior ("Score: 10. Correct!" to every answer: agreement 0.52 on fixed dialogues), 160 steps
 #: of 2 (the same 320 examples) learned the comparison with the groundtruth (agreement 0.97).
-SMOLLM2_STAGES = dict(base=dict(steps=20, batch=8), teacher=dict(steps=160, batch=2),
-                      student=dict(steps=32, batch=8))
+SMOLLM2_STAGES = dict(base=dict(steps=20, batch=8), compare=dict(steps=COMPARE_STEPS, batch=8),
+                      teacher=dict(steps=160, batch=2), student=dict(steps=32, batch=8))
 #: What the base stage trains besides LoRA: the fresh connector and image_newline, the CLIP stage's tower frozen
 #: (LLaVA-1.5's instruction stage; regexes over "/"-joined parameter paths, as
 #: ``fire_jax.runtime.build.trainable_filter`` matches them). Training the tower too left the base as blind and
@@ -77,6 +85,13 @@ def _smollm2_train(role: str, stage: str):
     return train
 
 
+def _compare_train(train):
+    """A student-role stage on the shipped comparisons (text only), its export merged: the teacher's start."""
+    train.data.sources = dict(comparisons=dict(json="assets:synthetic_fire/comparisons.json"))
+    train.train.export_merged = True
+    return train
+
+
 def _smollm2(config) -> None:
     config.clip_train = _load("clip.py")
     config.base_train = _smollm2_train("student", "base")
@@ -86,7 +101,12 @@ def _smollm2(config) -> None:
     config.base_train.train.update(dict(trainable=VISION_PARTS, export_merged=True))
     # Instruction sequences are 110-148 SmolLM2 tokens: one bucket of 160, not 192 (a sixth less compute a step).
     config.base_train.data.buckets = (160,)
+    config.compare_train = _compare_train(_smollm2_train("student", "compare"))
+    # Comparisons are 80-95 SmolLM2 tokens with the system prompt: one bucket.
+    config.compare_train.data.buckets = (96,)
     config.teacher_train = _smollm2_train("teacher", "teacher")
+    # A constant lr: the direction comes at once after a plateau, which a decay to 0 would not leave the steps for.
+    config.teacher_train.train.lr_schedule = "constant"
     # The teacher's 160 steps run its 30 layers unrolled: 2.47 s a step of 2 x 384 where the scanned layers take 2.79
     # on a 2-core Intel Xeon (the stacked weights are sliced out, and the scan's residuals written back, at every
     # layer), for 9 s more compiling per length (benchmarks/main_job_steps.py); the base's 20 steps break even, the
@@ -130,6 +150,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.base_train.data.sources = dict(instruct=dict(json="assets:synthetic_fire/instruct.json",
                                                              image_root="assets:synthetic_fire/images"))
         config.base_train.train.export_merged = True  # FD and FIRE start from base/export/hf_merged
+        config.compare_train = _compare_train(_tiny_train("student"))  # FD starts from it (see the smollm2 branch)
+        config.compare_train.train.update(dict(total_steps=50, checkpoint_every=50))
         config.teacher_train, config.student_train = _tiny_train("teacher"), _tiny_train("student")
         # The teacher learns f_k from r_k alone, every turn (assets' teacher_turns.json: one record per turn), as
         # free dialogues use it; under Eq. 6's full history the synthetic f_k follows from f_{k-1}.
@@ -151,7 +173,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.student_train = _load(f"fire_student.py:{options}")
         config.eval_fixed = _load("eval_fixed.py:8b")
         config.eval_free = _load("eval_free.py:8b")
-        config.clip_train = config.base_train = None  # the llava-hf checkpoint is the base
+        config.clip_train = config.base_train = config.compare_train = None  # the llava-hf checkpoint is the base
         config.baseline = dict(name="LLaVA-NeXT-8B", init=config.eval_free.student.init, adapter="")
         config.exact_teacher_runs = False  # no exact rule for real data
         config.ablation_source = _fire_module().ABLATION_SOURCE  # Fig. 6 subsamples FIRE-1M (configs/fire.py)

@@ -21,10 +21,10 @@ training set's teacher turns drawn with a share ``--right_share`` of right answe
     python experiments/teacher_curve.py --run runs/smollm2 --out runs/teacher_compare \\
         --right_share 0.5 --batch 2 --steps 160 --lr_schedule cosine --every 80 --compare_steps 150   # ~20 minutes
 
-``--compare_steps N`` first trains N steps of ``--compare_batch`` on text-only comparisons
-(``synthetic.comparison_records``: "Groundtruth: ...\\nAnswer: ..." -> the rule's feedback, the student stage's
-LoRA) and starts the teacher stage from their merged export (under ``--out/compare``); ``--b2`` sets AdamW's
-second-moment decay.
+``--compare_steps N`` first runs the main job's comparison stage (``configs/main_job.py``'s ``compare_train``:
+the shipped text-only comparisons, "Groundtruth: ...\\nAnswer: ..." -> the rule's feedback) for N steps of
+``--compare_batch`` and starts the teacher stage from its merged export (under ``--out/compare``); without it
+the teacher stage starts from the base model. ``--b2`` sets AdamW's second-moment decay.
 
 It prints one line per scored checkpoint and writes ``curve.json``, ``teacher_turns.json`` and each scored
 checkpoint's replies beside the rule's (``held_out_<step>.jsonl``) under ``--out``;
@@ -135,18 +135,12 @@ def main() -> None:
 
     config = load_config(CONFIG)
     student_base = base
-    if args.compare_steps:  # the student stage's model and LoRA, on text-only comparisons, merged for the teacher
-        compare = config.student_train
-        records = os.path.abspath(os.path.join(args.out, "comparisons.json"))
-        with open(resolve_path("assets:synthetic_fire/train.json"), encoding="utf-8") as f:
-            comparisons = synthetic.comparison_records(json.load(f), seed=0)
-        with open(records, "w", encoding="utf-8") as f:
-            json.dump(comparisons, f)
+    if args.compare_steps:  # the main job's comparison stage, its steps and batch set here
+        compare = config.compare_train
         compare.init.hf_checkpoint = base
-        compare.data.sources = dict(compare=dict(json=records))  # assigned: update() would keep the dialogues
-        compare.data.update(dict(buckets=(64, 96), group_by_length=0, batch_size=args.compare_batch))
+        compare.data.update(dict(group_by_length=0, batch_size=args.compare_batch))
         compare.train.update(dict(total_steps=args.compare_steps, batch_size=args.compare_batch,
-                                  checkpoint_every=args.compare_steps, export_merged=True))
+                                  checkpoint_every=args.compare_steps))
         train(compare, os.path.join(args.out, "compare"))
         base = os.path.abspath(os.path.join(args.out, "compare", "export", "hf_merged"))
     stage = config.teacher_train

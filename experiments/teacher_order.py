@@ -22,14 +22,18 @@ Two prompts:
 The learning rate is constant (AdamW, no warm-up, no clipping): the point is the number of updates, apart from
 a schedule. Nothing of fire_jax's model or trainer runs; fire_jax only writes the sentences.
 
-Three levers on the plateau before the direction is learned:
+Levers on the plateau before the direction is learned:
 
 - ``--contrast``: each step's examples judge one answer against groundtruths on both sides of it (and at other
   distances), so an answer's usual direction cannot lower the step's loss and only the groundtruth can;
 - ``--b2``: AdamW's second-moment decay (0.999 remembers the large gradients of the first steps, where the
   format is learned, for about a thousand steps, and scales the later, smaller ones down);
 - ``--warmup N``: first N steps of 8 on the short prompt, then ``--steps`` on ``--prompt``: the order learned
-  with the two values side by side, before the teacher's prompt puts 150 tokens between them.
+  with the two values side by side, before the teacher's prompt puts 150 tokens between them;
+- ``--init pissa``: the adapter starts from the principal singular vectors of each weight (PiSSA, Meng et al.
+  2024, peft's ``init_lora_weights="pissa"``; the base keeps the residual), not from B = 0, where the gradient of
+  an attention pattern that LoRA must change through both q and k starts at zero;
+- ``--loraplus R``: B's learning rate R times A's (LoRA+, Hayou et al. 2024, which finds R = 16 faster).
 
     python experiments/teacher_order.py --tasks count --steps 200 --batch 2      # ~8 minutes on 2 cores
     python experiments/teacher_order.py --steps 300 --batch 2                    # the three tasks, ~28 minutes
@@ -125,6 +129,9 @@ def main() -> None:
     parser.add_argument("--contrast", action="store_true",
                         help="each batch judges one answer against groundtruths on both sides of it and at "
                              "different distances (a step's examples differ only by the groundtruth)")
+    parser.add_argument("--init", choices=("default", "pissa"), default="default",
+                        help="the adapter's start: peft's default (A Kaiming-uniform, B = 0) or PiSSA")
+    parser.add_argument("--loraplus", type=float, default=1.0, help="B's learning rate as a multiple of A's")
     args = parser.parse_args()
 
     import torch
@@ -136,7 +143,8 @@ def main() -> None:
     folder, name = os.path.dirname(path), os.path.basename(path)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
-    model = get_peft_model(model, LoraConfig(r=32, lora_alpha=64, lora_dropout=0.0,
+    init = True if args.init == "default" else "pissa"
+    model = get_peft_model(model, LoraConfig(r=32, lora_alpha=64, lora_dropout=0.0, init_lora_weights=init,
                                              target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
     tasks = args.tasks.split(",")
     items, example = pairs(tasks), Examples(tokenizer, args.prompt)
@@ -163,8 +171,10 @@ def main() -> None:
         model.train()
         return ", ".join(f"{t} {right[t]} / {seen[t]} (score {scored[t]})" for t in tasks)
 
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, betas=(0.9, args.b2),
-                                  weight_decay=0.0)
+    trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    groups = [dict(params=[p for n, p in trained if "lora_B" not in n], lr=args.lr),
+              dict(params=[p for n, p in trained if "lora_B" in n], lr=args.lr * args.loraplus)]
+    optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, args.b2), weight_decay=0.0)
     rng, start = random.Random(args.seed), time.time()
 
     def update(batch, make) -> float:
@@ -187,7 +197,8 @@ def main() -> None:
         print(f"warm-up: {args.warmup} steps of 8 on the short prompt ({time.time() - start:.0f} s, last loss "
               f"{loss:.3f} a token)")
     print(f"{args.prompt} prompt, {args.tasks}, steps of {args.batch}, lr {args.lr}, b2 {args.b2}"
-          + (", contrast batches" if args.contrast else ""))
+          + (", contrast batches" if args.contrast else "") + (f", {args.init} init" if args.init != "default" else "")
+          + (f", LoRA+ ratio {args.loraplus:g}" if args.loraplus != 1 else ""))
     print(f"step 0: right direction (and distance score) on {direction()}", flush=True)
     for step in range(1, args.steps + 1):
         loss = update(batch_items(items, args.batch, args.contrast, rng), example)

@@ -229,7 +229,9 @@ def test_teacher_turns_need_the_comparison():
             refined += 1
             same += _direction(thought) == _direction(feedback.split("Feedback:")[1])
     assert refined > 200 and 0.35 <= same / refined <= 0.65, (same, refined)
-    assert 0.45 <= scores[10] / len(turns) <= 0.55 and min(scores[s] for s in (6, 4, 2, 1)) > 80, scores
+    assert abs(scores[10] / len(turns) - synthetic.TEACHER_RIGHT_SHARE) <= 0.05, scores
+    assert min(scores[s] for s in (6, 4, 2, 1)) > 80, scores
+    assert turns == synthetic.turn_records(dialogues, seed=0, right_share=synthetic.TEACHER_RIGHT_SHARE)
 
 
 def test_teacher_turns_right_share():
@@ -250,7 +252,7 @@ def test_teacher_turns_right_share():
         synthetic.turn_records(dialogues, right_share=1.5)
 
 def test_comparisons_are_the_rules_feedback_beside_the_groundtruth():
-    """The comparison records (experiments/teacher_curve.py --compare_steps): two per training record, each a
+    """The comparison records (the main job's comparison stage): two per training record, each a
     wrong answer on the groundtruth's scale, the groundtruth beside it in one user message and the rule's
     feedback as the reply; both sides and every distance score occur, an end of a scale only points inwards;
     the same seed draws the same records."""
@@ -258,6 +260,8 @@ def test_comparisons_are_the_rules_feedback_beside_the_groundtruth():
         dialogues = json.load(f)
     records = synthetic.comparison_records(dialogues, seed=0)
     assert records == synthetic.comparison_records(dialogues, seed=0) != synthetic.comparison_records(dialogues, seed=1)
+    with open(os.path.join(ASSETS, "comparisons.json")) as f:
+        assert json.load(f) == records  # the shipped file the main job's comparison stage trains on
     assert len(records) == 2 * len(dialogues) and "image" not in records[0]
     assert records[0]["conversations"] == [  # hand-checked: 7 is three above 4, score 2, "too high"
         {"from": "human", "value": "Groundtruth: There are 4.\nAnswer: There are 7."},

@@ -26,7 +26,7 @@ def reduced_config(steps=12):
     config = load_config(os.path.join(ROOT, "configs", "main_job.py:tiny"))
     config.clip_train.train.update(dict(total_steps=steps, checkpoint_every=100))
     config.clip_train.data.batch_size = config.clip_train.train.batch_size = 16
-    for stage in (config.base_train, config.teacher_train, config.student_train):
+    for stage in (config.base_train, config.compare_train, config.teacher_train, config.student_train):
         stage.train.total_steps = steps
         stage.train.checkpoint_every = 100
         stage.train.xla_options = (("xla_backend_optimization_level", 2),)
@@ -53,9 +53,18 @@ def test_pipeline_writes_every_table_and_plot(pipeline_run):
         assert "(paper)" in open(os.path.join(workdir, "eval", name, "results.md")).read()
     figures = [os.path.join(workdir, p) for p in summary["figures"]]
     assert len(figures) == 15 and all(os.path.getsize(p) > 1000 for p in figures)
-    for stage in ("clip", "base", "teacher", "student"):
+    for stage in ("clip", "base", "compare", "teacher", "student"):
         assert os.listdir(os.path.join(workdir, stage, "checkpoints")) == ["12"]
-    assert os.path.exists(os.path.join(workdir, "base", "export", "hf_merged", "config.json"))
+    for stage in ("base", "compare"):
+        assert os.path.exists(os.path.join(workdir, stage, "export", "hf_merged", "config.json"))
+    # FIRE starts from the base model; the comparison stage too, on the shipped comparisons alone; FD from its export
+    init = lambda stage: json.load(open(os.path.join(workdir, stage, "config.json")))["init"]["hf_checkpoint"]
+    base, compare = (os.path.abspath(os.path.join(workdir, s, "export", "hf_merged")) for s in ("base", "compare"))
+    assert init("student") == init("compare") == base and init("teacher") == compare
+    compared = json.load(open(os.path.join(workdir, "compare", "config.json")))["data"]["sources"]
+    assert list(compared) == ["comparisons"] and compared["comparisons"]["json"].endswith("comparisons.json")
+    fd = json.load(open(os.path.join(workdir, "eval", "fire_free", "results.json")))["teacher"]
+    assert fd["init"] == compare and fd["adapter"] == os.path.join(workdir, "teacher")
     # the base model's vision tower started from the CLIP stage's (the base stage then trains it further)
     clip = os.path.join(workdir, "clip", "export", "clip")
     assert json.load(open(os.path.join(workdir, "base", "config.json")))["init"]["vision_tower"] == os.path.abspath(clip)
@@ -63,7 +72,7 @@ def test_pipeline_writes_every_table_and_plot(pipeline_run):
     assert len(clip_losses) == 12 and clip_losses[-1] < clip_losses[0]
     assert json.load(open(os.path.join(workdir, "summary.json"))) == json.loads(json.dumps(summary))
     timing = json.load(open(os.path.join(workdir, "timing.json")))
-    assert list(timing["stage_seconds"]) == ["clip", "base", "teacher", "student", "baseline_fixed", "fire_fixed",
+    assert list(timing["stage_seconds"]) == ["clip", "base", "compare", "teacher", "student", "baseline_fixed", "fire_fixed",
                                              "baseline_free", "fire_free", "baseline_free_exact", "fire_free_exact"]
     assert 0 < sum(timing["stage_seconds"].values()) <= 60 * timing["minutes"] + 1
 
@@ -144,7 +153,7 @@ def test_same_command_same_results(pipeline_run, tmp_path):
 
     workdir, _ = pipeline_run
     config = reduced_config()
-    config.teacher_train.init.hf_checkpoint = os.path.join(workdir, "base", "export", "hf_merged")
+    config.teacher_train.init.hf_checkpoint = os.path.join(workdir, "compare", "export", "hf_merged")
     # The first 4 of the stage's 12 steps, under the same 12-step schedule (as a stopped run would log them).
     train(config.teacher_train, str(tmp_path / "teacher"), max_steps=4)
     losses = lambda d: [json.loads(line).get("loss") for line in open(os.path.join(d, "metrics.jsonl"))]
@@ -153,7 +162,8 @@ def test_same_command_same_results(pipeline_run, tmp_path):
     base = os.path.join(workdir, "base", "export", "hf_merged")
     again = eval_stage(config.eval_free, str(tmp_path / "fire_free"),
                        student=dict(name="FIRE (ours)", init=base, adapter=os.path.join(workdir, "student")),
-                       teacher=dict(name="FD (ours)", init=base, adapter=os.path.join(workdir, "teacher")),
+                       teacher=dict(name="FD (ours)", init=os.path.join(workdir, "compare", "export", "hf_merged"),
+                                    adapter=os.path.join(workdir, "teacher")),
                        baseline_results=os.path.join(workdir, "eval", "baseline_free", "results.json"))
     first = json.load(open(os.path.join(workdir, "eval", "fire_free", "results.json")))
     assert again["metrics"] == first["metrics"]

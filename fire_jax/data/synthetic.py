@@ -280,7 +280,8 @@ def write_synthetic_fire(out_dir: str, *, num_train: int = 720, num_test: int = 
     """Write ``train.json``, ``test.json``, ``instruct.json`` (the train questions as single-turn
     instruction data, :func:`instruction_records`), ``teacher_turns.json`` (:func:`turn_records` of the train
     set), ``captions.json`` (:func:`caption_records` of the train images: no test image is captioned) and
-    ``images/`` under ``out_dir``; returns the JSON paths."""
+    ``images/`` under ``out_dir``, and ``comparisons.json`` (:func:`comparison_records` of the train set: the
+    teacher's comparison stage); returns the JSON paths."""
     os.makedirs(os.path.join(out_dir, "images"), exist_ok=True)
     paths = {}
     for split, num in (("train", num_train), ("test", num_test)):
@@ -293,7 +294,9 @@ def write_synthetic_fire(out_dir: str, *, num_train: int = 720, num_test: int = 
             paths["instruct"] = os.path.join(out_dir, "instruct.json")
             _write_json(paths["instruct"], instruction_records(records))
             paths["teacher_turns"] = os.path.join(out_dir, "teacher_turns.json")
-            _write_json(paths["teacher_turns"], turn_records(records, seed))
+            _write_json(paths["teacher_turns"], turn_records(records, seed, right_share=TEACHER_RIGHT_SHARE))
+            paths["comparisons"] = os.path.join(out_dir, "comparisons.json")
+            _write_json(paths["comparisons"], comparison_records(records, seed))
             paths["captions"] = os.path.join(out_dir, "captions.json")
             _write_json(paths["captions"], caption_records(records, captions))
     return paths
@@ -331,6 +334,12 @@ def wrong_value(task, truth: int, rng: random.Random) -> int:
     return truth + side * rng.choice([d for d in range(1, MAX_OFFSET + 1) if 0 <= truth + side * d < task.size])
 
 
+#: The share of right answers among the shipped teacher turns (``teacher_turns.json``). A quarter, not a half: the
+#: teacher learns equality from a few hundred examples and the direction only from many updates on wrong answers,
+#: and in free dialogues most answers it judges are wrong (docs/main_job.md).
+TEACHER_RIGHT_SHARE = 0.25
+
+
 def turn_records(records: list[dict], seed: int = 0, right_share: float = 0.5) -> list[dict]:
     """One teacher record per turn k of each conversation, id ``<id>_t<k>``: its first k (r, f) pairs, the
     answer of r_k redrawn so that only comparing it with the groundtruth tells f_k.
@@ -345,9 +354,8 @@ def turn_records(records: list[dict], seed: int = 0, right_share: float = 0.5) -
     So r_k's thought is drawn among the first one and both refined ones, apart from its answer, which is right
     with probability ``right_share``, else off on a side drawn uniformly among those the scale has room on, by a distance
     drawn uniformly among those that fit (1..MAX_OFFSET); f_k is :func:`exact_feedback`'s. The thought then
-    says nothing of the feedback. The shipped ``teacher_turns.json`` has ``right_share`` 1/2; a teacher learns
-    equality from few examples and the direction only from many updates on wrong answers
-    (``experiments/teacher_curve.py`` trains on a smaller share).
+    says nothing of the feedback. The shipped ``teacher_turns.json`` has ``right_share``
+    :data:`TEACHER_RIGHT_SHARE`.
     """
     if not 0 <= right_share <= 1:
         raise ValueError(f"right_share must be in [0, 1], got {right_share}")
@@ -379,8 +387,9 @@ def comparison_records(records: list[dict], seed: int = 0, per_record: int = 2) 
     A pretrained LLM of 135M parameters orders no two values in context; through the teacher's own prompt, where
     the groundtruth comes some 150 tokens before the answer, its LoRA learns an order only after a plateau of a
     hundred updates or more per task. With the two values side by side the order comes within tens of updates.
-    ``experiments/teacher_curve.py --compare_steps`` trains a stage on these before the teacher's, and
-    ``experiments/teacher_order.py --warmup`` does the same on the reference side (docs/main_job.md).
+    The main job's comparison stage (``configs/main_job.py``, the shipped ``comparisons.json``) trains on these
+    before the teacher's stage, and ``experiments/teacher_order.py --warmup`` does the same on the reference side
+    (docs/main_job.md).
     """
     rng = random.Random(f"{seed}/comparisons")
     out = []

@@ -1,7 +1,8 @@
 """The main job end to end (FIRE, Sec. 5): train FD and FIRE, evaluate them against the baseline.
 
 0. (synthetic data) train a CLIP on the training images' captions, then a base model on single-turn
-   instruction data from its vision tower (LLaVA's lineage): the baseline, and where FD and FIRE start;
+   instruction data from its vision tower (LLaVA's lineage): the baseline, and where FIRE starts; FD starts from a
+   comparison stage on it (text-only comparisons in the teacher's words, merged);
 1. train the teacher (FD) and 2. the student (FIRE) with ``fire_jax.train``;
 3. fixed dialogues (Tables 2-3): the baseline as student and teacher, then FIRE student + FD teacher;
 4. free dialogues (Tables 4-6, Fig. 7): the baseline student with the FD teacher, then the FIRE student with
@@ -124,10 +125,9 @@ def _run(config, workdir: str) -> dict[str, Any]:
     print(f"\n== this machine: float32 matmul {rate:.0f} GFLOP/s (2048^3 under jax.jit)")
     start = time.perf_counter()
     seconds: dict[str, float] = {}  # each stage's wall time in this invocation (a resumed stage: its remainder)
-    baseline, teacher_dir = base_and_teacher(config, workdir, seconds)
+    baseline, fd = base_and_teacher(config, workdir, seconds)
     student_dir = _timed(seconds, "student", train_stage, config.student_train, os.path.join(workdir, "student"),
                          "student (FIRE)")
-    fd = dict(name="FD (ours)", init=baseline["init"], adapter=teacher_dir)
     fire = dict(name="FIRE (ours)", init=baseline["init"], adapter=student_dir)
     untrained_teacher = dict(baseline, name=f"{baseline['name']} teacher")
     out = os.path.join(workdir, "eval")
@@ -275,9 +275,10 @@ def _timed(seconds: dict | None, name: str, fn, *args, **kwargs):
             seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
 
 
-def base_and_teacher(config, workdir: str, seconds: dict | None = None) -> tuple[dict, str]:
-    """The baseline agent spec (training the base model when the config has one) and a trained FD teacher;
-    ``seconds`` gets each stage's wall time."""
+def base_and_teacher(config, workdir: str, seconds: dict | None = None) -> tuple[dict, dict]:
+    """The baseline agent spec (training the base model when the config has one) and the trained FD teacher's
+    (its comparison stage first when the config has one: the teacher's adapter then sits on that stage's merged
+    export); ``seconds`` gets each stage's wall time."""
     baseline = dict(config.baseline)
     if config.get("clip_train"):  # the base model's vision tower starts from a CLIP trained on captions
         clip_dir = _timed(seconds, "clip", train_stage, config.clip_train, os.path.join(workdir, "clip"),
@@ -287,11 +288,18 @@ def base_and_teacher(config, workdir: str, seconds: dict | None = None) -> tuple
         base_dir = _timed(seconds, "base", train_stage, config.base_train, os.path.join(workdir, "base"),
                           "base model (instruction data)")
         baseline["init"] = os.path.abspath(os.path.join(base_dir, "export", "hf_merged"))
-        for stage in (config.teacher_train, config.student_train):
-            stage.init.hf_checkpoint = baseline["init"]
+        for stage in (config.get("compare_train"), config.teacher_train, config.student_train):
+            if stage:
+                stage.init.hf_checkpoint = baseline["init"]
+    init = baseline["init"]
+    if config.get("compare_train"):  # the order of two values side by side, before the teacher's long prompt
+        compare_dir = _timed(seconds, "compare", train_stage, config.compare_train, os.path.join(workdir, "compare"),
+                             "comparison stage (the teacher's start)")
+        init = config.teacher_train.init.hf_checkpoint = os.path.abspath(os.path.join(compare_dir, "export",
+                                                                                      "hf_merged"))
     teacher_dir = _timed(seconds, "teacher", train_stage, config.teacher_train, os.path.join(workdir, "teacher"),
                          "teacher (FD)")
-    return baseline, teacher_dir
+    return baseline, dict(name="FD (ours)", init=init, adapter=teacher_dir)
 
 
 def data_size_ablation(config, workdir: str, sizes: list[int]) -> list[dict]:
@@ -305,8 +313,7 @@ def data_size_ablation(config, workdir: str, sizes: list[int]) -> list[dict]:
     if source not in config.student_train.data.sources:
         raise ValueError(f"ablation_source {source!r} is not a source of the student's data "
                          f"({sorted(config.student_train.data.sources)})")
-    baseline, teacher_dir = base_and_teacher(config, workdir)
-    fd = dict(name="FD (ours)", init=baseline["init"], adapter=teacher_dir)
+    baseline, fd = base_and_teacher(config, workdir)
     out = os.path.join(workdir, "eval")
     eval_stage(config.eval_free, os.path.join(out, "baseline_free"), student=baseline, teacher=fd)
     baseline_results = os.path.join(out, "baseline_free", "results.json")
