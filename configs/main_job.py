@@ -1,6 +1,7 @@
 # The whole FIRE pipeline: train FD (teacher) and FIRE (student), evaluate the baseline and the trained student in
 # fixed and free dialogues, print the paper-shaped tables.
-#   python -m fire_jax.run                                                   # SmolLM2-135M LLaVA, CPU, < 15 minutes
+#   python -m fire_jax.run                                                   # SmolLM2-135M LLaVA, CPU, ~20 minutes
+#   python -m fire_jax.run --config configs/main_job.py:smollm2,compare --workdir runs/compare   # FD from a comparison stage
 #   python -m fire_jax.run --config configs/main_job.py:tiny --workdir /tmp/fire_tiny   # from-scratch tiny, tests
 #   python -m fire_jax.run --config configs/main_job.py:8b --workdir /runs/fire_8b
 #   python -m fire_jax.run --config configs/main_job.py:8b,llava_n=100000 --workdir /runs/fire_8b   (configs/fire.py options)
@@ -10,9 +11,10 @@ arg "smollm2" (default): configs/smollm2_llava.py, a small LLaVA-NeXT on the pre
 the shipped synthetic FIRE set. As LLaVA's tower is a pretrained CLIP, a CLIP (configs/clip.py) is first trained
 on the captions of the training images; a base model is then trained on single-turn instruction data (question ->
 first answer: what a VLM knows before FIRE) from that CLIP's vision tower: the tower, a fresh connector, LoRA on the
-LLM. It is the baseline; FIRE starts from it (its LoRA merged) with a fresh LoRA adapter. FD starts from a comparison
-stage on it: text-only comparisons of a groundtruth with a wrong answer in the teacher's words, merged, then a fresh
-adapter on the teacher's turns.
+LLM. It is the baseline; FD and FIRE start from it (its LoRA merged) with fresh LoRA adapters.
+arg "smollm2,compare" (and "tiny,compare"): FD starts from a comparison stage on the base model instead (text-only
+comparisons of a groundtruth with a wrong answer in the teacher's words, merged), then a fresh adapter on teacher
+turns a quarter right at a constant lr.
 arg "tiny": the same stages (configs/clip.py:tiny first) on configs/tiny.py's from-scratch 2-layer model (seconds a stage: the tests' pipeline).
 A tiny model is too small for LoRA alone, so every weight trains (``train.trainable=(".*",)``).
 arg "8b[,key=value...]": FD-LLaVA and FIRE-LLaVA from configs/fire_teacher.py / fire_student.py (LoRA on the llava-hf
@@ -61,6 +63,7 @@ def _tiny_train(role: str):
 #: shipped comparisons.json, synthetic.comparison_records), merged, and the teacher's stage started from it. Through
 #: the teacher's own prompt, where some 150 tokens stand between the groundtruth and the answer, the LLM learns the
 #: order of two values only after a plateau of a hundred updates or more per task; side by side, within tens.
+#: Measured (docs/main_job.md): it teaches the counts' and bars' order, not the colours', for 6 minutes more.
 COMPARE_STEPS = 150
 #: The SmolLM2 stages: optimizer steps and examples a step. The teacher's verdict is two tokens of its twenty
 #: (the score and the feedback's first word), so it needs updates more than examples: 40 steps of 8 learned the
@@ -92,7 +95,13 @@ def _compare_train(train):
     return train
 
 
-def _smollm2(config) -> None:
+def _teacher_turns(compare: bool) -> str:
+    """The teacher's training turns: half of the answers right, or a quarter after a comparison stage (more
+    updates on wrong answers, where the direction is learned; docs/main_job.md)."""
+    return "teacher_turns_quarter_right.json" if compare else "teacher_turns.json"
+
+
+def _smollm2(config, compare: bool) -> None:
     config.clip_train = _load("clip.py")
     config.base_train = _smollm2_train("student", "base")
     config.base_train.init.vision_tower = ""  # set to the CLIP stage's export
@@ -101,12 +110,12 @@ def _smollm2(config) -> None:
     config.base_train.train.update(dict(trainable=VISION_PARTS, export_merged=True))
     # Instruction sequences are 110-148 SmolLM2 tokens: one bucket of 160, not 192 (a sixth less compute a step).
     config.base_train.data.buckets = (160,)
-    config.compare_train = _compare_train(_smollm2_train("student", "compare"))
-    # Comparisons are 80-95 SmolLM2 tokens with the system prompt: one bucket.
-    config.compare_train.data.buckets = (96,)
     config.teacher_train = _smollm2_train("teacher", "teacher")
-    # A constant lr: the direction comes at once after a plateau, which a decay to 0 would not leave the steps for.
-    config.teacher_train.train.lr_schedule = "constant"
+    if compare:
+        config.compare_train = _compare_train(_smollm2_train("student", "compare"))
+        config.compare_train.data.buckets = (96,)  # comparisons are 80-95 SmolLM2 tokens with the system prompt
+        # A constant lr: the direction comes at once after a plateau, which a decay to 0 leaves no steps for.
+        config.teacher_train.train.lr_schedule = "constant"
     # The teacher's 160 steps run its 30 layers unrolled: 2.47 s a step of 2 x 384 where the scanned layers take 2.79
     # on a 2-core Intel Xeon (the stacked weights are sliced out, and the scan's residuals written back, at every
     # layer), for 9 s more compiling per length (benchmarks/main_job_steps.py); the base's 20 steps break even, the
@@ -117,7 +126,7 @@ def _smollm2(config) -> None:
     # fill 80% of their padded columns where the shuffled order fills 56% (a third less compute a step).
     config.student_train.data.update(dict(group_by_length=8, buckets=(128, 160, 192, 256, 320, 384, 512)))
     config.teacher_train.data.teacher_history = "latest"  # as in free dialogues (see the tiny branch)
-    config.teacher_train.data.sources.synthetic.json = "assets:synthetic_fire/teacher_turns.json"
+    config.teacher_train.data.sources.synthetic.json = f"assets:synthetic_fire/{_teacher_turns(compare)}"
     model = _load("smollm2_llava.py")
     config.eval_fixed = _load("eval_fixed.py:tiny")
     config.eval_fixed.fixed.teacher_history = "latest"
@@ -137,11 +146,14 @@ def _smollm2(config) -> None:
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
     size, _, options = (arg or "smollm2").partition(",")
-    if size not in ("smollm2", "tiny", "8b") or (options and size != "8b"):
-        raise InputError(f"configs/main_job.py: arg must be 'smollm2', 'tiny' or '8b[,key=value...]', got {arg!r}")
+    compare = options == "compare" and size != "8b"
+    if size not in ("smollm2", "tiny", "8b") or (options and size != "8b" and not compare):
+        raise InputError(f"configs/main_job.py: arg must be 'smollm2[,compare]', 'tiny[,compare]' or "
+                         f"'8b[,key=value...]', got {arg!r}")
     config = ml_collections.ConfigDict()
+    config.compare_train = None  # FD's comparison stage: the ",compare" variants
     if size == "smollm2":
-        _smollm2(config)
+        _smollm2(config, compare)
     elif size == "tiny":
         # The base model: single-turn instruction data (question -> first answer), like LLaVA-NeXT before FIRE.
         config.clip_train = _load("clip.py:tiny")
@@ -150,13 +162,15 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.base_train.data.sources = dict(instruct=dict(json="assets:synthetic_fire/instruct.json",
                                                              image_root="assets:synthetic_fire/images"))
         config.base_train.train.export_merged = True  # FD and FIRE start from base/export/hf_merged
-        config.compare_train = _compare_train(_tiny_train("student"))  # FD starts from it (see the smollm2 branch)
-        config.compare_train.train.update(dict(total_steps=50, checkpoint_every=50))
         config.teacher_train, config.student_train = _tiny_train("teacher"), _tiny_train("student")
+        if compare:  # FD from a comparison stage, as in the smollm2 branch
+            config.compare_train = _compare_train(_tiny_train("student"))
+            config.compare_train.train.update(dict(total_steps=50, checkpoint_every=50))
+            config.teacher_train.train.lr_schedule = "constant"
         # The teacher learns f_k from r_k alone, every turn (assets' teacher_turns.json: one record per turn), as
         # free dialogues use it; under Eq. 6's full history the synthetic f_k follows from f_{k-1}.
         config.teacher_train.data.teacher_history = "latest"
-        config.teacher_train.data.sources.synthetic.json = "assets:synthetic_fire/teacher_turns.json"
+        config.teacher_train.data.sources.synthetic.json = f"assets:synthetic_fire/{_teacher_turns(compare)}"
         config.eval_fixed = _load("eval_fixed.py:tiny")
         config.eval_fixed.fixed.teacher_history = "latest"  # as trained
         config.eval_free = _load("eval_free.py:tiny")
@@ -173,7 +187,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.student_train = _load(f"fire_student.py:{options}")
         config.eval_fixed = _load("eval_fixed.py:8b")
         config.eval_free = _load("eval_free.py:8b")
-        config.clip_train = config.base_train = config.compare_train = None  # the llava-hf checkpoint is the base
+        config.clip_train = config.base_train = None  # the llava-hf checkpoint is the base
         config.baseline = dict(name="LLaVA-NeXT-8B", init=config.eval_free.student.init, adapter="")
         config.exact_teacher_runs = False  # no exact rule for real data
         config.ablation_source = _fire_module().ABLATION_SOURCE  # Fig. 6 subsamples FIRE-1M (configs/fire.py)

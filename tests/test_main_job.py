@@ -16,14 +16,14 @@ ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 
 def reduced_config(steps=12):
-    """configs/main_job.py:tiny at test scale. Every stage pads to one length bucket, so the three stages (and
+    """configs/main_job.py:tiny,compare at test scale (FD from a comparison stage: every stage). Every stage pads to one length bucket, so the three stages (and
     the ablation's and the retrained teacher's) run one step program, compiled once per run.
 
     The stages train on one device, as the main job does on a CPU: the suite's process has 8 host devices, and a
     mesh over them would split each batch of 8 into 8 shards and reduce the gradients across them. Their step
     is compiled at XLA's default level over the suite's LLVM -O0 (conftest): it runs 50 times a module, and a
     step of 8 x 768 tokens takes about half the time at the default level."""
-    config = load_config(os.path.join(ROOT, "configs", "main_job.py:tiny"))
+    config = load_config(os.path.join(ROOT, "configs", "main_job.py:tiny,compare"))
     config.clip_train.train.update(dict(total_steps=steps, checkpoint_every=100))
     config.clip_train.data.batch_size = config.clip_train.train.batch_size = 16
     for stage in (config.base_train, config.compare_train, config.teacher_train, config.student_train):

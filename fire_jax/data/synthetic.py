@@ -280,8 +280,9 @@ def write_synthetic_fire(out_dir: str, *, num_train: int = 720, num_test: int = 
     """Write ``train.json``, ``test.json``, ``instruct.json`` (the train questions as single-turn
     instruction data, :func:`instruction_records`), ``teacher_turns.json`` (:func:`turn_records` of the train
     set), ``captions.json`` (:func:`caption_records` of the train images: no test image is captioned) and
-    ``images/`` under ``out_dir``, and ``comparisons.json`` (:func:`comparison_records` of the train set: the
-    teacher's comparison stage); returns the JSON paths."""
+    ``images/`` under ``out_dir``, and for the teacher's comparison lineage ``comparisons.json``
+    (:func:`comparison_records` of the train set) and ``teacher_turns_quarter_right.json``; returns the JSON
+    paths."""
     os.makedirs(os.path.join(out_dir, "images"), exist_ok=True)
     paths = {}
     for split, num in (("train", num_train), ("test", num_test)):
@@ -294,7 +295,9 @@ def write_synthetic_fire(out_dir: str, *, num_train: int = 720, num_test: int = 
             paths["instruct"] = os.path.join(out_dir, "instruct.json")
             _write_json(paths["instruct"], instruction_records(records))
             paths["teacher_turns"] = os.path.join(out_dir, "teacher_turns.json")
-            _write_json(paths["teacher_turns"], turn_records(records, seed, right_share=TEACHER_RIGHT_SHARE))
+            _write_json(paths["teacher_turns"], turn_records(records, seed))
+            paths["teacher_turns_quarter_right"] = os.path.join(out_dir, "teacher_turns_quarter_right.json")
+            _write_json(paths["teacher_turns_quarter_right"], turn_records(records, seed, right_share=0.25))
             paths["comparisons"] = os.path.join(out_dir, "comparisons.json")
             _write_json(paths["comparisons"], comparison_records(records, seed))
             paths["captions"] = os.path.join(out_dir, "captions.json")
@@ -334,12 +337,6 @@ def wrong_value(task, truth: int, rng: random.Random) -> int:
     return truth + side * rng.choice([d for d in range(1, MAX_OFFSET + 1) if 0 <= truth + side * d < task.size])
 
 
-#: The share of right answers among the shipped teacher turns (``teacher_turns.json``). A quarter, not a half: the
-#: teacher learns equality from a few hundred examples and the direction only from many updates on wrong answers,
-#: and in free dialogues most answers it judges are wrong (docs/main_job.md).
-TEACHER_RIGHT_SHARE = 0.25
-
-
 def turn_records(records: list[dict], seed: int = 0, right_share: float = 0.5) -> list[dict]:
     """One teacher record per turn k of each conversation, id ``<id>_t<k>``: its first k (r, f) pairs, the
     answer of r_k redrawn so that only comparing it with the groundtruth tells f_k.
@@ -354,8 +351,10 @@ def turn_records(records: list[dict], seed: int = 0, right_share: float = 0.5) -
     So r_k's thought is drawn among the first one and both refined ones, apart from its answer, which is right
     with probability ``right_share``, else off on a side drawn uniformly among those the scale has room on, by a distance
     drawn uniformly among those that fit (1..MAX_OFFSET); f_k is :func:`exact_feedback`'s. The thought then
-    says nothing of the feedback. The shipped ``teacher_turns.json`` has ``right_share``
-    :data:`TEACHER_RIGHT_SHARE`.
+    says nothing of the feedback. The shipped ``teacher_turns.json`` has ``right_share`` 1/2, and
+    ``teacher_turns_quarter_right.json`` 1/4, for the teacher stage after a comparison stage
+    (``configs/main_job.py:smollm2,compare``): a teacher learns equality from a few hundred examples and the
+    direction only from many updates on wrong answers.
     """
     if not 0 <= right_share <= 1:
         raise ValueError(f"right_share must be in [0, 1], got {right_share}")
@@ -387,8 +386,8 @@ def comparison_records(records: list[dict], seed: int = 0, per_record: int = 2) 
     A pretrained LLM of 135M parameters orders no two values in context; through the teacher's own prompt, where
     the groundtruth comes some 150 tokens before the answer, its LoRA learns an order only after a plateau of a
     hundred updates or more per task. With the two values side by side the order comes within tens of updates.
-    The main job's comparison stage (``configs/main_job.py``, the shipped ``comparisons.json``) trains on these
-    before the teacher's stage, and ``experiments/teacher_order.py --warmup`` does the same on the reference side
+    The main job's comparison stage (``configs/main_job.py:smollm2,compare``, the shipped ``comparisons.json``)
+    trains on these before the teacher's stage, and ``experiments/teacher_order.py --warmup`` does the same on the reference side
     (docs/main_job.md).
     """
     rng = random.Random(f"{seed}/comparisons")
