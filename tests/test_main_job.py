@@ -286,3 +286,25 @@ def test_compile_cache_is_the_workdirs_for_the_job_and_a_cache_set_before_is_kep
         jax.config.update("jax_compilation_cache_dir", own)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", min_time)
         compilation_cache.reset_cache()
+
+
+def test_the_compare_variant_adds_fds_comparison_stage_and_the_default_has_none():
+    """configs/main_job.py:smollm2,compare: FD's comparison stage (150 steps of 8 on the shipped comparisons, its
+    export merged) and a teacher stage on the quarter-right turns at a constant lr; the default job has neither."""
+    from fire_jax.core.config import InputError
+
+    load = lambda arg: load_config(os.path.join(ROOT, "configs", f"main_job.py:{arg}"))
+    default, compare = load("smollm2"), load("smollm2,compare")
+    assert default.compare_train is None and default.teacher_train.train.lr_schedule == "cosine"
+    assert default.teacher_train.data.sources.synthetic.json == "assets:synthetic_fire/teacher_turns.json"
+    stage = compare.compare_train
+    assert (stage.train.total_steps, stage.train.batch_size, stage.data.buckets) == (150, 8, (96,))
+    assert stage.train.export_merged and stage.data.sources.to_dict() == {
+        "comparisons": {"json": "assets:synthetic_fire/comparisons.json"}}
+    assert compare.teacher_train.train.lr_schedule == "constant"
+    assert compare.teacher_train.data.sources.synthetic.json == "assets:synthetic_fire/teacher_turns_quarter_right.json"
+    assert compare.student_train.to_dict() == default.student_train.to_dict()
+    with pytest.raises(InputError, match=r"arg must be 'smollm2\[,compare\]', 'tiny\[,compare\]'"):
+        load("smollm2,other")
+    with pytest.raises(InputError, match="expected key=value, got 'compare'"):  # 8b's options are configs/fire.py's
+        load("8b,compare")
