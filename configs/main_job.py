@@ -88,17 +88,16 @@ def _smollm2_train(role: str, stage: str):
     return train
 
 
-def _compare_train(train):
-    """A student-role stage on the shipped comparisons (text only), its export merged: the teacher's start."""
-    train.data.sources = dict(comparisons=dict(json="assets:synthetic_fire/comparisons.json"))
-    train.train.export_merged = True
-    return train
-
-
-def _teacher_turns(compare: bool) -> str:
-    """The teacher's training turns: half of the answers right, or a quarter after a comparison stage (more
-    updates on wrong answers, where the direction is learned; docs/main_job.md)."""
-    return "teacher_turns_quarter_right.json" if compare else "teacher_turns.json"
+def _fd_from_comparisons(config, compare_train) -> None:
+    """FD's comparison lineage (the ",compare" variants): ``compare_train``, a student-role stage, on the shipped
+    comparisons (text only), its export merged, is the teacher's start; the teacher then trains on turns a quarter
+    right (more updates on wrong answers, where the direction is learned) at a constant lr (the direction comes at
+    once after a plateau, which a decay to 0 leaves no steps for). docs/main_job.md has the figures."""
+    compare_train.data.sources = dict(comparisons=dict(json="assets:synthetic_fire/comparisons.json"))
+    compare_train.train.export_merged = True
+    config.compare_train = compare_train
+    config.teacher_train.train.lr_schedule = "constant"
+    config.teacher_train.data.sources.synthetic.json = "assets:synthetic_fire/teacher_turns_quarter_right.json"
 
 
 def _smollm2(config, compare: bool) -> None:
@@ -111,11 +110,6 @@ def _smollm2(config, compare: bool) -> None:
     # Instruction sequences are 110-148 SmolLM2 tokens: one bucket of 160, not 192 (a sixth less compute a step).
     config.base_train.data.buckets = (160,)
     config.teacher_train = _smollm2_train("teacher", "teacher")
-    if compare:
-        config.compare_train = _compare_train(_smollm2_train("student", "compare"))
-        config.compare_train.data.buckets = (96,)  # comparisons are 80-95 SmolLM2 tokens with the system prompt
-        # A constant lr: the direction comes at once after a plateau, which a decay to 0 leaves no steps for.
-        config.teacher_train.train.lr_schedule = "constant"
     # The teacher's 160 steps run its 30 layers unrolled: 2.47 s a step of 2 x 384 where the scanned layers take 2.79
     # on a 2-core Intel Xeon (the stacked weights are sliced out, and the scan's residuals written back, at every
     # layer), for 9 s more compiling per length (benchmarks/main_job_steps.py); the base's 20 steps break even, the
@@ -126,7 +120,10 @@ def _smollm2(config, compare: bool) -> None:
     # fill 80% of their padded columns where the shuffled order fills 56% (a third less compute a step).
     config.student_train.data.update(dict(group_by_length=8, buckets=(128, 160, 192, 256, 320, 384, 512)))
     config.teacher_train.data.teacher_history = "latest"  # as in free dialogues (see the tiny branch)
-    config.teacher_train.data.sources.synthetic.json = f"assets:synthetic_fire/{_teacher_turns(compare)}"
+    config.teacher_train.data.sources.synthetic.json = "assets:synthetic_fire/teacher_turns.json"
+    if compare:
+        _fd_from_comparisons(config, _smollm2_train("student", "compare"))
+        config.compare_train.data.buckets = (96,)  # comparisons are 80-95 SmolLM2 tokens with the system prompt
     model = _load("smollm2_llava.py")
     config.eval_fixed = _load("eval_fixed.py:tiny")
     config.eval_fixed.fixed.teacher_history = "latest"
@@ -163,14 +160,13 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                                              image_root="assets:synthetic_fire/images"))
         config.base_train.train.export_merged = True  # FD and FIRE start from base/export/hf_merged
         config.teacher_train, config.student_train = _tiny_train("teacher"), _tiny_train("student")
-        if compare:  # FD from a comparison stage, as in the smollm2 branch
-            config.compare_train = _compare_train(_tiny_train("student"))
-            config.compare_train.train.update(dict(total_steps=50, checkpoint_every=50))
-            config.teacher_train.train.lr_schedule = "constant"
         # The teacher learns f_k from r_k alone, every turn (assets' teacher_turns.json: one record per turn), as
         # free dialogues use it; under Eq. 6's full history the synthetic f_k follows from f_{k-1}.
         config.teacher_train.data.teacher_history = "latest"
-        config.teacher_train.data.sources.synthetic.json = f"assets:synthetic_fire/{_teacher_turns(compare)}"
+        config.teacher_train.data.sources.synthetic.json = "assets:synthetic_fire/teacher_turns.json"
+        if compare:
+            _fd_from_comparisons(config, _tiny_train("student"))
+            config.compare_train.train.update(dict(total_steps=50, checkpoint_every=50))
         config.eval_fixed = _load("eval_fixed.py:tiny")
         config.eval_fixed.fixed.teacher_history = "latest"  # as trained
         config.eval_free = _load("eval_free.py:tiny")

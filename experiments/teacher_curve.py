@@ -21,10 +21,11 @@ training set's teacher turns drawn with a share ``--right_share`` of right answe
     python experiments/teacher_curve.py --run runs/smollm2 --out runs/teacher_compare \\
         --right_share 0.5 --batch 2 --steps 160 --lr_schedule cosine --every 80 --compare_steps 150   # ~20 minutes
 
-``--compare_steps N`` first runs the main job's comparison stage (``configs/main_job.py``'s ``compare_train``:
-the shipped text-only comparisons, "Groundtruth: ...\\nAnswer: ..." -> the rule's feedback) for N steps of
-``--compare_batch`` and starts the teacher stage from its merged export (under ``--out/compare``); without it
-the teacher stage starts from the base model. ``--b2`` sets AdamW's second-moment decay.
+``--compare_steps N`` first runs the main job's comparison stage (``compare_train`` of
+``configs/main_job.py:smollm2,compare``: the shipped text-only comparisons, "Groundtruth: ...\\nAnswer: ..." ->
+the rule's feedback) for N steps of ``--compare_batch`` and starts the teacher stage from its merged export
+(under ``--out/compare``); without it the teacher stage starts from the base model. ``--b2`` sets AdamW's
+second-moment decay.
 
 It prints one line per scored checkpoint and writes ``curve.json``, ``teacher_turns.json`` and each scored
 checkpoint's replies beside the rule's (``held_out_<step>.jsonl``) under ``--out``;
@@ -103,9 +104,9 @@ def main() -> None:
     parser.add_argument("--lr_schedule", choices=("constant", "cosine"), default="constant")
     parser.add_argument("--b2", type=float, default=None, help="AdamW's second-moment decay (default: the stage's)")
     parser.add_argument("--compare_steps", type=int, default=0,
-                        help="first this many steps of --compare_batch on text-only comparisons "
-                             "(synthetic.comparison_records: 'Groundtruth: ...\\nAnswer: ...' -> the rule's feedback; "
-                             "the student stage's LoRA), the teacher stage then starting from their merged export")
+                        help="first this many steps of --compare_batch of the main job's comparison stage "
+                             "(configs/main_job.py:smollm2,compare), the teacher stage then starting from its "
+                             "merged export")
     parser.add_argument("--compare_batch", type=int, default=8)
     parser.add_argument("--every", type=int, default=160, help="score a checkpoint every this many steps")
     parser.add_argument("--held_out", type=int, default=120, help="held-out turns scored")
@@ -136,7 +137,7 @@ def main() -> None:
     config = load_config(CONFIG)
     student_base = base
     if args.compare_steps:  # the main job's comparison stage, its steps and batch set here
-        compare = config.compare_train
+        compare = load_config(f"{CONFIG}:smollm2,compare").compare_train  # the default job has none
         compare.init.hf_checkpoint = base
         compare.data.update(dict(group_by_length=0, batch_size=args.compare_batch))
         compare.train.update(dict(total_steps=args.compare_steps, batch_size=args.compare_batch,

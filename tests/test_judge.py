@@ -252,6 +252,7 @@ def test_teacher_turns_right_share():
     with pytest.raises(ValueError, match="right_share"):
         synthetic.turn_records(dialogues, right_share=1.5)
 
+
 def test_comparisons_are_the_rules_feedback_beside_the_groundtruth():
     """The comparison records (the main job's comparison stage): two per training record, each a
     wrong answer on the groundtruth's scale, the groundtruth beside it in one user message and the rule's
@@ -282,7 +283,6 @@ def test_comparisons_are_the_rules_feedback_beside_the_groundtruth():
         scores[synthetic.exact_feedback(groundtruth, answer)[1]] += 1
     assert min(sides.values()) > 0.4 * len(records), sides
     assert set(scores) == {6, 4, 2, 1} and scores[10] == 0, scores
-
 
 
 def test_captions_say_what_was_drawn_on_training_images_only():

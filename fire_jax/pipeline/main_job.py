@@ -1,8 +1,8 @@
 """The main job end to end (FIRE, Sec. 5): train FD and FIRE, evaluate them against the baseline.
 
 0. (synthetic data) train a CLIP on the training images' captions, then a base model on single-turn
-   instruction data from its vision tower (LLaVA's lineage): the baseline, and where FIRE starts; FD starts from a
-   comparison stage on it (text-only comparisons in the teacher's words, merged);
+   instruction data from its vision tower (LLaVA's lineage): the baseline, and where FD and FIRE start (with a
+   ``compare_train`` stage, FD starts from its merged export instead: text-only comparisons in the teacher's words);
 1. train the teacher (FD) and 2. the student (FIRE) with ``fire_jax.train``;
 3. fixed dialogues (Tables 2-3): the baseline as student and teacher, then FIRE student + FD teacher;
 4. free dialogues (Tables 4-6, Fig. 7): the baseline student with the FD teacher, then the FIRE student with
