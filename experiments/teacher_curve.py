@@ -24,8 +24,10 @@ training set's teacher turns drawn with a share ``--right_share`` of right answe
 ``--compare_steps N`` first runs the main job's comparison stage (``compare_train`` of
 ``configs/main_job.py:smollm2,compare``: the shipped text-only comparisons, "Groundtruth: ...\\nAnswer: ..." ->
 the rule's feedback) for N steps of ``--compare_batch`` and starts the teacher stage from its merged export
-(under ``--out/compare``); without it the teacher stage starts from the base model. ``--b2`` sets AdamW's
-second-moment decay.
+(under ``--out/compare``); without it the teacher stage starts from the base model. ``--compare_uniform``
+draws the comparisons' wrong answers uniformly among each task's other values instead
+(``synthetic.comparison_records(..., uniform=True)``, written under ``--out``). ``--b2`` sets AdamW's
+second-moment decay, ``--lr`` the teacher stage's lr.
 
 It prints one line per scored checkpoint and writes ``curve.json``, ``teacher_turns.json`` and each scored
 checkpoint's replies beside the rule's (``held_out_<step>.jsonl``) under ``--out``;
@@ -103,11 +105,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--lr_schedule", choices=("constant", "cosine"), default="constant")
     parser.add_argument("--b2", type=float, default=None, help="AdamW's second-moment decay (default: the stage's)")
+    parser.add_argument("--lr", type=float, default=None, help="the teacher stage's peak lr (default: the stage's)")
     parser.add_argument("--compare_steps", type=int, default=0,
                         help="first this many steps of --compare_batch of the main job's comparison stage "
                              "(configs/main_job.py:smollm2,compare), the teacher stage then starting from its "
                              "merged export")
     parser.add_argument("--compare_batch", type=int, default=8)
+    parser.add_argument("--compare_uniform", action="store_true",
+                        help="the comparison stage's wrong answers drawn uniformly among each task's other values")
     parser.add_argument("--every", type=int, default=160, help="score a checkpoint every this many steps")
     parser.add_argument("--held_out", type=int, default=120, help="held-out turns scored")
     parser.add_argument("--free", action="store_true",
@@ -139,6 +144,12 @@ def main() -> None:
     if args.compare_steps:  # the main job's comparison stage, its steps and batch set here
         compare = load_config(f"{CONFIG}:smollm2,compare").compare_train  # the default job has none
         compare.init.hf_checkpoint = base
+        if args.compare_uniform:
+            with open(resolve_path("assets:synthetic_fire/train.json"), encoding="utf-8") as f:
+                uniform = synthetic.comparison_records(json.load(f), uniform=True)
+            compare.data.sources.comparisons.json = os.path.abspath(os.path.join(args.out, "comparisons_uniform.json"))
+            with open(compare.data.sources.comparisons.json, "w", encoding="utf-8") as f:
+                json.dump(uniform, f)
         compare.data.update(dict(group_by_length=0, batch_size=args.compare_batch))
         compare.train.update(dict(total_steps=args.compare_steps, batch_size=args.compare_batch,
                                   checkpoint_every=args.compare_steps))
@@ -152,6 +163,8 @@ def main() -> None:
                             checkpoint_every=args.every, keep_checkpoints=-(-args.steps // args.every)))
     if args.b2 is not None:
         stage.train.b2 = args.b2
+    if args.lr is not None:
+        stage.train.lr = args.lr
     train(stage, args.out)
 
     turns = held_out_turns(args.held_out)

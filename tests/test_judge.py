@@ -285,6 +285,31 @@ def test_comparisons_are_the_rules_feedback_beside_the_groundtruth():
     assert set(scores) == {6, 4, 2, 1} and scores[10] == 0, scores
 
 
+def test_uniform_comparisons_draw_every_other_value_alike():
+    """comparison_records(uniform=True): the wrong answer drawn among all the task's other values, so the
+    distance scores come more evenly than the first answers' distances give them (shipped: 625 of 1,440 are 6)."""
+    with open(os.path.join(ASSETS, "train.json")) as f:
+        dialogues = json.load(f)
+    records = synthetic.comparison_records(dialogues, seed=0, uniform=True)
+    assert records != synthetic.comparison_records(dialogues, seed=0)
+    pairs, scores = collections.Counter(), collections.Counter()
+    for record in records:
+        question, reply = (m["value"] for m in record["conversations"])
+        groundtruth, answer = question.removeprefix("Groundtruth: ").split("\nAnswer: ")
+        text, score = synthetic.exact_feedback(groundtruth, answer)
+        assert reply == text and score != 10
+        (task, truth), (_, given) = synthetic.parse_answer(groundtruth), synthetic.parse_answer(answer)
+        pairs[task, truth, given] += 1
+        scores[score] += 1
+    # Every ordered pair of two values occurs, counts 1..7 six apart too (distance 6 scores as 4 and over: 1).
+    assert len(pairs) == 7 * 6 + 5 * 4 + 6 * 5 and ("count", 0, 6) in pairs
+    assert scores == {6: 478, 4: 399, 2: 276, 1: 287}
+    with open(os.path.join(ASSETS, "comparisons.json")) as f:
+        shipped = collections.Counter(r["conversations"][1]["value"].split("\n")[0]
+                                      for r in json.load(f))
+    assert shipped["Score: 6."] == 625 > scores[6]
+
+
 def test_captions_say_what_was_drawn_on_training_images_only():
     with open(os.path.join(ASSETS, "captions.json")) as f:
         captions = {r["image"]: r["caption"] for r in json.load(f)}
@@ -470,3 +495,23 @@ def test_teacher_order_contrast_batches_differ_only_by_the_groundtruth():
             assert above == [True, False, True, False]
     assert {t for _, t, _ in module.batch_items([("count", t, 0) for t in (1, 2)], 4, True, rng)} == {1, 2}
     assert len(module.batch_items(items, 3, False, rng)) == 3
+
+
+def test_compare_probe_checks_every_ordered_pair_against_the_rule():
+    """experiments/compare_probe.py: 92 ordered pairs of two different values (counts 7 x 6, bars 5 x 4, colours
+    6 x 5); the rule's own replies pass both checks on all of them; "Score: 6." with "too high" to every pair
+    passes the direction exactly where the answer is above the groundtruth, and the distance score where it is
+    also one step off."""
+    module = _experiment("compare_probe")
+    todo = module.pairs()
+    assert len(todo) == len(set(todo)) == 42 + 20 + 30
+    assert ("count", "There are 1.", "There are 7.") in todo and ("color", "It is red.", "It is purple.") in todo
+    rows = module.checked(todo, [synthetic.exact_feedback(truth, answer)[0] for _, truth, answer in todo])
+    assert all(row["direction"] and row["distance"] for row in rows)
+    high = "Score: 6.\nFeedback: Your count is too high. Count them again.\n"
+    rows = module.checked(todo, [high] * len(todo))
+    counts = [row for row in rows if row["task"] == "count"]
+    assert sum(row["direction"] for row in counts) == 21  # the 21 pairs whose answer is the larger count
+    assert sum(row["distance"] for row in counts) == 12  # distance 1 scores 6: 6 pairs each side
+    assert sum(row["direction"] for row in rows if row["task"] != "count") == 0  # the count hint fits no other task
+    assert sum(row["distance"] for row in rows) == 12 + 8 + 10  # the score alone is checked: every distance-1 pair

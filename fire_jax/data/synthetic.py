@@ -377,11 +377,12 @@ def turn_records(records: list[dict], seed: int = 0, right_share: float = 0.5) -
     return out
 
 
-def comparison_records(records: list[dict], seed: int = 0, per_record: int = 2) -> list[dict]:
+def comparison_records(records: list[dict], seed: int = 0, per_record: int = 2, uniform: bool = False) -> list[dict]:
     """Text-only comparisons in the teacher's words, ``per_record`` for each record's groundtruth: the user message
     "Groundtruth: <groundtruth>\nAnswer: <answer>", the assistant the rule's feedback (:func:`exact_feedback`),
-    the answer wrong, off on a side and by a distance drawn as in :func:`turn_records`. No image, no question,
-    no instruction: the groundtruth stands beside the answer it judges.
+    the answer wrong, off on a side and by a distance drawn as in :func:`turn_records` (``uniform``: drawn
+    uniformly among the task's other values instead, so the four distance scores come more evenly). No image,
+    no question, no instruction: the groundtruth stands beside the answer it judges.
 
     A pretrained LLM of 135M parameters orders no two values in context; through the teacher's own prompt, where
     the groundtruth comes some 150 tokens before the answer, its LoRA learns an order only after a plateau of a
@@ -390,14 +391,17 @@ def comparison_records(records: list[dict], seed: int = 0, per_record: int = 2) 
     trains on these before the teacher's stage, and ``experiments/teacher_order.py --warmup`` does the same on the reference side
     (docs/main_job.md).
     """
-    rng = random.Random(f"{seed}/comparisons")
+    rng = random.Random(f"{seed}/comparisons" + ("/uniform" if uniform else ""))
     out = []
     for record in records:
         groundtruth = record["groundtruth"]["value"]
         name, truth = parse_answer(groundtruth)
         task = TASKS[name]()
         for j in range(per_record):
-            value = wrong_value(task, truth, rng)
+            if uniform:
+                value = rng.choice([v for v in range(task.size) if v != truth])
+            else:
+                value = wrong_value(task, truth, rng)
             text, _ = exact_feedback(groundtruth, task.answer(value))
             out.append({"id": f"{record['id']}_compare{j}", "source": record["source"], "split": "compare",
                         "conversations": [{"from": "human", "value": f"Groundtruth: {groundtruth}\nAnswer: "
