@@ -50,8 +50,9 @@ def probe(model_dir: str) -> list[dict]:
     from fire_jax.infer.loading import load
     from fire_jax.infer.sampling import SamplingParams
 
-    decode = load_config(CONFIG).eval_free.decode
-    loaded = load(model_config(load_config(CONFIG).eval_free), model_dir)
+    evaluation = load_config(CONFIG).eval_free  # the main job's free dialogues: their model and decode settings
+    decode = evaluation.decode
+    loaded = load(model_config(evaluation), model_dir)
     backend = InProcess(loaded.model, loaded.chat, SamplingParams.from_config(decode),
                         engine=EngineConfig.from_config(decode), batch_size=decode.batch_size,
                         description=loaded.description)
