@@ -26,8 +26,9 @@ training set's teacher turns drawn with a share ``--right_share`` of right answe
 the rule's feedback) for N steps of ``--compare_batch`` and starts the teacher stage from its merged export
 (under ``--out/compare``); without it the teacher stage starts from the base model. ``--compare_uniform``
 draws the comparisons' wrong answers uniformly among each task's other values instead
-(``synthetic.comparison_records(..., uniform=True)``, written under ``--out``). ``--b2`` sets AdamW's
-second-moment decay, ``--lr`` the teacher stage's lr.
+(``synthetic.comparison_records(..., uniform=True)``, written under ``--out``); ``--compare_mix W`` also
+mixes those comparisons into the teacher stage, a second source of weight W to the teacher turns' 1.
+``--b2`` sets AdamW's second-moment decay, ``--lr`` the teacher stage's lr.
 
 It prints one line per scored checkpoint and writes ``curve.json``, ``teacher_turns.json`` and each scored
 checkpoint's replies beside the rule's (``held_out_<step>.jsonl``) under ``--out``;
@@ -113,6 +114,9 @@ def main() -> None:
     parser.add_argument("--compare_batch", type=int, default=8)
     parser.add_argument("--compare_uniform", action="store_true",
                         help="the comparison stage's wrong answers drawn uniformly among each task's other values")
+    parser.add_argument("--compare_mix", type=float, default=0.0,
+                        help="also mix the comparisons into the teacher stage, at this weight against the teacher "
+                             "turns' 1 (0: none)")
     parser.add_argument("--every", type=int, default=160, help="score a checkpoint every this many steps")
     parser.add_argument("--held_out", type=int, default=120, help="held-out turns scored")
     parser.add_argument("--free", action="store_true",
@@ -141,15 +145,17 @@ def main() -> None:
 
     config = load_config(CONFIG)
     student_base = base
+    comparisons = load_config(f"{CONFIG}:smollm2,compare").compare_train.data.sources.comparisons
+    if args.compare_uniform:
+        with open(resolve_path("assets:synthetic_fire/train.json"), encoding="utf-8") as f:
+            uniform = synthetic.comparison_records(json.load(f), uniform=True)
+        comparisons.json = os.path.abspath(os.path.join(args.out, "comparisons_uniform.json"))
+        with open(comparisons.json, "w", encoding="utf-8") as f:
+            json.dump(uniform, f)
     if args.compare_steps:  # the main job's comparison stage, its steps and batch set here
         compare = load_config(f"{CONFIG}:smollm2,compare").compare_train  # the default job has none
         compare.init.hf_checkpoint = base
-        if args.compare_uniform:
-            with open(resolve_path("assets:synthetic_fire/train.json"), encoding="utf-8") as f:
-                uniform = synthetic.comparison_records(json.load(f), uniform=True)
-            compare.data.sources.comparisons.json = os.path.abspath(os.path.join(args.out, "comparisons_uniform.json"))
-            with open(compare.data.sources.comparisons.json, "w", encoding="utf-8") as f:
-                json.dump(uniform, f)
+        compare.data.sources.comparisons = comparisons
         compare.data.update(dict(group_by_length=0, batch_size=args.compare_batch))
         compare.train.update(dict(total_steps=args.compare_steps, batch_size=args.compare_batch,
                                   checkpoint_every=args.compare_steps))
@@ -158,6 +164,8 @@ def main() -> None:
     stage = config.teacher_train
     stage.init.hf_checkpoint = base
     stage.data.sources.synthetic.json = data
+    if args.compare_mix:  # comparisons are instruction records: the same messages under either role
+        stage.data.sources.comparisons = dict(comparisons.to_dict(), weight=args.compare_mix)
     stage.data.batch_size = args.batch
     stage.train.update(dict(total_steps=args.steps, batch_size=args.batch, lr_schedule=args.lr_schedule,
                             checkpoint_every=args.every, keep_checkpoints=-(-args.steps // args.every)))
