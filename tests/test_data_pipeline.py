@@ -12,6 +12,7 @@ from fire_jax.core.config import data_config as make_data_config
 from fire_jax.data import tfds_fire
 from fire_jax.data import pipeline as pipeline_lib
 from fire_jax.data.records import Conversation, Instruction, load_records
+from fire_jax.data.sources import open_source
 from fire_jax.data.sources import geometry_from_model_config
 from fire_jax.data.synthetic import synthesize
 from fire_jax.core.geometry import ImageGeometry, unpadded_size
@@ -357,3 +358,24 @@ def test_synthetic_data():
         assert [t.response.split("Answer: ")[1] == answer for t in record.turns] == \
             [False] * (len(record.turns) - 1) + [True]
         assert [t.score for t in record.turns][-1] == 10 and all(t.score < 10 for t in record.turns[:-1])
+
+
+def test_teacher_stage_mixes_comparisons_as_instructions():
+    """Text-only comparisons ("Groundtruth: ...\\nAnswer: ..." -> the rule's feedback) are instruction records: a
+    teacher's pipeline reads them as a second source beside the teacher turns, the same tokens under either
+    role, the reply alone labelled."""
+    comparisons = dict(json="assets:synthetic_fire/comparisons.json", weight=1.0)
+    turns = dict(json="assets:synthetic_fire/teacher_turns.json", image_root="assets:synthetic_fire/images")
+    pipeline = InputPipeline(data_config(role="teacher", teacher_history="latest", max_len=3072, buckets=(),
+                                         sources=dict(comparisons=comparisons, synthetic=turns)), TINY)
+    assert pipeline.source_sizes == {"comparisons": 1440, "synthetic": 1307}
+    ids = [i for batch in take(pipeline, 4) for i in batch["example_id"]]
+    assert {i.rsplit("_", 1)[1].rstrip("0123456789") for i in ids} == {"compare", "t"} and not pipeline.dropped
+    record, image = open_source(comparisons, on_bad_record="error")[0]
+    teacher, student = (pipeline_lib.Preprocessor("assets:tiny_tokenizer.json", TINY, role=role)
+                        for role in ("teacher", "student"))
+    a, b = teacher((record, image)), student((record, image))
+    np.testing.assert_array_equal(a["input_ids"], b["input_ids"])
+    np.testing.assert_array_equal(a["loss_mask"], b["loss_mask"])
+    assert image is None and teacher.chat.decode(a["input_ids"][a["loss_mask"] > 0]).startswith(
+        "Score: 2.\nFeedback: Your count is too high. Count them again.")
