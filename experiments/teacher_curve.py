@@ -26,9 +26,10 @@ training set's teacher turns drawn with a share ``--right_share`` of right answe
 the rule's feedback) for N steps of ``--compare_batch`` and starts the teacher stage from its merged export
 (under ``--out/compare``); without it the teacher stage starts from the base model. ``--compare_uniform``
 draws the comparisons' wrong answers uniformly among each task's other values instead
-(``synthetic.comparison_records(..., uniform=True)``, written under ``--out``); ``--compare_mix W`` also
-mixes those comparisons into the teacher stage, a second source of weight W to the teacher turns' 1.
-``--b2`` sets AdamW's second-moment decay, ``--lr`` the teacher stage's lr.
+(``synthetic.comparison_records(..., uniform=True)``, written under ``--out``), ``--compare_right S`` makes a
+share S of them judge the groundtruth itself (``right_share=S``: "Score: 10.\nFeedback: Correct! ...");
+``--compare_mix W`` also mixes those comparisons into the teacher stage, a second source of weight W to the
+teacher turns' 1. ``--b2`` sets AdamW's second-moment decay, ``--lr`` the teacher stage's lr.
 
 It prints one line per scored checkpoint and writes ``curve.json``, ``teacher_turns.json`` and each scored
 checkpoint's replies beside the rule's (``held_out_<step>.jsonl``) under ``--out``;
@@ -114,6 +115,8 @@ def main() -> None:
     parser.add_argument("--compare_batch", type=int, default=8)
     parser.add_argument("--compare_uniform", action="store_true",
                         help="the comparison stage's wrong answers drawn uniformly among each task's other values")
+    parser.add_argument("--compare_right", type=float, default=0.0,
+                        help="this share of the comparisons judge the groundtruth itself (the rule: 'Score: 10.')")
     parser.add_argument("--compare_mix", type=float, default=0.0,
                         help="also mix the comparisons into the teacher stage, at this weight against the teacher "
                              "turns' 1 (0: none)")
@@ -146,12 +149,14 @@ def main() -> None:
     config = load_config(CONFIG)
     student_base = base
     comparisons = load_config(f"{CONFIG}:smollm2,compare").compare_train.data.sources.comparisons
-    if args.compare_uniform:
+    if args.compare_uniform or args.compare_right:  # drawn here rather than the shipped file
         with open(resolve_path("assets:synthetic_fire/train.json"), encoding="utf-8") as f:
-            uniform = synthetic.comparison_records(json.load(f), uniform=True)
-        comparisons.json = os.path.abspath(os.path.join(args.out, "comparisons_uniform.json"))
+            drawn = synthetic.comparison_records(json.load(f), uniform=args.compare_uniform,
+                                                 right_share=args.compare_right)
+        name = "comparisons_uniform.json" if not args.compare_right else f"comparisons_right{args.compare_right}.json"
+        comparisons.json = os.path.abspath(os.path.join(args.out, name))
         with open(comparisons.json, "w", encoding="utf-8") as f:
-            json.dump(uniform, f)
+            json.dump(drawn, f)
     if args.compare_steps:  # the main job's comparison stage, its steps and batch set here
         compare = load_config(f"{CONFIG}:smollm2,compare").compare_train  # the default job has none
         compare.init.hf_checkpoint = base

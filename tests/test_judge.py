@@ -310,6 +310,24 @@ def test_uniform_comparisons_draw_every_other_value_alike():
     assert shipped["Score: 6."] == 625 > scores[6]
 
 
+def test_comparisons_with_a_share_of_right_answers():
+    """comparison_records(right_share=s): the groundtruth itself as the answer in about a share s of the
+    comparisons, with the rule's "Correct!" reply; every other one is wrong and scored by the rule."""
+    with open(os.path.join(ASSETS, "train.json")) as f:
+        dialogues = json.load(f)
+    records = synthetic.comparison_records(dialogues, seed=0, right_share=0.25)
+    scores = collections.Counter()
+    for record in records:
+        question, reply = (m["value"] for m in record["conversations"])
+        groundtruth, answer = question.removeprefix("Groundtruth: ").split("\nAnswer: ")
+        text, score = synthetic.exact_feedback(groundtruth, answer)
+        assert reply == text and (score == 10) == (answer == groundtruth)
+        scores[score] += 1
+    assert len(records) == 1440 and scores == {10: 363, 6: 464, 4: 289, 2: 200, 1: 124}
+    with pytest.raises(ValueError, match="right_share"):
+        synthetic.comparison_records(dialogues[:1], right_share=1.0)
+
+
 def test_captions_say_what_was_drawn_on_training_images_only():
     with open(os.path.join(ASSETS, "captions.json")) as f:
         captions = {r["image"]: r["caption"] for r in json.load(f)}

@@ -377,11 +377,13 @@ def turn_records(records: list[dict], seed: int = 0, right_share: float = 0.5) -
     return out
 
 
-def comparison_records(records: list[dict], seed: int = 0, per_record: int = 2, uniform: bool = False) -> list[dict]:
+def comparison_records(records: list[dict], seed: int = 0, per_record: int = 2, uniform: bool = False,
+                       right_share: float = 0.0) -> list[dict]:
     """Text-only comparisons in the teacher's words, ``per_record`` for each record's groundtruth: the user message
     "Groundtruth: <groundtruth>\nAnswer: <answer>", the assistant the rule's feedback (:func:`exact_feedback`),
     the answer wrong, off on a side and by a distance drawn as in :func:`turn_records` (``uniform``: drawn
-    uniformly among the task's other values instead, so the four distance scores come more evenly). No image,
+    uniformly among the task's other values instead, so the four distance scores come more evenly), or, with
+    probability ``right_share``, the groundtruth itself ("Score: 10.\nFeedback: Correct! ..."). No image,
     no question, no instruction: the groundtruth stands beside the answer it judges.
 
     A pretrained LLM of 135M parameters orders no two values in context; through the teacher's own prompt, where
@@ -391,14 +393,19 @@ def comparison_records(records: list[dict], seed: int = 0, per_record: int = 2, 
     trains on these before the teacher's stage, and ``experiments/teacher_order.py --warmup`` does the same on the reference side
     (docs/main_job.md).
     """
-    rng = random.Random(f"{seed}/comparisons" + ("/uniform" if uniform else ""))
+    if not 0 <= right_share < 1:
+        raise ValueError(f"right_share must be in [0, 1), got {right_share}")
+    rng = random.Random(f"{seed}/comparisons" + ("/uniform" if uniform else "")
+                        + (f"/right{right_share}" if right_share else ""))
     out = []
     for record in records:
         groundtruth = record["groundtruth"]["value"]
         name, truth = parse_answer(groundtruth)
         task = TASKS[name]()
         for j in range(per_record):
-            if uniform:
+            if right_share and rng.random() < right_share:
+                value = truth
+            elif uniform:
                 value = rng.choice([v for v in range(task.size) if v != truth])
             else:
                 value = wrong_value(task, truth, rng)
