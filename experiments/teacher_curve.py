@@ -148,19 +148,19 @@ def main() -> None:
 
     config = load_config(CONFIG)
     student_base = base
-    comparisons = load_config(f"{CONFIG}:smollm2,compare").compare_train.data.sources.comparisons
+    compare = load_config(f"{CONFIG}:smollm2,compare").compare_train  # the default job has none
+    comparisons = compare.data.sources.comparisons
     if args.compare_uniform or args.compare_right:  # drawn here rather than the shipped file
         with open(resolve_path("assets:synthetic_fire/train.json"), encoding="utf-8") as f:
             drawn = synthetic.comparison_records(json.load(f), uniform=args.compare_uniform,
                                                  right_share=args.compare_right)
-        name = "comparisons_uniform.json" if not args.compare_right else f"comparisons_right{args.compare_right}.json"
-        comparisons.json = os.path.abspath(os.path.join(args.out, name))
+        name = "comparisons" + ("_uniform" if args.compare_uniform else "") + (
+            f"_right{args.compare_right}" if args.compare_right else "")
+        comparisons.json = os.path.abspath(os.path.join(args.out, name + ".json"))
         with open(comparisons.json, "w", encoding="utf-8") as f:
             json.dump(drawn, f)
     if args.compare_steps:  # the main job's comparison stage, its steps and batch set here
-        compare = load_config(f"{CONFIG}:smollm2,compare").compare_train  # the default job has none
         compare.init.hf_checkpoint = base
-        compare.data.sources.comparisons = comparisons
         compare.data.update(dict(group_by_length=0, batch_size=args.compare_batch))
         compare.train.update(dict(total_steps=args.compare_steps, batch_size=args.compare_batch,
                                   checkpoint_every=args.compare_steps))
