@@ -29,7 +29,12 @@ draws the comparisons' wrong answers uniformly among each task's other values in
 (``synthetic.comparison_records(..., uniform=True)``, written under ``--out``), ``--compare_right S`` makes a
 share S of them judge the groundtruth itself (``right_share=S``: "Score: 10.\nFeedback: Correct! ...");
 ``--compare_mix W`` also mixes those comparisons into the teacher stage, a second source of weight W to the
-teacher turns' 1. ``--b2`` sets AdamW's second-moment decay, ``--lr`` the teacher stage's lr.
+teacher turns' 1. ``--continue_lora`` trains the comparison stage's own LoRA on in the teacher stage (on the base
+model, its Adam state fresh) instead of a fresh LoRA on its merged export. ``--short_share S`` renders a share S of
+the teacher's training turns short: no instruction message and the judged response cut to its "Answer:" line, so
+that the groundtruth stands a few tokens before the answer (the held-out turns keep the paper's prompt).
+``--start_adapter DIR`` continues another run's exported LoRA instead (a second phase of that run, on the
+same start model, with its own data and schedule). ``--b2`` sets AdamW's second-moment decay, ``--lr`` the teacher stage's lr.
 
 It prints one line per scored checkpoint and writes ``curve.json``, ``teacher_turns.json`` and each scored
 checkpoint's replies beside the rule's (``held_out_<step>.jsonl``) under ``--out``;
@@ -80,6 +85,43 @@ def score(turns: list[dict], feedback) -> dict:
     return dict(out, turns=len(turns))
 
 
+def continue_from(adapter: str) -> None:
+    """Start every model the train loop builds from here on with ``adapter``'s LoRA factors (a PEFT export)."""
+    from fire_jax.convert.hf import load_peft_adapter
+    from fire_jax.train import loop
+
+    build = loop.build_model
+
+    def build_model(config, *args, **kwargs):
+        return load_peft_adapter(build(config, *args, **kwargs), adapter)
+
+    loop.build_model = build_model
+    print(f"the teacher stage continues the LoRA of {adapter}")
+
+
+def shorten(turns: list[dict], share: float) -> None:
+    """Render a share of ``turns`` (drawn per id) short in the teacher stage's sequences: no instruction message, the
+    judged response cut to its "Answer:" line; the groundtruth then stands a few tokens before the answer."""
+    import dataclasses
+    import random
+
+    from fire_jax.data import chat as chat_lib
+
+    short = {t["id"] for t in turns if random.Random(f"{t['id']}/short").random() < share}
+    full = chat_lib.teacher_messages
+
+    def teacher_messages(conv, *, history="full", until_turn=None):
+        messages = full(conv, history=history, until_turn=until_turn)
+        if conv.id not in short:
+            return messages
+        messages = [m for m in messages if m.text != chat_lib.TEACHER_INSTRUCTION]
+        return [dataclasses.replace(m, text="Answer:" + m.text.split("\nAnswer:", 1)[1])
+                if m.role == "user" and "\nAnswer:" in m.text else m for m in messages]
+
+    chat_lib.teacher_messages = teacher_messages
+    print(f"{len(short)} of {len(turns)} training turns rendered short")
+
+
 def teacher_at(eval_config, base: str, workdir: str, step: int):
     """The FD teacher of ``workdir``'s checkpoint at ``step`` on ``base``, decoding as the main job's evaluations."""
     from fire_jax.eval.fire_bench import model_config
@@ -117,9 +159,18 @@ def main() -> None:
                         help="the comparison stage's wrong answers drawn uniformly among each task's other values")
     parser.add_argument("--compare_right", type=float, default=0.0,
                         help="this share of the comparisons judge the groundtruth itself (the rule: 'Score: 10.')")
+    parser.add_argument("--continue_lora", action="store_true",
+                        help="the teacher stage continues the comparison stage's LoRA on the base model instead of a "
+                             "fresh LoRA on its merged export")
+    parser.add_argument("--start_adapter", default="",
+                        help="a PEFT adapter folder (another run's export/peft_adapter) whose LoRA the teacher stage "
+                             "continues, on the model it would start from: a second phase of that run")
     parser.add_argument("--compare_mix", type=float, default=0.0,
                         help="also mix the comparisons into the teacher stage, at this weight against the teacher "
                              "turns' 1 (0: none)")
+    parser.add_argument("--short_share", type=float, default=0.0,
+                        help="render this share of the training turns short: no instruction message, the judged "
+                             "response cut to its Answer line (the same image, question, groundtruth and feedback)")
     parser.add_argument("--every", type=int, default=160, help="score a checkpoint every this many steps")
     parser.add_argument("--held_out", type=int, default=120, help="held-out turns scored")
     parser.add_argument("--free", action="store_true",
@@ -165,7 +216,12 @@ def main() -> None:
         compare.train.update(dict(total_steps=args.compare_steps, batch_size=args.compare_batch,
                                   checkpoint_every=args.compare_steps))
         train(compare, os.path.join(args.out, "compare"))
-        base = os.path.abspath(os.path.join(args.out, "compare", "export", "hf_merged"))
+        if args.continue_lora:
+            continue_from(os.path.join(args.out, "compare", "export", "peft_adapter"))
+        else:
+            base = os.path.abspath(os.path.join(args.out, "compare", "export", "hf_merged"))
+    if args.start_adapter:
+        continue_from(os.path.abspath(args.start_adapter))
     stage = config.teacher_train
     stage.init.hf_checkpoint = base
     stage.data.sources.synthetic.json = data
@@ -178,6 +234,8 @@ def main() -> None:
         stage.train.b2 = args.b2
     if args.lr is not None:
         stage.train.lr = args.lr
+    if args.short_share:
+        shorten(turns, args.short_share)
     train(stage, args.out)
 
     turns = held_out_turns(args.held_out)
