@@ -34,7 +34,8 @@ model, its Adam state fresh) instead of a fresh LoRA on its merged export. ``--s
 the teacher's training turns short: no instruction message and the judged response cut to its "Answer:" line, so
 that the groundtruth stands a few tokens before the answer (the held-out turns keep the paper's prompt).
 ``--start_adapter DIR`` continues another run's exported LoRA instead (a second phase of that run, on the
-same start model, with its own data and schedule). ``--b2`` sets AdamW's second-moment decay, ``--lr`` the teacher stage's lr.
+same start model, with its own data and schedule). ``--b2`` sets AdamW's second-moment decay, ``--lr`` the
+teacher stage's lr.
 
 It prints one line per scored checkpoint and writes ``curve.json``, ``teacher_turns.json`` and each scored
 checkpoint's replies beside the rule's (``held_out_<step>.jsonl``) under ``--out``;
@@ -179,6 +180,8 @@ def main() -> None:
     args = parser.parse_args()
     if not 0 < args.right_share < 1:
         parser.error(f"--right_share must be between 0 and 1, got {args.right_share}")
+    if not 0 <= args.short_share < 1:
+        parser.error(f"--short_share must be in [0, 1), got {args.short_share}")
 
     from fire_jax.core.config import load_config, resolve_path
     from fire_jax.data import synthetic
