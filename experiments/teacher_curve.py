@@ -107,6 +107,7 @@ def shorten(turns: list[dict], share: float) -> None:
     import random
 
     from fire_jax.data import chat as chat_lib
+    from fire_jax.infer.agents import answer_of
 
     short = {t["id"] for t in turns if random.Random(f"{t['id']}/short").random() < share}
     full = chat_lib.teacher_messages
@@ -116,7 +117,7 @@ def shorten(turns: list[dict], share: float) -> None:
         if conv.id not in short:
             return messages
         messages = [m for m in messages if m.text != chat_lib.TEACHER_INSTRUCTION]
-        return [dataclasses.replace(m, text="Answer:" + m.text.split("\nAnswer:", 1)[1])
+        return [dataclasses.replace(m, text=f"Answer: {answer_of(m.text)}")
                 if m.role == "user" and "\nAnswer:" in m.text else m for m in messages]
 
     chat_lib.teacher_messages = teacher_messages

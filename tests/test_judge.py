@@ -510,12 +510,14 @@ def test_teacher_curve_short_renders_drop_the_instruction_and_the_thought(monkey
     module = _experiment("teacher_curve")
     with open(resolve_path("assets:synthetic_fire/train.json"), encoding="utf-8") as f:
         turns = synthetic.turn_records(json.load(f)[:100], seed=0, right_share=0.25)
-    full = {t["id"]: chat.training_messages(parse_record(t, default_id="x"), "teacher", teacher_history="latest")
-            for t in turns}
+    def render(turn):
+        return chat.training_messages(parse_record(turn, default_id="x"), "teacher", teacher_history="latest")
+
+    full = {t["id"]: render(t) for t in turns}
     module.shorten(turns, 0.5)
     short = 0
     for t in turns:
-        messages = chat.training_messages(parse_record(t, default_id="x"), "teacher", teacher_history="latest")
+        messages = render(t)
         before = full[t["id"]]
         assert [m.text for m in before][1] == chat.TEACHER_INSTRUCTION and len(before) == 4
         if len(messages) == 4:
@@ -527,12 +529,10 @@ def test_teacher_curve_short_renders_drop_the_instruction_and_the_thought(monkey
         assert messages[1].role == "user" and messages[1].text == f"Answer: {answer_of(response)}"
         assert messages[2] == before[3] and messages[2].turn > 0  # the feedback, labelled as before
     assert 0.35 * len(turns) < short < 0.65 * len(turns), short
-    chosen = {t["id"] for t in turns
-              if len(chat.training_messages(parse_record(t, default_id="x"), "teacher", teacher_history="latest")) == 3}
+    chosen = {t["id"] for t in turns if len(render(t)) == 3}
     monkeypatch.setattr(chat, "teacher_messages", original)
     _experiment("teacher_curve").shorten(turns, 0.5)  # a rerun: the same turns
-    assert {t["id"] for t in turns if len(chat.training_messages(parse_record(t, default_id="x"), "teacher",
-                                                                 teacher_history="latest")) == 3} == chosen
+    assert {t["id"] for t in turns if len(render(t)) == 3} == chosen
 
 
 def test_teacher_order_contrast_batches_differ_only_by_the_groundtruth():
