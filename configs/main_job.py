@@ -10,8 +10,9 @@
 arg "smollm2" (default): configs/smollm2_llava.py, a small LLaVA-NeXT on the pretrained SmolLM2-135M-Instruct, on
 the shipped synthetic FIRE set. As LLaVA's tower is a pretrained CLIP, a CLIP (configs/clip.py) is first trained
 on the captions of the training images; a base model is then trained on single-turn instruction data (question ->
-first answer: what a VLM knows before FIRE) from that CLIP's vision tower: the tower, a fresh connector, LoRA on the
-LLM. It is the baseline; FD and FIRE start from it (its LoRA merged) with fresh LoRA adapters.
+right answer: what a VLM knows before FIRE) from that CLIP's vision tower: the tower, a fresh connector, LoRA on the
+LLM, on the right answers (the groundtruth in the first turn's words). It is the baseline; FD and FIRE start from it
+(its LoRA merged) with fresh LoRA adapters.
 arg "smollm2,compare" (and "tiny,compare"): FD starts from a comparison stage on the base model instead (text-only
 comparisons of a groundtruth with a wrong answer in the teacher's words, merged), then a fresh adapter on teacher
 turns a quarter right at a constant lr.
@@ -65,11 +66,12 @@ def _tiny_train(role: str):
 #: order of two values only after a plateau of a hundred updates or more per task; side by side, within tens.
 #: Measured (docs/main_job.md): it teaches the counts' and bars' order, not the colours', for 6 minutes more.
 COMPARE_STEPS = 150
-#: The SmolLM2 stages: optimizer steps and examples a step. The teacher's verdict is two tokens of its twenty
+#: The SmolLM2 stages: optimizer steps and examples a step. The base stage learns to read the tower from right
+#: answers, one informative token a sequence (the answer's value): updates more than examples. The teacher's verdict is two tokens of its twenty
 #: (the score and the feedback's first word), so it needs updates more than examples: 40 steps of 8 learned the
 #: format and the prior ("Score: 10. Correct!" to every answer: agreement 0.52 on fixed dialogues), 160 steps
 #: of 2 (the same 320 examples) learned the comparison with the groundtruth (agreement 0.97).
-SMOLLM2_STAGES = dict(base=dict(steps=20, batch=8), compare=dict(steps=COMPARE_STEPS, batch=8),
+SMOLLM2_STAGES = dict(base=dict(steps=80, batch=4), compare=dict(steps=COMPARE_STEPS, batch=8),
                       teacher=dict(steps=160, batch=2), student=dict(steps=32, batch=8))
 #: What the base stage trains besides LoRA: the fresh connector and image_newline, the CLIP stage's tower frozen
 #: (LLaVA-1.5's instruction stage; regexes over "/"-joined parameter paths, as
@@ -152,7 +154,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     if size == "smollm2":
         _smollm2(config, compare)
     elif size == "tiny":
-        # The base model: single-turn instruction data (question -> first answer), like LLaVA-NeXT before FIRE.
+        # The base model: single-turn instruction data (question -> right answer), like LLaVA-NeXT before FIRE.
         config.clip_train = _load("clip.py:tiny")
         config.base_train = _tiny_train("student")
         config.base_train.init.vision_tower = ""  # set to the CLIP stage's export

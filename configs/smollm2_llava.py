@@ -32,11 +32,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.seed = 0
     config.init = ml_collections.ConfigDict(dict(gguf=MODEL, hf_checkpoint=""))
     config.model = ml_collections.ConfigDict(dict(
-        vision=dict(image_size=32, patch_size=8, width=128, layers=2, heads=4, mlp_dim=512, feature_layer=-2),
+        vision=dict(image_size=64, patch_size=16, width=128, layers=3, heads=4, mlp_dim=512, feature_layer=-2),
         llm=SMOLLM2_135M,
         lora=dict(rank=32, alpha=64.0, dropout=0.0, targets=("q", "k", "v", "o"), train_layers=0),
         image_token_id=49152,
-        image_grid_pinpoints=((32, 64), (64, 32)),
+        image_grid_pinpoints=((64, 128), (128, 64)),
         image_mode="anyres",
         pad_newline=False,
         remat="none",

@@ -5,6 +5,16 @@ A source is a JSON list of ``{"id", "image", "caption"}`` records (the synthetic
 tile (bicubic, as LLaVA-NeXT's whole-image tile 0) and CLIP-normalised; each caption is tokenized and ends in
 the text tower's end token, padded after it. Batches are full (a contrastive batch's negatives are the other
 pairs in it), reshuffled every epoch from ``data.seed``; the position is JSON state for checkpoints.
+
+Two options make the batches a vision stage's for a LLaVA rather than a plain CLIP's:
+
+- ``data.views="anyres"`` with ``data.image_grid_pinpoints``: each image also as the LLaVA that will read the
+  tower tiles it (the whole-image tile and the any-resolution grid, :func:`fire_jax.data.images.tiles`), with
+  ``feature_index``, the positions of the features LLaVA places in its sequence (unpadded, image_newline
+  left out; -1 pads), so a loss can be put on exactly what the LLM will see;
+- ``data.facts=True``: ``facts``, the classes :func:`fire_jax.data.synthetic.caption_facts` reads from each
+  caption (how many of each coloured shape, which bar is the tallest), targets of auxiliary heads that a
+  contrastive loss alone leaves unlearned: a batch of 64 captions is told apart by the colours drawn alone.
 """
 
 from __future__ import annotations
@@ -18,50 +28,69 @@ from typing import Any, Mapping
 import numpy as np
 
 from fire_jax.core.config import InputError, resolve_path
-from fire_jax.data.images import _resize, load_image, normalise
+from fire_jax.core.geometry import ImageGeometry
+from fire_jax.data.images import _resize, load_image, normalise, tiles
 
 
 class CaptionPipeline:
     """The training loop's data interface (as :class:`fire_jax.data.pipeline.InputPipeline`) over captions."""
 
-    def __init__(self, config: Mapping[str, Any], image_size: int, *, eos_token_id: int, process_count: int = 1):
+    def __init__(self, config: Mapping[str, Any], image_size: int, *, eos_token_id: int, process_count: int = 1,
+                 patch_size: int = 0):
         from tokenizers import Tokenizer
+
+        from fire_jax.data.synthetic import caption_facts
 
         if process_count != 1:
             raise ValueError("CLIP training runs in one process (its contrastive batch is not split over hosts)")
         self.batch_size, self.max_len = int(config["batch_size"]), int(config["max_len"])
         self.seed, self.num_epochs = int(config.get("seed", 0)), int(config.get("num_epochs") or 0)
         tokenizer = Tokenizer.from_file(resolve_path(config["tokenizer"]))
-        pixels, ids = [], []
+        views, self.with_facts = config.get("views", "tile"), bool(config.get("facts", False))
+        if views not in ("tile", "anyres"):
+            raise InputError(f"data.views must be 'tile' or 'anyres', got {views!r}")
+        geometry = None
+        if views == "anyres":
+            if not config.get("image_grid_pinpoints") or not patch_size:
+                raise InputError("data.views='anyres' needs data.image_grid_pinpoints (the LLaVA's) and the "
+                                 "tower's patch size")
+            geometry = ImageGeometry(tile_size=image_size, patch_size=patch_size,
+                                     pinpoints=tuple(map(tuple, config["image_grid_pinpoints"])))
+        pixels, ids, views_pixels, indices, facts = [], [], [], [], []
         self.source_sizes, self.stated_sizes = {}, {}
         for name, source in config["sources"].items():
-            path, root = resolve_path(source["json"]), resolve_path(source["image_root"])
-            with open(path, encoding="utf-8") as f:
-                records = json.load(f)
-            for i, record in enumerate(records):
-                for field in ("image", "caption"):
-                    if not isinstance(record.get(field), str) or not record[field]:
-                        raise InputError(f"{path}: record {i} ({record.get('id', '?')}): field {field!r} must be a "
-                                         f"non-empty string")
+            for where, record, image in _source_records(name, source):
                 tokens = tokenizer.encode(record["caption"], add_special_tokens=False).ids + [eos_token_id]
                 if len(tokens) > self.max_len:
-                    raise InputError(f"{path}: record {i} ({record.get('id', '?')}): caption of {len(tokens)} "
-                                     f"tokens, data.max_len is {self.max_len}")
+                    raise InputError(f"{where}: caption of {len(tokens)} tokens, data.max_len is {self.max_len}")
                 ids.append(tokens)
-                image_path = os.path.join(root, record["image"])
-                if not os.path.isfile(image_path):
-                    raise InputError(f"{path}: record {i} ({record.get('id', '?')}): field 'image': no file "
-                                     f"{image_path}")
-                image = load_image(image_path)
-                pixels.append(normalise(_resize(image, (image_size, image_size))[None])[0])
-            self.source_sizes[name] = len(records)
+                pixels.append(_resize(image, (image_size, image_size)))  # uint8: normalised a batch at a time
+                if geometry is not None:
+                    views_pixels.append(tiles(image, geometry)[0])
+                    index = geometry.feature_index((image.height, image.width))
+                    indices.append(index[index >= 0])  # image_newline (-2) is the LLM's, not the tower's
+                if self.with_facts:
+                    try:
+                        facts.append(caption_facts(record["caption"]))
+                    except ValueError as e:
+                        raise InputError(f"{where}: field 'caption': {e}") from None
+                self.source_sizes[name] = self.source_sizes.get(name, 0) + 1
         if len(ids) < self.batch_size:
             raise InputError(f"data: {len(ids)} captions, fewer than one batch of {self.batch_size}")
-        self.pixel_values = np.stack(pixels)
+        self.pixel_values = np.stack(pixels)  # [n, t, t, 3] uint8
         self.input_ids = np.zeros((len(ids), max(map(len, ids))), np.int32)  # padding after the end token
         for i, tokens in enumerate(ids):
             self.input_ids[i, :len(tokens)] = tokens
         self.lengths = np.array([len(t) for t in ids])
+        self.extra: dict[str, np.ndarray] = {}
+        if geometry is not None:  # [n, max_tiles, t, t, 3] uint8 (zero tiles pad) and [n, max_tokens] (-1 pads)
+            self.extra["view_pixels"] = np.zeros((len(ids), geometry.max_tiles, *pixels[0].shape), np.uint8)
+            self.extra["feature_index"] = np.full((len(ids), max(map(len, indices))), -1, np.int32)
+            for i, (v, index) in enumerate(zip(views_pixels, indices)):
+                self.extra["view_pixels"][i, :len(v)] = v
+                self.extra["feature_index"][i, :len(index)] = index
+        if self.with_facts:
+            self.extra["facts"] = np.asarray(facts, np.int32)
         self.num_examples, self.process_count = len(ids), 1
         self.bad_records, self.dropped = collections.Counter(), collections.Counter()
         self.epoch, self.position = 0, 0
@@ -85,8 +114,14 @@ class CaptionPipeline:
             raise StopIteration
         rows = self._order()[self.position:self.position + self.batch_size]
         self.position += self.batch_size
-        return {"pixel_values": self.pixel_values[rows], "input_ids": self.input_ids[rows],
-                "attention_mask": (np.arange(self.input_ids.shape[1])[None] < self.lengths[rows, None]).astype(np.int32)}
+        batch = {"pixel_values": normalise(self.pixel_values[rows]), "input_ids": self.input_ids[rows],
+                 "attention_mask": (np.arange(self.input_ids.shape[1])[None] < self.lengths[rows, None]).astype(np.int32),
+                 **{k: v[rows] for k, v in self.extra.items()}}
+        if "view_pixels" in batch:
+            views = batch["view_pixels"]
+            batch["view_pixels"] = normalise(views.reshape(-1, *views.shape[2:])).reshape(
+                *views.shape[:2], 3, *views.shape[2:4])
+        return batch
 
     def get_state(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "position": self.position}
@@ -99,3 +134,30 @@ class CaptionPipeline:
 
     def report(self) -> str:
         return f"captions: {self.num_examples:,} pairs, epoch {self.epoch}, {self.position:,} read in it"
+
+
+def _source_records(name: str, source: Mapping[str, Any]):
+    """(where, record, PIL image) of one source: a JSON list of ``{"id", "image", "caption"}`` under
+    ``image_root``, or ``{"generate": N, "seed": S}``: N images the synthetic set's generator draws afresh with
+    their captions (:func:`fire_jax.data.synthetic.synthesize`, under a split name of their own, so never a test
+    image), as many as a vision stage needs to learn what is drawn rather than which of 720 images it sees."""
+    if "generate" in source:  # 0: none (a config's way to leave the source out)
+        from fire_jax.data.synthetic import synthesize
+
+        records, images, captions = synthesize(int(source["generate"]), int(source.get("seed", 0)), f"vision_{name}")
+        for i, record in enumerate(records):
+            yield (f"{name}: generated image {i}", {"id": record["id"], "caption": captions[record["image"]]},
+                   images[record["image"]])
+        return
+    path, root = resolve_path(source["json"]), resolve_path(source["image_root"])
+    with open(path, encoding="utf-8") as f:
+        records = json.load(f)
+    for i, record in enumerate(records):
+        where = f"{path}: record {i} ({record.get('id', '?')})"
+        for field in ("image", "caption"):
+            if not isinstance(record.get(field), str) or not record[field]:
+                raise InputError(f"{where}: field {field!r} must be a non-empty string")
+        image_path = os.path.join(root, record["image"])
+        if not os.path.isfile(image_path):
+            raise InputError(f"{where}: field 'image': no file {image_path}")
+        yield where, record, load_image(image_path)

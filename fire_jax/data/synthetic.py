@@ -312,15 +312,50 @@ def _write_json(path: str, records: list[dict]) -> None:
 
 
 def instruction_records(records: list[dict]) -> list[dict]:
-    """LLaVA-665K-style single-turn records (question -> first answer) from FIRE records.
+    """LLaVA-665K-style single-turn records (question -> the right answer) from FIRE records.
 
-    What an instruction-tuned VLM is trained on before FIRE: answering, never
-    refining from feedback. The tiny pipeline's base model (its baseline) learns from these.
+    What an instruction-tuned VLM is trained on before FIRE: answering, never refining from feedback, and from
+    the truth, as LLaVA's instruction data are. The answer is the first turn's wording (its thought, then
+    "Answer: " and the groundtruth); the dialogues' first answers, wrong about half the time, belong to FIRE's
+    dialogues, not to what the base model learns to see. The main job's base model (its baseline) learns from
+    these.
     """
-    return [{"id": f"{r['id']}_instruct", "image": r["image"], "source": r["source"], "split": "instruct",
-             "conversations": [{"from": "human", "value": "<image>\n" + r["question"]["value"]},
-                               {"from": "gpt", "value": r["conversations"][0]["value"]}]}
-            for r in records]
+    out = []
+    for r in records:
+        name, truth = parse_answer(r["groundtruth"]["value"])
+        task = TASKS[name]()
+        out.append({"id": f"{r['id']}_instruct", "image": r["image"], "source": r["source"], "split": "instruct",
+                    "conversations": [{"from": "human", "value": "<image>\n" + r["question"]["value"]},
+                                      {"from": "gpt", "value": response(task.first_thought(), task.answer(truth))}]})
+    return out
+
+
+#: What :func:`caption_facts` reads from a caption, as (head name, classes): the count (0..MAX_COUNT) of every
+#: (colour, shape) on a shapes image, then the tallest of the bars on a bars image. The vision stage's auxiliary
+#: targets (``configs/clip.py``) and the tower probe (``experiments/vision_probe.py``) read the same heads.
+FACT_HEADS = tuple((f"count {color} {shape}", MAX_COUNT + 1) for color in RAINBOW for shape in SHAPES) + (
+    ("tallest bar", NUM_BARS),)
+IGNORE = -1  # a head that does not apply to an image (a count on a bars image, the tallest bar on a shapes image)
+
+
+def caption_facts(caption: str) -> list[int]:
+    """The facts a caption of :func:`synthesize` states, one class per head of :data:`FACT_HEADS` (``IGNORE`` where
+    the head does not apply): "2 red circles and 1 blue square." -> count red circle 2, blue square 1, every other
+    (colour, shape) 0, tallest bar IGNORE; "Five red bars, ...; bar 3 is the tallest." -> every count IGNORE,
+    tallest bar 2 (0-based). Raises ValueError on a caption of another form."""
+    facts = [IGNORE] * len(FACT_HEADS)
+    bars = re.fullmatch(r"Five \w+ bars, .* percent high from the left; bar (\d) is the tallest\.", caption)
+    if bars:
+        facts[-1] = int(bars.group(1)) - 1
+        return facts
+    counts = dict.fromkeys(((c, s) for c in RAINBOW for s in SHAPES), 0)
+    for part in re.split(r", | and ", caption.rstrip(".")):
+        match = re.fullmatch(r"(\d+) (\w+) (\w+?)s?", part)
+        if not match or (match.group(2), match.group(3)) not in counts:
+            raise ValueError(f"not a synthetic caption: {caption!r} (at {part!r})")
+        counts[match.group(2), match.group(3)] = min(int(match.group(1)), MAX_COUNT)
+    facts[:-1] = list(counts.values())
+    return facts
 
 
 def caption_records(records: list[dict], captions: Mapping[str, str]) -> list[dict]:

@@ -14,6 +14,7 @@ over those scores.
 from __future__ import annotations
 
 import jax
+import numpy as np
 import jax.numpy as jnp
 from flax import nnx
 
@@ -179,6 +180,27 @@ class CLIPModel(nnx.Module):
         self.text_projection = Linear(cfg.text.width, cfg.projection_dim, axes=("vision_embed", None),
                                       param_dtype=param_dtype, rngs=rngs)
         self.logit_scale = nnx.Param(jnp.asarray(cfg.logit_scale_init, param_dtype))
+        if cfg.fact_classes:
+            self.fact_heads = Linear(cfg.vision.width * (1 + cfg.vision.num_patches), sum(cfg.fact_classes), axes=("vision_embed", None), bias=True,
+                                     param_dtype=param_dtype, rngs=rngs)
+
+    def fact_logits(self, view_pixels: jax.Array, feature_index: jax.Array) -> list[jax.Array]:
+        """The auxiliary heads' logits from what a LLaVA reads of each image: ``view_pixels`` ``[n, tiles, 3, H,
+        W]`` (its any-resolution tiles), ``feature_index`` ``[n, k]`` (the features it places, -1 pads; as
+        :meth:`fire_jax.core.geometry.ImageGeometry.feature_index`). The tower's features at the layer LLaVA
+        reads are averaged over those positions and go through one linear map; returns one ``[n, classes]``
+        array per head of ``cfg.fact_classes``. A fact a linear map reads from the average is one the LLM can
+        read by attending to the image's tokens."""
+        n, tiles = view_pixels.shape[:2]
+        features = self.vision_tower(view_pixels.reshape(n * tiles, *view_pixels.shape[2:]))
+        features = features.reshape(n, -1, features.shape[-1])  # [n, tiles * patches, width]
+        valid = (feature_index >= 0)[..., None].astype(features.dtype)
+        picked = jnp.take_along_axis(features, jnp.maximum(feature_index, 0)[..., None], axis=1) * valid
+        pooled = picked.sum(1) / jnp.maximum(valid.sum(1), 1.0)
+        base = features[:, :self.cfg.vision.num_patches].reshape(n, -1)  # the whole-image tile, patch by patch
+        logits = self.fact_heads(jnp.concatenate([pooled, base], -1)).astype(jnp.float32)
+        bounds = [int(b) for b in np.cumsum(self.cfg.fact_classes)[:-1]]
+        return jnp.split(logits, bounds, axis=-1)
 
     def image_embeds(self, pixel_values: jax.Array) -> jax.Array:
         """``[n, 3, H, W]`` -> unit-norm ``[n, projection_dim]``."""
@@ -197,6 +219,21 @@ class CLIPModel(nnx.Module):
 
 def _unit(x: jax.Array) -> jax.Array:
     return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def fact_loss(logits: list[jax.Array], facts: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Cross-entropy of each auxiliary head against ``facts`` ``[n, heads]`` (-1: the head does not apply to that
+    image), averaged over the (image, head) pairs that apply; and each pair's correctness ``[n, heads]`` (False
+    where it does not apply)."""
+    nll, correct = [], []
+    for h, head in enumerate(logits):
+        target = jnp.maximum(facts[:, h], 0)
+        logp = jax.nn.log_softmax(head, axis=-1)
+        nll.append(-jnp.take_along_axis(logp, target[:, None], axis=-1)[:, 0])
+        correct.append(jnp.argmax(head, axis=-1) == target)
+    applies = facts >= 0
+    nll = jnp.where(applies, jnp.stack(nll, 1), 0.0)
+    return nll.sum() / jnp.maximum(applies.sum(), 1), jnp.stack(correct, 1) & applies
 
 
 def contrastive_loss(logits_per_image: jax.Array) -> jax.Array:

@@ -95,6 +95,9 @@ class CLIPConfig:
     text: CLIPTextConfig = CLIPTextConfig()
     projection_dim: int = 512
     logit_scale_init: float = 2.6592
+    #: Auxiliary heads on the features LLaVA reads (a vision stage's, ``configs/clip.py``): the classes of each,
+    #: as ``fire_jax.data.synthetic.FACT_HEADS``; () for a plain CLIP. Training only: never exported.
+    fact_classes: tuple = ()
     dtype: str = "float32"
     param_dtype: str = "float32"
     attention: str = "auto"
@@ -106,6 +109,7 @@ class CLIPConfig:
         cfg.pop("kind", None)
         sub = {"vision": VisionConfig, "text": CLIPTextConfig}
         kwargs = {k: _build(sub[k], v, f"model.{k}") if k in sub else v for k, v in cfg.items()}
+        kwargs["fact_classes"] = tuple(int(c) for c in kwargs.get("fact_classes", ()))
         return _build(cls, kwargs, "model")
 
 

@@ -167,7 +167,8 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
     model = build_model(config, mesh, rules) if config.train.get("shard_init") else build_model(config)
     if isinstance(model, CLIPModel):  # image-caption pairs and the contrastive loss (configs/clip.py)
         pipeline = CaptionPipeline(config.data, model.cfg.vision.image_size,
-                                   eos_token_id=model.cfg.text.eos_token_id, process_count=jax.process_count())
+                                   eos_token_id=model.cfg.text.eos_token_id, process_count=jax.process_count(),
+                                   patch_size=model.cfg.vision.patch_size)
     else:
         pipeline = InputPipeline(config.data, model.cfg.geometry, image_token_id=model.cfg.image_token_id,
                                  process_index=jax.process_index(), process_count=jax.process_count(),

@@ -22,11 +22,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from fire_jax.core.config import InputError
 from fire_jax.runtime.build import check_trainable, trainable_filter
 from fire_jax.models import LlavaNext
-from fire_jax.models.clip import CLIPModel, contrastive_loss
+from fire_jax.models.clip import CLIPModel, contrastive_loss, fact_loss
 from fire_jax.runtime.sharding import DEFAULT_RULES, activation_sharding, batch_sharding, state_shardings
 from fire_jax.train import loss as losses
 
-BATCH_KEYS = ("input_ids", "attention_mask", "loss_mask", "turn_ids", "pixel_values", "image_index")
+BATCH_KEYS = ("input_ids", "attention_mask", "loss_mask", "turn_ids", "pixel_values", "image_index",
+              "view_pixels", "feature_index", "facts")  # the last three: a vision stage's (data/captions.py)
 
 
 def make_optimizer(cfg, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -120,9 +121,19 @@ class Trainer:
         model = nnx.merge(self.graphdef, params, frozen)
         logits = model(batch["pixel_values"], batch["input_ids"])
         labels = jnp.arange(logits.shape[0])
-        return contrastive_loss(logits), {"image_to_text_accuracy": jnp.mean(jnp.argmax(logits, 1) == labels),
-                                          "text_to_image_accuracy": jnp.mean(jnp.argmax(logits, 0) == labels),
-                                          "temperature": 1 / jnp.exp(model.logit_scale[...])}
+        loss = contrastive_loss(logits)
+        metrics = {"image_to_text_accuracy": jnp.mean(jnp.argmax(logits, 1) == labels),
+                   "text_to_image_accuracy": jnp.mean(jnp.argmax(logits, 0) == labels),
+                   "temperature": 1 / jnp.exp(model.logit_scale[...]), "contrastive_loss": loss}
+        if "facts" in batch:  # a vision stage's auxiliary heads on the features LLaVA reads (configs/clip.py)
+            facts = batch["facts"]
+            aux, correct = fact_loss(model.fact_logits(batch["view_pixels"], batch["feature_index"]), facts)
+            loss = loss + self.loss_cfg.get("fact_weight", 1.0) * aux
+            applies = facts >= 0
+            metrics.update(fact_loss=aux, fact_accuracy=correct.sum() / jnp.maximum(applies.sum(), 1),
+                           # the last head apart (the synthetic set's: the tallest bar), the rest pooled
+                           last_fact_accuracy=correct[:, -1].sum() / jnp.maximum(applies[:, -1].sum(), 1))
+        return loss, metrics
 
     def _step_body(self, state: TrainState, frozen, batch, rng):
         if self.contrastive:  # one batch: its negatives are the other pairs in it, so no accumulation
