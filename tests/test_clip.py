@@ -135,4 +135,4 @@ def test_bad_caption_record_is_one_input_error(tmp_path, record, message):
     config = load_config("configs/clip.py:tiny").data
     config.sources = dict(captions=dict(json=str(path), image_root=str(tmp_path)))
     with pytest.raises(InputError, match=re.escape(f"{path}: {message}")):
-        CaptionPipeline(config, 32, eos_token_id=1)
+        CaptionPipeline(config, 32, eos_token_id=1, patch_size=8)

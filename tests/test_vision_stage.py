@@ -1,0 +1,190 @@
+"""The vision stage that must see: facts read from captions, the LLaVA's views, the auxiliary heads' loss, the tower
+probe (experiments/vision_probe.py), and the base stage's instruction data on right answers."""
+
+import importlib.util
+import json
+import math
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fire_jax.core.config import load_config
+from fire_jax.data.synthetic import FACT_HEADS, IGNORE, caption_facts
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ASSETS = os.path.join(ROOT, "fire_jax", "assets", "synthetic_fire")
+
+
+def _probe_module():
+    spec = importlib.util.spec_from_file_location("vision_probe", os.path.join(ROOT, "experiments", "vision_probe.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _head(color, shape):
+    return [name for name, _ in FACT_HEADS].index(f"count {color} {shape}")
+
+
+def test_caption_facts_hand_read():
+    facts = caption_facts("2 red circles, 1 blue square and 1 green triangle.")
+    assert facts[_head("red", "circle")] == 2 and facts[_head("blue", "square")] == 1
+    assert facts[_head("green", "triangle")] == 1 and facts[_head("red", "square")] == 0
+    assert sum(facts[:-1]) == 4 and facts[-1] == IGNORE
+    facts = caption_facts("Five green bars, 52, 71, 77, 54 and 75 percent high from the left; bar 3 is the tallest.")
+    assert facts[-1] == 2 and set(facts[:-1]) == {IGNORE}
+    with pytest.raises(ValueError, match="not a synthetic caption"):
+        caption_facts("2 red hexagons.")
+
+
+def test_every_shipped_caption_agrees_with_its_question():
+    """Each training caption's facts answer its record's question with the groundtruth."""
+    from fire_jax.data.synthetic import RAINBOW, parse_answer
+
+    with open(os.path.join(ASSETS, "captions.json")) as f:
+        captions = {r["image"]: r["caption"] for r in json.load(f)}
+    with open(os.path.join(ASSETS, "train.json")) as f:
+        train = json.load(f)
+    for record in train:
+        facts = caption_facts(captions[record["image"]])
+        task, truth = parse_answer(record["groundtruth"]["value"])
+        question = record["question"]["value"]
+        if task == "bars":
+            assert facts[-1] == truth
+        elif task == "count":
+            color, shape = question.split("How many ")[1].split(" are")[0].split()
+            assert facts[_head(color, shape.rstrip("s"))] == truth + 1
+        else:
+            shape = question.split("the ")[-1].rstrip("?")
+            assert facts[_head(RAINBOW[truth], shape)] >= 1
+
+
+def test_fact_classes_of_the_config_are_the_heads():
+    assert tuple(load_config("configs/clip.py").model.fact_classes) == tuple(c for _, c in FACT_HEADS)
+
+
+def test_fact_loss_hand_computed():
+    from fire_jax.models.clip import fact_loss
+
+    # Two images, heads of 2 and 3 classes; image 1's second head does not apply.
+    logits = [jnp.array([[1.0, 0.0], [0.0, 2.0]]), jnp.array([[0.0, 0.0, math.log(2)], [5.0, 0.0, 0.0]])]
+    facts = jnp.array([[0, 2], [1, -1]])
+    nll = [-math.log(math.e / (math.e + 1)), -math.log(2 / 4), -math.log(math.e ** 2 / (1 + math.e ** 2))]
+    loss, correct = fact_loss(logits, facts)
+    assert float(loss) == pytest.approx(sum(nll) / 3, rel=1e-6)
+    assert np.asarray(correct).tolist() == [[True, True], [True, False]]
+
+
+def test_caption_batches_carry_the_llava_views_and_facts():
+    """configs/clip.py:tiny reads the tiny LLaVA's any-resolution tiles and the caption facts; a generated source
+    draws fresh images under a split name of its own, the same ones for the same seed."""
+    from fire_jax.core.geometry import ImageGeometry
+    from fire_jax.data.captions import CaptionPipeline
+
+    config = load_config("configs/clip.py:tiny")
+    config.data.sources = dict(generated=dict(generate=16, seed=3))
+    config.data.batch_size = 8
+    vision = config.model.vision
+    pipeline = CaptionPipeline(config.data, vision.image_size, eos_token_id=1, patch_size=vision.patch_size)
+    batch = next(pipeline)
+    geometry = ImageGeometry(tile_size=vision.image_size, patch_size=vision.patch_size,
+                             pinpoints=tuple(map(tuple, config.data.image_grid_pinpoints)))
+    assert batch["view_pixels"].shape == (8, geometry.max_tiles, 3, vision.image_size, vision.image_size)
+    assert batch["view_pixels"].dtype == np.float32 and batch["pixel_values"].shape == (8, 3, 32, 32)
+    assert batch["facts"].shape == (8, len(FACT_HEADS))
+    counts = (batch["feature_index"] >= 0).sum(1)
+    # Each image's feature positions: LLaVA's tokens for it less its image_newlines.
+    from fire_jax.data.synthetic import synthesize
+
+    records, images, captions = synthesize(16, 3, "vision_generated")
+    sizes = {i: (images[r["image"]].height, images[r["image"]].width) for i, r in enumerate(records)}
+    expected = {i: int((geometry.feature_index(s) >= 0).sum()) for i, s in sizes.items()}
+    assert sorted(counts.tolist()) == sorted(expected[i] for i in pipeline._order()[:8])
+    again = CaptionPipeline(config.data, vision.image_size, eos_token_id=1, patch_size=vision.patch_size)
+    assert np.array_equal(next(again)["facts"], batch["facts"])
+    with open(os.path.join(ASSETS, "test.json")) as f:
+        test_images = {r["image"] for r in json.load(f)}
+    assert not test_images & {r["image"] for r in records} and records[0]["image"].startswith("vision_generated")
+
+
+def test_clip_with_fact_heads_trains_and_exports_without_them(tmp_path):
+    """A few steps of the tiny vision stage: the auxiliary loss falls, and the export is a plain CLIPModel."""
+    from fire_jax.convert.clip import load_clip_checkpoint
+    from fire_jax.train.loop import train
+
+    config = load_config("configs/clip.py:tiny")
+    config.data.batch_size = config.train.batch_size = 16
+    config.data.sources.generated.generate = 64
+    config.train.update(total_steps=12, checkpoint_every=12, lr=3e-3)
+    summary = train(config, str(tmp_path))
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert rows[-1]["fact_loss"] < rows[0]["fact_loss"]
+    assert summary["step"] == 12
+    clip = load_clip_checkpoint(str(tmp_path / "export" / "clip"))
+    assert not hasattr(clip, "fact_heads")
+
+
+def test_instruction_records_answer_the_groundtruth():
+    """The base stage learns what it sees from right answers: every shipped instruction record's answer is its
+    record's groundtruth, in the first turn's words."""
+    with open(os.path.join(ASSETS, "instruct.json")) as f:
+        instruct = json.load(f)
+    with open(os.path.join(ASSETS, "train.json")) as f:
+        train = {r["id"]: r for r in json.load(f)}
+    assert len(instruct) == len(train) == 720
+    for record in instruct:
+        source = train[record["id"][:-len("_instruct")]]
+        thought, answer = record["conversations"][1]["value"].split("\nAnswer: ")
+        assert answer.strip() == source["groundtruth"]["value"]
+        assert thought == source["conversations"][0]["value"].split("\nAnswer: ")[0]
+
+
+def test_probe_reads_each_question_from_its_head():
+    probe = _probe_module()
+    with open(os.path.join(ASSETS, "test.json")) as f:
+        records = json.load(f)[:6]  # count, bars, colour, twice
+    n = len(records)
+    probs = [np.full((n, c), 1.0 / c) for _, c in FACT_HEADS]
+    from fire_jax.data.synthetic import RAINBOW, SHAPES, parse_answer
+
+    for i, record in enumerate(records):  # put the truth in the head the question names
+        task, truth = parse_answer(record["groundtruth"]["value"])
+        question = record["question"]["value"]
+        if task == "bars":
+            probs[-1][i] = np.eye(5)[truth]
+        elif task == "count":
+            color, shape = question.split("How many ")[1].split(" are")[0].split()
+            probs[RAINBOW.index(color) * 3 + SHAPES.index(shape.rstrip("s"))][i] = np.eye(8)[truth + 1]
+        else:
+            shape = question.split("the ")[-1].rstrip("?")
+            probs[truth * 3 + SHAPES.index(shape)][i] = np.eye(8)[1]
+    assert probe.answer_accuracy(probs, records) == {"bars": 1.0, "color": 1.0, "count": 1.0}
+
+
+def test_probe_on_a_tiny_tower():
+    """The probe's features on the tiny LLaVA's tower at random: one vector a test image, the averaged features
+    beside the whole-image tile's; its regression separates facts the features carry."""
+    from flax import nnx
+
+    from fire_jax.core.geometry import ImageGeometry
+    from fire_jax.models.clip import CLIPVisionTower
+    from fire_jax.models.config import VisionConfig
+
+    probe = _probe_module()
+    model = load_config("configs/tiny.py").model
+    vision = VisionConfig(**model.vision.to_dict())
+    geometry = ImageGeometry(tile_size=vision.image_size, patch_size=vision.patch_size,
+                             pinpoints=tuple(map(tuple, model.image_grid_pinpoints)))
+    records, images = probe.load_split("test")
+    tower = CLIPVisionTower(vision, dtype=jnp.float32, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
+    features = probe.tower_features(tower, geometry, images[:12])
+    assert features.shape == (12, vision.width * (1 + geometry.tokens_per_tile))
+    assert np.isfinite(features).all() and np.std(features[:, 0]) > 0
+    # The regression: facts that are a linear function of the features are read back exactly.
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 6)).astype(np.float32)
+    facts = np.stack([np.argmax(x[:, :3], 1), np.argmax(x[:, 3:], 1)], 1).astype(np.int32)
+    predict = probe.fit_heads(x, facts, [3, 3])
+    assert all((p.argmax(1) == facts[:, h]).mean() > 0.9 for h, p in enumerate(predict(x)))
