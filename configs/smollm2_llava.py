@@ -7,9 +7,10 @@
   or a .gguf path): Llama architecture, 30 layers, dim 576, 9 / 3 heads, RoPE base 100000, tied embeddings.
   The vocabulary gets one row more for ``<image>`` (id 49152), as llava-hf appends it; the tie is kept.
 - Chat template: the file's own (ChatML), through ``tokenizer_config.json`` beside the tokenizer.
-- Vision: a CLIP-style ViT (pre-LN, quick_gelu) on 32 px tiles of 8 px patches, 16 tokens a tile, trained from
+- Vision: a CLIP-style ViT (pre-LN, quick_gelu, 3 layers, the second read) on 64 px tiles of 16 px patches, 16
+  tokens a tile (every synthetic image fits its grid at its own size or larger), trained from
   scratch: no pretrained CLIP is reachable here, and the synthetic images are a few dozen pixels wide.
-- anyres over 32 x 64 / 64 x 32 canvases (a base tile + a 1 x 2 or 2 x 1 grid, unpadded, image_newline), the
+- anyres over 64 x 128 / 128 x 64 canvases (a base tile + a 1 x 2 or 2 x 1 grid, unpadded, image_newline), the
   2-layer GELU connector.
 - LoRA rank 32 on the attention projections q, k, v, o, no dropout. The paper's q, k only (Sec. 5.1) is
   ``--config.model.lora.targets="('q','k')"``; v and o let the few hundred examples a CPU budget allows move
