@@ -39,6 +39,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.init = ml_collections.ConfigDict(dict(clip_checkpoint=""))
     config.model = ml_collections.ConfigDict(dict(kind="clip", vision=vision, text=TEXT, projection_dim=64,
                                                   logit_scale_init=2.6592, fact_classes=FACT_CLASSES,
+                                                  fact_pooling="tile",
                                                   dtype="float32", param_dtype="float32"))
     config.data = ml_collections.ConfigDict(dict(
         tokenizer="assets:tiny_tokenizer.json",

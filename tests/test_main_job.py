@@ -26,7 +26,8 @@ def reduced_config(steps=12):
     config = load_config(os.path.join(ROOT, "configs", "main_job.py:tiny,compare"))
     config.clip_train.train.update(dict(total_steps=steps, checkpoint_every=100))
     config.clip_train.data.batch_size = config.clip_train.train.batch_size = 16
-    for stage in (config.base_train, config.compare_train, config.teacher_train, config.student_train):
+    for stage in (config.align_train, config.base_train, config.compare_train, config.teacher_train,
+                  config.student_train):
         stage.train.total_steps = steps
         stage.train.checkpoint_every = 100
         stage.train.xla_options = (("xla_backend_optimization_level", 2),)
@@ -53,9 +54,9 @@ def test_pipeline_writes_every_table_and_plot(pipeline_run):
         assert "(paper)" in open(os.path.join(workdir, "eval", name, "results.md")).read()
     figures = [os.path.join(workdir, p) for p in summary["figures"]]
     assert len(figures) == 15 and all(os.path.getsize(p) > 1000 for p in figures)
-    for stage in ("clip", "base", "compare", "teacher", "student"):
+    for stage in ("clip", "align", "base", "compare", "teacher", "student"):
         assert os.listdir(os.path.join(workdir, stage, "checkpoints")) == ["12"]
-    for stage in ("base", "compare"):
+    for stage in ("align", "base", "compare"):
         assert os.path.exists(os.path.join(workdir, stage, "export", "hf_merged", "config.json"))
     # FIRE starts from the base model; the comparison stage too, on the shipped comparisons alone; FD from its export
     init = lambda stage: json.load(open(os.path.join(workdir, stage, "config.json")))["init"]["hf_checkpoint"]
@@ -65,14 +66,20 @@ def test_pipeline_writes_every_table_and_plot(pipeline_run):
     assert list(compared) == ["comparisons"] and compared["comparisons"]["json"].endswith("comparisons.json")
     fd = json.load(open(os.path.join(workdir, "eval", "fire_free", "results.json")))["teacher"]
     assert fd["init"] == compare and fd["adapter"] == os.path.join(workdir, "teacher")
-    # the base model's vision tower started from the CLIP stage's (the base stage then trains it further)
+    # the alignment stage's vision tower started from the CLIP stage's, and the base model from its export
     clip = os.path.join(workdir, "clip", "export", "clip")
-    assert json.load(open(os.path.join(workdir, "base", "config.json")))["init"]["vision_tower"] == os.path.abspath(clip)
+    assert json.load(open(os.path.join(workdir, "align", "config.json")))["init"]["vision_tower"] == os.path.abspath(clip)
+    assert init("base") == os.path.abspath(os.path.join(workdir, "align", "export", "hf_merged"))
+    aligned = json.load(open(os.path.join(workdir, "align", "config.json")))["data"]["sources"]
+    assert list(aligned) == ["captions"] and aligned["captions"]["json"].endswith("caption_chats.json")
     clip_losses = [json.loads(line)["loss"] for line in open(os.path.join(workdir, "clip", "metrics.jsonl"))]
     assert len(clip_losses) == 12 and clip_losses[-1] < clip_losses[0]
     assert json.load(open(os.path.join(workdir, "summary.json"))) == json.loads(json.dumps(summary))
     timing = json.load(open(os.path.join(workdir, "timing.json")))
-    assert list(timing["stage_seconds"]) == ["clip", "base", "compare", "teacher", "student", "baseline_fixed", "fire_fixed",
+    # the budget's measure: minutes x the matmul rate (rounded to a GFLOP/s in the file)
+    assert abs(timing["gflops_minutes"] - timing["minutes"] * timing["matmul_gflops"]) <= timing["minutes"] / 2 + 1
+    assert timing["budget_gflops_minutes"] == 6000
+    assert list(timing["stage_seconds"]) == ["clip", "align", "base", "compare", "teacher", "student", "baseline_fixed", "fire_fixed",
                                              "baseline_free", "fire_free", "baseline_free_exact", "fire_free_exact"]
     assert 0 < sum(timing["stage_seconds"].values()) <= 60 * timing["minutes"] + 1
 

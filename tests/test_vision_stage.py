@@ -69,12 +69,17 @@ def test_fact_loss_hand_computed():
     from fire_jax.models.clip import fact_loss
 
     # Two images, heads of 2 and 3 classes; image 1's second head does not apply.
-    logits = [jnp.array([[1.0, 0.0], [0.0, 2.0]]), jnp.array([[0.0, 0.0, math.log(2)], [5.0, 0.0, 0.0]])]
+    logits = [jnp.array([[1.0, 0.0], [0.0, 2.0]])[:, None], jnp.array([[0.0, 0.0, math.log(2)], [5.0, 0.0, 0.0]])[:, None]]
     facts = jnp.array([[0, 2], [1, -1]])
     nll = [-math.log(math.e / (math.e + 1)), -math.log(2 / 4), -math.log(math.e ** 2 / (1 + math.e ** 2))]
     loss, correct = fact_loss(logits, facts)
     assert float(loss) == pytest.approx(sum(nll) / 3, rel=1e-6)
     assert np.asarray(correct).tolist() == [[True, True], [True, False]]
+    # Two reads an image ("token" pooling): the loss is the reads' mean, the class the reads' summed log-probs.
+    two = [jnp.stack([h[:, 0], h[:, 0]], 1) for h in logits]
+    loss_two, correct_two = fact_loss(two, facts)
+    assert float(loss_two) == pytest.approx(sum(nll) / 3, rel=1e-6)
+    assert np.asarray(correct_two).tolist() == [[True, True], [True, False]]
 
 
 def test_caption_batches_carry_the_llava_views_and_facts():
@@ -188,3 +193,24 @@ def test_probe_on_a_tiny_tower():
     facts = np.stack([np.argmax(x[:, :3], 1), np.argmax(x[:, 3:], 1)], 1).astype(np.int32)
     predict = probe.fit_heads(x, facts, [3, 3])
     assert all((p.argmax(1) == facts[:, h]).mean() > 0.9 for h, p in enumerate(predict(x)))
+
+
+@pytest.mark.parametrize("pooling, reads", [("tile", 1), ("token", 16)])
+def test_fact_logits_read_the_tile_or_every_token(pooling, reads):
+    """"tile": one read an image from the averaged features and the whole-image tile; "token": one read a patch
+    of the whole-image tile. Padding positions (-1) of feature_index do not change a "tile" read."""
+    from flax import nnx
+
+    from fire_jax.models.clip import CLIPModel
+    from fire_jax.models.config import CLIPConfig
+
+    config = load_config("configs/clip.py:tiny").model
+    config.fact_pooling = pooling
+    model = CLIPModel(CLIPConfig.from_dict(config), rngs=nnx.Rngs(0))
+    pixels = jnp.asarray(np.random.default_rng(0).normal(size=(2, 3, 3, 32, 32)), jnp.float32)
+    index = jnp.asarray([[0, 1, 2, 20, -1, -1], [0, 1, 2, 20, 21, 22]])
+    logits = model.fact_logits(pixels, index)
+    assert [h.shape for h in logits] == [(2, reads, c) for _, c in FACT_HEADS]
+    if pooling == "tile":
+        trimmed = model.fact_logits(pixels[:1], index[:1, :4])
+        assert np.allclose(np.asarray(trimmed[0]), np.asarray(logits[0][:1]), atol=1e-5)

@@ -279,7 +279,8 @@ def synthesize(num: int, seed: int, split: str) -> tuple[list[dict], dict[str, I
 def write_synthetic_fire(out_dir: str, *, num_train: int = 720, num_test: int = 90, seed: int = 0) -> dict[str, str]:
     """Write ``train.json``, ``test.json``, ``instruct.json`` (the train questions as single-turn
     instruction data, :func:`instruction_records`), ``teacher_turns.json`` (:func:`turn_records` of the train
-    set), ``captions.json`` (:func:`caption_records` of the train images: no test image is captioned) and
+    set), ``captions.json`` (:func:`caption_records` of the train images: no test image is captioned), the same as
+    chats (``caption_chats.json``, :func:`caption_chat_records`) and
     ``images/`` under ``out_dir``, and for the teacher's comparison lineage ``comparisons.json``
     (:func:`comparison_records` of the train set) and ``teacher_turns_quarter_right.json``; returns the JSON
     paths."""
@@ -302,6 +303,8 @@ def write_synthetic_fire(out_dir: str, *, num_train: int = 720, num_test: int = 
             _write_json(paths["comparisons"], comparison_records(records, seed))
             paths["captions"] = os.path.join(out_dir, "captions.json")
             _write_json(paths["captions"], caption_records(records, captions))
+            paths["caption_chats"] = os.path.join(out_dir, "caption_chats.json")
+            _write_json(paths["caption_chats"], caption_chat_records(caption_records(records, captions)))
     return paths
 
 
@@ -328,6 +331,19 @@ def instruction_records(records: list[dict]) -> list[dict]:
                     "conversations": [{"from": "human", "value": "<image>\n" + r["question"]["value"]},
                                       {"from": "gpt", "value": response(task.first_thought(), task.answer(truth))}]})
     return out
+
+
+#: The instruction of the connector's alignment stage (LLaVA-1.5's first stage: image-caption pairs as chats).
+DESCRIBE = "Describe the image."
+
+
+def caption_chat_records(captions: list[dict]) -> list[dict]:
+    """Caption records (:func:`caption_records`) as single-turn chats, ``"<image>\nDescribe the image."`` -> the
+    caption: LLaVA's feature-alignment data (LLaVA-1.5 Sec. 4, the 558K captions), on which the connector alone
+    learns to hand the frozen LLM image tokens it can put into words before any question is asked."""
+    return [{"id": f"{c['id']}_chat", "image": c["image"], "source": c["source"], "split": "caption",
+             "conversations": [{"from": "human", "value": f"<image>\n{DESCRIBE}"},
+                               {"from": "gpt", "value": c["caption"]}]} for c in captions]
 
 
 #: What :func:`caption_facts` reads from a caption, as (head name, classes): the count (0..MAX_COUNT) of every

@@ -181,24 +181,34 @@ class CLIPModel(nnx.Module):
                                       param_dtype=param_dtype, rngs=rngs)
         self.logit_scale = nnx.Param(jnp.asarray(cfg.logit_scale_init, param_dtype))
         if cfg.fact_classes:
-            self.fact_heads = Linear(cfg.vision.width * (1 + cfg.vision.num_patches), sum(cfg.fact_classes), axes=("vision_embed", None), bias=True,
+            inputs = cfg.vision.width * (1 if cfg.fact_pooling == "token" else 1 + cfg.vision.num_patches)
+            self.fact_heads = Linear(inputs, sum(cfg.fact_classes), axes=("vision_embed", None), bias=True,
                                      param_dtype=param_dtype, rngs=rngs)
 
     def fact_logits(self, view_pixels: jax.Array, feature_index: jax.Array) -> list[jax.Array]:
         """The auxiliary heads' logits from what a LLaVA reads of each image: ``view_pixels`` ``[n, tiles, 3, H,
         W]`` (its any-resolution tiles), ``feature_index`` ``[n, k]`` (the features it places, -1 pads; as
-        :meth:`fire_jax.core.geometry.ImageGeometry.feature_index`). The tower's features at the layer LLaVA
-        reads are averaged over those positions and go through one linear map; returns one ``[n, classes]``
-        array per head of ``cfg.fact_classes``. A fact a linear map reads from the average is one the LLM can
-        read by attending to the image's tokens."""
+        :meth:`fire_jax.core.geometry.ImageGeometry.feature_index`). Returns one ``[n, reads, classes]`` array per
+        head of ``cfg.fact_classes``, from the tower's features at the layer LLaVA reads:
+
+        - ``fact_pooling="tile"``: one read (``reads`` 1), a linear map of the features averaged over the
+          positions LLaVA places beside the whole-image tile's features patch by patch;
+        - ``"token"``: a read per patch of the whole-image tile (``reads`` = its patches), the same linear map
+          applied to each: every token the LLM gets of that tile must carry the image's facts, as a global
+          colour is carried, where the LLM reads it after a few updates.
+        """
         n, tiles = view_pixels.shape[:2]
         features = self.vision_tower(view_pixels.reshape(n * tiles, *view_pixels.shape[2:]))
         features = features.reshape(n, -1, features.shape[-1])  # [n, tiles * patches, width]
-        valid = (feature_index >= 0)[..., None].astype(features.dtype)
-        picked = jnp.take_along_axis(features, jnp.maximum(feature_index, 0)[..., None], axis=1) * valid
-        pooled = picked.sum(1) / jnp.maximum(valid.sum(1), 1.0)
-        base = features[:, :self.cfg.vision.num_patches].reshape(n, -1)  # the whole-image tile, patch by patch
-        logits = self.fact_heads(jnp.concatenate([pooled, base], -1)).astype(jnp.float32)
+        patches = self.cfg.vision.num_patches
+        if self.cfg.fact_pooling == "token":
+            logits = self.fact_heads(features[:, :patches]).astype(jnp.float32)  # [n, patches, classes]
+        else:
+            valid = (feature_index >= 0)[..., None].astype(features.dtype)
+            picked = jnp.take_along_axis(features, jnp.maximum(feature_index, 0)[..., None], axis=1) * valid
+            pooled = picked.sum(1) / jnp.maximum(valid.sum(1), 1.0)
+            base = features[:, :patches].reshape(n, -1)  # the whole-image tile, patch by patch
+            logits = self.fact_heads(jnp.concatenate([pooled, base], -1)).astype(jnp.float32)[:, None]
         bounds = [int(b) for b in np.cumsum(self.cfg.fact_classes)[:-1]]
         return jnp.split(logits, bounds, axis=-1)
 
@@ -222,15 +232,16 @@ def _unit(x: jax.Array) -> jax.Array:
 
 
 def fact_loss(logits: list[jax.Array], facts: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Cross-entropy of each auxiliary head against ``facts`` ``[n, heads]`` (-1: the head does not apply to that
-    image), averaged over the (image, head) pairs that apply; and each pair's correctness ``[n, heads]`` (False
-    where it does not apply)."""
+    """Cross-entropy of each auxiliary head (``[n, reads, classes]``, :meth:`CLIPModel.fact_logits`) against
+    ``facts`` ``[n, heads]`` (-1: the head does not apply to that image), averaged over the reads and over the
+    (image, head) pairs that apply; and each pair's correctness ``[n, heads]`` (the class of the reads' summed
+    log-probabilities; False where it does not apply)."""
     nll, correct = [], []
     for h, head in enumerate(logits):
         target = jnp.maximum(facts[:, h], 0)
-        logp = jax.nn.log_softmax(head, axis=-1)
-        nll.append(-jnp.take_along_axis(logp, target[:, None], axis=-1)[:, 0])
-        correct.append(jnp.argmax(head, axis=-1) == target)
+        logp = jax.nn.log_softmax(head, axis=-1)  # [n, reads, classes]
+        nll.append(-jnp.take_along_axis(logp, target[:, None, None], axis=-1)[..., 0].mean(1))
+        correct.append(jnp.argmax(logp.sum(1), axis=-1) == target)
     applies = facts >= 0
     nll = jnp.where(applies, jnp.stack(nll, 1), 0.0)
     return nll.sum() / jnp.maximum(applies.sum(), 1), jnp.stack(correct, 1) & applies

@@ -98,6 +98,7 @@ class CLIPConfig:
     #: Auxiliary heads on the features LLaVA reads (a vision stage's, ``configs/clip.py``): the classes of each,
     #: as ``fire_jax.data.synthetic.FACT_HEADS``; () for a plain CLIP. Training only: never exported.
     fact_classes: tuple = ()
+    fact_pooling: str = "tile"  # what the heads read: "tile" (one read an image) or "token" (see CLIPModel.fact_logits)
     dtype: str = "float32"
     param_dtype: str = "float32"
     attention: str = "auto"

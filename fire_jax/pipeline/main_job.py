@@ -1,7 +1,8 @@
 """The main job end to end (FIRE, Sec. 5): train FD and FIRE, evaluate them against the baseline.
 
-0. (synthetic data) train a CLIP on the training images' captions, then a base model on single-turn
-   instruction data from its vision tower (LLaVA's lineage): the baseline, and where FD and FIRE start (with a
+0. (synthetic data) train a CLIP on the training images' captions (with auxiliary heads on what they state), the
+   connector alone on the captions as chats, then a base model on single-turn instruction data answered right
+   (LLaVA's lineage): the baseline, and where FD and FIRE start (with a
    ``compare_train`` stage, FD starts from its merged export instead: text-only comparisons in the teacher's words);
 1. train the teacher (FD) and 2. the student (FIRE) with ``fire_jax.train``;
 3. fixed dialogues (Tables 2-3): the baseline as student and teacher, then FIRE student + FD teacher;
@@ -59,6 +60,10 @@ def train_and_report(config, workdir: str, name: str) -> dict:
                          f"(checkpoint in {workdir}); the same command resumes")
     return {"workdir": workdir, "step": summary["step"], "source_sizes": summary.get("source_sizes", {})}
 
+
+#: The main job's budget, machine-independent: its minutes times its machine's float32 matmul rate (GFLOP/s),
+#: measured idle (15 minutes at 400 GFLOP/s). The last line prints the product.
+BUDGET = 6000
 
 #: The teacher spec of the exact teacher (fire_jax.infer.agents.ExactTeacher): no model, the generator's rule.
 EXACT_TEACHER = dict(name="exact teacher", init="exact:synthetic", adapter="")
@@ -164,13 +169,14 @@ def _run(config, workdir: str) -> dict[str, Any]:
     minutes = (time.perf_counter() - start) / 60
     with open(os.path.join(workdir, "timing.json"), "w") as f:
         json.dump({"minutes": minutes, "fetch_seconds": fetch_seconds, "matmul_gflops": round(rate),
+                   "gflops_minutes": round(minutes * rate), "budget_gflops_minutes": BUDGET,
                    "stage_seconds": {k: round(v, 1) for k, v in seconds.items()}}, f, indent=2)
     print("\n== summary (overall, synthetic test set)\n" + table)
     print("plots:\n  " + "\n  ".join(os.path.join(workdir, p) for p in summary["figures"]))
     print("stage minutes: " + ", ".join(f"{name} {value / 60:.1f}" for name, value in seconds.items()))
     print(f"done in {minutes:.1f} min on a machine whose float32 matmul runs at {rate:.0f} GFLOP/s (and "
-          f"{fetch_seconds:.0f} s fetching the pretrained LLM before it); "
-          f"{workdir}/summary.json, summary.md, eval/*/results.md")
+          f"{fetch_seconds:.0f} s fetching the pretrained LLM before it): {minutes * rate:,.0f} GFLOP/s-min "
+          f"(the SmolLM2 job's budget: {BUDGET:,}); {workdir}/summary.json, summary.md, eval/*/results.md")
     return summary
 
 
@@ -283,7 +289,14 @@ def base_and_teacher(config, workdir: str, seconds: dict | None = None) -> tuple
     if config.get("clip_train"):  # the base model's vision tower starts from a CLIP trained on captions
         clip_dir = _timed(seconds, "clip", train_stage, config.clip_train, os.path.join(workdir, "clip"),
                           "CLIP (image-caption pairs)")
-        config.base_train.init.vision_tower = os.path.abspath(os.path.join(clip_dir, "export", "clip"))
+        tower = os.path.abspath(os.path.join(clip_dir, "export", "clip"))
+        if config.get("align_train"):  # LLaVA's first stage: the connector alone on captions, then the base
+            config.align_train.init.vision_tower = tower
+            align_dir = _timed(seconds, "align", train_stage, config.align_train, os.path.join(workdir, "align"),
+                               "connector alignment (caption chats)")
+            config.base_train.init.hf_checkpoint = os.path.abspath(os.path.join(align_dir, "export", "hf_merged"))
+        else:
+            config.base_train.init.vision_tower = tower
     if config.get("base_train"):
         base_dir = _timed(seconds, "base", train_stage, config.base_train, os.path.join(workdir, "base"),
                           "base model (instruction data)")
