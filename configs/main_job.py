@@ -103,11 +103,11 @@ def _fd_from_comparisons(config, compare_train) -> None:
 
 
 def _align(align, base) -> None:
-    """The connector's alignment stage (LLaVA-1.5's first stage), ``align``: the CLIP stage's tower under the
-    pretrained LLM, the fresh connector and image_newline trained alone on the training images' captions as chats
-    ("Describe the image." -> the caption; the shipped caption_chats.json), merged; the base stage (``base``)
-    starts from its export. Measured (docs/main_job.md): the base model's turn-1 accuracy 0.189 without it, 0.278
-    after 100 steps of 8."""
+    """The connector's alignment stage (after LLaVA-1.5's first stage), ``align``: the CLIP stage's tower under the
+    pretrained LLM, the fresh connector and image_newline trained on the training images' captions as chats
+    ("Describe the image." -> the caption; the shipped caption_chats.json), with the LLM's LoRA (which every
+    stage trains; LLaVA-1.5 keeps the LLM frozen here), merged; the base stage (``base``) starts from its export.
+    Measured (docs/main_job.md): the base model's turn-1 accuracy 0.189 without it, 0.278 after 100 steps of 8."""
     align.init.vision_tower = ""  # set to the CLIP stage's export
     align.data.sources = dict(captions=dict(json="assets:synthetic_fire/caption_chats.json",
                                             image_root="assets:synthetic_fire/images"))
@@ -119,7 +119,7 @@ def _smollm2(config, compare: bool) -> None:
     config.clip_train = _load("clip.py")
     config.align_train = _smollm2_train("student", "align")
     config.align_train.train.lr = 2e-3
-    config.align_train.data.buckets = (128,)  # caption chats are 100-125 SmolLM2 tokens with the system prompt
+    config.align_train.data.buckets = (160,)  # caption chats are 96-148 SmolLM2 tokens with the system prompt and image
     config.base_train = _smollm2_train("student", "base")
     _align(config.align_train, config.base_train)
     config.base_train.data.sources = dict(instruct=dict(json="assets:synthetic_fire/instruct.json",
@@ -130,8 +130,8 @@ def _smollm2(config, compare: bool) -> None:
     config.teacher_train = _smollm2_train("teacher", "teacher")
     # The teacher's 160 steps run its 30 layers unrolled: 2.47 s a step of 2 x 384 where the scanned layers take 2.79
     # on a 2-core Intel Xeon (the stacked weights are sliced out, and the scan's residuals written back, at every
-    # layer), for 9 s more compiling per length (benchmarks/main_job_steps.py); the base's 20 steps break even, the
-    # student's 32 over five lengths do not repay it.
+    # layer), for 9 s more compiling per length (benchmarks/main_job_steps.py); the base's 20 steps of 8 (as it then
+    # was) broke even, the student's 32 over five lengths do not repay it.
     config.teacher_train.model.scan_layers = False
     config.student_train = _smollm2_train("student", "student")
     # Dialogues of one to five turns (110-368 tokens): batches from windows of 8 sorted by length, and a 160 bucket,

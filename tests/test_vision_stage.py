@@ -5,6 +5,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 
 import jax.numpy as jnp
 import numpy as np
@@ -117,6 +118,7 @@ def test_caption_batches_carry_the_llava_views_and_facts():
 def test_clip_with_fact_heads_trains_and_exports_without_them(tmp_path):
     """A few steps of the tiny vision stage: the auxiliary loss falls, and the export is a plain CLIPModel."""
     from fire_jax.convert.clip import load_clip_checkpoint
+    from fire_jax.models.config import CLIPConfig
     from fire_jax.train.loop import train
 
     config = load_config("configs/clip.py:tiny")
@@ -127,8 +129,12 @@ def test_clip_with_fact_heads_trains_and_exports_without_them(tmp_path):
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert rows[-1]["fact_loss"] < rows[0]["fact_loss"]
     assert summary["step"] == 12
-    clip = load_clip_checkpoint(str(tmp_path / "export" / "clip"))
-    assert not hasattr(clip, "fact_heads")
+    from safetensors.numpy import load_file
+
+    keys = load_file(str(tmp_path / "export" / "clip" / "model.safetensors"))
+    assert keys and not any("fact" in k for k in keys)
+    assert load_clip_checkpoint(str(tmp_path / "export" / "clip")).cfg.vision == \
+        CLIPConfig.from_dict(config.model).vision
 
 
 def test_instruction_records_answer_the_groundtruth():
@@ -152,7 +158,7 @@ def test_probe_reads_each_question_from_its_head():
         records = json.load(f)[:6]  # count, bars, colour, twice
     n = len(records)
     probs = [np.full((n, c), 1.0 / c) for _, c in FACT_HEADS]
-    from fire_jax.data.synthetic import RAINBOW, SHAPES, parse_answer
+    from fire_jax.data.synthetic import RAINBOW, parse_answer
 
     for i, record in enumerate(records):  # put the truth in the head the question names
         task, truth = parse_answer(record["groundtruth"]["value"])
@@ -161,10 +167,10 @@ def test_probe_reads_each_question_from_its_head():
             probs[-1][i] = np.eye(5)[truth]
         elif task == "count":
             color, shape = question.split("How many ")[1].split(" are")[0].split()
-            probs[RAINBOW.index(color) * 3 + SHAPES.index(shape.rstrip("s"))][i] = np.eye(8)[truth + 1]
+            probs[_head(color, shape.rstrip("s"))][i] = np.eye(8)[truth + 1]
         else:
             shape = question.split("the ")[-1].rstrip("?")
-            probs[truth * 3 + SHAPES.index(shape)][i] = np.eye(8)[1]
+            probs[_head(RAINBOW[truth], shape)][i] = np.eye(8)[1]
     assert probe.answer_accuracy(probs, records) == {"bars": 1.0, "color": 1.0, "count": 1.0}
 
 
@@ -214,3 +220,33 @@ def test_fact_logits_read_the_tile_or_every_token(pooling, reads):
     if pooling == "tile":
         trimmed = model.fact_logits(pixels[:1], index[:1, :4])
         assert np.allclose(np.asarray(trimmed[0]), np.asarray(logits[0][:1]), atol=1e-5)
+
+
+def test_shipped_instruction_and_caption_chats_are_the_generators():
+    """instruct.json and caption_chats.json are what instruction_records and caption_chat_records write."""
+    from fire_jax.data.synthetic import caption_chat_records, instruction_records
+
+    def shipped(name):
+        with open(os.path.join(ASSETS, name)) as f:
+            return json.load(f)
+
+    assert shipped("instruct.json") == instruction_records(shipped("train.json"))
+    chats = shipped("caption_chats.json")
+    assert chats == caption_chat_records(shipped("captions.json"))
+    assert chats[0]["conversations"][0]["value"] == "<image>\nDescribe the image."
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(views="tile"), "data.facts=True needs data.views='anyres'"),
+    (dict(fact_classes=()), "data.facts gives 19 facts an image, model.fact_classes has 0 heads"),
+    (dict(fact_pooling="cls"), "model.fact_pooling must be 'tile' or 'token', got 'cls'"),
+])
+def test_vision_stage_options_that_disagree_end_in_one_line(tmp_path, change, message):
+    from fire_jax.core.config import InputError
+    from fire_jax.train.loop import train
+
+    config = load_config("configs/clip.py:tiny")
+    for key, value in change.items():
+        (config.data if key == "views" else config.model)[key] = value
+    with pytest.raises((InputError, ValueError), match=re.escape(message)):
+        train(config, str(tmp_path))

@@ -1,7 +1,8 @@
 """Image-caption batches for CLIP training (``configs/clip.py``).
 
 A source is a JSON list of ``{"id", "image", "caption"}`` records (the synthetic set's ``captions.json``,
-:func:`fire_jax.data.synthetic.caption_records`) with an ``image_root``. Each image is resized to one square
+:func:`fire_jax.data.synthetic.caption_records`) with an ``image_root``, or ``{"generate": N, "seed": S}``: N
+images the synthetic set's generator draws afresh with their captions. Each image is resized to one square
 tile (bicubic, as LLaVA-NeXT's whole-image tile 0) and CLIP-normalised; each caption is tokenized and ends in
 the text tower's end token, padded after it. Batches are full (a contrastive batch's negatives are the other
 pairs in it), reshuffled every epoch from ``data.seed``; the position is JSON state for checkpoints.
@@ -49,6 +50,8 @@ class CaptionPipeline:
         views, self.with_facts = config.get("views", "tile"), bool(config.get("facts", False))
         if views not in ("tile", "anyres"):
             raise InputError(f"data.views must be 'tile' or 'anyres', got {views!r}")
+        if self.with_facts and views != "anyres":
+            raise InputError("data.facts=True needs data.views='anyres': the heads read the LLaVA's tiles")
         geometry = None
         if views == "anyres":
             if not config.get("image_grid_pinpoints") or not patch_size:
@@ -59,6 +62,7 @@ class CaptionPipeline:
         pixels, ids, views_pixels, indices, facts = [], [], [], [], []
         self.source_sizes, self.stated_sizes = {}, {}
         for name, source in config["sources"].items():
+            self.source_sizes[name] = 0
             for where, record, image in _source_records(name, source):
                 tokens = tokenizer.encode(record["caption"], add_special_tokens=False).ids + [eos_token_id]
                 if len(tokens) > self.max_len:
@@ -74,7 +78,7 @@ class CaptionPipeline:
                         facts.append(caption_facts(record["caption"]))
                     except ValueError as e:
                         raise InputError(f"{where}: field 'caption': {e}") from None
-                self.source_sizes[name] = self.source_sizes.get(name, 0) + 1
+                self.source_sizes[name] += 1
         if len(ids) < self.batch_size:
             raise InputError(f"data: {len(ids)} captions, fewer than one batch of {self.batch_size}")
         self.pixel_values = np.stack(pixels)  # [n, t, t, 3] uint8

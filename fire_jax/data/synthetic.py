@@ -339,8 +339,8 @@ DESCRIBE = "Describe the image."
 
 def caption_chat_records(captions: list[dict]) -> list[dict]:
     """Caption records (:func:`caption_records`) as single-turn chats, ``"<image>\nDescribe the image."`` -> the
-    caption: LLaVA's feature-alignment data (LLaVA-1.5 Sec. 4, the 558K captions), on which the connector alone
-    learns to hand the frozen LLM image tokens it can put into words before any question is asked."""
+    caption: LLaVA's feature-alignment data (LLaVA-1.5 Sec. 4, the 558K captions), on which the connector learns
+    to hand the LLM image tokens it can put into words before any question is asked."""
     return [{"id": f"{c['id']}_chat", "image": c["image"], "source": c["source"], "split": "caption",
              "conversations": [{"from": "human", "value": f"<image>\n{DESCRIBE}"},
                                {"from": "gpt", "value": c["caption"]}]} for c in captions]

@@ -103,6 +103,10 @@ class CLIPConfig:
     param_dtype: str = "float32"
     attention: str = "auto"
 
+    def __post_init__(self):
+        if self.fact_pooling not in ("tile", "token"):
+            raise ValueError(f"model.fact_pooling must be 'tile' or 'token', got {self.fact_pooling!r}")
+
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> "CLIPConfig":
         """Build from ``config.model`` (``kind="clip"``, which is dropped); unknown keys raise."""

@@ -1,7 +1,7 @@
 """The main job end to end (FIRE, Sec. 5): train FD and FIRE, evaluate them against the baseline.
 
 0. (synthetic data) train a CLIP on the training images' captions (with auxiliary heads on what they state), the
-   connector alone on the captions as chats, then a base model on single-turn instruction data answered right
+   connector (and LoRA) on the captions as chats, then a base model on single-turn instruction data answered right
    (LLaVA's lineage): the baseline, and where FD and FIRE start (with a
    ``compare_train`` stage, FD starts from its merged export instead: text-only comparisons in the teacher's words);
 1. train the teacher (FD) and 2. the student (FIRE) with ``fire_jax.train``;
@@ -290,7 +290,7 @@ def base_and_teacher(config, workdir: str, seconds: dict | None = None) -> tuple
         clip_dir = _timed(seconds, "clip", train_stage, config.clip_train, os.path.join(workdir, "clip"),
                           "CLIP (image-caption pairs)")
         tower = os.path.abspath(os.path.join(clip_dir, "export", "clip"))
-        if config.get("align_train"):  # LLaVA's first stage: the connector alone on captions, then the base
+        if config.get("align_train"):  # after LLaVA's first stage: the connector (and LoRA) on captions, then the base
             config.align_train.init.vision_tower = tower
             align_dir = _timed(seconds, "align", train_stage, config.align_train, os.path.join(workdir, "align"),
                                "connector alignment (caption chats)")

@@ -151,6 +151,17 @@ def plan_report(config, pipeline, steps: int) -> str:
     return "\n".join([head, *lines])
 
 
+def _check_fact_heads(model: CLIPModel, pipeline) -> None:
+    """A vision stage's data and heads agree: facts need heads, one per fact (configs/clip.py)."""
+    from fire_jax.core.config import InputError
+
+    facts = pipeline.extra.get("facts")
+    heads = len(model.cfg.fact_classes)
+    if facts is not None and facts.shape[1] != heads:
+        raise InputError(f"data.facts gives {facts.shape[1]} facts an image, model.fact_classes has {heads} heads"
+                         + (" (a CLIP from init.clip_checkpoint has none: set data.facts=False)" if not heads else ""))
+
+
 def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, Any]:
     """Train (resuming from ``workdir`` if it holds a checkpoint); returns a summary dict.
 
@@ -169,6 +180,7 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
         pipeline = CaptionPipeline(config.data, model.cfg.vision.image_size,
                                    eos_token_id=model.cfg.text.eos_token_id, process_count=jax.process_count(),
                                    patch_size=model.cfg.vision.patch_size)
+        _check_fact_heads(model, pipeline)
     else:
         pipeline = InputPipeline(config.data, model.cfg.geometry, image_token_id=model.cfg.image_token_id,
                                  process_index=jax.process_index(), process_count=jax.process_count(),

@@ -117,7 +117,8 @@ class Trainer:
             return self._step_body(state, frozen, batch, rng)
 
     def _contrastive_loss(self, params, frozen, batch):
-        """CLIP's symmetric cross-entropy over the batch's image-text scores (fire_jax.models.clip)."""
+        """CLIP's symmetric cross-entropy over the batch's image-text scores (fire_jax.models.clip), plus, for a
+        vision stage's batches (``facts``), ``loss.fact_weight`` times its auxiliary heads' cross-entropy."""
         model = nnx.merge(self.graphdef, params, frozen)
         logits = model(batch["pixel_values"], batch["input_ids"])
         labels = jnp.arange(logits.shape[0])
