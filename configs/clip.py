@@ -2,17 +2,17 @@
 # starts from, trained contrastively with a small text tower.
 #   python -m fire_jax.train --config configs/clip.py --workdir /tmp/clip          # the SmolLM2 LLaVA's tower
 #   python -m fire_jax.train --config configs/clip.py:tiny --workdir /tmp/clip_tiny  # configs/tiny.py's tower
+#   python -m fire_jax.train --config configs/clip.py:see --workdir /tmp/vision   # the seeing lineage's vision stage
 """CLIP training config (``model.kind="clip"``): fire_jax.models.clip.CLIPModel and the contrastive loss.
 
 The vision tower has the shape of the LLaVA that will use it (arg "" : configs/smollm2_llava.py's, "tiny":
-configs/tiny.py's), so ``init.vision_tower=<workdir>/export/clip`` in that LLaVA's config loads it. The text tower is
+configs/tiny.py's, "see": configs/smollm2_llava.py:see's), so ``init.vision_tower=<workdir>/export/clip`` in that LLaVA's config loads it. The text tower is
 small (2 layers of 128) on the tiny BPE tokenizer of the synthetic set, its end token ``<|end_of_text|>`` (id 1).
 Data: ``captions.json`` of the synthetic set, one caption per training image (fire_jax.data.synthetic.caption_records;
-the test images have none). Besides the contrastive loss on the whole-image tile, auxiliary heads read the facts
-each caption states (``FACT_CLASSES``) from the tower's features at the layer LLaVA reads, averaged over the
-positions LLaVA places of its any-resolution tiles (``data.views="anyres"``): the tower learns to see what the
-questions ask on the views the LLM will get. ``--config.data.facts=False --config.model.fact_classes="()"
---config.data.views=tile``: a plain CLIP. ``init.clip_checkpoint``: a HF CLIPModel folder to start from instead (e.g.
+the test images have none). With "see" ("tiny,see" for the tiny tower) it is a vision stage: besides the contrastive
+loss on the whole-image tile, auxiliary heads read the facts each caption states (``FACT_CLASSES``) from the
+tower's features at the layer LLaVA reads, on its any-resolution tiles (``data.views="anyres"``), and 6,400 fresh
+drawings join the 720 captions: the tower learns to see what the questions ask on the views the LLM will get. ``init.clip_checkpoint``: a HF CLIPModel folder to start from instead (e.g.
 openai/clip-vit-large-patch14-336 with a matching ``model``).
 """
 
@@ -30,29 +30,31 @@ TEXT = dict(vocab_size=512, max_positions=64, width=128, layers=2, heads=4, mlp_
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-    if arg not in ("", "tiny"):
-        raise InputError(f"configs/clip.py: arg must be '' or 'tiny', got {arg!r}")
-    llava = load_config("configs/tiny.py" if arg else "configs/smollm2_llava.py").model
+    size, _, option = arg.partition(",")
+    if size not in ("", "tiny", "see") or option not in ("", "see") or (size == "see" and option):
+        raise InputError(f"configs/clip.py: arg must be '', 'tiny', 'see' or 'tiny,see', got {arg!r}")
+    see = "see" in (size, option)
+    llava = load_config("configs/tiny.py" if size == "tiny" else
+                        "configs/smollm2_llava.py" + (":see" if see else "")).model
     vision = llava.vision.to_dict()
     config = ml_collections.ConfigDict()
     config.seed = 0
     config.init = ml_collections.ConfigDict(dict(clip_checkpoint=""))
     config.model = ml_collections.ConfigDict(dict(kind="clip", vision=vision, text=TEXT, projection_dim=64,
-                                                  logit_scale_init=2.6592, fact_classes=FACT_CLASSES,
-                                                  fact_pooling="tile",
-                                                  dtype="float32", param_dtype="float32"))
+                                                  logit_scale_init=2.6592, fact_classes=FACT_CLASSES if see else (),
+                                                  fact_pooling="tile", dtype="float32", param_dtype="float32"))
+    sources = dict(captions=dict(json="assets:synthetic_fire/captions.json", image_root="assets:synthetic_fire/images"))
+    if see:
+        # Fresh drawings with their captions: on the 720 training images alone the heads are learned by heart
+        # (every fact of every training image, the counts at chance on test images).
+        sources["generated"] = dict(generate=0 if size == "tiny" else GENERATED, seed=1)
     config.data = ml_collections.ConfigDict(dict(
-        tokenizer="assets:tiny_tokenizer.json",
-        sources=dict(captions=dict(json="assets:synthetic_fire/captions.json",
-                                   image_root="assets:synthetic_fire/images"),
-                     # Fresh drawings with their captions: on the 720 training images alone the heads are learned
-                     # by heart (every fact of every training image, the counts at chance on test images).
-                     generated=dict(generate=0 if arg else GENERATED, seed=1)),
+        tokenizer="assets:tiny_tokenizer.json", sources=sources,
         max_len=TEXT["max_positions"], batch_size=64, seed=0, num_epochs=0,
-        # The tiles and features the LLaVA reads, and the facts each caption states, for the auxiliary heads.
-        views="anyres", image_grid_pinpoints=llava.image_grid_pinpoints, facts=True))
+        # "see": the tiles and features the LLaVA reads, and the facts each caption states, for the heads.
+        views="anyres" if see else "tile", image_grid_pinpoints=llava.image_grid_pinpoints, facts=see))
     config.train = train_config(lr=1e-3, weight_decay=0.1, batch_size=64, total_steps=400, warmup_frac=0.05,
                                 checkpoint_every=400, trainable=(".*",))
-    config.loss = loss_config(fact_weight=1.0)  # the auxiliary heads' cross-entropy beside the contrastive loss
+    config.loss = loss_config(fact_weight=1.0)  # "see": the auxiliary heads' cross-entropy beside the contrastive loss
     config.mesh = mesh_config((1, 1, 1))
     return config

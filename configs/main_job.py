@@ -2,6 +2,7 @@
 # fixed and free dialogues, print the paper-shaped tables.
 #   python -m fire_jax.run                                                   # SmolLM2-135M LLaVA, CPU, ~20 minutes
 #   python -m fire_jax.run --config configs/main_job.py:smollm2,compare --workdir runs/compare   # FD from a comparison stage
+#   python -m fire_jax.run --config configs/main_job.py:smollm2,see --workdir runs/see   # a vision stage that must see
 #   python -m fire_jax.run --config configs/main_job.py:tiny --workdir /tmp/fire_tiny   # from-scratch tiny, tests
 #   python -m fire_jax.run --config configs/main_job.py:8b --workdir /runs/fire_8b
 #   python -m fire_jax.run --config configs/main_job.py:8b,llava_n=100000 --workdir /runs/fire_8b   (configs/fire.py options)
@@ -13,6 +14,12 @@ on the captions of the training images; a base model is then trained on single-t
 right answer: what a VLM knows before FIRE) from that CLIP's vision tower: the tower, a fresh connector, LoRA on the
 LLM, on the right answers (the groundtruth in the first turn's words). It is the baseline; FD and FIRE start from it
 (its LoRA merged) with fresh LoRA adapters.
+arg "smollm2,see" (and "tiny,see", either with ",compare"): the seeing lineage. The CLIP stage reads the LLaVA's
+any-resolution tiles with auxiliary heads on the facts each caption states, and 6,400 fresh drawings
+(configs/clip.py:see), under a tower of 64 px tiles of 16 px patches (configs/smollm2_llava.py:see); then a
+connector alignment stage on the captions as chats; then the base stage on right answers (instruct_right.json),
+80 steps of 4. docs/main_job.md, "The seeing lineage": the base model's turn 1 0.278 (the default's 0.133),
+but the FD teacher from it stalls at "Score: 10." for every answer.
 arg "smollm2,compare" (and "tiny,compare"): FD starts from a comparison stage on the base model instead (text-only
 comparisons of a groundtruth with a wrong answer in the teacher's words, merged), then a fresh adapter on teacher
 turns a quarter right at a constant lr.
@@ -66,12 +73,14 @@ def _tiny_train(role: str):
 #: order of two values only after a plateau of a hundred updates or more per task; side by side, within tens.
 #: Measured (docs/main_job.md): it teaches the counts' and bars' order, not the colours', for 6 minutes more.
 COMPARE_STEPS = 150
-#: The SmolLM2 stages: optimizer steps and examples a step. The base stage learns to read the tower from right
-#: answers, one informative token a sequence (the answer's value): updates more than examples. The teacher's verdict is two tokens of its twenty
+#: The SmolLM2 stages: optimizer steps and examples a step. The ",see" lineage's base stage learns to read the tower
+#: from right answers, one informative token a sequence (the answer's value): updates more than examples. The
+#: teacher's verdict is two tokens of its twenty
 #: (the score and the feedback's first word), so it needs updates more than examples: 40 steps of 8 learned the
 #: format and the prior ("Score: 10. Correct!" to every answer: agreement 0.52 on fixed dialogues), 160 steps
 #: of 2 (the same 320 examples) learned the comparison with the groundtruth (agreement 0.97).
-SMOLLM2_STAGES = dict(align=dict(steps=100, batch=8), base=dict(steps=80, batch=4), compare=dict(steps=COMPARE_STEPS, batch=8),
+SMOLLM2_STAGES = dict(base=dict(steps=20, batch=8), compare=dict(steps=COMPARE_STEPS, batch=8),
+                      align=dict(steps=100, batch=8), base_see=dict(steps=80, batch=4),  # the ",see" lineage
                       teacher=dict(steps=160, batch=2), student=dict(steps=32, batch=8))
 #: What the base stage trains besides LoRA: the fresh connector and image_newline, the CLIP stage's tower frozen
 #: (LLaVA-1.5's instruction stage; regexes over "/"-joined parameter paths, as
@@ -80,8 +89,8 @@ SMOLLM2_STAGES = dict(align=dict(steps=100, batch=8), base=dict(steps=80, batch=
 VISION_PARTS = (r"multi_modal_projector/.*", r"image_newline")
 
 
-def _smollm2_train(role: str, stage: str):
-    train = _load("smollm2_llava.py")
+def _smollm2_train(role: str, stage: str, see: bool = False):
+    train = _load("smollm2_llava.py" + (":see" if see else ""))
     train.data.role = role
     train.loss.student_first_turn = True  # the release labels r_1 too: FIRE keeps the base model's first answers
     steps, batch = SMOLLM2_STAGES[stage]["steps"], SMOLLM2_STAGES[stage]["batch"]
@@ -115,34 +124,39 @@ def _align(align, base) -> None:
     base.init.hf_checkpoint = ""  # set to the alignment stage's export
 
 
-def _smollm2(config, compare: bool) -> None:
-    config.clip_train = _load("clip.py")
-    config.align_train = _smollm2_train("student", "align")
-    config.align_train.train.lr = 2e-3
-    config.align_train.data.buckets = (160,)  # caption chats are 96-148 SmolLM2 tokens with the system prompt and image
-    config.base_train = _smollm2_train("student", "base")
-    _align(config.align_train, config.base_train)
-    config.base_train.data.sources = dict(instruct=dict(json="assets:synthetic_fire/instruct.json",
+def _smollm2(config, compare: bool, see: bool) -> None:
+    config.clip_train = _load("clip.py:see" if see else "clip.py")
+    config.base_train = _smollm2_train("student", "base_see" if see else "base", see)
+    instruct = "instruct_right.json" if see else "instruct.json"
+    config.base_train.data.sources = dict(instruct=dict(json=f"assets:synthetic_fire/{instruct}",
                                                          image_root="assets:synthetic_fire/images"))
+    if see:
+        config.align_train = _smollm2_train("student", "align", see)
+        config.align_train.train.lr = 2e-3
+        # caption chats are 96-148 SmolLM2 tokens with the system prompt and image (a longer one pads to max_len)
+        config.align_train.data.buckets = (160,)
+        _align(config.align_train, config.base_train)
+    else:
+        config.base_train.init.vision_tower = ""  # set to the CLIP stage's export
     config.base_train.train.update(dict(trainable=VISION_PARTS, export_merged=True))
     # Instruction sequences are 110-148 SmolLM2 tokens: one bucket of 160, not 192 (a sixth less compute a step).
     config.base_train.data.buckets = (160,)
-    config.teacher_train = _smollm2_train("teacher", "teacher")
+    config.teacher_train = _smollm2_train("teacher", "teacher", see)
     # The teacher's 160 steps run its 30 layers unrolled: 2.47 s a step of 2 x 384 where the scanned layers take 2.79
     # on a 2-core Intel Xeon (the stacked weights are sliced out, and the scan's residuals written back, at every
     # layer), for 9 s more compiling per length (benchmarks/main_job_steps.py); the base's 20 steps of 8 (as it then
     # was) broke even, the student's 32 over five lengths do not repay it.
     config.teacher_train.model.scan_layers = False
-    config.student_train = _smollm2_train("student", "student")
+    config.student_train = _smollm2_train("student", "student", see)
     # Dialogues of one to five turns (110-368 tokens): batches from windows of 8 sorted by length, and a 160 bucket,
     # fill 80% of their padded columns where the shuffled order fills 56% (a third less compute a step).
     config.student_train.data.update(dict(group_by_length=8, buckets=(128, 160, 192, 256, 320, 384, 512)))
     config.teacher_train.data.teacher_history = "latest"  # as in free dialogues (see the tiny branch)
     config.teacher_train.data.sources.synthetic.json = "assets:synthetic_fire/teacher_turns.json"
     if compare:
-        _fd_from_comparisons(config, _smollm2_train("student", "compare"))
+        _fd_from_comparisons(config, _smollm2_train("student", "compare", see))
         config.compare_train.data.buckets = (96,)  # comparisons are 80-95 SmolLM2 tokens with the system prompt
-    model = _load("smollm2_llava.py")
+    model = _load("smollm2_llava.py" + (":see" if see else ""))
     config.eval_fixed = _load("eval_fixed.py:tiny")
     config.eval_fixed.fixed.teacher_history = "latest"
     config.eval_free = _load("eval_free.py:tiny")
@@ -161,24 +175,29 @@ def _smollm2(config, compare: bool) -> None:
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
     size, _, options = (arg or "smollm2").partition(",")
-    compare = options == "compare" and size != "8b"
-    if size not in ("smollm2", "tiny", "8b") or (options and size != "8b" and not compare):
-        raise InputError(f"configs/main_job.py: arg must be 'smollm2[,compare]', 'tiny[,compare]' or "
+    chosen = set(options.split(",")) - {""} if size != "8b" else set()
+    compare, see = "compare" in chosen, "see" in chosen
+    if size not in ("smollm2", "tiny", "8b") or chosen - {"compare", "see"}:
+        raise InputError(f"configs/main_job.py: arg must be 'smollm2[,compare][,see]', 'tiny[,compare][,see]' or "
                          f"'8b[,key=value...]', got {arg!r}")
     config = ml_collections.ConfigDict()
     config.compare_train = None  # FD's comparison stage: the ",compare" variants
-    config.align_train = None  # the connector's alignment stage, between the CLIP and the base stages
+    config.align_train = None  # the connector's alignment stage, between the CLIP and the base stages: ",see"
     if size == "smollm2":
-        _smollm2(config, compare)
+        _smollm2(config, compare, see)
     elif size == "tiny":
-        # The base model: single-turn instruction data (question -> right answer), like LLaVA-NeXT before FIRE.
-        config.clip_train = _load("clip.py:tiny")
-        config.align_train = _tiny_train("student")
+        # The base model: single-turn instruction data (question -> answer), like LLaVA-NeXT before FIRE.
+        config.clip_train = _load("clip.py:tiny,see" if see else "clip.py:tiny")
         config.base_train = _tiny_train("student")
-        _align(config.align_train, config.base_train)
-        config.align_train.train.trainable = (".*",)  # the from-scratch LLM learns with it
-        config.base_train.data.sources = dict(instruct=dict(json="assets:synthetic_fire/instruct.json",
+        instruct = "instruct_right.json" if see else "instruct.json"
+        config.base_train.data.sources = dict(instruct=dict(json=f"assets:synthetic_fire/{instruct}",
                                                              image_root="assets:synthetic_fire/images"))
+        if see:
+            config.align_train = _tiny_train("student")
+            _align(config.align_train, config.base_train)
+            config.align_train.train.trainable = (".*",)  # the from-scratch LLM learns with it
+        else:
+            config.base_train.init.vision_tower = ""  # set to the CLIP stage's export
         config.base_train.train.export_merged = True  # FD and FIRE start from base/export/hf_merged
         config.teacher_train, config.student_train = _tiny_train("teacher"), _tiny_train("student")
         # The teacher learns f_k from r_k alone, every turn (assets' teacher_turns.json: one record per turn), as

@@ -7,10 +7,9 @@
   or a .gguf path): Llama architecture, 30 layers, dim 576, 9 / 3 heads, RoPE base 100000, tied embeddings.
   The vocabulary gets one row more for ``<image>`` (id 49152), as llava-hf appends it; the tie is kept.
 - Chat template: the file's own (ChatML), through ``tokenizer_config.json`` beside the tokenizer.
-- Vision: a CLIP-style ViT (pre-LN, quick_gelu, 3 layers, the second read) on 64 px tiles of 16 px patches, 16
-  tokens a tile (every synthetic image fits its grid at its own size or larger), trained from
+- Vision: a CLIP-style ViT (pre-LN, quick_gelu) on 32 px tiles of 8 px patches, 16 tokens a tile, trained from
   scratch: no pretrained CLIP is reachable here, and the synthetic images are a few dozen pixels wide.
-- anyres over 64 x 128 / 128 x 64 canvases (a base tile + a 1 x 2 or 2 x 1 grid, unpadded, image_newline), the
+- anyres over 32 x 64 / 64 x 32 canvases (a base tile + a 1 x 2 or 2 x 1 grid, unpadded, image_newline), the
   2-layer GELU connector.
 - LoRA rank 32 on the attention projections q, k, v, o, no dropout. The paper's q, k only (Sec. 5.1) is
   ``--config.model.lora.targets="('q','k')"``; v and o let the few hundred examples a CPU budget allows move
@@ -19,7 +18,7 @@
 
 import ml_collections
 
-from fire_jax.core.config import loss_config, mesh_config, train_config
+from fire_jax.core.config import InputError, loss_config, mesh_config, train_config
 
 MODEL = "smollm2-135m-instruct"
 TOKENIZER = f"cache:{MODEL}/tokenizer/tokenizer.json"  # written by fire_jax.convert.fetch.prepare on first use
@@ -27,17 +26,25 @@ SMOLLM2_135M = dict(vocab_size=49153, dim=576, layers=30, heads=9, kv_heads=3, h
                     norm_eps=1e-5, rope_theta=100000.0, rope_scaling=None, tie_word_embeddings=True)
 
 
+#: arg "see": the tower of the main job's seeing lineage (``configs/main_job.py:smollm2,see``): 64 px tiles of 16 px
+#: patches, the same 16 tokens a tile (every synthetic image fits its grid at its own size or larger, where a 64 x 64
+#: image was read at 32 x 32, its count shapes 5 px wide), 3 layers, the second read.
+SEEING_VISION = dict(image_size=64, patch_size=16, width=128, layers=3, heads=4, mlp_dim=512, feature_layer=-2)
+SEEING_PINPOINTS = ((64, 128), (128, 64))
+
+
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-    del arg
+    if arg not in ("", "see"):
+        raise InputError(f"configs/smollm2_llava.py: arg must be '' or 'see', got {arg!r}")
     config = ml_collections.ConfigDict()
     config.seed = 0
     config.init = ml_collections.ConfigDict(dict(gguf=MODEL, hf_checkpoint=""))
     config.model = ml_collections.ConfigDict(dict(
-        vision=dict(image_size=64, patch_size=16, width=128, layers=3, heads=4, mlp_dim=512, feature_layer=-2),
+        vision=dict(image_size=32, patch_size=8, width=128, layers=2, heads=4, mlp_dim=512, feature_layer=-2),
         llm=SMOLLM2_135M,
         lora=dict(rank=32, alpha=64.0, dropout=0.0, targets=("q", "k", "v", "o"), train_layers=0),
         image_token_id=49152,
-        image_grid_pinpoints=((64, 128), (128, 64)),
+        image_grid_pinpoints=((32, 64), (64, 32)),
         image_mode="anyres",
         pad_newline=False,
         remat="none",
@@ -59,4 +66,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                 checkpoint_every=20)
     config.loss = loss_config(max_turns=4)
     config.mesh = mesh_config((-1, 1, 1))
+    if arg == "see":
+        config.model.vision = ml_collections.ConfigDict(SEEING_VISION)
+        config.model.image_grid_pinpoints = SEEING_PINPOINTS
     return config

@@ -16,14 +16,14 @@ ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 
 def reduced_config(steps=12):
-    """configs/main_job.py:tiny,compare at test scale (FD from a comparison stage: every stage). Every stage pads to one length bucket, so the three stages (and
+    """configs/main_job.py:tiny,compare,see at test scale (FD from a comparison stage, the seeing lineage: every stage). Every stage pads to one length bucket, so the three stages (and
     the ablation's and the retrained teacher's) run one step program, compiled once per run.
 
     The stages train on one device, as the main job does on a CPU: the suite's process has 8 host devices, and a
     mesh over them would split each batch of 8 into 8 shards and reduce the gradients across them. Their step
     is compiled at XLA's default level over the suite's LLVM -O0 (conftest): it runs 50 times a module, and a
     step of 8 x 768 tokens takes about half the time at the default level."""
-    config = load_config(os.path.join(ROOT, "configs", "main_job.py:tiny,compare"))
+    config = load_config(os.path.join(ROOT, "configs", "main_job.py:tiny,compare,see"))
     config.clip_train.train.update(dict(total_steps=steps, checkpoint_every=100))
     config.clip_train.data.batch_size = config.clip_train.train.batch_size = 16
     for stage in (config.align_train, config.base_train, config.compare_train, config.teacher_train,
@@ -311,7 +311,27 @@ def test_the_compare_variant_adds_fds_comparison_stage_and_the_default_has_none(
     assert compare.teacher_train.train.lr_schedule == "constant"
     assert compare.teacher_train.data.sources.synthetic.json == "assets:synthetic_fire/teacher_turns_quarter_right.json"
     assert compare.student_train.to_dict() == default.student_train.to_dict()
-    with pytest.raises(InputError, match=r"arg must be 'smollm2\[,compare\]', 'tiny\[,compare\]'"):
+    with pytest.raises(InputError, match=r"arg must be 'smollm2\[,compare\]\[,see\]', 'tiny\[,compare\]\[,see\]'"):
         load("smollm2,other")
     with pytest.raises(InputError, match="expected key=value, got 'compare'"):  # 8b's options are configs/fire.py's
         load("8b,compare")
+
+
+def test_the_see_variant_adds_the_vision_stage_the_alignment_and_right_answers():
+    """configs/main_job.py:smollm2,see: the CLIP stage with the fact heads on the LLaVA's tiles, the connector's
+    alignment stage, the base stage on right answers; every stage and evaluation reads the 64-px tower. The
+    default keeps the plain CLIP, no alignment stage and the first answers."""
+    load = lambda arg: load_config(os.path.join(ROOT, "configs", f"main_job.py:{arg}"))
+    default, see = load("smollm2"), load("smollm2,see")
+    assert default.align_train is None and not default.clip_train.data.facts
+    assert default.base_train.data.sources.instruct.json.endswith("/instruct.json")
+    assert (default.base_train.train.total_steps, default.base_train.train.batch_size) == (20, 8)
+    assert see.clip_train.data.facts and see.clip_train.data.views == "anyres"
+    assert see.align_train.data.sources.captions.json.endswith("caption_chats.json")
+    assert see.base_train.data.sources.instruct.json.endswith("instruct_right.json")
+    assert (see.base_train.train.total_steps, see.base_train.train.batch_size) == (80, 4)
+    for stage in (see.clip_train, see.align_train, see.base_train, see.teacher_train, see.student_train,
+                  see.eval_free, see.eval_fixed):
+        assert stage.model.vision.image_size == 64 and stage.model.vision.patch_size == 16
+    assert tuple(map(tuple, see.eval_free.model.image_grid_pinpoints)) == ((64, 128), (128, 64))
+    assert load("smollm2,compare,see").compare_train is not None

@@ -63,7 +63,7 @@ def test_every_shipped_caption_agrees_with_its_question():
 
 
 def test_fact_classes_of_the_config_are_the_heads():
-    assert tuple(load_config("configs/clip.py").model.fact_classes) == tuple(c for _, c in FACT_HEADS)
+    assert tuple(load_config("configs/clip.py:see").model.fact_classes) == tuple(c for _, c in FACT_HEADS)
 
 
 def test_fact_loss_hand_computed():
@@ -84,12 +84,12 @@ def test_fact_loss_hand_computed():
 
 
 def test_caption_batches_carry_the_llava_views_and_facts():
-    """configs/clip.py:tiny reads the tiny LLaVA's any-resolution tiles and the caption facts; a generated source
+    """configs/clip.py:tiny,see reads the tiny LLaVA's any-resolution tiles and the caption facts; a generated source
     draws fresh images under a split name of its own, the same ones for the same seed."""
     from fire_jax.core.geometry import ImageGeometry
     from fire_jax.data.captions import CaptionPipeline
 
-    config = load_config("configs/clip.py:tiny")
+    config = load_config("configs/clip.py:tiny,see")
     config.data.sources = dict(generated=dict(generate=16, seed=3))
     config.data.batch_size = 8
     vision = config.model.vision
@@ -121,7 +121,7 @@ def test_clip_with_fact_heads_trains_and_exports_without_them(tmp_path):
     from fire_jax.models.config import CLIPConfig
     from fire_jax.train.loop import train
 
-    config = load_config("configs/clip.py:tiny")
+    config = load_config("configs/clip.py:tiny,see")
     config.data.batch_size = config.train.batch_size = 16
     config.data.sources.generated.generate = 64
     config.train.update(total_steps=12, checkpoint_every=12, lr=3e-3)
@@ -138,18 +138,24 @@ def test_clip_with_fact_heads_trains_and_exports_without_them(tmp_path):
 
 
 def test_instruction_records_answer_the_groundtruth():
-    """The base stage learns what it sees from right answers: every shipped instruction record's answer is its
-    record's groundtruth, in the first turn's words."""
-    with open(os.path.join(ASSETS, "instruct.json")) as f:
+    """The seeing lineage's base stage learns what it sees from right answers: every instruct_right.json record's
+    answer is its record's groundtruth, in the first turn's words; instruct.json keeps the first answers."""
+    with open(os.path.join(ASSETS, "instruct_right.json")) as f:
         instruct = json.load(f)
+    with open(os.path.join(ASSETS, "instruct.json")) as f:
+        first = {r["id"]: r for r in json.load(f)}
     with open(os.path.join(ASSETS, "train.json")) as f:
         train = {r["id"]: r for r in json.load(f)}
-    assert len(instruct) == len(train) == 720
+    assert len(instruct) == len(train) == len(first) == 720
+    wrong = 0
     for record in instruct:
         source = train[record["id"][:-len("_instruct")]]
         thought, answer = record["conversations"][1]["value"].split("\nAnswer: ")
         assert answer.strip() == source["groundtruth"]["value"]
         assert thought == source["conversations"][0]["value"].split("\nAnswer: ")[0]
+        assert first[record["id"]]["conversations"][1]["value"] == source["conversations"][0]["value"]
+        wrong += record["conversations"][1] != first[record["id"]]["conversations"][1]
+    assert 300 < wrong < 420  # about half of the first answers are wrong
 
 
 def test_probe_reads_each_question_from_its_head():
@@ -210,7 +216,7 @@ def test_fact_logits_read_the_tile_or_every_token(pooling, reads):
     from fire_jax.models.clip import CLIPModel
     from fire_jax.models.config import CLIPConfig
 
-    config = load_config("configs/clip.py:tiny").model
+    config = load_config("configs/clip.py:tiny,see").model
     config.fact_pooling = pooling
     model = CLIPModel(CLIPConfig.from_dict(config), rngs=nnx.Rngs(0))
     pixels = jnp.asarray(np.random.default_rng(0).normal(size=(2, 3, 3, 32, 32)), jnp.float32)
@@ -223,7 +229,8 @@ def test_fact_logits_read_the_tile_or_every_token(pooling, reads):
 
 
 def test_shipped_instruction_and_caption_chats_are_the_generators():
-    """instruct.json and caption_chats.json are what instruction_records and caption_chat_records write."""
+    """instruct.json, instruct_right.json and caption_chats.json are what instruction_records and
+    caption_chat_records write."""
     from fire_jax.data.synthetic import caption_chat_records, instruction_records
 
     def shipped(name):
@@ -231,6 +238,7 @@ def test_shipped_instruction_and_caption_chats_are_the_generators():
             return json.load(f)
 
     assert shipped("instruct.json") == instruction_records(shipped("train.json"))
+    assert shipped("instruct_right.json") == instruction_records(shipped("train.json"), right=True)
     chats = shipped("caption_chats.json")
     assert chats == caption_chat_records(shipped("captions.json"))
     assert chats[0]["conversations"][0]["value"] == "<image>\nDescribe the image."
@@ -245,7 +253,7 @@ def test_vision_stage_options_that_disagree_end_in_one_line(tmp_path, change, me
     from fire_jax.core.config import InputError
     from fire_jax.train.loop import train
 
-    config = load_config("configs/clip.py:tiny")
+    config = load_config("configs/clip.py:tiny,see")
     for key, value in change.items():
         (config.data if key == "views" else config.model)[key] = value
     with pytest.raises((InputError, ValueError), match=re.escape(message)):

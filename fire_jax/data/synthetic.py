@@ -295,6 +295,8 @@ def write_synthetic_fire(out_dir: str, *, num_train: int = 720, num_test: int = 
         if split == "train":
             paths["instruct"] = os.path.join(out_dir, "instruct.json")
             _write_json(paths["instruct"], instruction_records(records))
+            paths["instruct_right"] = os.path.join(out_dir, "instruct_right.json")
+            _write_json(paths["instruct_right"], instruction_records(records, right=True))
             paths["teacher_turns"] = os.path.join(out_dir, "teacher_turns.json")
             _write_json(paths["teacher_turns"], turn_records(records, seed))
             paths["teacher_turns_quarter_right"] = os.path.join(out_dir, "teacher_turns_quarter_right.json")
@@ -314,22 +316,25 @@ def _write_json(path: str, records: list[dict]) -> None:
         f.write("\n")
 
 
-def instruction_records(records: list[dict]) -> list[dict]:
-    """LLaVA-665K-style single-turn records (question -> the right answer) from FIRE records.
+def instruction_records(records: list[dict], *, right: bool = False) -> list[dict]:
+    """LLaVA-665K-style single-turn records (question -> answer) from FIRE records: what an instruction-tuned VLM
+    is trained on before FIRE, answering, never refining from feedback.
 
-    What an instruction-tuned VLM is trained on before FIRE: answering, never refining from feedback, and from
-    the truth, as LLaVA's instruction data are. The answer is the first turn's wording (its thought, then
-    "Answer: " and the groundtruth); the dialogues' first answers, wrong about half the time, belong to FIRE's
-    dialogues, not to what the base model learns to see. The main job's base model (its baseline) learns from
-    these.
+    ``right=False``: the dialogue's first answer, wrong about half the time (``instruct.json``, the default main
+    job's base stage). ``right=True``: the groundtruth in the first turn's words (its thought, then "Answer: " and
+    the groundtruth; ``instruct_right.json``), as LLaVA's instruction data are true: the dialogues' wrong first
+    answers belong to FIRE's dialogues, not to what a base model learns to see (``configs/main_job.py:smollm2,see``).
     """
     out = []
     for r in records:
-        name, truth = parse_answer(r["groundtruth"]["value"])
-        task = TASKS[name]()
+        answer = r["conversations"][0]["value"]
+        if right:
+            name, truth = parse_answer(r["groundtruth"]["value"])
+            task = TASKS[name]()
+            answer = response(task.first_thought(), task.answer(truth))
         out.append({"id": f"{r['id']}_instruct", "image": r["image"], "source": r["source"], "split": "instruct",
                     "conversations": [{"from": "human", "value": "<image>\n" + r["question"]["value"]},
-                                      {"from": "gpt", "value": response(task.first_thought(), task.answer(truth))}]})
+                                      {"from": "gpt", "value": answer}]})
     return out
 
 
