@@ -1,6 +1,6 @@
 """What a vision tower's features say about the synthetic images: a linear probe per question type.
 
-    python experiments/vision_probe.py --clip runs/smollm2/clip/export/clip     # the main job's vision stage
+    python experiments/vision_probe.py --clip runs/see/clip/export/clip --config configs/smollm2_llava.py:see   # the see lineage
     python experiments/vision_probe.py --llava runs/smollm2/base/export/hf_merged  # the tower inside the base model
 
 The features are the ones LLaVA reads: the tower's hidden state at ``feature_layer`` on the image's any-resolution
@@ -39,22 +39,18 @@ def tower_features(tower, geometry, images, batch: int = 64) -> np.ndarray:
     import jax
     import jax.numpy as jnp
 
-    from fire_jax.data.images import normalise, tiles
+    from fire_jax.data.captions import llava_views
+    from fire_jax.data.images import normalise
 
     run = jax.jit(lambda pixels: tower(pixels))
     out = []
     for start in range(0, len(images), batch):
-        chunk = images[start:start + batch]
-        views = [normalise(tiles(im, geometry)[0]) for im in chunk]
-        pixels = np.zeros((len(chunk), geometry.max_tiles, *views[0].shape[1:]), np.float32)
-        for i, v in enumerate(views):
-            pixels[i, :len(v)] = v
-        features = np.asarray(run(jnp.asarray(pixels.reshape(-1, *pixels.shape[2:]))))
-        features = features.reshape(len(chunk), -1, features.shape[-1])
-        for i, im in enumerate(chunk):
-            index = geometry.feature_index((im.height, im.width))
-            base = features[i, :geometry.tokens_per_tile].reshape(-1)
-            out.append(np.concatenate([features[i, index[index >= 0]].mean(0), base]))
+        views, index = llava_views(images[start:start + batch], geometry)
+        pixels = normalise(views.reshape(-1, *views.shape[2:]))
+        features = np.asarray(run(jnp.asarray(pixels))).reshape(len(views), -1, tower.cfg.width)
+        for f, positions in zip(features, index):
+            base = f[:geometry.tokens_per_tile].reshape(-1)
+            out.append(np.concatenate([f[positions[positions >= 0]].mean(0), base]))
     return np.stack(out)
 
 

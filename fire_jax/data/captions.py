@@ -59,7 +59,7 @@ class CaptionPipeline:
                                  "tower's patch size")
             geometry = ImageGeometry(tile_size=image_size, patch_size=patch_size,
                                      pinpoints=tuple(map(tuple, config["image_grid_pinpoints"])))
-        pixels, ids, views_pixels, indices, facts = [], [], [], [], []
+        pixels, ids, views_pixels, facts = [], [], [], []
         self.source_sizes, self.stated_sizes = {}, {}
         for name, source in config["sources"].items():
             self.source_sizes[name] = 0
@@ -70,9 +70,7 @@ class CaptionPipeline:
                 ids.append(tokens)
                 pixels.append(_resize(image, (image_size, image_size)))  # uint8: normalised a batch at a time
                 if geometry is not None:
-                    views_pixels.append(tiles(image, geometry)[0])
-                    index = geometry.feature_index((image.height, image.width))
-                    indices.append(index[index >= 0])  # image_newline (-2) is the LLM's, not the tower's
+                    views_pixels.append(image)
                 if self.with_facts:
                     try:
                         facts.append(caption_facts(record["caption"]))
@@ -87,12 +85,8 @@ class CaptionPipeline:
             self.input_ids[i, :len(tokens)] = tokens
         self.lengths = np.array([len(t) for t in ids])
         self.extra: dict[str, np.ndarray] = {}
-        if geometry is not None:  # [n, max_tiles, t, t, 3] uint8 (zero tiles pad) and [n, max_tokens] (-1 pads)
-            self.extra["view_pixels"] = np.zeros((len(ids), geometry.max_tiles, *pixels[0].shape), np.uint8)
-            self.extra["feature_index"] = np.full((len(ids), max(map(len, indices))), -1, np.int32)
-            for i, (v, index) in enumerate(zip(views_pixels, indices)):
-                self.extra["view_pixels"][i, :len(v)] = v
-                self.extra["feature_index"][i, :len(index)] = index
+        if geometry is not None:
+            self.extra["view_pixels"], self.extra["feature_index"] = llava_views(views_pixels, geometry)
         if self.with_facts:
             self.extra["facts"] = np.asarray(facts, np.int32)
         self.num_examples, self.process_count = len(ids), 1
@@ -138,6 +132,22 @@ class CaptionPipeline:
 
     def report(self) -> str:
         return f"captions: {self.num_examples:,} pairs, epoch {self.epoch}, {self.position:,} read in it"
+
+
+def llava_views(images, geometry: ImageGeometry) -> tuple[np.ndarray, np.ndarray]:
+    """PIL images as a LLaVA of ``geometry`` tiles them: uint8 ``[n, max_tiles, t, t, 3]`` (zero tiles pad) and
+    ``feature_index`` ``[n, max_tokens]``, the positions of the features it places in its sequence (tile-major,
+    image_newline left out: it is the LLM's, not the tower's; -1 pads)."""
+    indices = [geometry.feature_index((im.height, im.width)) for im in images]
+    indices = [index[index >= 0] for index in indices]
+    t = geometry.tile_size
+    pixels = np.zeros((len(images), geometry.max_tiles, t, t, 3), np.uint8)
+    feature_index = np.full((len(images), max(map(len, indices))), -1, np.int32)
+    for i, (image, index) in enumerate(zip(images, indices)):
+        view = tiles(image, geometry)[0]
+        pixels[i, :len(view)] = view
+        feature_index[i, :len(index)] = index
+    return pixels, feature_index
 
 
 def _source_records(name: str, source: Mapping[str, Any]):
