@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -258,8 +259,11 @@ def test_a_stage_stopped_by_sigterm_ends_the_job_with_how_to_resume(monkeypatch,
 
     monkeypatch.setattr(loop, "train", lambda config, workdir: {"step": 16, "total_steps": 20, "preempted": True,
                                                                  "metrics": {"loss": 0.1}})
-    with pytest.raises(SystemExit, match="stopped by SIGTERM at step 16 of 20 .* the same command resumes"):
+    from fire_jax.core.cli import Stopped
+
+    with pytest.raises(Stopped, match="stopped by SIGTERM at step 16 of 20 .* the same command resumes") as e:
         main_job.train_stage(reduced_config().base_train, str(tmp_path / "base"), "base model")
+    assert e.value.number == signal.SIGTERM  # the command exits 143
     monkeypatch.setattr(loop, "train", lambda config, workdir: {"step": 20, "total_steps": 20, "preempted": False,
                                                                  "metrics": {"loss": 0.1}})
     assert main_job.train_stage(reduced_config().base_train, str(tmp_path / "base"), "base model") == str(

@@ -133,21 +133,24 @@ def test_settings_file_that_is_not_json_names_the_file(tmp_path):
     assert str(e.value) == f"{path}: not valid JSON: Unterminated string starting at line 1 column 7"
 
 
-def test_a_store_write_that_fails_names_the_file_and_the_space_left(tmp_path):
-    """An evaluation's results on a full disk: one WriteFailed naming the store's file (a CLI ends on its line)."""
+def test_a_store_write_that_fails_names_the_file_and_the_space_left(tmp_path, monkeypatch):
+    """An evaluation's results on a full disk: one WriteFailed naming the store's file (a CLI ends on its line);
+    the file keeps its whole lines (on a real full disk: tests/test_failures.py)."""
     import errno
     import os
 
+    from fire_jax.core import results
     from fire_jax.core.config import WriteFailed
 
-    class FullFile:
-        def write(self, text):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
     store = ResultStore(tmp_path / "outputs.jsonl")
-    store.close()
-    store._file = FullFile()
+    store.add({"key": "kept"})
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(results.os, "write", full)
     with pytest.raises(WriteFailed) as e:
         store.add({"key": "a"})
+    assert open(tmp_path / "outputs.jsonl").read() == '{"key": "kept"}\n'
     assert str(e.value).startswith(f"could not write {tmp_path / 'outputs.jsonl'}: No space left on device (")
     assert str(e.value).endswith(" on its filesystem)") and " free of " in str(e.value)

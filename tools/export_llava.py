@@ -18,6 +18,7 @@ import os
 import shutil
 
 from fire_jax.core.config import apply_overrides, load_config, resolve_path
+from fire_jax.core.files import output_file
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
 
@@ -58,7 +59,8 @@ def main(argv=None, print_fn=print):
         source = args.checkpoint if own else os.path.dirname(resolve_path(config.data.tokenizer))
         for name in TOKENIZER_FILES:
             if os.path.exists(os.path.join(source, name)):
-                shutil.copy(os.path.join(source, name), os.path.join(args.out, name))
+                with output_file(os.path.join(args.out, name)) as temporary:
+                    shutil.copyfile(os.path.join(source, name), temporary)
     print_fn(f"{args.out}: {'LoRA + non_lora_trainables.bin' if args.lora else 'merged'} in the original LLaVA format")
 
 

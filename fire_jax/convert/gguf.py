@@ -22,6 +22,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from fire_jax.core.files import output_file, write_text
 from fire_jax.models.config import LlamaConfig, LoraConfig, LlavaNextConfig, VisionConfig
 from fire_jax.models.llava_next import LlavaNext
 
@@ -200,14 +201,13 @@ class GGUFFile:
         """Write ``folder/tokenizer.json`` and a ``tokenizer_config.json`` (chat template, BOS, EOS, PAD);
         returns the tokenizer.json path."""
         tokenizer = self.tokenizer()
-        os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, "tokenizer.json")
-        tokenizer.save(path)
+        with output_file(path) as temporary:
+            tokenizer.save(temporary)
         token = lambda i: None if i is None else tokenizer.id_to_token(i)  # noqa: E731
         config = dict(chat_template=self.chat_template, bos_token=token(self.bos_id), eos_token=token(self.eos_id),
                       pad_token=token(self.pad_id), source=os.path.basename(self.path))
-        with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-            json.dump(config, f, indent=2)
+        write_text(os.path.join(folder, "tokenizer_config.json"), json.dumps(config, indent=2))
         return path
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import re
 import warnings
@@ -31,6 +32,7 @@ import numpy as np
 from flax import nnx
 
 from fire_jax.core.config import InputError
+from fire_jax.core.results import read_json_object
 from fire_jax.core.geometry import DEFAULT_PINPOINTS
 from fire_jax.models.config import ARCHITECTURES, LlamaConfig, LlavaNextConfig, LoraConfig, VisionConfig
 from fire_jax.models.layers import InitKeys, LoRAParam
@@ -267,8 +269,7 @@ def hub_tensor(path: str, arr: np.ndarray, patch_size: int) -> tuple[str, np.nda
 def _safetensors_files(directory: str) -> list[str]:
     index = os.path.join(directory, "model.safetensors.index.json")
     if os.path.exists(index):
-        with open(index) as f:
-            return sorted({os.path.join(directory, v) for v in json.load(f)["weight_map"].values()})
+        return index_files(index)
     single = os.path.join(directory, "model.safetensors")
     if os.path.exists(single):
         return [single]
@@ -376,8 +377,36 @@ def read_config(directory: str) -> dict:
     path = os.path.join(directory, "config.json")
     if not os.path.exists(path):
         raise InputError(f"{directory}: no config.json (not a checkpoint folder)")
-    with open(path) as f:
-        return json.load(f)
+    return read_json_object(path)
+
+
+def index_files(index: str) -> list[str]:
+    """The weight files a sharded checkpoint's index names (``weight_map``: tensor name -> file in its folder);
+    an index without that map, or with a name that is no file of the folder, raises :class:`InputError`."""
+    weight_map = read_json_object(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise InputError(f"{index}: field 'weight_map' must be a non-empty object (tensor name -> file)")
+    bad = next((v for v in weight_map.values() if not isinstance(v, str) or os.path.basename(v) != v or not v), None)
+    if bad is not None:
+        raise InputError(f"{index}: field 'weight_map' names {bad!r}, not a file name of the checkpoint's folder")
+    folder = os.path.dirname(index)
+    return sorted({os.path.join(folder, v) for v in weight_map.values()})
+
+
+def lora_settings(path: str) -> dict:
+    """rank, alpha, dropout and the other fields of a PEFT ``adapter_config.json``, each checked: ``r`` an
+    integer >= 1, ``lora_alpha`` a positive number, ``lora_dropout`` in [0, 1); else :class:`InputError` naming
+    the file and the field."""
+    peft = read_json_object(path)
+    rank, alpha, dropout = peft.get("r"), peft.get("lora_alpha"), peft.get("lora_dropout", 0.0)
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise InputError(f"{path}: field 'r' = {rank!r}: expected the LoRA rank, an integer >= 1")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
+        raise InputError(f"{path}: field 'lora_alpha' = {alpha!r}: expected a positive number")
+    dropout = 0.0 if dropout is None else dropout
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise InputError(f"{path}: field 'lora_dropout' = {dropout!r}: expected a number in [0, 1)")
+    return {**peft, "r": rank, "lora_alpha": float(alpha), "lora_dropout": float(dropout)}
 
 
 def model_from_tensors(cfg: LlavaNextConfig, tensors: Iterable[tuple[str, np.ndarray]], where: str, *,
@@ -509,8 +538,7 @@ def _lora_factors(model) -> dict[tuple[int, str, str, str], tuple[nnx.Variable, 
 def peft_lora_config(directory: str) -> dict:
     """``config.model.lora`` of a PEFT adapter (adapter_config.json: r, lora_alpha, target_modules)."""
     path = os.path.join(directory, "adapter_config.json")
-    with open(path) as f:
-        peft = json.load(f)
+    peft = lora_settings(path)
     if peft.get("use_rslora") or peft.get("use_dora"):
         raise ValueError(f"{path}: rsLoRA / DoRA adapters are not supported (plain LoRA only)")
     modules = peft.get("target_modules") or []
@@ -518,8 +546,7 @@ def peft_lora_config(directory: str) -> dict:
     targets = tuple(t for t, module in _PEFT_MODULES.items() if module.split(".")[1] in names)
     if not targets:
         raise ValueError(f"{path}: field 'target_modules' names no Llama projection: {modules!r}")
-    return dict(rank=int(peft["r"]), alpha=float(peft["lora_alpha"]), dropout=float(peft.get("lora_dropout", 0.0)),
-                targets=targets)
+    return dict(rank=peft["r"], alpha=peft["lora_alpha"], dropout=peft["lora_dropout"], targets=targets)
 
 
 def load_peft_adapter(model, directory: str):

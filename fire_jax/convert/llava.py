@@ -40,6 +40,8 @@ import jax
 import numpy as np
 
 from fire_jax.core.config import InputError
+from fire_jax.core.files import output_folder
+from fire_jax.core.results import read_json_object
 from fire_jax.convert import hf as hub
 from fire_jax.models.config import PROJECTORS, LlavaNextConfig, LoraConfig
 from fire_jax.models.llava_next import LlavaNext
@@ -120,8 +122,7 @@ def vision_config(hf: dict, directory: str) -> dict:
     name = hf.get("mm_vision_tower") or hf.get("vision_tower")
     folder = clip_folder(hf, directory)
     if folder is not None:
-        with open(os.path.join(folder, "config.json")) as f:
-            clip = json.load(f)
+        clip = read_json_object(os.path.join(folder, "config.json"))
         return dict(clip.get("vision_config", clip))
     if name in KNOWN_TOWERS:
         return dict(KNOWN_TOWERS[name])
@@ -198,8 +199,7 @@ def weight_files(directory: str) -> list[str]:
     for index, single in (("model.safetensors.index.json", "model.safetensors"),
                           ("pytorch_model.bin.index.json", "pytorch_model.bin")):
         if os.path.exists(os.path.join(directory, index)):
-            with open(os.path.join(directory, index)) as f:
-                return sorted({os.path.join(directory, v) for v in json.load(f)["weight_map"].values()})
+            return hub.index_files(os.path.join(directory, index))
         if os.path.exists(os.path.join(directory, single)):
             return [os.path.join(directory, single)]
     raise InputError(f"{directory}: no weights (model.safetensors[.index.json] or pytorch_model.bin[.index.json])")
@@ -228,6 +228,10 @@ def read_torch(path: str) -> Iterator[tuple[str, np.ndarray]]:
     if not isinstance(state, dict):
         raise InputError(f"{path}: holds a {type(state).__name__}, not a dict of tensors")
     for key, tensor in state.items():
+        if not isinstance(key, str):
+            raise InputError(f"{path}: key {key!r} is not a string (a state dict's keys are weight names)")
+        if not isinstance(tensor, torch.Tensor):
+            raise InputError(f"{path}: {key!r} holds a {type(tensor).__name__}, not a tensor")
         if tensor.dtype == torch.bfloat16:
             yield key, tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
         else:
@@ -275,8 +279,9 @@ def adapter_base(adapter: str) -> str:
     """The base model a LoRA folder names (``adapter_config.json``'s ``base_model_name_or_path``) when that is
     a local folder; else :class:`InputError` naming the file and the field."""
     path = os.path.join(adapter, "adapter_config.json")
-    with open(path) as f:
-        base = json.load(f).get("base_model_name_or_path") or ""
+    base = read_json_object(path).get("base_model_name_or_path") or ""
+    if not isinstance(base, str):
+        raise InputError(f"{path}: field 'base_model_name_or_path' = {base!r}: expected a path")
     if base and os.path.exists(os.path.join(base, "config.json")):
         return base
     raise InputError(f"{path}: field 'base_model_name_or_path' = {base!r} is no local checkpoint folder; give the "
@@ -293,8 +298,7 @@ def is_llava_lora(directory: str) -> bool:
     config = os.path.join(directory, "config.json")
     if not os.path.exists(config):
         return False
-    with open(config) as f:
-        return is_llava_config(json.load(f))
+    return is_llava_config(read_json_object(config))
 
 
 def non_lora_trainables(adapter: str) -> dict[str, np.ndarray]:
@@ -316,15 +320,14 @@ def lora_deltas(adapter: str) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]],
     """``({original weight key: (A [r, in], B [out, r])}, scale, adapter weights file)`` of a PEFT LoRA
     folder; scale is ``lora_alpha / r`` (``lora_alpha / sqrt(r)`` with rsLoRA), as PEFT merges it."""
     config_path = os.path.join(adapter, "adapter_config.json")
-    with open(config_path) as f:
-        peft = json.load(f)
+    peft = hub.lora_settings(config_path)
     if peft.get("peft_type", "LORA") != "LORA" or peft.get("use_dora"):
         raise InputError(f"{config_path}: field 'peft_type' = {peft.get('peft_type')!r} (DoRA: "
                          f"{bool(peft.get('use_dora'))}): only plain LoRA merges")
     if peft.get("rank_pattern") or peft.get("alpha_pattern") or peft.get("fan_in_fan_out"):
         raise InputError(f"{config_path}: fields 'rank_pattern' / 'alpha_pattern' / 'fan_in_fan_out' are set: "
                          f"only one rank and alpha for every module merge")
-    rank, alpha = int(peft["r"]), float(peft["lora_alpha"])
+    rank, alpha = peft["r"], peft["lora_alpha"]
     scale = alpha / math.sqrt(rank) if peft.get("use_rslora") else alpha / rank
     files = [os.path.join(adapter, n) for n in ("adapter_model.safetensors", "adapter_model.bin")]
     path = next((p for p in files if os.path.exists(p)), None)
@@ -337,8 +340,13 @@ def lora_deltas(adapter: str) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]],
             raise InputError(f"{path}: tensor {key!r} is no LoRA factor (base_model.model.<module>.lora_A/B.weight)")
         factors.setdefault(m[1] + ".weight", {})[m[2]] = tensor
     for key, ab in factors.items():
+        module = key[:-len(".weight")]
         if set(ab) != {"A", "B"}:
-            raise InputError(f"{path}: module {key[:-len('.weight')]!r} has lora_{''.join(ab)} but not both factors")
+            raise InputError(f"{path}: module {module!r} has lora_{''.join(ab)} but not both factors")
+        a, b = ab["A"], ab["B"]
+        if a.ndim != 2 or b.ndim != 2 or a.shape[0] != rank or b.shape[1] != rank:
+            raise InputError(f"{path}: module {module!r}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} are "
+                             f"not [r, in] and [out, r] with r = {rank} (field 'r' of {config_path})")
     return {key: (ab["A"], ab["B"]) for key, ab in factors.items()}, scale, path
 
 
@@ -450,10 +458,14 @@ def save_clip_folder(model: LlavaNext, directory: str) -> str:
     return os.path.abspath(directory)
 
 
-def _vision_tower(model: LlavaNext, directory: str, vision_tower: str | None) -> str:
+def _vision_tower(model: LlavaNext, written: str, directory: str, vision_tower: str | None) -> str:
     """``mm_vision_tower`` of an export: as given, CLIP ViT-L/14-336's hub name for that shape, else a CLIP folder
-    written into the export (``DIR/vision_tower``, named by its absolute path)."""
-    return vision_tower or _known_tower(model.cfg) or save_clip_folder(model, os.path.join(directory, "vision_tower"))
+    written into the export (``written``: the folder being written, which becomes ``directory``), named by its
+    absolute path once in place (``DIR/vision_tower``)."""
+    if vision_tower or _known_tower(model.cfg):
+        return vision_tower or _known_tower(model.cfg)
+    save_clip_folder(model, os.path.join(written, "vision_tower"))
+    return os.path.join(os.path.abspath(directory), "vision_tower")
 
 
 def save_llava_checkpoint(model: LlavaNext, directory: str, *, vision_tower: str | None = None,
@@ -461,18 +473,21 @@ def save_llava_checkpoint(model: LlavaNext, directory: str, *, vision_tower: str
     """Write the frozen weights (merge LoRA first to keep it) in the original LLaVA format, as the release's own
     scripts load it (``llava/model/builder.py``): config.json and safetensors shards with the original keys, the
     vision tower included. Read back with :func:`load_llava_checkpoint`, every weight is the same; the image
-    token is then the next id after the vocabulary."""
-    tower = _vision_tower(model, directory, vision_tower)
-    hub.save_hf_checkpoint(model, directory, max_shard_bytes=max_shard_bytes, dtype=dtype,
-                           config=config_to_llava(model.cfg, tower),
-                           rename=lambda key: to_original(key, model.cfg.projector))
+    token is then the next id after the vocabulary. The folder is written whole or not at all
+    (:func:`fire_jax.core.files.output_folder`)."""
+    with output_folder(directory) as written:
+        tower = _vision_tower(model, written, directory, vision_tower)
+        hub.save_hf_checkpoint(model, written, max_shard_bytes=max_shard_bytes, dtype=dtype,
+                               config=config_to_llava(model.cfg, tower),
+                               rename=lambda key: to_original(key, model.cfg.projector))
 
 
 def save_llava_lora(model: LlavaNext, directory: str, base: str, *, vision_tower: str | None = None) -> None:
     """Write the model's LoRA on ``base`` as the release ships its teacher: PEFT's adapter_config.json and
     adapter_model.safetensors (keys ``base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight``),
     ``non_lora_trainables.bin`` (the connector, keys ``base_model.model.model.mm_projector.*``) and the
-    original-format config.json; :func:`merged_tensors` merges it back."""
+    original-format config.json; :func:`merged_tensors` merges it back. The folder is written whole or not at
+    all."""
     from safetensors.numpy import save_file
 
     try:
@@ -482,24 +497,25 @@ def save_llava_lora(model: LlavaNext, directory: str, base: str, *, vision_tower
     lora = model.cfg.lora
     if lora is None:
         raise ValueError("the model has no LoRA adapter to export")
-    os.makedirs(directory, exist_ok=True)
-    factors = {}
-    for (i, sub, proj, ab), (variable, layer) in hub._lora_factors(model).items():
-        value = np.asarray(jax.device_get(variable[...] if layer is None else variable[...][layer]), np.float32)
-        factors[f"base_model.model.model.layers.{i}.{sub}.{proj}.lora_{ab}.weight"] = np.ascontiguousarray(value.T)
-    save_file(factors, os.path.join(directory, "adapter_model.safetensors"), metadata={"format": "pt"})
-    modules = sorted({key.split(".")[-3] for key in factors})
-    with open(os.path.join(directory, "adapter_config.json"), "w") as f:
-        json.dump(dict(peft_type="LORA", task_type="CAUSAL_LM", r=lora.rank, lora_alpha=lora.alpha,
-                       lora_dropout=lora.dropout, bias="none", fan_in_fan_out=False, inference_mode=True,
-                       target_modules=modules, base_model_name_or_path=base), f, indent=2)
-    connector = {}  # float32: the builder's load_state_dict casts to the model's dtype
-    for index, linear in (("linear_1", model.multi_modal_projector.linear_1),
-                          ("linear_2", model.multi_modal_projector.linear_2)):
-        for name, value in (() if linear is None else (("weight", linear.kernel[...].T), ("bias", linear.bias[...]))):
-            host = np.array(jax.device_get(value), np.float32)  # a writable copy, as torch.from_numpy wants
-            key = to_original(f"multi_modal_projector.{index}.{name}", model.cfg.projector)
-            connector[f"base_model.model.{key}"] = torch.from_numpy(host)
-    torch.save(connector, os.path.join(directory, "non_lora_trainables.bin"))
-    with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(config_to_llava(model.cfg, _vision_tower(model, directory, vision_tower)), f, indent=2)
+    with output_folder(directory) as written:  # whole or not at all
+        factors = {}
+        for (i, sub, proj, ab), (variable, layer) in hub._lora_factors(model).items():
+            value = np.asarray(jax.device_get(variable[...] if layer is None else variable[...][layer]), np.float32)
+            factors[f"base_model.model.model.layers.{i}.{sub}.{proj}.lora_{ab}.weight"] = np.ascontiguousarray(value.T)
+        save_file(factors, os.path.join(written, "adapter_model.safetensors"), metadata={"format": "pt"})
+        modules = sorted({key.split(".")[-3] for key in factors})
+        with open(os.path.join(written, "adapter_config.json"), "w") as f:
+            json.dump(dict(peft_type="LORA", task_type="CAUSAL_LM", r=lora.rank, lora_alpha=lora.alpha,
+                           lora_dropout=lora.dropout, bias="none", fan_in_fan_out=False, inference_mode=True,
+                           target_modules=modules, base_model_name_or_path=base), f, indent=2)
+        connector = {}  # float32: the builder's load_state_dict casts to the model's dtype
+        for index, linear in (("linear_1", model.multi_modal_projector.linear_1),
+                              ("linear_2", model.multi_modal_projector.linear_2)):
+            for name, value in (() if linear is None else (("weight", linear.kernel[...].T), ("bias", linear.bias[...]))):
+                host = np.array(jax.device_get(value), np.float32)  # a writable copy, as torch.from_numpy wants
+                key = to_original(f"multi_modal_projector.{index}.{name}", model.cfg.projector)
+                connector[f"base_model.model.{key}"] = torch.from_numpy(host)
+        with open(os.path.join(written, "non_lora_trainables.bin"), "wb") as f:  # a full disk: an OSError
+            torch.save(connector, f)
+        with open(os.path.join(written, "config.json"), "w") as f:
+            json.dump(config_to_llava(model.cfg, _vision_tower(model, written, directory, vision_tower)), f, indent=2)

@@ -65,6 +65,9 @@ def input_errors_end_in_one_line(prog: str):
                 end_within(EXIT_TIMEOUT_S, 1, f"{prog}: still running {EXIT_TIMEOUT_S:g} s after the error: "
                                               "ended without waiting for its threads")
                 sys.exit(1)
+            except Stopped as stopped:
+                print(f"{prog}: {one_line(stopped)}", file=sys.stderr, flush=True)
+                sys.exit(128 + stopped.number)
             except KeyboardInterrupt:
                 stop = StopSignals.active
                 if stop is None or stop.requested is None or os.environ.get("FIRE_JAX_TRACEBACK"):
@@ -75,6 +78,16 @@ def input_errors_end_in_one_line(prog: str):
         return guarded
 
     return wrap
+
+
+class Stopped(Exception):
+    """A job that stopped on a signal after keeping what it had done (a committed checkpoint): its command ends
+    in this one line, exit 128 + the signal's number (143 for SIGTERM, 130 for SIGINT), as a shell reports a
+    process a signal ended, so that a scheduler does not read the job as finished."""
+
+    def __init__(self, number: int, message: str):
+        self.number = int(number)
+        super().__init__(message)
 
 
 def end_within(seconds: float, status: int, why: str) -> None:
@@ -156,8 +169,8 @@ class StopSignals:
         first = self.requested is None
         if first:
             self.requested = signal.Signals(number)
-        if first and self._checked:
-            print(f"{self.requested.name}: stopping after this step", file=sys.stderr, flush=True)
+        if first and self._checked:  # on a line of its own: a progress bar may be on the current one
+            print(f"\n{self.requested.name}: stopping after this step", file=sys.stderr, flush=True)
         elif first or self.timeout_s is None:  # a second signal is the watchdog's, where there is one
             raise KeyboardInterrupt(signal.Signals(number).name)
 

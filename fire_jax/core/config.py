@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import math
 import os
 import re
 import shutil
@@ -64,8 +65,9 @@ class WriteFailed(OSError):
         return self.args[0]
 
 
-#: An errno as libraries quote it in their messages: Python's "[Errno 28]", tensorstore's "[os_error_code='28']".
-_QUOTED_ERRNO = re.compile(r"\[Errno (\d+)\]|os_error_code='(\d+)'")
+#: An errno as libraries quote it in their messages: Python's "[Errno 28]", tensorstore's "[os_error_code='28']",
+#: safetensors' (Rust's std::io::Error) "No space left on device (os error 28)" or "Os { code: 28, ... }".
+_QUOTED_ERRNO = re.compile(r"\[Errno (\d+)\]|os_error_code='(\d+)'|\(os error (\d+)\)|Os \{ code: (\d+)")
 
 
 def error_number(error: BaseException | None) -> int | None:
@@ -78,7 +80,7 @@ def error_number(error: BaseException | None) -> int | None:
             return error.errno
         quoted = _QUOTED_ERRNO.search(str(error))
         if quoted:
-            return int(quoted.group(1) or quoted.group(2))
+            return int(next(g for g in quoted.groups() if g))
         error = error.__cause__ or error.__context__
     return None
 
@@ -328,6 +330,78 @@ def loss_config(**overrides) -> ml_collections.ConfigDict:
     ))
     config.update(overrides)
     return config
+
+
+def _number(low: float | None = None, high: float | None = None, *, integer: bool = False, low_open: bool = False,
+            high_open: bool = False):
+    """A check of one config value: a number (an integer when ``integer``; never a bool) within the bounds."""
+    kind = "an integer" if integer else "a number"
+    if low is not None and high is not None:
+        want = f"{kind} in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    elif low is not None:
+        want = f"{kind} {'>' if low_open else '>='} {low:g}"
+    else:
+        want = kind
+
+    def check(value) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+            return want
+        if isinstance(value, float) and not math.isfinite(value):
+            return want
+        if low is not None and (value < low or (low_open and value == low)):
+            return want
+        if high is not None and (value > high or (high_open and value == high)):
+            return want
+        return None
+
+    return check
+
+
+def _one_of(*choices):
+    def check(value) -> str | None:
+        return None if value in choices else f"one of {list(choices)}"
+
+    return check
+
+
+#: What each field of the train / loss / data sub-configs may hold, checked wherever such a sub-config appears
+#: (a training config's ``train``, a main job's ``base_train.train``, ...): :func:`check_config`.
+FIELD_CHECKS = {
+    "train": dict(
+        lr=_number(0, low_open=True), weight_decay=_number(0), b1=_number(0, 1, high_open=True),
+        b2=_number(0, 1, high_open=True), eps=_number(0, low_open=True), warmup_frac=_number(0, 1, high_open=True),
+        clip_norm=_number(0), lr_schedule=_one_of("cosine", "constant"), batch_size=_number(1, integer=True),
+        accum_steps=_number(1, integer=True), epochs=_number(0, low_open=True), total_steps=_number(0, integer=True),
+        loss_chunk=_number(1, integer=True), checkpoint_every=_number(1, integer=True),
+        keep_checkpoints=_number(1, integer=True)),
+    "loss": dict(normalize=_one_of("token", "turn"), max_turns=_number(1, integer=True)),
+    "data": dict(max_len=_number(1, integer=True), batch_size=_number(1, integer=True),
+                 group_by_length=_number(0, integer=True), num_epochs=_number(0, integer=True),
+                 num_threads=_number(0, integer=True), num_workers=_number(0, integer=True),
+                 seed=_number(integer=True), on_bad_record=_one_of("skip", "error"),
+                 role=_one_of("student", "teacher"), teacher_history=_one_of("full", "latest")),
+}
+
+
+def check_config(config, where: str = "config") -> None:
+    """Raise :class:`InputError` naming the first field of ``config`` (at any depth) whose value its
+    :data:`FIELD_CHECKS` refuses, in one line: ``config field base_train.train.checkpoint_every = 0: expected an
+    integer >= 1``. Called where a job takes its config (the trainer, the main job), after overrides."""
+    def walk(node, path: tuple[str, ...]) -> None:
+        items = node.items() if isinstance(node, (Mapping, ml_collections.ConfigDict)) else ()
+        for key, value in items:
+            key = str(key)
+            checks = FIELD_CHECKS.get(path[-1]) if path else None
+            if checks and key in checks:
+                want = checks[key](value)
+                if want:
+                    raise InputError(f"{where} field {'.'.join(path + (key,))} = {value!r}: expected {want}")
+            elif key in ("sources", "eval_sources"):  # a data source's fields are its loader's to check
+                continue
+            elif isinstance(value, (Mapping, ml_collections.ConfigDict)):
+                walk(value, path + (key,))
+
+    walk(config, ())
 
 
 #: Default sharding rules, (logical axis name, mesh axes): batch over data x fsdp, weights' model dimension

@@ -21,13 +21,15 @@ VQA, VLRMBench tasks and analyses, FIRE-1M-style data generation,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import sys
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from fire_jax.core.config import InputError, json_error_at, writing
+from fire_jax.core.config import InputError, WriteFailed, json_error_at, writing
+from fire_jax.core.files import output_file
 
 
 class ResultStore:
@@ -71,7 +73,8 @@ class ResultStore:
                 print(f"{self.path}: {self.unreadable} line(s) that are not result records skipped "
                       f"(first: {first_unreadable})", file=sys.stderr)
         # A writer's file exists from the start (an empty run leaves an empty file); a reader's is not created.
-        self._file = open(self.path, "a", encoding="utf-8") if repair else None
+        self._failed = False
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if repair else None
 
     def _last_line(self, data: bytes, repair: bool) -> bytes:
         """``data`` (the file, its last line without a newline) with that line kept when it is a whole record
@@ -125,20 +128,35 @@ class ResultStore:
         self.add_many([record])
 
     def add_many(self, records: Iterable[dict]) -> None:
-        """Append records and flush once (a batch of units finished together); a write that fails (a full disk)
-        raises :class:`fire_jax.core.config.WriteFailed` naming the file and the space left."""
+        """Append records in one write (a batch of units finished together). A write that fails (a full disk)
+        raises :class:`fire_jax.core.config.WriteFailed` naming the file and the space left; the file is cut back
+        to its last whole line, and the store writes nothing more (closing it does not write again)."""
+        records = list(records)
+        data = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records).encode("utf-8")
+        if self._failed:
+            raise WriteFailed(f"{self.path}: a write has failed, the store is closed for writing")
         with writing(self.path):
-            if self._file is None:
-                self._file = open(self.path, "a", encoding="utf-8")
-            for record in records:
-                self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
-                self._records[str(record[self.key_field])] = record
-            self._file.flush()
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            start = os.fstat(self._fd).st_size
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self._fd, view):]
+            except OSError:
+                self._failed = True
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, start)
+                self.close()
+                raise
+        for record in records:
+            self._records[str(record[self.key_field])] = record
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        """Close the file; every record was written when it was added (unbuffered), so nothing is written here."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
 
     def __enter__(self) -> "ResultStore":
         return self
@@ -160,6 +178,15 @@ def read_json(path: str | os.PathLike) -> Any:
     except json.JSONDecodeError as e:
         where = f"line {e.lineno} column {e.colno}"
         raise InputError(f"{path}: not valid JSON: {json_error_at(e.msg, where)}") from None
+
+
+def read_json_object(path: str | os.PathLike) -> dict:
+    """:func:`read_json` of a file that must hold a JSON object (a config, an index, settings): anything else
+    raises :class:`fire_jax.core.config.InputError` naming the file."""
+    value = read_json(path)
+    if not isinstance(value, dict):
+        raise InputError(f"{path}: expected a JSON object, got {type(value).__name__} {str(value)[:60]!r}")
+    return value
 
 
 def _plain(value: Any) -> Any:
@@ -195,8 +222,7 @@ def check_settings(path: str | os.PathLike, settings: dict, *, key: str | None =
         recorded[key] = settings
     else:
         recorded = settings
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
+    with output_file(path) as temporary, open(temporary, "w") as f:
         json.dump(recorded, f, indent=2)
 
 
@@ -212,9 +238,10 @@ def finite(value: Any) -> Any:
 
 
 def write_json(path: str | os.PathLike, value: Any, *, indent: int = 2) -> Any:
-    """Write ``finite(value)`` as indented strict JSON (the results of every job); returns what was written."""
+    """Write ``finite(value)`` as indented strict JSON (the results of every job), whole or not at all
+    (:func:`fire_jax.core.files.output_file`); returns what was written."""
     value = finite(value)
-    with open(path, "w") as f:
+    with output_file(path) as temporary, open(temporary, "w") as f:
         json.dump(value, f, indent=indent, allow_nan=False)
     return value
 

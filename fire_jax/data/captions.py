@@ -21,7 +21,6 @@ Two options make the batches a vision stage's for a LLaVA rather than a plain CL
 from __future__ import annotations
 
 import collections
-import json
 import math
 import os
 from typing import Any, Mapping
@@ -30,6 +29,8 @@ import numpy as np
 
 from fire_jax.core.config import InputError, resolve_path
 from fire_jax.core.geometry import ImageGeometry
+from fire_jax.core.results import read_json
+from fire_jax.data.image_files import image_path
 from fire_jax.data.images import _resize, load_image, normalise, tiles
 
 
@@ -164,14 +165,15 @@ def _source_records(name: str, source: Mapping[str, Any]):
                    images[record["image"]])
         return
     path, root = resolve_path(source["json"]), resolve_path(source["image_root"])
-    with open(path, encoding="utf-8") as f:
-        records = json.load(f)
+    records = read_json(path)
+    if not isinstance(records, list):
+        raise InputError(f"{path}: expected a JSON list of {{\"id\", \"image\", \"caption\"}} records")
     for i, record in enumerate(records):
         where = f"{path}: record {i} ({record.get('id', '?')})"
         for field in ("image", "caption"):
             if not isinstance(record.get(field), str) or not record[field]:
                 raise InputError(f"{where}: field {field!r} must be a non-empty string")
-        image_path = os.path.join(root, record["image"])
-        if not os.path.isfile(image_path):
-            raise InputError(f"{where}: field 'image': no file {image_path}")
-        yield where, record, load_image(image_path)
+        path = image_path(root, record["image"], where)  # a BadRecordError (an InputError) out of the root
+        if not os.path.isfile(path):
+            raise InputError(f"{where}: field 'image': no file {path}")
+        yield where, record, load_image(path)

@@ -22,6 +22,8 @@ import numpy as np
 from fire_jax.data.records import IMAGE_PLACEHOLDER, Conversation, Instruction, Record
 from fire_jax.data.templates import LLAMA3_FAMILY, ChatTemplate, template_source
 from fire_jax.core.geometry import ImageGeometry, unpadded_size
+from fire_jax.core.config import InputError
+from fire_jax.core.results import read_json_object
 
 #: Llama-3's special tokens (the tiny test tokenizer has them too).
 BOS = "<|begin_of_text|>"
@@ -204,7 +206,6 @@ class ChatTokenizer:
                   **kwargs) -> "ChatTokenizer":
         """A tokenizer.json; with ``template=None`` a ``tokenizer_config.json`` beside it names the chat template
         (its ``chat_template`` text, ``bos_token``, ``eos_token``), else Llama-3's is used."""
-        import json
         import os
 
         import tokenizers
@@ -212,8 +213,10 @@ class ChatTokenizer:
         tokenizer = tokenizers.Tokenizer.from_file(path)
         config_path = os.path.join(os.path.dirname(path), "tokenizer_config.json")
         if template is None and os.path.exists(config_path):
-            with open(config_path, encoding="utf-8") as f:
-                config = json.load(f)
+            config = read_json_object(config_path)
+            if not isinstance(config.get("chat_template"), str):
+                raise InputError(f"{config_path}: field 'chat_template' = {config.get('chat_template')!r}: expected "
+                                 "the template's Jinja text (or give data.template)")
             specials = [t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special]
             template = ChatTemplate(config["chat_template"], special_tokens=specials,
                                     bos_token=config.get("bos_token") or "", eos_token=config.get("eos_token") or "",

@@ -25,6 +25,8 @@ def outside_root(image_root: str, image: str) -> str | None:
     VLRMBench records). An absolute path or one whose ``..`` climbs out is refused by its name, before anything
     is looked at; one that leads out through a symbolic link (``images/x.jpg -> /elsewhere/x.jpg``, or a linked
     folder on the way) by where it resolves to (``os.path.realpath``), compared with the resolved root."""
+    if "\0" in image:
+        return f"{image!r} holds a NUL character"
     root = os.path.normpath(os.path.abspath(image_root or "."))
     path = os.path.normpath(os.path.join(root, image))
     if os.path.isabs(image) or os.path.commonpath([root, path]) != root:
@@ -38,8 +40,6 @@ def outside_root(image_root: str, image: str) -> str | None:
 def image_path(image_root: str, image: str, where: str) -> str:
     """``image`` joined to ``image_root``; ``image_outside_root`` when it leads out of the root
     (:func:`outside_root`)."""
-    if "\0" in image:
-        raise BadRecordError("missing_field", where, "image", "the path holds a NUL character")
     why = outside_root(image_root, image)
     if why:
         raise BadRecordError("image_outside_root", where, "image", why)

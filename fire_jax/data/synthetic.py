@@ -37,6 +37,7 @@ from typing import Mapping, Sequence
 
 from PIL import Image, ImageDraw
 
+from fire_jax.core.files import output_file, write_text
 from fire_jax.data.records import Turn, to_raw
 
 #: Colours in rainbow order: the colour task's scale.
@@ -289,7 +290,8 @@ def write_synthetic_fire(out_dir: str, *, num_train: int = 720, num_test: int = 
     for split, num in (("train", num_train), ("test", num_test)):
         records, images, captions = synthesize(num, seed, split)
         for name, image in images.items():
-            image.save(os.path.join(out_dir, "images", name), optimize=True)
+            with output_file(os.path.join(out_dir, "images", name)) as temporary:
+                image.save(temporary, format="PNG", optimize=True)
         paths[split] = os.path.join(out_dir, f"{split}.json")
         _write_json(paths[split], records)
         if split == "train":
@@ -311,9 +313,7 @@ def write_synthetic_fire(out_dir: str, *, num_train: int = 720, num_test: int = 
 
 
 def _write_json(path: str, records: list[dict]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(records, f, indent=1)
-        f.write("\n")
+    write_text(path, json.dumps(records, indent=1) + "\n")
 
 
 def instruction_records(records: list[dict], *, right: bool = False) -> list[dict]:

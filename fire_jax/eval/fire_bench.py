@@ -32,6 +32,7 @@ from fire_jax.infer import dialogue
 from fire_jax.infer.engine_config import EngineConfig
 from fire_jax.infer.sampling import SamplingParams
 from fire_jax.core.results import check_settings, write_json
+from fire_jax.core.files import write_text
 
 SETTINGS = ("fixed", "free")
 
@@ -163,8 +164,7 @@ def evaluate(config, workdir: str, *, agents=None) -> dict:
     results["figures"] = figures
     results = write_json(os.path.join(workdir, "results.json"), results)
     title = f"# FIRE-Bench, {setting} dialogues\n\n"
-    with open(os.path.join(workdir, "results.md"), "w") as f:
-        f.write(title + markdown)
+    write_text(os.path.join(workdir, "results.md"), title + markdown)
     print(title + markdown)
     print(f"wrote {workdir}/results.json, results.md, " + ", ".join(os.path.basename(p) for p in figures.values()))
     return results

@@ -13,14 +13,13 @@ accuracy curve, overall and per source dataset.
 from __future__ import annotations
 
 import collections
-import json
 import math
 from typing import Mapping, Sequence
 
 from fire_jax.data.items import Item
 from fire_jax.eval.metrics import accuracy_by_turn, free_dialogue_metrics
 from fire_jax.infer.dialogue import FREE_DIALOGUE, Dialogue, StopRule, dialogue_record, run_dialogues
-from fire_jax.core.results import ResultStore
+from fire_jax.core.results import ResultStore, read_json_object
 
 
 def run_free(items: Sequence[Item], student, teacher, path: str, *, rule: StopRule = FREE_DIALOGUE,
@@ -54,8 +53,7 @@ def load_baseline(path: str) -> dict:
     T_baseline of AT (docs/spec.md, "FIRE-Bench metrics"): the baseline model's mean of t_k on its own run
     (``mean_turns`` of its free-dialogue results); None where it has none.
     """
-    with open(path) as f:
-        results = json.load(f)
+    results = read_json_object(path)
     if results.get("setting") != "free":
         raise ValueError(f"{path}: baseline_results must be the results.json of a free-dialogue run, "
                          f"got setting {results.get('setting')!r}")

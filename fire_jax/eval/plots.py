@@ -10,6 +10,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from fire_jax.core.files import save_figure
 from fire_jax.data.records import Conversation
 
 
@@ -76,7 +77,7 @@ def plot_data_statistics(records: Sequence, out_path: str, title: str = "") -> d
     axes[2].set(xlabel="turns", ylabel="dialogues", xticks=list(stats["turns"]), title="turns per dialogue")
     fig.suptitle(title or f"{stats['dialogues']} dialogues")
     fig.tight_layout()
-    fig.savefig(out_path, dpi=120)
+    save_figure(fig, out_path, dpi=120)
     plt.close(fig)
     return stats
 
@@ -101,7 +102,7 @@ def plot_accuracy_by_turn(curves: Mapping[str, Sequence[float]], out_path: str,
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out_path, dpi=120)
+    save_figure(fig, out_path, dpi=120)
     plt.close(fig)
 
 
@@ -121,5 +122,5 @@ def plot_data_size_ablation(points: Sequence[Mapping], out_path: str, title: str
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(out_path, dpi=120)
+    save_figure(fig, out_path, dpi=120)
     plt.close(fig)

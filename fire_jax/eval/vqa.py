@@ -20,9 +20,11 @@ import os
 from typing import Any
 
 from fire_jax.data.bad_records import BadRecordError, BadRecords
+from fire_jax.data.image_files import image_path
 from fire_jax.data.jsonl import read_objects
 from fire_jax.eval import metrics
 from fire_jax.core.results import ResultStore, markdown_table, write_json
+from fire_jax.core.files import write_text
 
 SHORT_ANSWER = "Answer the question using a single word or phrase."
 LETTER_ANSWER = "Answer with the option's letter from the given choices directly."
@@ -30,14 +32,16 @@ PAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paper_results"
 
 
 def read_items(path: str, image_root: str = "") -> tuple[list[dict], BadRecords]:
-    """The usable items of a JSONL / JSON-array file; bad ones counted by reason (missing_field, missing_image,
-    bad_answer)."""
+    """The usable items of a JSONL / JSON-array file; bad ones counted by reason (missing_field,
+    image_outside_root, missing_image, bad_answer)."""
     def parse(raw: dict, where: str, default_id: str) -> dict:
         for field in ("image", "question", "answers"):
             if not raw.get(field):
                 raise BadRecordError("missing_field", where, field)
         answers = [raw["answers"]] if isinstance(raw["answers"], str) else [str(a) for a in raw["answers"]]
-        image = os.path.join(image_root, raw["image"])
+        if not isinstance(raw["image"], str):
+            raise BadRecordError("missing_field", where, "image", f"expected a path, got {raw['image']!r}")
+        image = image_path(image_root, raw["image"], where)  # refuses a path out of the root
         if not os.path.isfile(image):
             raise BadRecordError("missing_image", where, "image", image)
         item = dict(id=str(raw.get("id", default_id)), image=image, question=str(raw["question"]),
@@ -113,8 +117,7 @@ def run_vqa(path: str, workdir: str, student, *, name: str = "student", image_ro
                    bad_records=dict(bad), paper=paper_rows(benchmark))
     results = write_json(os.path.join(workdir, "vqa_results.json"), results, indent=1)
     markdown = table(benchmark, {name: accuracy})
-    with open(os.path.join(workdir, "vqa_results.md"), "w") as f:
-        f.write(markdown + "\n")
+    write_text(os.path.join(workdir, "vqa_results.md"), markdown + "\n")
     print(bad.report(f"{path}: bad records skipped"))
     print(markdown)
     return results

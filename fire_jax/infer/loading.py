@@ -28,7 +28,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import glob
-import json
 import os
 
 from fire_jax.runtime.build import build_model
@@ -37,7 +36,7 @@ from fire_jax.core.config import resolve_path
 from fire_jax.convert.hf import load_peft_adapter, peft_lora_config
 from fire_jax.convert.llava import adapter_base, is_llava_lora
 from fire_jax.data.chat import ChatTokenizer
-from fire_jax.core.results import read_json
+from fire_jax.core.results import read_json, read_json_object
 
 CHECKPOINT_KINDS = ("hf", "peft", "llava_lora", "workdir")
 
@@ -124,8 +123,8 @@ def load(config, checkpoint: str | None = None, *, step: int | None = None) -> L
         config = copy.deepcopy(config)
         config.model.lora = peft_lora_config(checkpoint)
         if not (config.get("init") and config.init.get("hf_checkpoint")):
-            with open(os.path.join(checkpoint, "adapter_config.json")) as f:
-                named = json.load(f).get("base_model_name_or_path") or ""
+            named = read_json_object(os.path.join(checkpoint, "adapter_config.json")).get(
+                "base_model_name_or_path") or ""
             if named and os.path.exists(os.path.join(named, "config.json")):
                 config.init = dict(hf_checkpoint=named)
         model = load_peft_adapter(build_model(config), checkpoint)

@@ -16,12 +16,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import time
 from typing import Any
 
 import ml_collections
 
-from fire_jax.core.results import markdown_table, write_json
+from fire_jax.core.cli import Stopped
+from fire_jax.core.config import check_config
+from fire_jax.core.files import write_text
+from fire_jax.core.results import markdown_table, read_json_object, write_json
 
 #: Columns of the summary: (label, setting, role or None, metric key).
 SUMMARY = (("student BLEU-4", "fixed", "student", "BLEU-4"), ("student CIDEr", "fixed", "student", "CIDEr"),
@@ -56,8 +60,9 @@ def train_and_report(config, workdir: str, name: str) -> dict:
     print(f"{name}: step {summary['step']}/{summary['total_steps']}, last loss "
           f"{summary['metrics'].get('loss', float('nan')):.4f}")
     if summary.get("preempted"):  # the next stage starts from this one's export, which a stopped stage lacks
-        raise SystemExit(f"{name}: stopped by SIGTERM at step {summary['step']} of {summary['total_steps']} "
-                         f"(checkpoint in {workdir}); the same command resumes")
+        by = summary.get("stopped_by") or signal.SIGTERM
+        raise Stopped(by, f"{name}: stopped by {signal.Signals(by).name} at step {summary['step']} of "
+                          f"{summary['total_steps']} (checkpoint in {workdir}); the same command resumes")
     return {"workdir": workdir, "step": summary["step"], "source_sizes": summary.get("source_sizes", {})}
 
 
@@ -118,6 +123,7 @@ def compile_cache(workdir: str):
 
 def run(config, workdir: str) -> dict[str, Any]:
     """Train both agents, run all four evaluations, print and write ``summary.json`` / ``summary.md``."""
+    check_config(config)  # every stage's fields, before the first stage runs
     with compile_cache(workdir):
         return _run(config, workdir)
 
@@ -164,13 +170,12 @@ def _run(config, workdir: str) -> dict[str, Any]:
                                       f"\"Feedback:\", as the release's analyze_feedback.py; 'whole': the reply).\n")
     # summary.json holds results only (no timings or absolute paths), so reruns can be compared byte for byte.
     write_json(os.path.join(workdir, "summary.json"), summary)
-    with open(os.path.join(workdir, "summary.md"), "w") as f:
-        f.write(table)
+    write_text(os.path.join(workdir, "summary.md"), table)
     minutes = (time.perf_counter() - start) / 60
-    with open(os.path.join(workdir, "timing.json"), "w") as f:
-        json.dump({"minutes": minutes, "fetch_seconds": fetch_seconds, "matmul_gflops": round(rate),
-                   "gflops_minutes": round(minutes * rate), "budget_gflops_minutes": BUDGET,
-                   "stage_seconds": {k: round(v, 1) for k, v in seconds.items()}}, f, indent=2)
+    write_json(os.path.join(workdir, "timing.json"),
+               {"minutes": minutes, "fetch_seconds": fetch_seconds, "matmul_gflops": round(rate),
+                "gflops_minutes": round(minutes * rate), "budget_gflops_minutes": BUDGET,
+                "stage_seconds": {k: round(v, 1) for k, v in seconds.items()}})
     print("\n== summary (overall, synthetic test set)\n" + table)
     print("plots:\n  " + "\n  ".join(os.path.join(workdir, p) for p in summary["figures"]))
     print("stage minutes: " + ", ".join(f"{name} {value / 60:.1f}" for name, value in seconds.items()))
@@ -344,8 +349,7 @@ def data_size_ablation(config, workdir: str, sizes: list[int]) -> list[dict]:
         points.append({"size": size, "source": source, "examples": trained["source_sizes"].get(source),
                        "steps": trained["step"],
                        **{k: overall.get(k) for k in ("AT", "ADR", "ATR", "RR", "K")}})
-    with open(os.path.join(workdir, "fig6.json"), "w") as f:
-        json.dump(points, f, indent=2)
+    write_json(os.path.join(workdir, "fig6.json"), points)
     plot_data_size_ablation(points, os.path.join(workdir, "fig6.png"), title="data-size ablation (Fig. 6)")
     print(json.dumps(points, indent=2))
     print(f"wrote {workdir}/fig6.json, fig6.png")
@@ -359,8 +363,7 @@ def accuracy_curves(results_files: dict[str, str], out_path: str) -> dict[str, l
 
     curves = {}
     for name, path in results_files.items():
-        with open(path) as f:
-            curves[name] = json.load(f)["metrics"]["overall"]["accuracy_by_turn"]
+        curves[name] = read_json_object(path)["metrics"]["overall"]["accuracy_by_turn"]
     plot_accuracy_by_turn(curves, out_path, paper=paper_results()["figure7_accuracy_by_turn"])
     print(f"wrote {out_path}")
     return curves

@@ -61,8 +61,8 @@ from fire_jax.infer.agents import from_specs
 from fire_jax.infer.api import ApiError
 from fire_jax.infer.backends import Refused
 from fire_jax.infer.sampling import SamplingParams
-from fire_jax.serving.limits import (BadRequest, Limits, add_arguments, boolean, check_text, json_body, limits_of,
-                                     longest_token_chars, open_data_uri, run_server, text_chars_bound)
+from fire_jax.serving.limits import (BadRequest, Limits, OneLineLog, add_arguments, boolean, check_text, json_body,
+                                     limits_of, longest_token_chars, open_data_uri, run_server, text_chars_bound)
 from fire_jax.serving.defaults import default_models
 
 EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "synthetic_fire")
@@ -144,14 +144,15 @@ def refusal(error: Refused) -> BadRequest:
     return BadRequest(400, str(error), "invalid_request_error")
 
 
-def failure_message(error: BaseException) -> str:
+def failure_message(error: BaseException, *, log: bool = True) -> str:
     """What the page shows of a failed generation: an endpoint's own account (:class:`ApiError`: which endpoint,
     why, after how many tries), else a plain sentence, the details (class and message) going to the demo's log
     on stderr, never to the page."""
     if isinstance(error, ApiError):
         return str(error)
-    print(f"fire_jax.demo: generation failed: {type(error).__name__}: {' '.join(str(error).split())}",
-          file=sys.stderr, flush=True)
+    if log:  # else the request's one line says it (OneLineLog)
+        print(f"fire_jax.demo: generation failed: {type(error).__name__}: {' '.join(str(error).split())}",
+              file=sys.stderr, flush=True)
     return "the model failed to generate; the demo's log says why"
 
 
@@ -241,7 +242,10 @@ def fire_record(body: dict) -> dict:
     missing = [k for k, t in enumerate(turns, 1) if not t.feedback]
     if missing:
         raise BadRequest(400, f"turn {missing[0]} has no feedback")
-    record = to_raw(f"demo-{int(time.time() * 1000)}", _text(body, "image_name"), _text(body, "question"),
+    image_name = _text(body, "image_name")
+    if os.path.basename(image_name) != image_name or image_name in (".", "..") or any(c in image_name for c in "\\\0"):
+        raise BadRequest(400, "'image_name' must be a file name, without folders")  # refused: not echoed
+    record = to_raw(f"demo-{int(time.time() * 1000)}", image_name, _text(body, "question"),
                     _text(body, "groundtruth", required=False) or "(none given)", turns, source="demo", split="demo")
     try:  # the demo's users may give feedback without a score line: the student's data keeps such records
         parse_record(record, default_id=record["id"], require_scores=False)
@@ -251,10 +255,12 @@ def fire_record(body: dict) -> dict:
 
 
 def create_app(student: Streaming, teacher: Streaming, descriptions: dict, sampling: SamplingParams, *,
-               limits: Limits | None = None, example_dir: str = EXAMPLES_DIR, api_docs: bool = False):
+               limits: Limits | None = None, example_dir: str = EXAMPLES_DIR, api_docs: bool = False,
+               debug: bool = False):
     """The demo's app; ``limits`` (:class:`fire_jax.serving.limits.Limits`) on every request before it reaches a model.
     ``api_docs``: serve FastAPI's ``/docs`` and ``/openapi.json`` (off by default: the page is the demo's one
-    interface, and Swagger's page loads its scripts from a CDN)."""
+    interface, and Swagger's page loads its scripts from a CDN). Each failed request is one line of the log
+    (:class:`fire_jax.serving.limits.OneLineLog`; ``debug``: with the traceback of an unexpected failure)."""
     limits = limits or Limits()
     docs = dict(docs_url="/docs", redoc_url=None, openapi_url="/openapi.json") if api_docs else dict(
         docs_url=None, redoc_url=None, openapi_url=None)
@@ -277,10 +283,11 @@ def create_app(student: Streaming, teacher: Streaming, descriptions: dict, sampl
     async def bad_request(_, e: BadRequest):
         return JSONResponse({"error": {"message": e.message, "code": e.code}}, status_code=e.status)
 
-    @app.exception_handler(Exception)
-    async def failure(_, e: Exception):  # a model failure: shown in the page, the server keeps going
-        message = str(e) if isinstance(e, ModelFailure) else failure_message(e)
-        return JSONResponse({"error": {"message": message, "code": "model_failure"}}, status_code=500)
+    def failure(e: Exception):  # a model failure: shown in the page (its details in the log), the demo goes on
+        message = str(e) if isinstance(e, ModelFailure) else failure_message(e, log=False)
+        return 500, {"error": {"message": message, "code": "model_failure"}}
+
+    app.add_middleware(OneLineLog, prog="fire_jax.demo", failed=failure, debug=debug)
 
     @app.get("/", response_class=HTMLResponse)
     def page():
@@ -299,7 +306,7 @@ def create_app(student: Streaming, teacher: Streaming, descriptions: dict, sampl
     @app.get("/examples/{name}")
     def example_image(name: str):
         if name not in {item["image"] for item in items}:
-            raise BadRequest(404, f"no example image {name!r}", "not_found")
+            raise BadRequest(404, "no such example image", "not_found")
         return FileResponse(os.path.join(example_dir, "images", name), media_type="image/png")
 
     @app.post("/api/respond")
@@ -376,5 +383,5 @@ def main(argv=None):
         print(f"{role}: {description}", flush=True)
     student, teacher = (Streaming(agent, sampling, args.max_text_chars) for agent in (student, teacher))
     app = create_app(student, teacher, descriptions, sampling, limits=limits_of(args, max_images=1),
-                     api_docs=args.api_docs)
+                     api_docs=args.api_docs, debug=args.debug)
     run_server(app, args, "demo on http://{host}:{port}/")

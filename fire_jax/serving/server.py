@@ -77,7 +77,7 @@ from fire_jax.infer.engine_config import EngineConfig
 from fire_jax.infer.loading import load
 from fire_jax.infer.requests import Request
 from fire_jax.serving.defaults import default_models
-from fire_jax.serving.limits import (BadRequest, Limits, add_arguments, check_text, image_urls,
+from fire_jax.serving.limits import (BadRequest, Limits, OneLineLog, add_arguments, check_text, image_urls,
                                      json_body as limits_json_body, limits_of, longest_token_chars, open_data_uri,
                                      run_server, sampling, text_chars_bound)
 
@@ -313,7 +313,7 @@ async def _next_update(updates: asyncio.Queue, grace: GracefulTimeout):
 
 
 def create_app(models: dict[str, Served], *, max_queue: int = 256, limits: Limits | None = None,
-               graceful_timeout: float = 60.0):
+               graceful_timeout: float = 60.0, debug: bool = False):
     """The FastAPI app serving ``models``; ``max_queue`` requests in flight per model (admitted and not finished)
     before 503; ``limits`` (:class:`fire_jax.serving.limits.Limits`) on every request before it reaches a model.
     ``app.state.grace.start()`` (at SIGTERM) gives the requests in flight ``graceful_timeout`` seconds
@@ -338,6 +338,9 @@ def create_app(models: dict[str, Served], *, max_queue: int = 256, limits: Limit
 
     app = FastAPI(title="fire_jax", lifespan=lifespan)
     app.state.grace = grace
+    app.add_middleware(OneLineLog, prog="fire_jax.serve", debug=debug, failed=lambda e: (500, {"error": {
+        "message": "the server failed on this request; its log says why", "type": "server_error",
+        "code": "server_error", "param": None}}))
 
     def error(status: int, message: str, code: str, headers=None):
         kind = "invalid_request_error" if status < 500 else "server_error"
@@ -612,6 +615,7 @@ def main(argv=None):
     if args.max_images > MAX_IMAGES:
         raise ValueError(f"--max_images {args.max_images}: at most {MAX_IMAGES} (the engine's limit)")
     models = load_models(config, specs, init, shape, args.cache_len, args.warm_up, args.max_text_chars, args.max_images)
-    app = create_app(models, max_queue=args.max_queue, limits=limits_of(args), graceful_timeout=args.graceful_timeout)
+    app = create_app(models, max_queue=args.max_queue, limits=limits_of(args), graceful_timeout=args.graceful_timeout,
+                     debug=args.debug)
     run_server(app, args, "listening on http://{host}:{port}/v1", on_stop=app.state.grace.start,
                graceful_margin_s=GRACEFUL_MARGIN_S)

@@ -11,7 +11,7 @@ Multi-host: run the same command on every host with ``--coordinator HOST:PORT
 
 from absl import flags
 
-from fire_jax.core.cli import define_config_flag, run_absl
+from fire_jax.core.cli import Stopped, define_config_flag, run_absl
 
 _CONFIG = define_config_flag(__name__, "fire_jax.train", None,
                              "config file (get_config(arg)); path:arg for sweeps", kind="train")
@@ -37,6 +37,9 @@ def main(argv):
     from fire_jax.train.loop import train
 
     summary = train(_CONFIG.value, _WORKDIR.value, max_steps=_MAX_STEPS.value)
+    if summary["stopped_by"] is not None:  # exit 128 + the signal: a scheduler must not read the run as done
+        raise Stopped(summary["stopped_by"], f"stopped by {summary['stopped_by'].name} at step {summary['step']} "
+                                             f"of {summary['total_steps']}; the same command resumes")
     if jax.process_index() == 0:
         print(f"done: step {summary['step']}/{summary['total_steps']}, loss {summary['metrics'].get('loss')}")
 

@@ -19,7 +19,8 @@ import numpy as np
 from fire_jax.runtime.build import build_model
 from fire_jax.runtime.checkpoint import Checkpointer
 from fire_jax.core.cli import StopSignals
-from fire_jax.core.config import WriteFailed, writing
+from fire_jax.core.config import WriteFailed, check_config, writing
+from fire_jax.core.files import output_folder, write_text
 from fire_jax.models import LlavaNext
 from fire_jax.models.clip import CLIPModel
 from fire_jax.runtime.sharding import make_mesh, put_batch
@@ -170,6 +171,7 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
     from fire_jax.data.captions import CaptionPipeline
     from fire_jax.data.pipeline import InputPipeline
 
+    check_config(config)
     os.makedirs(workdir, exist_ok=True)
     mesh = make_mesh(tuple(config.mesh.shape))
     rules = tuple((name, tuple(axes)) for name, axes in config.mesh.rules)
@@ -201,8 +203,7 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
         print(f"resumed from {workdir}/checkpoints at step {resumed_at}")
     config_json = json.loads(config.to_json())
     if jax.process_index() == 0:
-        with writing(os.path.join(workdir, "config.json")), open(os.path.join(workdir, "config.json"), "w") as f:
-            json.dump(config_json, f, indent=2)
+        write_text(os.path.join(workdir, "config.json"), json.dumps(config_json, indent=2))
     writer = MetricWriter(workdir, resumed_at)
     stop = StopSignals.active or StopSignals()  # the command's (with its watchdog), else one for this loop
     rng = jax.random.key(config.seed)
@@ -221,7 +222,7 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
                     batch = next(pipeline)
                 except StopIteration:
                     data_ended = True
-                    print(f"the data ended after step {step} of {steps} (examples dropped while training: "
+                    progress.write(f"the data ended after step {step} of {steps} (examples dropped while training: "
                           f"{sum(pipeline.dropped.values()):,}); saving and exporting there")
                     if step > last_saved:
                         checkpointer.save(step, state, pipeline.get_state(), config_json,
@@ -244,9 +245,8 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
                                       metrics=_loss_of(metrics), force=True)
                     last_saved = step + 1
                 if stop.requested:
-                    print(f"{stop.requested.name}: checkpoint of step {step + 1} written, exiting")
                     break
-            checkpointer.wait()
+            checkpointer.wait()  # committed: a stopped run says so only now (a second signal may end it before)
         except BaseException as e:
             failed = e
             raise
@@ -259,10 +259,13 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
             writer.close(quiet=failed is not None)
             checkpointer.close(wait=not isinstance(failed, WriteFailed), quiet=failed is not None)
     final_step = int(jax.device_get(state.step))
+    if stop.requested:
+        print(f"{stop.requested.name}: checkpoint of step {final_step} committed in {workdir}/checkpoints",
+              flush=True)
     if (final_step == steps or data_ended) and config.train.get("export", True) and jax.process_index() == 0:
         export(trainer.model(state), workdir, config)
     return {"step": final_step, "total_steps": steps, "data_ended": data_ended,
-            "preempted": stop.requested is not None, "state": state, "trainer": trainer,
+            "preempted": stop.requested is not None, "stopped_by": stop.requested, "state": state, "trainer": trainer,
             "source_sizes": dict(pipeline.source_sizes),  # usable examples per source (one epoch, all processes)
             "metrics": {k: np.asarray(v).tolist() for k, v in metrics.items()}}
 
@@ -282,21 +285,21 @@ def export(model: LlavaNext | CLIPModel, workdir: str, config) -> None:
         from fire_jax.convert.clip import save_clip_checkpoint
 
         clip_dir = os.path.join(workdir, "export", "clip")
-        with writing(clip_dir):
-            save_clip_checkpoint(model, clip_dir)
+        with output_folder(clip_dir) as written:
+            save_clip_checkpoint(model, written)
         return
 
     adapter, merged = os.path.join(workdir, "export", "peft_adapter"), os.path.join(workdir, "export", "hf_merged")
-    with writing(adapter):
-        save_peft_adapter(model, adapter)
+    with output_folder(adapter) as written:  # each folder whole or not at all: the last good one is kept
+        save_peft_adapter(model, written)
     if config.train.get("export_merged", False):
-        with writing(merged):
-            save_hf_checkpoint(merge_lora(model), merged)
+        with output_folder(merged) as written:
+            save_hf_checkpoint(merge_lora(model), written)
             tokenizer = resolve_path(config.data.tokenizer)
-            shutil.copyfile(tokenizer, os.path.join(merged, "tokenizer.json"))
+            shutil.copyfile(tokenizer, os.path.join(written, "tokenizer.json"))
             template = os.path.join(os.path.dirname(tokenizer), "tokenizer_config.json")
             if os.path.exists(template):
-                shutil.copyfile(template, os.path.join(merged, "tokenizer_config.json"))
+                shutil.copyfile(template, os.path.join(written, "tokenizer_config.json"))
 
 
 def _loss_of(metrics: dict[str, Any]) -> dict[str, float]:

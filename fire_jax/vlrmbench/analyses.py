@@ -43,6 +43,7 @@ from typing import Any, Mapping, Sequence
 
 from fire_jax.infer.dialogue import StopRule
 from fire_jax.core.results import ResultStore, check_settings, markdown_table
+from fire_jax.core.files import write_text
 from fire_jax.vlrmbench.data import TaskData
 from fire_jax.vlrmbench.parse import parse_foresight, try_parse_scores, try_parse_step_labels
 from fire_jax.vlrmbench.score import load_paper_results, score_accountings
@@ -97,8 +98,8 @@ def _write(workdir: Path, name: str, title: str, table: str, results: dict) -> d
     out = workdir / "analyses"
     out.mkdir(parents=True, exist_ok=True)
     text = f"{title}\n\n{table}"
-    (out / f"{name}.md").write_text(text)
-    (out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_text(out / f"{name}.md", text)
+    write_text(out / f"{name}.json", json.dumps(results, indent=2) + "\n")
     print(text)
     return {**results, "table": text}
 

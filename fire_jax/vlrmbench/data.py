@@ -125,7 +125,7 @@ def _parse_record(record: Any, info: TaskInfo, path: Path, line: int, image_root
     images, missing = tuple(record["image"]), ()
     if image_root is not None:
         for image in images:
-            why = "the path holds a NUL character" if "\0" in image else outside_root(str(image_root), image)
+            why = outside_root(str(image_root), image)
             if why:
                 raise bad("image_outside_root", "image", why)
         images = tuple(str(image_root / p) for p in images)

@@ -80,6 +80,7 @@ from fire_jax.infer.engine_config import EngineConfig
 from fire_jax.infer.sampling import SamplingParams
 from fire_jax.infer.loading import display_name
 from fire_jax.core.results import ResultStore, write_json
+from fire_jax.core.files import write_text
 from fire_jax.vlrmbench.data import MISSING_IMAGES, TaskData
 from fire_jax.vlrmbench.score import (ACCOUNTINGS, TaskResult, pooled_step_f1, results_table, score_accountings,
                                       theme_average)
@@ -477,8 +478,7 @@ def score(datasets: dict[str, TaskData], workdir: Path, *, model: str, judge: st
     summary["step_pooled_f1"] = pooled_step_f1(results[accounting])  # VLMEvalKit's Overall_F1_weighted
     summary["step_pooled_f1_by_accounting"] = {a: pooled_step_f1(results[a]) for a in ACCOUNTINGS}
     write_json(workdir / "results.json", summary)
-    with open(workdir / "results.md", "w") as f:
-        f.write(table)
+    write_text(workdir / "results.md", table)
     print(table)
     print(f"wrote {workdir / 'results.json'} and {workdir / 'results.md'}")
     return {**summary, "table": table}
