@@ -269,7 +269,9 @@ def test_errors_say_what_is_wrong_without_python_and_the_api_docs_are_off(limite
     """A non-image upload gets a sentence, not PIL's "cannot identify image file <_io.BytesIO object at 0x...>";
     an unexpected failure's 500 names no exception class (the log does); /docs and /openapi.json answer 404
     unless --api_docs."""
-    import asyncio
+    import io
+
+    from PIL import Image
 
     from fire_jax.serving.demo import create_app
     from fire_jax.infer.sampling import SamplingParams
@@ -286,8 +288,21 @@ def test_errors_say_what_is_wrong_without_python_and_the_api_docs_are_off(limite
     descriptions = {"student": "s", "teacher": "t"}
     app = create_app(None, None, descriptions, SamplingParams())
     assert (app.docs_url, app.openapi_url) == (None, None)
-    reply = asyncio.run(app.exception_handlers[Exception](None, KeyError("slot 3 <Ticket object at 0x7f00>")))
-    assert reply.status_code == 500 and json.loads(reply.body) == {"error": {
+
+    class Failing:  # a generation that fails in a way no handler knows, its message naming an object
+        max_text_chars = 0
+
+        def start(self, *args):
+            raise KeyError("slot 3 <Ticket object at 0x7f00>")
+
+    from fastapi.testclient import TestClient
+
+    client = TestClient(create_app(Failing(), Failing(), descriptions, SamplingParams()), raise_server_exceptions=False)
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), "red").save(buffer, format="PNG")
+    png = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    reply = client.post("/api/respond", json={"image": png, "question": "What is this?"})
+    assert reply.status_code == 500 and reply.json() == {"error": {
         "message": "the model failed to generate; the demo's log says why", "code": "model_failure"}}
     documented = create_app(None, None, descriptions, SamplingParams(), api_docs=True)
     assert (documented.docs_url, documented.openapi_url) == ("/docs", "/openapi.json")

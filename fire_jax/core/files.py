@@ -55,11 +55,10 @@ def _remove(path: str) -> None:
 
 @contextlib.contextmanager
 def _written_whole(path: str, folder: bool) -> Iterator[str]:
-    temporary = None
+    temporary = old = None
     try:
         temporary = _temporary(path, folder=folder)
         yield temporary
-        old = None
         if folder and os.path.lexists(path):  # a folder cannot be renamed over a non-empty one: swap
             old = temporary + ".old"
             os.replace(path, old)
@@ -69,6 +68,8 @@ def _written_whole(path: str, folder: bool) -> Iterator[str]:
     except BaseException as error:
         if temporary is not None:
             _remove(temporary)
+        if old is not None and os.path.lexists(old) and not os.path.lexists(path):
+            os.replace(old, path)  # the swap failed half-way: the last good folder back in its place
         if isinstance(error, WriteFailed):
             raise
         if isinstance(error, Exception) and is_write_error(error):
