@@ -6,7 +6,13 @@
 """Evaluation config shared by both FIRE-Bench settings; configs/eval_free.py starts from it.
 
 arg: "" / "tiny" (configs/tiny.py's model and tokenizer, random weights, assets:synthetic_fire/test.json) or "8b"
-(configs/llava_next_8b.py, weights from the llava-hf checkpoint, the released FIRE-test.json).
+(configs/llava_next_8b.py, weights from the llava-hf checkpoint, the released FIRE-test.json); ",release=True": the
+release's own settings for evaluating its models (MM-FIRE/FIRE ``llava/eval/``, docs/reproducing.md): its
+templates (``llama_v3_student``), 512 new tokens in fixed dialogues (``eval_feedback.py`` generates with
+``feedback_chat.py``'s 512), its score reading (``get_score``), the student's first turn generated too (its
+``eval_feedback.py`` generates every gpt turn). The models' input conventions (pinpoints, BOS, alpha, the prompt
+cut) come with their checkpoints: an original-format folder runs as the release runs it
+(``config.model.conventions`` overrides: "transformers" or "release").
 """
 
 import os
@@ -21,7 +27,7 @@ FIRE_DATA = "/data/fire"  # FIRE-test.json and images/ of the release
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-    size, _ = parse_arg(arg, where="configs/eval_fixed.py", names=("tiny", "8b"))
+    size, options = parse_arg(arg, where="configs/eval_fixed.py", names=("tiny", "8b"), release=False)
     tiny = size == "tiny"
     base = load_config(os.path.join(CONFIGS, "tiny.py" if tiny else "llava_next_8b.py"))
     config = ml_collections.ConfigDict()
@@ -29,6 +35,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.seed = 0  # random weights (tiny) and sampling
     config.model = base.model  # both agents' architecture; LoRA r/alpha/targets come from an adapter
     config.model.remat = "none"  # inference: nothing to rematerialise
+    config.model.conventions = ""  # "": each checkpoint's (fire_jax.core.geometry.CONVENTIONS); or force one
+    config.release = options["release"]
     # --config.model.image_mode=pad: one 336 tile per image, as the official free-dialogue evaluation.
     if tiny:
         config.data = dict(tokenizer=base.data.tokenizer, image_token="<image>", pad_token="<pad>", template="")
@@ -68,4 +76,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         # "Feedback:" has no score, as its eval_feedback.py reads it).
         score_parser="robust",
     )
+    if options["release"]:  # the release's settings (docstring above)
+        config.data.template = "llama_v3_student"  # = llama_v3_teacher (conversation.py: the same text)
+        config.decode.max_new_tokens = 512
+        config.fixed.score_parser = "official"
+        config.fixed.student_first_turn = True
     return ml_collections.ConfigDict(config)

@@ -6,14 +6,17 @@
 #     --config.student.adapter=FIRE_LLAVA --config.free.baseline_results=BASE/results.json
 """Free dialogues: configs/eval_fixed.py's models, data and decoding, with the free-dialogue protocol.
 
-arg: as configs/eval_fixed.py ("" / "tiny" or "8b").
+arg: as configs/eval_fixed.py ("" / "tiny" or "8b", ",release=True"). With release=True, as the release's
+model_fire_chat_loader.py runs its free dialogues: 160 new tokens, images in "pad" mode (one 336 tile, 576
+features, no image_newline: it sets image_aspect_ratio="pad" on the model), its score reading (a reply it cannot
+read scores 0 and stops the dialogue).
 """
 
 import os
 
 import ml_collections
 
-from fire_jax.core.config import load_config
+from fire_jax.core.config import load_config, parse_arg
 
 CONFIGS = os.path.dirname(os.path.abspath(__file__))
 
@@ -22,7 +25,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config = load_config(os.path.join(CONFIGS, "eval_fixed.py") + (f":{arg}" if arg else ""))
     config.setting = "free"
     del config["fixed"]
-    config.decode.max_new_tokens = 16 if (arg or "tiny") == "tiny" else 160  # 160 for free dialogues (docs/spec.md)
+    size, options = parse_arg(arg, where="configs/eval_free.py", names=("tiny", "8b"), release=False)
+    release = options["release"]
+    config.decode.max_new_tokens = 16 if size == "tiny" and not release else 160  # 160 (docs/spec.md)
     config.free = ml_collections.ConfigDict(dict(
         # The stop rule (fire_jax.infer.dialogue.StopRule, every field of it): max_turns, threshold,
         # stop_on_no_increase, score_parser. The release's interactive chat (llava/eval/feedback_chat.py) stops only
@@ -37,4 +42,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         # no range check; a score of 0 stops the dialogue, as its model_fire_chat_loader.py).
         score_parser="robust",
     ))
+    if release:
+        config.model.image_mode, config.model.pad_newline = "pad", False
+        config.free.score_parser = "official"
     return config

@@ -188,7 +188,7 @@ def main(argv=None, print_fn=print) -> dict:
                 chunk, batch, images = prompts[start:start + args.batch_size], [], []
                 for prompt in chunk:
                     try:
-                        images.append(load_image(prompt.image))
+                        images.append(load_image(prompt.image, alpha="keep"))
                     except Exception as e:  # an unreadable file fails its line, not the job
                         error = BadRecordError("unreadable_image", prompt.where, "image", f"{type(e).__name__}: {e}")
                         bad.handle(error, args.on_bad_record)

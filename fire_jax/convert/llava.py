@@ -165,9 +165,14 @@ def hf_config(hf: dict, directory: str) -> tuple[dict, dict]:
                          f"are not supported")
     pinpoints = hf.get("image_grid_pinpoints")
     if pinpoints is not None and not (isinstance(pinpoints, list) and all(len(p) == 2 for p in pinpoints)):
-        raise InputError(f"{where}: field 'image_grid_pinpoints' = {pinpoints!r}: expected [[height, width], ...]")
+        raise InputError(f"{where}: field 'image_grid_pinpoints' = {pinpoints!r}: expected [[width, height], ...]")
+    cut = hf.get("tokenizer_model_max_length") or 0
+    if isinstance(cut, bool) or not isinstance(cut, int) or cut < 0:
+        raise InputError(f"{where}: field 'tokenizer_model_max_length' = {cut!r}: expected a number of tokens")
     model_type, overrides = _image_layout(hf, where)
-    overrides["projector"] = projector
+    # Run as the release runs it (fire_jax.core.geometry, "release"): its pinpoints are (width, height), its
+    # inputs cut at tokenizer_model_max_length; a config's model.conventions overrides this.
+    overrides.update(projector=projector, conventions="release", max_input_tokens=cut)
     if "vocab_size" not in hf:
         raise InputError(f"{where}: no field 'vocab_size'")
     text = {k: v for k, v in hf.items() if not k.startswith(_MM_FIELDS)}
@@ -418,7 +423,9 @@ _CLIP_PREPROCESSOR = dict(do_resize=True, do_center_crop=True, do_normalize=True
 def config_to_llava(cfg: LlavaNextConfig, vision_tower: str) -> dict:
     """The original-format ``config.json`` of a model (``vision_tower``: its ``mm_vision_tower``). The image
     layout is the one :func:`config_from_llava` reads back: LLaVA-NeXT -> ``spatial_unpad`` with ``anyres`` (or
-    ``pad`` in ``image_mode="pad"``), LLaVA-1.5 -> ``pad`` + ``flat``."""
+    ``pad`` in ``image_mode="pad"``), LLaVA-1.5 -> ``pad`` + ``flat``. The pinpoints are written as the release
+    reads them, (width, height), in the model's order: the release then picks the grids this model picks.
+    ``tokenizer_model_max_length`` is written when the model has a cut (``max_input_tokens``)."""
     if not cfg.projector_bias:
         raise ValueError("the original format's connector has biases; this model's has none")
     text = hub.config_to_hf(dataclasses.replace(cfg, projector="mlp2x_gelu"))["text_config"]
@@ -427,11 +434,13 @@ def config_to_llava(cfg: LlavaNextConfig, vision_tower: str) -> dict:
         aspect, merge = "pad", "flat"
     else:
         aspect, merge = ("pad" if cfg.image_mode == "pad" else "anyres"), "spatial_unpad"
+    pinpoints = [[w, h] for h, w in cfg.geometry.pinpoints_hw]
+    cut = dict(tokenizer_model_max_length=cfg.max_input_tokens) if cfg.max_input_tokens else {}
     return dict(architectures=[ARCHITECTURE], model_type=MODEL_TYPE, **text, mm_vision_tower=vision_tower,
                 mm_hidden_size=cfg.vision.width, mm_projector_type=cfg.projector,
                 mm_vision_select_layer=cfg.vision.feature_layer, mm_vision_select_feature="patch",
-                image_aspect_ratio=aspect, image_grid_pinpoints=[list(p) for p in cfg.image_grid_pinpoints],
-                mm_patch_merge_type=merge, mm_use_im_start_end=False, mm_use_im_patch_token=False, use_mm_proj=True)
+                image_aspect_ratio=aspect, image_grid_pinpoints=pinpoints, mm_patch_merge_type=merge,
+                mm_use_im_start_end=False, mm_use_im_patch_token=False, use_mm_proj=True, **cut)
 
 
 def _known_tower(cfg: LlavaNextConfig) -> str | None:

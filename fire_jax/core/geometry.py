@@ -8,6 +8,20 @@ is plain Python/numpy, so the host can compute, per example, where every
 feature vector lands in the token sequence; the device then only gathers.
 
 Sizes follow the Hugging Face convention: ``(height, width)`` everywhere.
+
+A model's *conventions* (:data:`CONVENTIONS`) say how its checkpoint's own code prepared its inputs, where two
+codebases differ for the same weights:
+
+- ``"transformers"`` (llava-hf checkpoints): ``image_grid_pinpoints`` read as (height, width), as transformers'
+  ``select_best_resolution`` reads them; the unpadded size rounded (``int(round(x, 7))``); transparency
+  composited on white; the template's BOS alone.
+- ``"release"`` (the original LLaVA format, the FIRE release's models, read as MM-FIRE/FIRE's
+  ``llava/mm_utils.py`` and ``llava/model/llava_arch.py`` read them): pinpoints read as (width, height), the
+  first of tied pinpoints kept (``mm_utils.py`` ``select_best_resolution``), so an image that fits every
+  pinpoint gets the first one, 336 wide and 672 tall for the FIRE checkpoints; the unpadded size truncated
+  (``unpad_image``'s ``int()``); alpha dropped (``Image.open(...).convert('RGB')``); the tokenizer's BOS before
+  the template's text (``mm_utils.py`` ``tokenizer_image_token``); each input cut at the checkpoint's
+  ``tokenizer_model_max_length`` after the image features are placed (``llava_arch.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +33,9 @@ import numpy as np
 
 #: LLaVA-NeXT's grid pinpoints for a 336 px tile, as (height, width).
 DEFAULT_PINPOINTS = ((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008))
+
+#: How a model's inputs are prepared (module docstring): transformers' way, or the FIRE release's.
+CONVENTIONS = ("transformers", "release")
 
 #: Index used in ``image_index`` arrays for "this token is text".
 TEXT = -1
@@ -47,24 +64,27 @@ def select_best_resolution(image_size: Sequence[int], pinpoints: Sequence[Sequen
 
 
 def grid_shape(image_size, pinpoints, tile_size: int) -> tuple[int, int]:
-    """(rows, cols) of grid tiles for an image of ``image_size`` (h, w)."""
+    """(rows, cols) of grid tiles for an image of ``image_size`` (h, w), pinpoints as (height, width)."""
     ph, pw = select_best_resolution(image_size, pinpoints)
     return ph // tile_size, pw // tile_size
 
 
-def unpadded_size(image_size, rows: int, cols: int, grid: int) -> tuple[int, int]:
+def unpadded_size(image_size, rows: int, cols: int, grid: int, *, truncate: bool = False) -> tuple[int, int]:
     """Height and width of the stitched feature map once padding is removed.
 
     The stitched map is ``(rows*grid, cols*grid)``; the image was resized
     keeping its aspect ratio and padded symmetrically, so the side that got
-    padding loses ``2 * ((current - new) // 2)`` rows or columns.
+    padding loses ``2 * ((current - new) // 2)`` rows or columns. The new side is
+    rounded to 7 decimals first (transformers), or truncated (``truncate``: the
+    original LLaVA code's ``int()``).
     """
     height, width = int(image_size[0]), int(image_size[1])
     cur_h, cur_w = rows * grid, cols * grid
+    cut = int if truncate else (lambda x: int(round(x, 7)))
     if width / height > cur_w / cur_h:
-        new_h = int(round(height * (cur_w / width), 7))
+        new_h = cut(height * (cur_w / width))
         return cur_h - 2 * ((cur_h - new_h) // 2), cur_w
-    new_w = int(round(width * (cur_h / height), 7))
+    new_w = cut(width * (cur_h / height))
     return cur_h, cur_w - 2 * ((cur_w - new_w) // 2)
 
 
@@ -76,6 +96,8 @@ class ImageGeometry:
     mode "pad": the image padded to a square and resized to one tile; its
     ``grid**2`` features, followed by one image_newline if ``pad_newline``
     (LLaVA-NeXT's code does this; the plain 576-token count does not).
+    ``conventions``: :data:`CONVENTIONS` (the module docstring): how the
+    pinpoints are read, the unpadded size rounded and transparency dropped.
     """
 
     tile_size: int = 336
@@ -83,13 +105,28 @@ class ImageGeometry:
     pinpoints: tuple[tuple[int, int], ...] = DEFAULT_PINPOINTS
     mode: str = "anyres"
     pad_newline: bool = False
+    conventions: str = "transformers"
 
     def __post_init__(self):
+        if self.conventions not in CONVENTIONS:
+            raise ValueError(f"conventions must be one of {CONVENTIONS}, got {self.conventions!r}")
         if self.mode not in ("anyres", "pad"):
             raise ValueError(f"image mode must be 'anyres' or 'pad', got {self.mode!r}")
         if self.tile_size % self.patch_size:
             raise ValueError(f"tile_size {self.tile_size} is not a multiple of patch_size {self.patch_size}")
         object.__setattr__(self, "pinpoints", tuple(tuple(int(v) for v in p) for p in self.pinpoints))
+
+    @property
+    def pinpoints_hw(self) -> tuple[tuple[int, int], ...]:
+        """The pinpoints as (height, width), in their order: the release reads each pair as (width, height)."""
+        if self.conventions == "release":
+            return tuple((w, h) for h, w in self.pinpoints)
+        return self.pinpoints
+
+    @property
+    def release(self) -> bool:
+        """Whether inputs are prepared as the FIRE release prepares them (``conventions="release"``)."""
+        return self.conventions == "release"
 
     @property
     def grid(self) -> int:
@@ -110,7 +147,7 @@ class ImageGeometry:
     def grid_shape(self, image_size) -> tuple[int, int]:
         if self.mode == "pad":
             return (0, 0)
-        return grid_shape(image_size, self.pinpoints, self.tile_size)
+        return grid_shape(image_size, self.pinpoints_hw, self.tile_size)
 
     def num_tiles(self, image_size) -> int:
         rows, cols = self.grid_shape(image_size)
@@ -120,9 +157,13 @@ class ImageGeometry:
         """Number of feature vectors (= placeholder tokens) for one image."""
         if self.mode == "pad":
             return self.tokens_per_tile + int(self.pad_newline)
-        rows, cols = self.grid_shape(image_size)
-        h, w = unpadded_size(image_size, rows, cols, self.grid)
+        h, w = self.unpadded(image_size)
         return self.tokens_per_tile + h * (w + 1)
+
+    def unpadded(self, image_size) -> tuple[int, int]:
+        """(height, width) of an image's stitched grid features once its padding is removed."""
+        rows, cols = self.grid_shape(image_size)
+        return unpadded_size(image_size, rows, cols, self.grid, truncate=self.release)
 
     def feature_index(self, image_size) -> np.ndarray:
         """Where each of this image's tokens comes from, in sequence order.
@@ -138,7 +179,7 @@ class ImageGeometry:
         y, x = np.meshgrid(np.arange(rows * g), np.arange(cols * g), indexing="ij")
         # Stitched map position (y, x) lives in grid tile (y//g, x//g), patch (y%g, x%g).
         stitched = (1 + (y // g) * cols + (x // g)) * n + (y % g) * g + (x % g)
-        h, w = unpadded_size(image_size, rows, cols, g)
+        h, w = self.unpadded(image_size)
         top, left = (rows * g - h) // 2, (cols * g - w) // 2
         kept = stitched[top:top + h, left:left + w]
         with_newline = np.concatenate([kept, np.full((h, 1), NEWLINE)], axis=1)

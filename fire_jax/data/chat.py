@@ -21,7 +21,7 @@ import numpy as np
 
 from fire_jax.data.records import IMAGE_PLACEHOLDER, Conversation, Instruction, Record
 from fire_jax.data.templates import LLAMA3_FAMILY, ChatTemplate, template_source
-from fire_jax.core.geometry import ImageGeometry, unpadded_size
+from fire_jax.core.geometry import ImageGeometry
 from fire_jax.core.config import InputError
 from fire_jax.core.results import read_json_object
 
@@ -64,6 +64,7 @@ class Message:
     text: str
     turn: int = -1  # i > 0: labelled, the span of r_i / f_i; -1: not labelled
     images: int = 0  # images of this message, placed before its text as the template places them
+    inline: bool = False  # the images are where the text has IMAGE_PLACEHOLDER ("<image>"), not before it
 
 
 def student_messages(conv: Conversation, *, first_turn_labelled: bool = False,
@@ -86,16 +87,23 @@ def student_messages(conv: Conversation, *, first_turn_labelled: bool = False,
     return messages
 
 
-def teacher_messages(conv: Conversation, *, history: str = "full", until_turn: int | None = None) -> list[Message]:
+def teacher_messages(conv: Conversation, *, history: str = "full", until_turn: int | None = None,
+                     image_inline: bool = False) -> list[Message]:
     """Teacher sequence (Eq. 6): user [image] Question/Groundtruth, user TEACHER_INSTRUCTION, user r_1, assistant f_1, ...
 
     Labels every f_i (whole, score line included). ``history="latest"`` keeps only
     the last turn (or turn ``until_turn``), as the teacher sees it in free
     dialogues. With ``until_turn=k`` it is the prompt for f_k (ends with user r_k).
+    ``image_inline``: the image after "Question: ", as the release's free-dialogue teacher prompt has it
+    (MM-FIRE/FIRE ``llava/eval/model_fire_chat_loader.py``: ``Question: <image>\n{q}``); else before the text.
     """
     check_teacher_history(history)
-    messages = [Message("user", f"Question: {conv.question}\nGroundtruth: {conv.groundtruth}", images=1),
-                Message("user", TEACHER_INSTRUCTION)]
+    if image_inline:
+        first = Message("user", f"Question: {IMAGE_PLACEHOLDER}\n{conv.question}\nGroundtruth: {conv.groundtruth}",
+                        images=1, inline=True)
+    else:
+        first = Message("user", f"Question: {conv.question}\nGroundtruth: {conv.groundtruth}", images=1)
+    messages = [first, Message("user", TEACHER_INSTRUCTION)]
     last = len(conv.turns) if until_turn is None else until_turn
     first = last if history == "latest" else 1
     for i in range(first, last + 1):
@@ -170,7 +178,7 @@ class ChatTokenizer:
 
     def __init__(self, tokenizer, geometry: ImageGeometry, *, template: ChatTemplate | str | None = None,
                  image_token: str = IMAGE_PLACEHOLDER, pad_token: str = "<pad>", name: str = "tokenizer",
-                 bos_token: str | None = None, eos_token: str | None = None):
+                 bos_token: str | None = None, eos_token: str | None = None, input_cut: int = 0):
         import tokenizers
 
         self.tokenizer, self.geometry, self.image_token = tokenizer, geometry, image_token
@@ -197,6 +205,18 @@ class ChatTokenizer:
         self.bos_id = tokenizer.token_to_id(bos) if bos else None
         pad = tokenizer.token_to_id(pad_token)
         self.pad_id = self.eos_id if pad is None else pad
+        # The release's conventions (geometry.conventions): its tokenizer's own BOS before the rendered text
+        # (MM-FIRE/FIRE llava/mm_utils.py tokenizer_image_token: Llama-3's tokenizer adds <|begin_of_text|> in front
+        # of the template's, Vicuna's adds <s> to a template that writes none), and every input cut at
+        # ``input_cut`` tokens, image features included (llava_arch.py, tokenizer_model_max_length).
+        self.input_cut = int(input_cut or 0)
+        self.leading_bos = None
+        if geometry.release:
+            token = next((t for t in (bos, "<s>") if t and tokenizer.token_to_id(t) is not None), None)
+            if token is None:
+                raise ValueError(f"{name}: the release's conventions put the tokenizer's BOS first, and the "
+                                 f"vocabulary has neither {bos!r} nor '<s>'")
+            self.leading_bos = tokenizer.token_to_id(token)
         self._plain = tokenizers.Tokenizer.from_str(tokenizer.to_str())  # message texts: special strings are text
         self._plain.encode_special_tokens = True
         self._cache: dict[tuple[str, str], list[int]] = {}
@@ -266,6 +286,8 @@ class ChatTokenizer:
         pieces = self.template.pieces(messages, system=SYSTEM if system is None else system,
                                       add_generation_prompt=add_generation_prompt)
         ids, labels, image_start, image_tokens, k = [], [], -1, 0, 0
+        if self.leading_bos is not None:
+            ids, labels = [self.leading_bos], [-1]
         for piece in pieces:
             piece_ids = self._ids(piece)
             if piece.kind == "image":
@@ -275,9 +297,22 @@ class ChatTokenizer:
                 piece_ids = piece_ids * n
             ids += piece_ids
             labels += [piece.turn] * len(piece_ids)
+        if self.input_cut and len(ids) > self.input_cut:
+            ids, labels = self._cut(ids, labels, image_start, image_tokens)
         turn_ids = np.asarray(labels, np.int32)
         return Encoded(input_ids=np.asarray(ids, np.int32), loss_mask=(turn_ids > 0).astype(np.float32),
                        turn_ids=turn_ids, image_start=image_start, image_tokens=image_tokens)
+
+    def _cut(self, ids: list[int], labels: list[int], image_start: int, image_tokens: int):
+        """The first ``input_cut`` tokens, as the release cuts its inputs (the end is lost, labels with it). A
+        cut inside or before an image's features, which the release would make too, is refused: no FIRE prompt
+        meets one (its image comes first, at most 2,928 features under 3,072)."""
+        cut = self.input_cut
+        if image_start >= 0 and cut < image_start + image_tokens:
+            raise ValueError(f"the input of {len(ids)} tokens is cut at {cut} (the checkpoint's "
+                             f"tokenizer_model_max_length) inside its image features ({image_start} to "
+                             f"{image_start + image_tokens})")
+        return ids[:cut], labels[:cut]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
@@ -289,7 +324,7 @@ class ChatTokenizer:
         if g.mode == "pad":
             return f"<image x {n}: pad {g.tokens_per_tile}" + (" + 1 newline>" if g.pad_newline else ">")
         rows, cols = g.grid_shape(image_size)
-        h, w = unpadded_size(image_size, rows, cols, g.grid)
+        h, w = g.unpadded(image_size)
         return f"<image x {n}: base {g.tokens_per_tile} + grid {rows}x{cols} unpadded {h}x{w} + {h} newlines>"
 
     def show(self, encoded: Encoded, image_size: Sequence[int] | None = None, *, color: bool = False) -> str:

@@ -40,14 +40,26 @@ def _normalisation_table() -> np.ndarray:
 _TABLE = _normalisation_table()
 
 
-def load_image(source: str | bytes | Image.Image) -> Image.Image:
-    """An RGB PIL image from a path, encoded bytes or a PIL image; transparency composited on white."""
+#: What becomes of an image's transparency: composited on white (transformers' image processors), dropped
+#: (the FIRE release opens every image with ``Image.open(...).convert('RGB')``: a transparent pixel keeps its
+#: colour), or kept (an RGBA image, made RGB when it is tiled, by its model's conventions: :func:`tiles`).
+ALPHA = ("white", "drop", "keep")
+
+
+def load_image(source: str | bytes | Image.Image, *, alpha: str = "white") -> Image.Image:
+    """A PIL image from a path, encoded bytes or a PIL image: RGB, its transparency handled as ``alpha`` says
+    (:data:`ALPHA`; ``"keep"`` gives RGBA for an image with transparency)."""
+    if alpha not in ALPHA:
+        raise ValueError(f"alpha must be one of {ALPHA}, got {alpha!r}")
     image = source if isinstance(source, Image.Image) else Image.open(
         io.BytesIO(source) if isinstance(source, bytes) else source)
     if "A" in image.getbands() or image.info.get("transparency") is not None:
         image = image.convert("RGBA")
-        background = Image.new("RGBA", image.size, (255, 255, 255, 255))
-        return Image.alpha_composite(background, image).convert("RGB")
+        if alpha == "keep":
+            return image
+        if alpha == "white":
+            background = Image.new("RGBA", image.size, (255, 255, 255, 255))
+            image = Image.alpha_composite(background, image)
     return image.convert("RGB")
 
 
@@ -79,18 +91,21 @@ def tiles(image: Image.Image, geometry: ImageGeometry) -> tuple[np.ndarray, tupl
     """uint8 tiles of one image, before normalisation.
 
     Args:
-      image: an RGB PIL image (see :func:`load_image`).
+      image: a PIL image (see :func:`load_image`); one with transparency is made RGB as the model's
+        conventions say (``geometry.conventions``: composited on white, or its alpha dropped as the release does).
       geometry: the model's tiling rule.
 
     Returns:
       uint8 ``[geometry.num_tiles(size), tile, tile, 3]`` (tile 0 is the whole
       image) and the original ``(height, width)``.
     """
+    if image.mode != "RGB":
+        image = load_image(image, alpha="drop" if geometry.release else "white")
     size = (image.height, image.width)
     t = geometry.tile_size
     if geometry.mode == "pad":
         return _resize(expand_to_square(image), (t, t))[None], size
-    target = select_best_resolution(size, geometry.pinpoints)
+    target = select_best_resolution(size, geometry.pinpoints_hw)
     new_h, new_w = resized_size(size, target)
     resized = _resize(image, (new_h, new_w))
     top, left = (target[0] - new_h) // 2, (target[1] - new_w) // 2
@@ -141,7 +156,7 @@ class TileCache:
                 self.entries.move_to_end(key)
                 self.hits += 1
                 return self.entries[key][0]
-        value = preprocess(load_image(image), geometry)
+        value = preprocess(load_image(image, alpha="keep"), geometry)  # transparency: by the model's conventions
         with self._lock:
             self.misses += 1
             if key not in self.entries:

@@ -114,7 +114,7 @@ class Preprocessor:
         image_tiles, image_size = np.zeros((0, t, t, 3), np.uint8), (0, 0)
         if image is not None:
             try:
-                image_tiles, image_size = tiles(load_image(image), self.geometry)
+                image_tiles, image_size = tiles(load_image(image, alpha="keep"), self.geometry)
             except Exception as e:  # truncated or corrupt image data
                 return self._drop(BadRecordError("unreadable_image", record.id, "image", str(e)))
         # Tiles travel as uint8 (4x less to copy between processes); collate normalises them.

@@ -53,6 +53,16 @@ _IMAGE = "\ue002"
 _SENTINEL = re.compile("\ue000(\\d+)\ue001|\ue002")
 
 
+def _inline(message) -> bool:
+    """Whether a message's images stand where its text has ``<image>`` (``Message.inline``)."""
+    return bool(getattr(message, "inline", False))
+
+
+def _inline_text(message, image: str) -> str:
+    """A message's text for the template: an inline message's ``<image>`` placeholders as ``image``."""
+    return message.text.replace(IMAGE_TOKEN, image) if _inline(message) else message.text
+
+
 @dataclasses.dataclass(frozen=True)
 class Piece:
     text: str
@@ -128,7 +138,8 @@ class ChatTemplate:
         message first (when ``system`` is not None), then every message, images as content parts (typed
         templates) or ``"<image>\\n"`` before the text."""
         out = [] if system is None else [{"role": "system", "content": self._content(system, 0)}]
-        return out + [{"role": m.role, "content": self._content(m.text, m.images, image)} for m in messages]
+        return out + [{"role": m.role, "content": self._content(_inline_text(m, image), 0 if _inline(m) else m.images,
+                                                                image)} for m in messages]
 
     def render(self, messages, *, system: str | None, add_generation_prompt: bool = False) -> str:
         """The rendered chat, equal to ``apply_chat_template(conversation(...), tokenize=False)``."""
@@ -139,11 +150,15 @@ class ChatTemplate:
         pieces (kind ``"eos"``) a template that writes no end token gets after each labelled answer."""
         texts = ([] if system is None else [system]) + [m.text for m in messages]
         turns = ([] if system is None else [-1]) + [m.turn for m in messages]
+        inline = ([] if system is None else [False]) + [_inline(m) for m in messages]
         first = 0 if system is None else 1
-        marked = [dataclasses.replace(m, text=_TEXT.format(first + i)) for i, m in enumerate(messages)]
+        # an inline message's images are placed with its text (below), not by the template
+        marked = [dataclasses.replace(m, text=_TEXT.format(first + i), **(dict(inline=False, images=0) if inline[first + i]
+                                                                           else {})) for i, m in enumerate(messages)]
         conversation = self.conversation(marked, None if system is None else _TEXT.format(0), image=_IMAGE)
         rendered = self._render(conversation, add_generation_prompt)
         pieces: list[Piece] = []
+        seen = 0  # message texts rendered
         at, close = 0, -1  # close: the labelled turn whose end token the next template text starts with
         for match in _SENTINEL.finditer(rendered):
             self._template_pieces(pieces, rendered[at:match.start()], close)
@@ -152,11 +167,16 @@ class ChatTemplate:
                 pieces.append(Piece(IMAGE_TOKEN, "image"))
             else:
                 i = int(match.group(1))
-                pieces.append(Piece(texts[i].strip() if self.strips_text else texts[i], "text", turns[i]))
+                text = texts[i].strip() if self.strips_text else texts[i]
+                for j, part in enumerate(text.split(IMAGE_TOKEN) if inline[i] else [text]):
+                    if j:  # an image where the message's text has its placeholder
+                        pieces.append(Piece(IMAGE_TOKEN, "image"))
+                    if part or not inline[i]:
+                        pieces.append(Piece(part, "text", turns[i]))
+                seen += 1
                 close = turns[i]
             at = match.end()
         self._template_pieces(pieces, rendered[at:], close)
-        seen = sum(p.kind == "text" for p in pieces)
         if seen != len(texts) - (system is not None and self.own_system):
             raise ValueError(f"{self.name}: rendered {seen} of {len(texts)} message texts (does it drop the system "
                              f"message or a role?)")

@@ -108,8 +108,16 @@ METRIC_OPTIONS = ("teacher_text", "score_parser")
 def run_settings(config) -> dict:
     """What changes a run's outputs (the batch size and the fixed dialogues' metric options do not); a rerun
     in the same workdir must match it."""
+    from fire_jax.infer.agents import backend_of
+    from fire_jax.runtime.build import conventions_of
+
     setting = config.setting
-    agent = lambda a: {k: a.get(k) or "" for k in ("init", "adapter")}
+
+    def agent(a) -> dict:  # its weights and the input conventions it runs with (a resumed run cannot mix them)
+        init, adapter = (resolve_path(a.get(k) or "") for k in ("init", "adapter"))
+        conventions = None if backend_of(init) else conventions_of(init, adapter, config.model.get("conventions"))
+        return {"init": a.get("init") or "", "adapter": a.get("adapter") or "", "conventions": conventions}
+
     decode = {k: v for k, v in config.decode.to_dict().items() if k != "batch_size"}
     protocol = {k: v for k, v in config[setting].to_dict().items() if setting == "free" or k not in METRIC_OPTIONS}
     return {"setting": setting, "seed": config.seed, "model": config.model.to_dict(),

@@ -48,10 +48,12 @@ def student_prompt(question: str, history: Sequence[Turn]) -> list:
     return student_messages(_conversation(question, "", history), until_turn=len(history) + 1)
 
 
-def teacher_prompt(question: str, groundtruth: str, answer: str, history: Sequence[Turn], mode: str) -> list:
-    """The messages of the prompt for f_k on answer r_k, k = len(history) + 1, with teacher history ``mode``."""
+def teacher_prompt(question: str, groundtruth: str, answer: str, history: Sequence[Turn], mode: str, *,
+                   image_inline: bool = False) -> list:
+    """The messages of the prompt for f_k on answer r_k, k = len(history) + 1, with teacher history ``mode``
+    (``image_inline``: the image after "Question: ", as the release's teacher prompt has it)."""
     conv = _conversation(question, groundtruth, [*history, Turn(answer, "", None)])
-    return teacher_messages(conv, history=mode, until_turn=len(history) + 1)
+    return teacher_messages(conv, history=mode, until_turn=len(history) + 1, image_inline=image_inline)
 
 
 class _Role:
@@ -94,11 +96,15 @@ class Teacher(_Role):
     def __init__(self, backend: Backend, history: str = "latest"):
         super().__init__(backend)
         self.history = check_teacher_history(history)
+        # A model run as the release runs it (its checkpoint in the original format) gets the release's prompt:
+        # the image after "Question: " (fire_jax.core.geometry, conventions "release").
+        chat = getattr(backend, "chat", None)
+        self.image_inline = bool(chat is not None and chat.geometry.release)
 
     def prompts(self, questions: Sequence[str], groundtruths: Sequence[str], answers: Sequence[str],
                 histories: Sequence[Sequence[Turn]]) -> list[list[Message]]:
         """The prompt messages for f_k on answer r_k, k = len(history) + 1, per example."""
-        return [teacher_prompt(q, gt, a, h, self.history)
+        return [teacher_prompt(q, gt, a, h, self.history, image_inline=self.image_inline)
                 for q, gt, a, h in zip(questions, groundtruths, answers, histories)]
 
     def feedback(self, images, questions: Sequence[str], groundtruths: Sequence[str], answers: Sequence[str],

@@ -65,7 +65,7 @@ def parse_spec(spec: str) -> tuple[str, str]:
 
 def image_url(image) -> str:
     buffer = io.BytesIO()
-    load_image(image).save(buffer, format="PNG")
+    load_image(image, alpha="keep").save(buffer, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 

@@ -160,7 +160,8 @@ def _loaded(model, config, description: str, tokenizer: str | None = None) -> Lo
     chat = ChatTokenizer.from_file(tokenizer or resolve_path(data.tokenizer), model.cfg.geometry,
                                    template=data.get("template") or None,
                                    image_token=data.get("image_token", "<image>"),
-                                   pad_token=data.get("pad_token", "<pad>"))
+                                   pad_token=data.get("pad_token", "<pad>"),
+                                   input_cut=model.cfg.max_input_tokens)
     return Loaded(model, chat, config, description)
 
 

@@ -204,6 +204,11 @@ class LlavaNextConfig:
     param_dtype: str = "float32"  # frozen weights' storage dtype
     architecture: str = "llava_next"  # or "llava" (LLaVA-1.5): see the class docstring
     attention: str = "auto"  # the attention kernel, vision tower and LLM: auto, xla, cudnn, cpu (models.layers)
+    # How the checkpoint's own code prepares inputs (fire_jax.core.geometry.CONVENTIONS): "transformers"
+    # (llava-hf checkpoints) or "release" (the original LLaVA format, as the FIRE release runs its models:
+    # pinpoints as (width, height), alpha dropped, the tokenizer's BOS first, inputs cut at max_input_tokens).
+    conventions: str = "transformers"
+    max_input_tokens: int = 0  # the release's tokenizer_model_max_length: inputs cut there at inference; 0: none
 
     def __post_init__(self):  # hashable all the way down: jit keys its cache on the graphdef, config included
         object.__setattr__(self, "image_grid_pinpoints", tuple(tuple(p) for p in self.image_grid_pinpoints))
@@ -226,7 +231,8 @@ class LlavaNextConfig:
     def geometry(self) -> ImageGeometry:
         return ImageGeometry(
             tile_size=self.vision.image_size, patch_size=self.vision.patch_size,
-            pinpoints=self.image_grid_pinpoints, mode=self.image_mode, pad_newline=self.pad_newline)
+            pinpoints=self.image_grid_pinpoints, mode=self.image_mode, pad_newline=self.pad_newline,
+            conventions=self.conventions)
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> "LlavaNextConfig":
@@ -239,6 +245,8 @@ class LlavaNextConfig:
                 kwargs[key] = None if value is None else _build(sub[key], value, f"model.{key}")
             elif key == "image_grid_pinpoints":
                 kwargs[key] = tuple(tuple(p) for p in value)
+            elif key == "conventions" and not value:  # "": the checkpoint's (runtime.build), else the default
+                continue
             else:
                 kwargs[key] = value
         return _build(cls, kwargs, "model")

@@ -5,6 +5,7 @@ trains (:func:`trainable_filter`). Training and inference build models the same 
 
 from __future__ import annotations
 
+import os
 import re
 
 import jax
@@ -65,11 +66,31 @@ def build_model(config, mesh=None, rules=None) -> LlavaNext:
     from fire_jax.convert.load import load_checkpoint
 
     overrides = {k: v for k, v in config.model.items() if k in _RUNTIME_FIELDS}
+    if config.model.get("conventions"):  # "" (or absent): the checkpoint's (fire_jax.core.geometry.CONVENTIONS)
+        overrides["conventions"] = config.model.conventions
     model = load_checkpoint(checkpoint, cfg.lora, seed=config.seed, adapter=adapter or None, **overrides)
     if mesh is not None:
         state = nnx.state(model)
         nnx.update(model, jax.device_put(state, state_shardings(state, mesh, rules or DEFAULT_RULES)))
     return model
+
+
+def conventions_of(checkpoint: str = "", adapter: str = "", override: str = "") -> str:
+    """The input conventions a model is run with (:data:`fire_jax.core.geometry.CONVENTIONS`): ``override``
+    (``config.model.conventions``) when set, else the checkpoint's: "release" for the original LLaVA format (a
+    checkpoint folder of ``model_type`` llava_llama, or a LoRA folder of that format), "transformers" for the
+    rest (llava-hf folders, GGUF files, random weights)."""
+    from fire_jax.convert.hf import read_config
+    from fire_jax.convert.llava import is_llava_config, is_llava_lora
+
+    if override:
+        return override
+    if adapter and os.path.isdir(adapter) and is_llava_lora(adapter):
+        return "release"
+    if checkpoint and os.path.exists(os.path.join(checkpoint, "config.json")) and is_llava_config(
+            read_config(checkpoint)):
+        return "release"
+    return "transformers"
 
 
 def _clip(config, init):

@@ -182,7 +182,8 @@ def check_text(texts, max_chars: int) -> None:
 
 
 def open_data_uri(url, max_bytes: int, max_pixels: int) -> Image.Image:
-    """An RGB PIL image from a ``data:image/{png,jpeg,webp,gif};base64,`` URI, or BadRequest.
+    """A PIL image from a ``data:image/{png,jpeg,webp,gif};base64,`` URI (RGBA when it has transparency: made RGB
+    when it is tiled, as the model's conventions say), or BadRequest.
 
     Checked before decoding its pixels: the payload's size, the format (one of :data:`IMAGE_FORMATS`, the one
     declared), the pixel count its header declares."""
@@ -225,7 +226,7 @@ def open_data_uri(url, max_bytes: int, max_pixels: int) -> Image.Image:
     except (ValueError, OSError, SyntaxError, EOFError):  # Pillow's wording names its internals: ours instead
         raise BadRequest(400, f"image could not be decoded: the data is not a whole {IMAGE_FORMATS[mime]} image "
                               "(truncated or damaged)", "invalid_image") from None
-    return load_image(image)
+    return load_image(image, alpha="keep")  # made RGB when tiled, by the model's conventions
 
 
 _FORMAT_NAMES = "PNG, JPEG, WebP or GIF"

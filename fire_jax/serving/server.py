@@ -113,7 +113,7 @@ def default_cache_len(geometry, text_tokens: int, max_images: int = MAX_IMAGES,
     largest tile grid (``geometry``: :class:`fire_jax.core.geometry.ImageGeometry`) and ``text_tokens`` of text
     (:func:`prompt_text_tokens` of its tokenizer), plus ``new_tokens`` to generate (the server's default
     max_tokens)."""
-    image_tokens = max(geometry.num_tokens(pinpoint) for pinpoint in geometry.pinpoints)
+    image_tokens = max(geometry.num_tokens(pinpoint) for pinpoint in geometry.pinpoints_hw)
     return SERVER_ENGINE.sized_for([max_images * image_tokens + text_tokens], new_tokens).cache_len
 
 

@@ -211,7 +211,7 @@ class Responder:
             try:
                 for path in request.images:
                     if path not in images:
-                        images[path] = load_image(path)
+                        images[path] = load_image(path, alpha="keep")
             except Exception as e:  # an unreadable image fails its request, not the run
                 results[i] = (None, f"input: {type(e).__name__}: {e}")
                 continue
