@@ -12,9 +12,8 @@ from fire_jax.pipeline.main_job import base_and_teacher, eval_stage
 
 if __name__ == "__main__":
     args, config = parse(__doc__, "runs/fd_llava")
-    baseline, teacher_dir = base_and_teacher(config, args.workdir)
+    baseline, fd = base_and_teacher(config, args.workdir)  # fd: the trained teacher's agent spec
     config.eval_fixed.fixed.roles = ("teacher",)
-    fd = dict(name="FD (ours)", init=baseline["init"], adapter=teacher_dir)
     out = os.path.join(args.workdir, "eval")
     eval_stage(config.eval_fixed, os.path.join(out, "baseline_fixed"), student=baseline,
                teacher=dict(baseline, name=f"{baseline['name']} teacher"))
