@@ -6,7 +6,19 @@
 
 import argparse
 
-from fire_jax.pipeline.main_job import accuracy_curves
+from fire_jax.core.results import read_json_object
+from fire_jax.eval.plots import plot_accuracy_by_turn
+from fire_jax.eval.report import paper_results
+
+
+def accuracy_curves(results_files: dict[str, str], out_path: str) -> dict[str, list]:
+    """Fig. 7 for several students: each free-dialogue ``results.json`` is one curve on the same plot."""
+    curves = {name: read_json_object(path)["metrics"]["overall"]["accuracy_by_turn"]
+              for name, path in results_files.items()}
+    plot_accuracy_by_turn(curves, out_path, paper=paper_results()["figure7_accuracy_by_turn"])
+    print(f"wrote {out_path}")
+    return curves
+
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -86,44 +86,6 @@ def score(turns: list[dict], feedback) -> dict:
     return dict(out, turns=len(turns))
 
 
-def continue_from(adapter: str) -> None:
-    """Start every model the train loop builds from here on with ``adapter``'s LoRA factors (a PEFT export)."""
-    from fire_jax.convert.hf import load_peft_adapter
-    from fire_jax.train import loop
-
-    build = loop.build_model
-
-    def build_model(config, *args, **kwargs):
-        return load_peft_adapter(build(config, *args, **kwargs), adapter)
-
-    loop.build_model = build_model
-    print(f"the teacher stage continues the LoRA of {adapter}")
-
-
-def shorten(turns: list[dict], share: float) -> None:
-    """Render a share of ``turns`` (drawn per id) short in the teacher stage's sequences: no instruction message, the
-    judged response cut to its "Answer:" line; the groundtruth then stands a few tokens before the answer."""
-    import dataclasses
-    import random
-
-    from fire_jax.data import chat as chat_lib
-    from fire_jax.infer.agents import answer_of
-
-    short = {t["id"] for t in turns if random.Random(f"{t['id']}/short").random() < share}
-    full = chat_lib.teacher_messages
-
-    def teacher_messages(conv, *, history="full", until_turn=None):
-        messages = full(conv, history=history, until_turn=until_turn)
-        if conv.id not in short:
-            return messages
-        messages = [m for m in messages if m.text != chat_lib.TEACHER_INSTRUCTION]
-        return [dataclasses.replace(m, text=f"Answer: {answer_of(m.text)}")
-                if m.role == "user" and "\nAnswer:" in m.text else m for m in messages]
-
-    chat_lib.teacher_messages = teacher_messages
-    print(f"{len(short)} of {len(turns)} training turns rendered short")
-
-
 def teacher_at(eval_config, base: str, workdir: str, step: int):
     """The FD teacher of ``workdir``'s checkpoint at ``step`` on ``base``, decoding as the main job's evaluations."""
     from fire_jax.eval.fire_bench import model_config
@@ -220,14 +182,16 @@ def main() -> None:
         compare.train.update(dict(total_steps=args.compare_steps, batch_size=args.compare_batch,
                                   checkpoint_every=args.compare_steps))
         train(compare, os.path.join(args.out, "compare"))
-        if args.continue_lora:
-            continue_from(os.path.join(args.out, "compare", "export", "peft_adapter"))
-        else:
+        if not args.continue_lora:
             base = os.path.abspath(os.path.join(args.out, "compare", "export", "hf_merged"))
-    if args.start_adapter:
-        continue_from(os.path.abspath(args.start_adapter))
     stage = config.teacher_train
     stage.init.hf_checkpoint = base
+    if args.compare_steps and args.continue_lora:  # the comparison stage's LoRA, trained on from where it ended
+        stage.init.lora_from = os.path.abspath(os.path.join(args.out, "compare", "export", "peft_adapter"))
+        print(f"the teacher stage continues the LoRA of {stage.init.lora_from}")
+    if args.start_adapter:
+        stage.init.lora_from = os.path.abspath(args.start_adapter)
+        print(f"the teacher stage continues the LoRA of {stage.init.lora_from}")
     stage.data.sources.synthetic.json = data
     if args.compare_mix:  # comparisons are instruction records: the same messages under either role
         stage.data.sources.comparisons = dict(comparisons.to_dict(), weight=args.compare_mix)
@@ -238,8 +202,7 @@ def main() -> None:
         stage.train.b2 = args.b2
     if args.lr is not None:
         stage.train.lr = args.lr
-    if args.short_share:
-        shorten(turns, args.short_share)
+    stage.data.short_teacher_share = args.short_share  # rendered short: no instruction, the "Answer:" line alone
     train(stage, args.out)
 
     turns = held_out_turns(args.held_out)

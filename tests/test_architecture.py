@@ -233,3 +233,50 @@ def test_the_decode_loop_checker_sees_a_loop(tmp_path):
     source.write_text("import jax\nfrom jax import lax\ndef f(c):\n    return jax.lax.while_loop(a, b, c)\n"
                       "def g(c):\n    return lax.fori_loop(0, 3, b, c)\ncache = KVCache.init(cfg, 1, 8, d)\n")
     assert len(decode_loops(str(source))) == 3
+
+
+def _fire_jax_names(tree) -> set[str]:
+    """The names a module binds to fire_jax's modules and objects (``import fire_jax.x as y``, ``from fire_jax.x
+    import z``)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update((a.asname or a.name.split(".")[0]) for a in node.names if a.name.split(".")[0] == "fire_jax")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "fire_jax" and not node.level:
+            names.update(a.asname or a.name for a in node.names)
+    return names
+
+
+def _assignments_into(tree, names: set[str]) -> list[int]:
+    """Lines that assign an attribute of one of ``names`` (``loop.build_model = ...``, ``setattr(chat, ...)``)."""
+    def root(node):
+        while isinstance(node, ast.Attribute):
+            node = node.value
+        return node.id if isinstance(node, ast.Name) else None
+
+    lines = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        lines += [node.lineno for t in targets if isinstance(t, ast.Attribute) and root(t) in names]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" and \
+                node.args and root(node.args[0]) in names:
+            lines.append(node.lineno)
+    return lines
+
+
+@pytest.mark.parametrize("folder", ["experiments", "tools", "benchmarks"])
+def test_scripts_configure_the_library_and_never_patch_it(folder):
+    """Experiments, tools and benchmarks reach fire_jax through config fields and public functions: none assigns
+    into a fire_jax module or object (a patch that works only while the library looks a name up at call time)."""
+    patches = []
+    for path in modules(os.path.join(ROOT, folder)):
+        tree = ast.parse(open(path).read(), path)
+        patches += [f"{os.path.relpath(path, ROOT)}:{line}" for line in _assignments_into(tree, _fire_jax_names(tree))]
+    assert patches == []
+
+
+def test_the_patch_detector_sees_a_patch():
+    tree = ast.parse("from fire_jax.train import loop\nimport fire_jax.data.chat as chat_lib\n"
+                     "loop.build_model = f\nchat_lib.teacher_messages = g\nsetattr(loop, 'x', 1)\nconfig.x = 1\n")
+    assert _assignments_into(tree, _fire_jax_names(tree)) == [3, 4, 5]

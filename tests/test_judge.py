@@ -497,28 +497,25 @@ def test_teacher_curve_scores_replies_against_the_rule():
     assert len(module.held_out_turns(120)) == 120
 
 
-def test_teacher_curve_short_renders_drop_the_instruction_and_the_thought(monkeypatch):
-    """experiments/teacher_curve.py --short_share: the chosen training turns lose the instruction message and the
-    judged response's thought, nothing else (image, question, groundtruth, the labelled feedback); the others keep
-    the paper's prompt; the choice is drawn per id, so a rerun shortens the same turns."""
+def test_short_teacher_renders_drop_the_instruction_and_the_thought():
+    """data.short_teacher_share (experiments/teacher_curve.py --short_share): the chosen training turns lose the
+    instruction message and the judged response's thought, nothing else (image, question, groundtruth, the
+    labelled feedback); the others keep the paper's prompt; the choice is drawn per id, so a rerun shortens the
+    same turns."""
     from fire_jax.core.config import resolve_path
     from fire_jax.data import chat
     from fire_jax.data.records import parse_record
 
-    original = chat.teacher_messages
-    monkeypatch.setattr(chat, "teacher_messages", original)  # restored after the test
-    module = _experiment("teacher_curve")
     with open(resolve_path("assets:synthetic_fire/train.json"), encoding="utf-8") as f:
         turns = synthetic.turn_records(json.load(f)[:100], seed=0, right_share=0.25)
-    def render(turn):
-        return chat.training_messages(parse_record(turn, default_id="x"), "teacher", teacher_history="latest")
 
-    full = {t["id"]: render(t) for t in turns}
-    module.shorten(turns, 0.5)
+    def render(turn, share):
+        return chat.training_messages(parse_record(turn, default_id="x"), "teacher", teacher_history="latest",
+                                      short_teacher_share=share)
+
     short = 0
     for t in turns:
-        messages = render(t)
-        before = full[t["id"]]
+        messages, before = render(t, 0.5), render(t, 0.0)
         assert [m.text for m in before][1] == chat.TEACHER_INSTRUCTION and len(before) == 4
         if len(messages) == 4:
             assert messages == before
@@ -529,10 +526,10 @@ def test_teacher_curve_short_renders_drop_the_instruction_and_the_thought(monkey
         assert messages[1].role == "user" and messages[1].text == f"Answer: {answer_of(response)}"
         assert messages[2] == before[3] and messages[2].turn > 0  # the feedback, labelled as before
     assert 0.35 * len(turns) < short < 0.65 * len(turns), short
-    chosen = {t["id"] for t in turns if len(render(t)) == 3}
-    monkeypatch.setattr(chat, "teacher_messages", original)
-    _experiment("teacher_curve").shorten(turns, 0.5)  # a rerun: the same turns
-    assert {t["id"] for t in turns if len(render(t)) == 3} == chosen
+    chosen = {t["id"] for t in turns if len(render(t, 0.5)) == 3}
+    # drawn per id, not per position: the same turns in another order (another epoch's shuffle) are the same
+    assert {t["id"] for t in reversed(turns) if len(render(t, 0.5)) == 3} == chosen
+    assert all(len(render(t, 0.0)) == 4 for t in turns)
 
 
 def test_teacher_order_contrast_batches_differ_only_by_the_groundtruth():

@@ -11,7 +11,7 @@ import pytest
 from fire_jax.core.config import load_config
 from fire_jax.eval import judge
 from fire_jax.infer.dialogue import FREE_DIALOGUE
-from fire_jax.pipeline.main_job import JUDGED, SUMMARY, data_size_ablation, eval_stage, run
+from fire_jax.pipeline.main_job import JUDGED, SUMMARY, eval_stage, run
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
@@ -175,6 +175,22 @@ def test_same_command_same_results(pipeline_run, tmp_path):
                        baseline_results=os.path.join(workdir, "eval", "baseline_free", "results.json"))
     first = json.load(open(os.path.join(workdir, "eval", "fire_free", "results.json")))
     assert again["metrics"] == first["metrics"]
+
+
+def data_size_ablation(*args):
+    """experiments/data_size_ablation.py's function (the paper's Fig. 6 is a user's command, kept beside it)."""
+    import importlib.util
+
+    experiments = os.path.join(ROOT, "experiments")
+    sys.path.insert(0, experiments)  # it imports its launcher, _launch.py, as a sibling
+    try:
+        spec = importlib.util.spec_from_file_location("data_size_ablation",
+                                                      os.path.join(experiments, "data_size_ablation.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(experiments)
+    return module.data_size_ablation(*args)
 
 
 def test_ablation_trains_two_sizes_and_writes_fig6(pipeline_run):

@@ -469,3 +469,26 @@ def test_resume_skips_a_damaged_step_and_metrics_do_not_repeat(tmp_path, capsys)
     assert "cut back to step 2: the line of step 3 written after that checkpoint dropped" in out
     with open(workdir / "metrics.jsonl") as f:
         assert [json.loads(line)["step"] for line in f] == [1, 2, 3, 4]
+
+
+def test_a_stage_starts_from_another_s_lora(tmp_path):
+    """``init.lora_from``: the model's LoRA factors start from a PEFT export (a stage continuing another's LoRA
+    on the same base), the rest of the model as the config builds it."""
+    from fire_jax.convert.hf import save_peft_adapter
+    from fire_jax.models import LoRAParam
+    from fire_jax.runtime.build import build_model
+
+    config = tiny_config()
+    trained = build_model(config)
+    keys = iter(jax.random.split(jax.random.key(7), 64))
+    for layer in trained.language_model.model.layers:
+        for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
+            proj.lora_b[...] = 0.1 * jax.random.normal(next(keys), proj.lora_b[...].shape)
+    save_peft_adapter(trained, str(tmp_path / "adapter"))
+    config.init = dict(hf_checkpoint="", lora_from=str(tmp_path / "adapter"))
+    continued = build_model(config)
+    for a, b in zip(jax.tree.leaves(nnx.state(trained, LoRAParam)), jax.tree.leaves(nnx.state(continued, LoRAParam))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=0)
+    fresh = build_model(tiny_config())
+    assert not all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in
+                   zip(jax.tree.leaves(nnx.state(fresh, LoRAParam)), jax.tree.leaves(nnx.state(continued, LoRAParam))))

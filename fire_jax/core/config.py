@@ -274,6 +274,8 @@ DATA_DEFAULTS = dict(
     field_caps={},  # the most characters per record field, over fire_jax.data.records.FIELD_CAPS
     role="student",  # "student" (FIRE-LLaVA, Eq. 5) or "teacher" (FD-LLaVA, Eq. 6)
     teacher_history="full",  # "full" (training) or "latest" (the teacher of free dialogues)
+    short_teacher_share=0.0,  # a share of teacher sequences, drawn per record id, rendered short: no instruction
+                              # message, each judged response cut to its "Answer:" line (fire_jax.data.chat)
     eval_sources={},
     on_bad_record="skip",  # or "error"
     max_len=3072,  # tokens, image features included
@@ -379,7 +381,8 @@ FIELD_CHECKS = {
                  group_by_length=_number(0, integer=True), num_epochs=_number(0, integer=True),
                  num_threads=_number(0, integer=True), num_workers=_number(0, integer=True),
                  seed=_number(integer=True), on_bad_record=_one_of("skip", "error"),
-                 role=_one_of("student", "teacher"), teacher_history=_one_of("full", "latest")),
+                 role=_one_of("student", "teacher"), teacher_history=_one_of("full", "latest"),
+                 short_teacher_share=_number(0, 1, high_open=True)),
 }
 
 

@@ -15,6 +15,7 @@ Hugging Face "expanded" convention), and a ``<image>`` typed in a text is text.
 from __future__ import annotations
 
 import dataclasses
+import random
 from typing import Sequence
 
 import numpy as np
@@ -88,7 +89,7 @@ def student_messages(conv: Conversation, *, first_turn_labelled: bool = False,
 
 
 def teacher_messages(conv: Conversation, *, history: str = "full", until_turn: int | None = None,
-                     image_inline: bool = False) -> list[Message]:
+                     image_inline: bool = False, short: bool = False) -> list[Message]:
     """Teacher sequence (Eq. 6): user [image] Question/Groundtruth, user TEACHER_INSTRUCTION, user r_1, assistant f_1, ...
 
     Labels every f_i (whole, score line included). ``history="latest"`` keeps only
@@ -96,6 +97,8 @@ def teacher_messages(conv: Conversation, *, history: str = "full", until_turn: i
     dialogues. With ``until_turn=k`` it is the prompt for f_k (ends with user r_k).
     ``image_inline``: the image after "Question: ", as the release's free-dialogue teacher prompt has it
     (MM-FIRE/FIRE ``llava/eval/model_fire_chat_loader.py``: ``Question: <image>\n{q}``); else before the text.
+    ``short``: no instruction message, each judged response cut to its "Answer:" line, so that the groundtruth
+    stands a few tokens before the answer (``data.short_teacher_share``, an ablation of the teacher's prompt).
     """
     check_teacher_history(history)
     if image_inline:
@@ -103,15 +106,25 @@ def teacher_messages(conv: Conversation, *, history: str = "full", until_turn: i
                         images=1, inline=True)
     else:
         first = Message("user", f"Question: {conv.question}\nGroundtruth: {conv.groundtruth}", images=1)
-    messages = [first, Message("user", TEACHER_INSTRUCTION)]
+    messages = [first] if short else [first, Message("user", TEACHER_INSTRUCTION)]
     last = len(conv.turns) if until_turn is None else until_turn
     first = last if history == "latest" else 1
     for i in range(first, last + 1):
         turn = conv.turns[i - 1]
-        messages.append(Message("user", turn.response))
+        response = f"Answer: {answer_of(turn.response)}" if short and "\nAnswer:" in turn.response else turn.response
+        messages.append(Message("user", response))
         if until_turn is None or i < until_turn:
             messages.append(Message("assistant", turn.feedback, i))
     return messages
+
+
+def answer_of(response: str) -> str:
+    """The text after the last "Answer:" of a student's response, up to the end of its line (the whole text if
+    none)."""
+    index = response.rfind("Answer:")
+    text = response if index < 0 else response[index + len("Answer:"):]
+    lines = text.strip().splitlines()
+    return lines[0] if lines else ""
 
 
 def instruction_messages(record: Instruction) -> list[Message]:
@@ -126,14 +139,17 @@ def instruction_messages(record: Instruction) -> list[Message]:
 
 
 def training_messages(record: Record, role: str, *, first_turn_labelled: bool = False,
-                      teacher_history: str = "full") -> list[Message]:
-    """The labelled sequence of one record for a model of ``role`` ("student" or "teacher")."""
+                      teacher_history: str = "full", short_teacher_share: float = 0.0) -> list[Message]:
+    """The labelled sequence of one record for a model of ``role`` ("student" or "teacher"); a share
+    ``short_teacher_share`` of teacher records, drawn by record id (a rerun draws the same), rendered short
+    (:func:`teacher_messages`)."""
     if isinstance(record, Instruction):
         return instruction_messages(record)
     if role == "student":
         return student_messages(record, first_turn_labelled=first_turn_labelled)
     if role == "teacher":
-        return teacher_messages(record, history=teacher_history)
+        short = bool(short_teacher_share) and random.Random(f"{record.id}/short").random() < short_teacher_share
+        return teacher_messages(record, history=teacher_history, short=short)
     raise ValueError(f"role must be one of {ROLES}, got {role!r}")
 
 

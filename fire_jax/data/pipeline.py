@@ -62,6 +62,7 @@ class Preprocessor:
     role: str = "student"
     first_turn_labelled: bool = False
     teacher_history: str = "full"
+    short_teacher_share: float = 0.0  # data.short_teacher_share (fire_jax.data.chat.training_messages)
     max_len: int = 3072
     image_token: str = "<image>"
     pad_token: str = "<pad>"
@@ -84,7 +85,8 @@ class Preprocessor:
 
     def messages(self, record: Record) -> list[chat_lib.Message]:
         return chat_lib.training_messages(record, self.role, first_turn_labelled=self.first_turn_labelled,
-                                          teacher_history=self.teacher_history)
+                                          teacher_history=self.teacher_history,
+                                          short_teacher_share=self.short_teacher_share)
 
     def __call__(self, item: tuple[Record, str | bytes | None]) -> dict[str, Any]:
         record, image_source = item
@@ -304,7 +306,7 @@ class InputPipeline:
         self.preprocessor = Preprocessor(
             tokenizer_path=cfg["tokenizer"], geometry=geometry, role=cfg["role"],
             first_turn_labelled=student_first_turn, teacher_history=cfg["teacher_history"],
-            max_len=cfg["max_len"], image_token=cfg["image_token"], pad_token=cfg["pad_token"],
+            short_teacher_share=float(cfg.get("short_teacher_share") or 0.0), max_len=cfg["max_len"], image_token=cfg["image_token"], pad_token=cfg["pad_token"],
             on_bad_record=cfg["on_bad_record"], template=cfg["template"])
         chat = self.preprocessor.chat
         if image_token_id is not None and image_token_id != chat.image_token_id:

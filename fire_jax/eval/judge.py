@@ -7,7 +7,7 @@ teacher can be checked against that decision. Everything here is a pure
 function of the dialogue records the runners write:
 
 - :func:`normalize` / :func:`is_right`: the judge itself, on the answer a response states
-  (:func:`fire_jax.infer.agents.answer_of`, which the exact teacher reads too);
+  (:func:`fire_jax.data.chat.answer_of`, which the exact teacher reads too);
 - :func:`judged_free` : accuracy by turn, judged refinement, the teacher's
   agreement with the judge and its confusion table, "solved but wrong" and
   "stopped but right" counts, for free dialogues; on the synthetic set, also
@@ -31,7 +31,7 @@ import re
 from typing import Iterable, Mapping, Sequence
 
 from fire_jax.data import synthetic
-from fire_jax.infer.agents import answer_of
+from fire_jax.data.chat import answer_of
 from fire_jax.infer.dialogue import StopRule
 
 #: The FD teacher's training turns in the main job (configs/main_job.py), which the blind teacher is fitted on.

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from fire_jax.data.chat import Message, check_teacher_history, student_messages, teacher_messages
+from fire_jax.data.chat import Message, answer_of, check_teacher_history, student_messages, teacher_messages
 from fire_jax.data.records import Conversation, Turn
 from fire_jax.data.scores import parse_score
 from fire_jax.infer.api import ApiBackend
@@ -113,15 +113,6 @@ class Teacher(_Role):
         histories = [()] * len(images) if histories is None else histories
         texts = self.backend.generate(images, self.prompts(questions, groundtruths, answers, histories), rng=rng)
         return [Feedback(text, parse_score(text)) for text in texts]
-
-
-def answer_of(response: str) -> str:
-    """The text after the last "Answer:" of a student's response, up to the end of its line (the whole text if
-    none)."""
-    index = response.rfind("Answer:")
-    text = response if index < 0 else response[index + len("Answer:"):]
-    lines = text.strip().splitlines()
-    return lines[0] if lines else ""
 
 
 class ExactTeacher:

@@ -14,7 +14,6 @@ Every stage resumes from its workdir, so an interrupted pipeline picks up where 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import time
@@ -25,7 +24,7 @@ import ml_collections
 from fire_jax.core.cli import Stopped
 from fire_jax.core.config import check_config
 from fire_jax.core.files import write_text
-from fire_jax.core.results import markdown_table, read_json_object, write_json
+from fire_jax.core.results import markdown_table, write_json
 
 #: Columns of the summary: (label, setting, role or None, metric key).
 SUMMARY = (("student BLEU-4", "fixed", "student", "BLEU-4"), ("student CIDEr", "fixed", "student", "CIDEr"),
@@ -318,52 +317,3 @@ def base_and_teacher(config, workdir: str, seconds: dict | None = None) -> tuple
     teacher_dir = _timed(seconds, "teacher", train_stage, config.teacher_train, os.path.join(workdir, "teacher"),
                          "teacher (FD)")
     return baseline, dict(name="FD (ours)", init=init, adapter=teacher_dir)
-
-
-def data_size_ablation(config, workdir: str, sizes: list[int]) -> list[dict]:
-    """Fig. 6: one student per training-set size (``max_examples`` of the source ``config.ablation_source``:
-    FIRE-1M at 8B, the synthetic set at tiny scale), each in free dialogues with the same FD teacher; AT
-    normalised by the baseline. Writes ``fig6.json`` and ``fig6.png``; each point records the examples its
-    student's data pipeline actually read (``examples``) beside the requested ``size``."""
-    from fire_jax.eval.plots import plot_data_size_ablation
-
-    source = config.ablation_source
-    if source not in config.student_train.data.sources:
-        raise ValueError(f"ablation_source {source!r} is not a source of the student's data "
-                         f"({sorted(config.student_train.data.sources)})")
-    baseline, fd = base_and_teacher(config, workdir)
-    out = os.path.join(workdir, "eval")
-    eval_stage(config.eval_free, os.path.join(out, "baseline_free"), student=baseline, teacher=fd)
-    baseline_results = os.path.join(out, "baseline_free", "results.json")
-    points = []
-    for size in sizes:
-        student = ml_collections.ConfigDict(config.student_train.to_dict())
-        student.data.sources[source].max_examples = size
-        student.data.sources[source].num_examples = size
-        trained = train_and_report(student, os.path.join(workdir, f"student_{size}"), f"student on {size} dialogues")
-        run_dir = trained["workdir"]
-        spec = dict(name=f"FIRE {size}", init=baseline["init"], adapter=run_dir)
-        result = eval_stage(config.eval_free, os.path.join(out, f"student_{size}_free"), student=spec, teacher=fd,
-                            baseline_results=baseline_results)
-        overall = result["metrics"]["overall"]
-        points.append({"size": size, "source": source, "examples": trained["source_sizes"].get(source),
-                       "steps": trained["step"],
-                       **{k: overall.get(k) for k in ("AT", "ADR", "ATR", "RR", "K")}})
-    write_json(os.path.join(workdir, "fig6.json"), points)
-    plot_data_size_ablation(points, os.path.join(workdir, "fig6.png"), title="data-size ablation (Fig. 6)")
-    print(json.dumps(points, indent=2))
-    print(f"wrote {workdir}/fig6.json, fig6.png")
-    return points
-
-
-def accuracy_curves(results_files: dict[str, str], out_path: str) -> dict[str, list]:
-    """Fig. 7 for several students: each free-dialogue ``results.json`` is one curve on the same plot."""
-    from fire_jax.eval.plots import plot_accuracy_by_turn
-    from fire_jax.eval.report import paper_results
-
-    curves = {}
-    for name, path in results_files.items():
-        curves[name] = read_json_object(path)["metrics"]["overall"]["accuracy_by_turn"]
-    plot_accuracy_by_turn(curves, out_path, paper=paper_results()["figure7_accuracy_by_turn"])
-    print(f"wrote {out_path}")
-    return curves

@@ -21,6 +21,22 @@ _RUNTIME_FIELDS = ("dtype", "param_dtype", "remat", "scan_layers", "image_mode",
 
 
 def build_model(config, mesh=None, rules=None) -> LlavaNext:
+    """The model of ``config`` (:func:`_weights`); with ``config.init.lora_from``, a PEFT adapter folder (a
+    trainer's ``export/peft_adapter``), its LoRA factors start from that adapter's instead of fresh ones: a stage
+    that continues another's LoRA on the same base."""
+    init = config.get("init") or {}
+    lora_from = init.get("lora_from") if init else None
+    if lora_from and config.model.get("kind") == "clip":
+        raise InputError("init.lora_from: a CLIP has no LoRA")
+    model = _weights(config, mesh, rules)
+    if lora_from:
+        from fire_jax.convert.hf import load_peft_adapter
+
+        model = load_peft_adapter(model, resolve_path(lora_from))
+    return model
+
+
+def _weights(config, mesh=None, rules=None) -> LlavaNext:
     """Random weights (``config.seed``), a Hugging Face checkpoint when ``config.init.hf_checkpoint`` is set, or
     a GGUF file's LLM under a fresh vision tower when ``config.init.gguf`` is (and no checkpoint is); with
     ``config.init.vision_tower`` (a HF CLIPModel directory, as ``fire_jax.train`` exports a CLIP), that
@@ -51,7 +67,7 @@ def build_model(config, mesh=None, rules=None) -> LlavaNext:
 
         rest = ml_collections.ConfigDict(config.to_dict())
         rest.init.vision_tower = ""
-        model = build_model(rest, mesh, rules)
+        model = _weights(rest, mesh, rules)
         load_clip_vision_tower(model, resolve_path(init.vision_tower))
         return model
     if init and init.get("gguf") and not checkpoint:
