@@ -280,3 +280,24 @@ def test_the_patch_detector_sees_a_patch():
     tree = ast.parse("from fire_jax.train import loop\nimport fire_jax.data.chat as chat_lib\n"
                      "loop.build_model = f\nchat_lib.teacher_messages = g\nsetattr(loop, 'x', 1)\nconfig.x = 1\n")
     assert _assignments_into(tree, _fire_jax_names(tree)) == [3, 4, 5]
+
+
+#: The longest a function of fire_jax may be, docstring included: one screen, read at once.
+MAX_FUNCTION_LINES = 80
+
+
+def _long_functions(path: str) -> list[str]:
+    tree = ast.parse(open(path).read(), path)
+    return [f"{os.path.relpath(path, ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+
+
+def test_no_function_is_longer_than_a_screen():
+    assert [f for path in modules(PACKAGE) for f in _long_functions(path)] == []
+
+
+def test_the_length_checker_sees_a_long_function(tmp_path):
+    path = tmp_path / "long.py"
+    path.write_text("def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES)
+    assert len(_long_functions(str(path))) == 1

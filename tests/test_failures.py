@@ -182,11 +182,9 @@ def test_clip_captions_refuse_an_image_out_of_the_root(tmp_path):
         list(_source_records("captions", {"json": str(captions), "image_root": str(root)}))
 
 
-#: Functions that join a path naming an image and need no root check: what they join is not a user's.
-JOINS_WITHOUT_A_ROOT = {
-    ("fire_jax/data/synthetic.py", "write"): "writes the images it draws, under its own out_dir",
-    ("fire_jax/serving/demo.py", "example_image"): "serves only the names of the shipped examples",
-}
+#: Functions that join a path naming an image and need no root check, with the reason: what they join is not a
+#: user's. (None today: the synthetic writer's and the demo's example joins name no image field.)
+JOINS_WITHOUT_A_ROOT: dict[tuple[str, str], str] = {}
 ROOT_CHECKS = {"image_path", "outside_root", "check_image"}
 
 

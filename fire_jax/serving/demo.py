@@ -265,7 +265,6 @@ def create_app(student: Streaming, teacher: Streaming, descriptions: dict, sampl
     docs = dict(docs_url="/docs", redoc_url=None, openapi_url="/openapi.json") if api_docs else dict(
         docs_url=None, redoc_url=None, openapi_url=None)
     app = FastAPI(title="fire_jax demo", **docs)
-    items = examples(example_dir)
 
     async def body_of(http) -> dict:
         body = await json_body(http, limits)
@@ -283,31 +282,8 @@ def create_app(student: Streaming, teacher: Streaming, descriptions: dict, sampl
     async def bad_request(_, e: BadRequest):
         return JSONResponse({"error": {"message": e.message, "code": e.code}}, status_code=e.status)
 
-    def failure(e: Exception):  # a model failure: shown in the page (its details in the log), the demo goes on
-        message = str(e) if isinstance(e, ModelFailure) else failure_message(e, log=False)
-        return 500, {"error": {"message": message, "code": "model_failure"}}
-
-    app.add_middleware(OneLineLog, prog="fire_jax.demo", failed=failure, debug=debug)
-
-    @app.get("/", response_class=HTMLResponse)
-    def page():
-        return FileResponse(PAGE, media_type="text/html")
-
-    def settings() -> dict:
-        return {"student": descriptions["student"], "teacher": descriptions["teacher"],
-                "sampling": {"max_new_tokens": sampling.max_tokens, "temperature": sampling.temperature,
-                             "top_p": sampling.top_p, "top_k": sampling.top_k, "seed": sampling.seed},
-                "examples": items}
-
-    @app.get("/api/settings")
-    def get_settings():
-        return settings()
-
-    @app.get("/examples/{name}")
-    def example_image(name: str):
-        if name not in {item["image"] for item in items}:
-            raise BadRequest(404, "no such example image", "not_found")
-        return FileResponse(os.path.join(example_dir, "images", name), media_type="image/png")
+    app.add_middleware(OneLineLog, prog="fire_jax.demo", failed=_failure_response, debug=debug)
+    _add_pages(app, descriptions, sampling, examples(example_dir), example_dir)
 
     @app.post("/api/respond")
     async def respond(http: HttpRequest):
@@ -339,6 +315,32 @@ def create_app(student: Streaming, teacher: Streaming, descriptions: dict, sampl
 
     return app
 
+
+def _failure_response(e: Exception) -> tuple[int, dict]:
+    """A model failure's 500: shown in the page (its details in the log), the demo goes on."""
+    message = str(e) if isinstance(e, ModelFailure) else failure_message(e, log=False)
+    return 500, {"error": {"message": message, "code": "model_failure"}}
+
+
+def _add_pages(app, descriptions: dict, sampling: SamplingParams, items: list[dict], example_dir: str) -> None:
+    """The page, its settings (the models, the sampling, the examples) and the examples' images."""
+
+    @app.get("/", response_class=HTMLResponse)
+    def page():
+        return FileResponse(PAGE, media_type="text/html")
+
+    @app.get("/api/settings")
+    def get_settings():
+        return {"student": descriptions["student"], "teacher": descriptions["teacher"],
+                "sampling": {"max_new_tokens": sampling.max_tokens, "temperature": sampling.temperature,
+                             "top_p": sampling.top_p, "top_k": sampling.top_k, "seed": sampling.seed},
+                "examples": items}
+
+    @app.get("/examples/{name}")
+    def example_image(name: str):
+        if name not in {item["image"] for item in items}:
+            raise BadRequest(404, "no such example image", "not_found")
+        return FileResponse(os.path.join(example_dir, "images", name), media_type="image/png")
 
 
 def parse_args(argv=None):

@@ -342,10 +342,33 @@ def create_app(models: dict[str, Served], *, max_queue: int = 256, limits: Limit
         "message": "the server failed on this request; its log says why", "type": "server_error",
         "code": "server_error", "param": None}}))
 
-    def error(status: int, message: str, code: str, headers=None):
-        kind = "invalid_request_error" if status < 500 else "server_error"
-        return JSONResponse({"error": {"message": message, "type": kind, "code": code, "param": None}},
-                            status_code=status, headers=headers)
+    _add_error_handlers(app)
+
+    @app.get("/health")
+    async def health():
+        return _health(models, admitted)
+
+    @app.get("/v1/models")
+    async def list_models():
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "fire_jax"}
+                                           for name in models]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(http: HttpRequest):
+        return await _chat_completion(http, models, admitted, limits, grace)
+
+    return app
+
+
+def error(status: int, message: str, code: str, headers=None) -> JSONResponse:
+    """An OpenAI-shaped JSON error."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "code": code, "param": None}},
+                        status_code=status, headers=headers)
+
+
+def _add_error_handlers(app) -> None:
+    """Bad requests, unknown routes and invalid bodies as :func:`error` JSON."""
 
     @app.exception_handler(BadRequest)
     async def bad_request(_, e: BadRequest):
@@ -359,78 +382,74 @@ def create_app(models: dict[str, Served], *, max_queue: int = 256, limits: Limit
     async def validation_error(_, e):
         return error(400, str(e), "invalid_request_error")
 
-    @app.get("/health")
-    async def health():
-        return {"status": "ok", "models": {
-            name: {"description": s.description, "in_flight": s.engine.in_flight, "admitted": len(admitted[name]),
-                   "finished": s.engine.stats["requests"], "cancelled": s.engine.stats["cancelled"],
-                   **{key: s.engine.stats[key] for key in ("prompt_tokens", "reused_tokens", "prefilled_tokens")}}
-            if s.replier is None else
-            {"description": s.description, "requests": dict(s.replier.counts)} for name, s in models.items()}}
 
-    @app.get("/v1/models")
-    async def list_models():
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "fire_jax"}
-                                           for name in models]}
+def _health(models: dict[str, Served], admitted: dict[str, Admitted]) -> dict:
+    return {"status": "ok", "models": {
+        name: {"description": s.description, "in_flight": s.engine.in_flight, "admitted": len(admitted[name]),
+               "finished": s.engine.stats["requests"], "cancelled": s.engine.stats["cancelled"],
+               **{key: s.engine.stats[key] for key in ("prompt_tokens", "reused_tokens", "prefilled_tokens")}}
+        if s.replier is None else
+        {"description": s.description, "requests": dict(s.replier.counts)} for name, s in models.items()}}
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(http: HttpRequest):
-        body = await json_body(http, limits)
-        name = body.get("model")
-        if not isinstance(name, str):
-            raise BadRequest(400, f"'model' must be a string, one of {sorted(models)}", "invalid_request_error")
-        if name not in models:
-            raise BadRequest(404, f"model {name[:100]!r} is not served; serving {sorted(models)}", "model_not_found")
-        served = models[name]
-        if served.replier is not None:
-            return await _replied(served, body, limits, grace)
-        request = build_request(served, body, limits)
-        stream = body.get("stream") is True  # a boolean: build_request checked it
-        queue = admitted[name]
-        key = queue.reserve()  # 503 when full; from here to its last update the request holds its place
-        loop = asyncio.get_running_loop()
-        updates: asyncio.Queue = asyncio.Queue()
 
-        def on_update(ticket, delta, reason):  # the engine thread
-            if reason is not None:
-                queue.release(key)
-            loop.call_soon_threadsafe(updates.put_nowait, (delta, reason))
+async def _chat_completion(http: HttpRequest, models: dict[str, Served], admitted: dict[str, Admitted],
+                           limits: Limits, grace: GracefulTimeout):
+    """One /v1/chat/completions request: admitted (503 when its model's queue is full), submitted to the engine,
+    answered whole or streamed; a client that goes away frees its slot; past the graceful timeout, a 503."""
+    body = await json_body(http, limits)
+    name = body.get("model")
+    if not isinstance(name, str):
+        raise BadRequest(400, f"'model' must be a string, one of {sorted(models)}", "invalid_request_error")
+    if name not in models:
+        raise BadRequest(404, f"that model is not served; serving {sorted(models)}", "model_not_found")
+    served = models[name]
+    if served.replier is not None:
+        return await _replied(served, body, limits, grace)
+    request = build_request(served, body, limits)
+    stream = body.get("stream") is True  # a boolean: build_request checked it
+    queue = admitted[name]
+    key = queue.reserve()  # 503 when full; from here to its last update the request holds its place
+    loop = asyncio.get_running_loop()
+    updates: asyncio.Queue = asyncio.Queue()
 
-        try:
-            ticket = served.engine.submit(request, on_update)
-        except RuntimeError as e:  # shutting down
+    def on_update(ticket, delta, reason):  # the engine thread
+        if reason is not None:
             queue.release(key)
-            raise BadRequest(503, str(e), "shutting_down", {"Retry-After": "5"})
-        except ValueError as e:  # checked in build_request; kept for safety
-            queue.release(key)
-            raise BadRequest(400, str(e), "invalid_request_error")
-        queue.submitted(key, ticket)
-        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        if stream:
-            return StreamingResponse(_stream(rid, created, name, updates, ticket, served.engine, grace),
-                                     media_type="text/event-stream")
-        try:
-            reason = await _wait_unless_disconnected(http, updates, grace)
-        except BaseException:  # cancelled by the server (uvicorn's own shutdown timeout): free the slot
-            served.engine.cancel(ticket)
-            raise
-        if reason is None:  # the client went away: free its slot (no one reads the reply)
-            served.engine.cancel(ticket)
-            return error(499, "client disconnected", "client_disconnected")
-        if reason == "shutting_down":
-            served.engine.cancel(ticket)
-            grace.ended(rid, name, "503")
-            return error(503, grace.message, "shutting_down", {"Retry-After": "5"})
-        if reason == "error":
-            return error(500, f"generation failed: {ticket.error}", "generation_failed")
-        result = ticket.result
-        return {"id": rid, "object": "chat.completion", "created": created, "model": name,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
-                             "finish_reason": result.finish_reason}],
-                "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": len(result.tokens),
-                          "total_tokens": result.prompt_tokens + len(result.tokens)}}
+        loop.call_soon_threadsafe(updates.put_nowait, (delta, reason))
 
-    return app
+    try:
+        ticket = served.engine.submit(request, on_update)
+    except RuntimeError as e:  # shutting down
+        queue.release(key)
+        raise BadRequest(503, str(e), "shutting_down", {"Retry-After": "5"})
+    except ValueError as e:  # checked in build_request; kept for safety
+        queue.release(key)
+        raise BadRequest(400, str(e), "invalid_request_error")
+    queue.submitted(key, ticket)
+    rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    if stream:
+        return StreamingResponse(_stream(rid, created, name, updates, ticket, served.engine, grace),
+                                 media_type="text/event-stream")
+    try:
+        reason = await _wait_unless_disconnected(http, updates, grace)
+    except BaseException:  # cancelled by the server (uvicorn's own shutdown timeout): free the slot
+        served.engine.cancel(ticket)
+        raise
+    if reason is None:  # the client went away: free its slot (no one reads the reply)
+        served.engine.cancel(ticket)
+        return error(499, "client disconnected", "client_disconnected")
+    if reason == "shutting_down":
+        served.engine.cancel(ticket)
+        grace.ended(rid, name, "503")
+        return error(503, grace.message, "shutting_down", {"Retry-After": "5"})
+    if reason == "error":
+        return error(500, f"generation failed: {ticket.error}", "generation_failed")
+    result = ticket.result
+    return {"id": rid, "object": "chat.completion", "created": created, "model": name,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
+                         "finish_reason": result.finish_reason}],
+            "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": len(result.tokens),
+                      "total_tokens": result.prompt_tokens + len(result.tokens)}}
 
 
 async def _replied(served: Served, body: dict, limits: Limits, grace: GracefulTimeout):

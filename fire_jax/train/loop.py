@@ -7,6 +7,7 @@ GPU/TPU mesh, multi-host through ``jax.distributed``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -168,25 +169,13 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
 
     ``max_steps`` stops early (as a preemption would), for tests and smoke runs.
     """
-    from fire_jax.data.captions import CaptionPipeline
-    from fire_jax.data.pipeline import InputPipeline
-
     check_config(config)
     os.makedirs(workdir, exist_ok=True)
     mesh = make_mesh(tuple(config.mesh.shape))
     rules = tuple((name, tuple(axes)) for name, axes in config.mesh.rules)
     if config.data.batch_size != config.train.batch_size:
         raise ValueError(f"data.batch_size={config.data.batch_size} != train.batch_size={config.train.batch_size}")
-    model = build_model(config, mesh, rules) if config.train.get("shard_init") else build_model(config)
-    if isinstance(model, CLIPModel):  # image-caption pairs and the contrastive loss (configs/clip.py)
-        pipeline = CaptionPipeline(config.data, model.cfg.vision.image_size,
-                                   eos_token_id=model.cfg.text.eos_token_id, process_count=jax.process_count(),
-                                   patch_size=model.cfg.vision.patch_size)
-        _check_fact_heads(model, pipeline)
-    else:
-        pipeline = InputPipeline(config.data, model.cfg.geometry, image_token_id=model.cfg.image_token_id,
-                                 process_index=jax.process_index(), process_count=jax.process_count(),
-                                 student_first_turn=config.loss.get("student_first_turn", False))
+    model, pipeline = _model_and_data(config, mesh, rules)
     steps = total_steps(config, pipeline)
     if jax.process_index() == 0:
         print(plan_report(config, pipeline, steps))
@@ -204,60 +193,9 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
     config_json = json.loads(config.to_json())
     if jax.process_index() == 0:
         write_text(os.path.join(workdir, "config.json"), json.dumps(config_json, indent=2))
-    writer = MetricWriter(workdir, resumed_at)
     stop = StopSignals.active or StopSignals()  # the command's (with its watchdog), else one for this loop
-    rng = jax.random.key(config.seed)
-    start = int(jax.device_get(state.step))
-    end = steps if max_steps is None else min(steps, start + max_steps)
-    metrics: dict[str, Any] = {}
-    progress = _progress(start, steps)
-    tokens_done, t0 = 0, time.perf_counter()
-    last_saved = start
-    data_ended = False  # examples dropped while training (image_cut, no_labelled_token) end the data early
-    failed: BaseException | None = None
-    with stop.checked():  # SIGTERM / SIGINT: a flag checked after each step
-        try:
-            for step in range(start, end):
-                try:
-                    batch = next(pipeline)
-                except StopIteration:
-                    data_ended = True
-                    progress.write(f"the data ended after step {step} of {steps} (examples dropped while training: "
-                          f"{sum(pipeline.dropped.values()):,}); saving and exporting there")
-                    if step > last_saved:
-                        checkpointer.save(step, state, pipeline.get_state(), config_json,
-                                          metrics=_loss_of(metrics), force=True)
-                    break
-                state, metrics = trainer.step(state, put_batch(batch, mesh, rules), rng)
-                metrics = jax.device_get(metrics)
-                if not np.isfinite(metrics["loss"]):
-                    raise FloatingPointError(f"non-finite loss {metrics['loss']} at step {step + 1}; batch examples: "
-                                             f"{batch_example_ids(batch)}")
-                tokens_done += int(np.asarray(batch["attention_mask"]).sum()) * jax.process_count()
-                metrics["tokens_per_s"] = tokens_done / (time.perf_counter() - t0)
-                writer.write(step + 1, metrics)
-                checkpointer.check()  # a save in the background that failed ends the run now, not at the next save
-                progress.update(1)
-                progress.set_postfix(loss=f"{float(metrics['loss']):.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
-                last = step + 1 == end
-                if (step + 1) % config.train.checkpoint_every == 0 or last or stop.requested:
-                    checkpointer.save(step + 1, state, pipeline.get_state(), config_json,
-                                      metrics=_loss_of(metrics), force=True)
-                    last_saved = step + 1
-                if stop.requested:
-                    break
-            checkpointer.wait()  # committed: a stopped run says so only now (a second signal may end it before)
-        except BaseException as e:
-            failed = e
-            raise
-        finally:
-            progress.close()
-            pipeline.close()
-            print(pipeline.report())
-            # On a failed write the files and the checkpoint in flight are let go without waiting or a second error:
-            # the disk that failed one write fails the others, or hangs them.
-            writer.close(quiet=failed is not None)
-            checkpointer.close(wait=not isinstance(failed, WriteFailed), quiet=failed is not None)
+    run = _Run(config, config_json, trainer, pipeline, checkpointer, stop, mesh, rules, steps)
+    state, metrics, data_ended = run.steps(state, MetricWriter(workdir, resumed_at), max_steps)
     final_step = int(jax.device_get(state.step))
     if stop.requested:
         print(f"{stop.requested.name}: checkpoint of step {final_step} committed in {workdir}/checkpoints",
@@ -268,6 +206,93 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
             "preempted": stop.requested is not None, "stopped_by": stop.requested, "state": state, "trainer": trainer,
             "source_sizes": dict(pipeline.source_sizes),  # usable examples per source (one epoch, all processes)
             "metrics": {k: np.asarray(v).tolist() for k, v in metrics.items()}}
+
+
+def _model_and_data(config, mesh, rules):
+    """The model to train and its input pipeline: image-caption pairs for a CLIP (``model.kind="clip"``, its
+    contrastive loss: configs/clip.py), FIRE / instruction records for a LLaVA."""
+    from fire_jax.data.captions import CaptionPipeline
+    from fire_jax.data.pipeline import InputPipeline
+
+    model = build_model(config, mesh, rules) if config.train.get("shard_init") else build_model(config)
+    if isinstance(model, CLIPModel):
+        pipeline = CaptionPipeline(config.data, model.cfg.vision.image_size,
+                                   eos_token_id=model.cfg.text.eos_token_id, process_count=jax.process_count(),
+                                   patch_size=model.cfg.vision.patch_size)
+        _check_fact_heads(model, pipeline)
+        return model, pipeline
+    return model, InputPipeline(config.data, model.cfg.geometry, image_token_id=model.cfg.image_token_id,
+                                process_index=jax.process_index(), process_count=jax.process_count(),
+                                student_first_turn=config.loss.get("student_first_turn", False))
+
+
+@dataclasses.dataclass
+class _Run:
+    """What the step loop works with: the config, the trainer, the data, the checkpoints and the stop flag."""
+
+    config: Any
+    config_json: dict
+    trainer: Trainer
+    pipeline: Any
+    checkpointer: Checkpointer
+    stop: StopSignals
+    mesh: Any
+    rules: tuple
+    total: int
+
+    def save(self, step: int, state, metrics: dict) -> None:
+        self.checkpointer.save(step, state, self.pipeline.get_state(), self.config_json, metrics=_loss_of(metrics),
+                               force=True)
+
+    def steps(self, state, writer: MetricWriter, max_steps: int | None):
+        """Steps until the end, ``max_steps``, the data's end or a stop signal, checkpointing as configured and
+        at the last step; returns (state, last metrics, whether the data ended)."""
+        start = int(jax.device_get(state.step))
+        end = self.total if max_steps is None else min(self.total, start + max_steps)
+        rng, metrics, data_ended, last_saved = jax.random.key(self.config.seed), {}, False, start
+        progress, tokens_done, t0 = _progress(start, self.total), 0, time.perf_counter()
+        failed: BaseException | None = None
+        with self.stop.checked():  # SIGTERM / SIGINT: a flag checked after each step
+            try:
+                for step in range(start, end):
+                    try:
+                        batch = next(self.pipeline)
+                    except StopIteration:  # examples dropped while training (image_cut, ...) end the data early
+                        data_ended = True
+                        progress.write(f"the data ended after step {step} of {self.total} (examples dropped while "
+                                       f"training: {sum(self.pipeline.dropped.values()):,}); saving and exporting there")
+                        if step > last_saved:
+                            self.save(step, state, metrics)
+                        break
+                    state, metrics = self.trainer.step(state, put_batch(batch, self.mesh, self.rules), rng)
+                    metrics = jax.device_get(metrics)
+                    if not np.isfinite(metrics["loss"]):
+                        raise FloatingPointError(f"non-finite loss {metrics['loss']} at step {step + 1}; batch "
+                                                 f"examples: {batch_example_ids(batch)}")
+                    tokens_done += int(np.asarray(batch["attention_mask"]).sum()) * jax.process_count()
+                    metrics["tokens_per_s"] = tokens_done / (time.perf_counter() - t0)
+                    writer.write(step + 1, metrics)
+                    self.checkpointer.check()  # a background save that failed ends the run now, not at the next
+                    progress.update(1)
+                    progress.set_postfix(loss=f"{float(metrics['loss']):.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
+                    if (step + 1) % self.config.train.checkpoint_every == 0 or step + 1 == end or self.stop.requested:
+                        self.save(step + 1, state, metrics)
+                        last_saved = step + 1
+                    if self.stop.requested:
+                        break
+                self.checkpointer.wait()  # committed: a stopped run says so only now (a second signal may end it)
+            except BaseException as e:
+                failed = e
+                raise
+            finally:
+                progress.close()
+                self.pipeline.close()
+                print(self.pipeline.report())
+                # On a failed write the files and the checkpoint in flight are let go without waiting or a second
+                # error: the disk that failed one write fails the others, or hangs them.
+                writer.close(quiet=failed is not None)
+                self.checkpointer.close(wait=not isinstance(failed, WriteFailed), quiet=failed is not None)
+        return state, metrics, data_ended
 
 
 def export(model: LlavaNext | CLIPModel, workdir: str, config) -> None:

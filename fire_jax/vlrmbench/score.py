@@ -152,24 +152,9 @@ def _failure(texts: Sequence[str | None], read: Sequence[bool], missing: str) ->
     return None if all(read) else "unparsable"
 
 
-def score_task(task: str, samples: Sequence[Sample], outputs: Mapping[str, Any], parser: str = "robust",
-               accounting: str = "ours") -> TaskResult:
-    """Scores one task from the outputs keyed by sample id.
-
-    outputs[id]: step tasks and FF, the model's text; MJ, (order 0 text,
-    order 1 text) as in build_prompt; ERA/EC, the *judge's* (order 0 text,
-    order 1 text) as in build_judge_prompt. None (or a missing id) is a
-    sample without that output ("generation_failed"; ERA/EC "judge_failed":
-    the judge call failed or had no candidate to judge); an output the parser
-    cannot fully read is "unparsable" (an MJ/ERA/EC sample fails when either
-    of its two outputs does). The metrics:
-
-    - step tasks: weighted F1 over all steps of the task pooled;
-    - MJ: correct when the good solution's two scores (response 1 of order 0
-      + response 2 of order 1) sum higher than the bad one's; ties are wrong;
-    - FF: correct when the label is among the answers read;
-    - ERA/EC: win when the candidate's summed score (response 2 of order 0 +
-      response 1 of order 1) is higher than the reference's, tie when equal.
+@dataclasses.dataclass
+class _Accounting:
+    """How failed samples count under each accounting, and what the parser reads.
 
     ``accounting="ours"`` counts every failed sample wrong: its step labels
     the opposite of the truth, MJ and FF wrong, ERA/EC a loss.
@@ -214,108 +199,148 @@ def score_task(task: str, samples: Sequence[Sample], outputs: Mapping[str, Any],
     the FF accuracy it prints is 0 for every model: "accuracy" reproduces
     that 0; "accuracy_by_value" is the keyword check compared by value (as
     the release's ``task_gt == True``) under this accounting.
+    """
 
-    Under all, ``failures`` counts the outputs missing or not fully read;
-    ``failed_samples`` the samples counted wrong ("ours"), left out
-    ("official") or scored as the failure message ("vlmevalkit").
+    name: str
+    parser: str
+    failures: int = 0  # outputs missing or not fully read
+    scored: int = 0  # samples scored (not left out)
+    failed: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    @property
+    def official(self) -> bool:
+        return self.name == "official"
+
+    @property
+    def vlmevalkit(self) -> bool:
+        return self.name == "vlmevalkit"
+
+    def counted(self, texts: Sequence[str | None], reason: str | None) -> tuple[bool, bool]:
+        """(left out, counted wrong) of a sample, its failure counted by reason where it is either (or, under
+        vlmevalkit, where it has no output and is scored as the failure message)."""
+        missing = any(text is None for text in texts)
+        left_out = self.official and missing
+        wrong = self.name == "ours" and reason is not None
+        if left_out or wrong or (self.vlmevalkit and missing):
+            self.failed[reason] += 1
+        return left_out, wrong
+
+    def read(self, text: str | None) -> str | None:
+        """What the parser reads: under vlmevalkit a missing output is VLMEvalKit's failure message."""
+        return VLMEVALKIT_FAIL_MSG if self.vlmevalkit and text is None else text
+
+
+def score_task(task: str, samples: Sequence[Sample], outputs: Mapping[str, Any], parser: str = "robust",
+               accounting: str = "ours") -> TaskResult:
+    """Scores one task from the outputs keyed by sample id.
+
+    outputs[id]: step tasks and FF, the model's text; MJ, (order 0 text,
+    order 1 text) as in build_prompt; ERA/EC, the *judge's* (order 0 text,
+    order 1 text) as in build_judge_prompt. None (or a missing id) is a
+    sample without that output ("generation_failed"; ERA/EC "judge_failed":
+    the judge call failed or had no candidate to judge); an output the parser
+    cannot fully read is "unparsable" (an MJ/ERA/EC sample fails when either
+    of its two outputs does). The metrics:
+
+    - step tasks: weighted F1 over all steps of the task pooled;
+    - MJ: correct when the good solution's two scores (response 1 of order 0
+      + response 2 of order 1) sum higher than the bad one's; ties are wrong;
+    - FF: correct when the label is among the answers read;
+    - ERA/EC: win when the candidate's summed score (response 2 of order 0 +
+      response 1 of order 1) is higher than the reference's, tie when equal.
+
+    ``accounting``: how a failed sample counts (:class:`_Accounting`: "ours", "official" as the release's
+    scorers, "vlmevalkit" as VLMEvalKit's dataset). ``failures`` counts the outputs missing or not fully read;
+    ``failed_samples`` the samples counted wrong ("ours"), left out ("official") or scored as the failure
+    message ("vlmevalkit").
     """
     info = task_info(task)
     check_choice(parser, PARSERS, "parser")
     check_choice(accounting, ACCOUNTINGS, "accounting")
     if not samples:
         raise ValueError(f"no samples to score for {info.short}")
-    official, vlmevalkit = accounting == "official", accounting == "vlmevalkit"
-    failures = 0
-    failed: collections.Counter = collections.Counter()
-    scored = 0
-    confusion = None  # step tasks: the confusion counts of the steps scored
-    if vlmevalkit and info.theme == "criticism":  # not scored; its unread outputs counted as under the others
+    tally = _Accounting(accounting, parser)
+    if tally.vlmevalkit and info.theme == "criticism":  # not scored; its unread outputs counted as under the others
         unread = sum(not try_parse_scores(text, parser)[1] for sample in samples for text in _pair(outputs, sample.id))
         return TaskResult(task=info.file, num_samples=len(samples), num_outputs=2 * len(samples), failures=unread,
                           scores={"win": None, "tie": None, "lose": None}, parser=parser, accounting=accounting,
                           num_scored=0)
-
-    def counted(texts: Sequence[str | None], reason: str | None) -> tuple[bool, bool]:
-        """(left out, counted wrong) of a sample, its failure counted by reason where it is either (or, under
-        vlmevalkit, where it has no output and is scored as the failure message)."""
-        missing = any(text is None for text in texts)
-        left_out = official and missing
-        wrong = accounting == "ours" and reason is not None
-        if left_out or wrong or (vlmevalkit and missing):
-            failed[reason] += 1
-        return left_out, wrong
-
-    def read(text: str | None) -> str | None:
-        """What the parser reads: under vlmevalkit a missing output is VLMEvalKit's failure message."""
-        return VLMEVALKIT_FAIL_MSG if vlmevalkit and text is None else text
-
+    confusion = None  # step tasks: the confusion counts of the steps scored
     if info.theme == "step":
-        labels, predictions = [], []
-        for sample in samples:
-            text = outputs.get(sample.id)
-            predicted, ok = try_parse_step_labels(read(text), len(sample.task_gt), parser)
-            failures += not ok
-            left_out, wrong = counted([text], _failure([text], [ok], "generation_failed"))
-            if left_out:
-                continue
-            if wrong:
-                predicted = [1 - label for label in sample.task_gt]
-            scored += 1
-            labels.extend(sample.task_gt)
-            predictions.extend(predicted)
-        confusion = step_counts(labels, predictions) if labels else None
-        if confusion:
-            scores = {"f1": weighted_f1_of_counts(confusion),
-                      "f1_pos": _f1(confusion["tp"], confusion["fp"], confusion["fn"]),
-                      "f1_neg": _f1(confusion["tn"], confusion["fn"], confusion["fp"])}
-        else:
-            scores = {"f1": None, "f1_pos": None, "f1_neg": None}
-        num_outputs = len(samples)
+        scores, confusion = _score_steps(samples, outputs, tally)
     elif info.file == "foresight":
-        correct = 0
-        for sample in samples:
-            text = outputs.get(sample.id)
-            answers = parse_foresight(read(text), parser)  # empty when nothing was read: never correct
-            failures += not answers
-            left_out, _ = counted([text], _failure([text], [bool(answers)], "generation_failed"))
-            if left_out:
-                continue
-            scored += 1
-            correct += sample.task_gt in answers
-        scores = {"accuracy": correct / scored if scored else None}
-        if vlmevalkit:  # VLMEvalKit prints 0 (`task_gt is True` on a numpy boolean); see the docstring
-            scores = {"accuracy": 0.0, "accuracy_by_value": scores["accuracy"]}
-        num_outputs = len(samples)
+        scores = _score_foresight(samples, outputs, tally)
     else:  # two orders: MJ (good solution first) and the ERA/EC judge (reference first)
-        counts = collections.Counter()
-        for sample in samples:
-            texts = _pair(outputs, sample.id)
-            (first, first_ok), (second, second_ok) = (try_parse_scores(read(text), parser) for text in texts)
-            failures += (not first_ok) + (not second_ok)
-            reason = _failure(texts, [first_ok, second_ok],
-                              "generation_failed" if info.file == "multi_solution" else "judge_failed")
-            left_out, wrong = counted(texts, reason)
-            if left_out:
-                continue
-            scored += 1
-            first_response = first[0] + second[1]  # good solution (MJ) / reference (ERA, EC)
-            second_response = first[1] + second[0]  # bad solution (MJ) / candidate (ERA, EC)
-            counts["failed" if wrong else "second" if second_response > first_response else
-                   "first" if first_response > second_response else "tie"] += 1
+        scores = _score_two_orders(info, samples, outputs, tally)
+    num_outputs = len(samples) if info.theme == "step" or info.file == "foresight" else 2 * len(samples)
+    return TaskResult(task=info.file, num_samples=len(samples), num_outputs=num_outputs, failures=tally.failures,
+                      scores=scores, parser=parser, accounting=accounting, num_scored=tally.scored,
+                      failed_samples=dict(sorted(tally.failed.items())), step_counts=confusion)
 
-        def share(count: int) -> float | None:
-            return count / scored if scored else None
 
-        if info.file == "multi_solution":  # a failed sample is not correct
-            scores = {"accuracy": share(counts["first"])}
-        else:  # a failed sample is a loss
-            scores = {"win": share(counts["second"]), "tie": share(counts["tie"]),
-                      "lose": share(counts["first"] + counts["failed"])}
-        num_outputs = 2 * len(samples)
-    return TaskResult(task=info.file, num_samples=len(samples), num_outputs=num_outputs, failures=failures,
-                      scores=scores, parser=parser, accounting=accounting, num_scored=scored,
-                      failed_samples=dict(sorted(failed.items())),
-                      step_counts=confusion)
+def _score_steps(samples, outputs, tally: _Accounting) -> tuple[dict, dict | None]:
+    """Weighted F1 over every scored sample's steps pooled; a failed sample (``ours``) predicts the opposite."""
+    labels, predictions = [], []
+    for sample in samples:
+        text = outputs.get(sample.id)
+        predicted, ok = try_parse_step_labels(tally.read(text), len(sample.task_gt), tally.parser)
+        tally.failures += not ok
+        left_out, wrong = tally.counted([text], _failure([text], [ok], "generation_failed"))
+        if left_out:
+            continue
+        if wrong:
+            predicted = [1 - label for label in sample.task_gt]
+        tally.scored += 1
+        labels.extend(sample.task_gt)
+        predictions.extend(predicted)
+    confusion = step_counts(labels, predictions) if labels else None
+    if not confusion:
+        return {"f1": None, "f1_pos": None, "f1_neg": None}, None
+    return {"f1": weighted_f1_of_counts(confusion), "f1_pos": _f1(confusion["tp"], confusion["fp"], confusion["fn"]),
+            "f1_neg": _f1(confusion["tn"], confusion["fn"], confusion["fp"])}, confusion
+
+
+def _score_foresight(samples, outputs, tally: _Accounting) -> dict:
+    """FF accuracy: correct when the label is among the answers read."""
+    correct = 0
+    for sample in samples:
+        text = outputs.get(sample.id)
+        answers = parse_foresight(tally.read(text), tally.parser)  # empty when nothing was read: never correct
+        tally.failures += not answers
+        left_out, _ = tally.counted([text], _failure([text], [bool(answers)], "generation_failed"))
+        if left_out:
+            continue
+        tally.scored += 1
+        correct += sample.task_gt in answers
+    scores = {"accuracy": correct / tally.scored if tally.scored else None}
+    if tally.vlmevalkit:  # VLMEvalKit prints 0 (`task_gt is True` on a numpy boolean); see _Accounting
+        scores = {"accuracy": 0.0, "accuracy_by_value": scores["accuracy"]}
+    return scores
+
+
+def _score_two_orders(info, samples, outputs, tally: _Accounting) -> dict:
+    """MJ accuracy (the good solution's summed scores above the bad one's), or ERA/EC win / tie / lose (the
+    candidate's summed judge scores against the reference's); a failed sample is wrong / a loss."""
+    counts = collections.Counter()
+    for sample in samples:
+        texts = _pair(outputs, sample.id)
+        (first, first_ok), (second, second_ok) = (try_parse_scores(tally.read(text), tally.parser) for text in texts)
+        tally.failures += (not first_ok) + (not second_ok)
+        reason = _failure(texts, [first_ok, second_ok],
+                          "generation_failed" if info.file == "multi_solution" else "judge_failed")
+        left_out, wrong = tally.counted(texts, reason)
+        if left_out:
+            continue
+        tally.scored += 1
+        first_response = first[0] + second[1]  # good solution (MJ) / reference (ERA, EC)
+        second_response = first[1] + second[0]  # bad solution (MJ) / candidate (ERA, EC)
+        counts["failed" if wrong else "second" if second_response > first_response else
+               "first" if first_response > second_response else "tie"] += 1
+    share = (lambda count: count / tally.scored) if tally.scored else (lambda count: None)
+    if info.file == "multi_solution":  # a failed sample is not correct
+        return {"accuracy": share(counts["first"])}
+    return {"win": share(counts["second"]), "tie": share(counts["tie"]),  # a failed sample is a loss
+            "lose": share(counts["first"] + counts["failed"])}
 
 
 def score_accountings(task: str, samples: Sequence[Sample], outputs: Mapping[str, Any], parser: str = "robust",
