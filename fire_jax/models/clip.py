@@ -168,6 +168,9 @@ class CLIPModel(nnx.Module):
     tower is a LLaVA tower weight for weight (``fire_jax.convert.clip.load_clip_vision_tower``).
     """
 
+    #: What trains it, reads its data and exports it (``config.model.kind``; fire_jax.train: the one table).
+    kind = "clip"
+
     def __init__(self, cfg: CLIPConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)

@@ -61,6 +61,9 @@ class LanguageModel(nnx.Module):
 
 
 class LlavaNext(nnx.Module):
+    #: What trains it, reads its data and exports it (``config.model.kind``; fire_jax.train: the one table).
+    kind = "llava"
+
     def __init__(self, cfg: LlavaNextConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         dtype, param_dtype = jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)

@@ -209,21 +209,33 @@ def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, An
 
 
 def _model_and_data(config, mesh, rules):
-    """The model to train and its input pipeline: image-caption pairs for a CLIP (``model.kind="clip"``, its
-    contrastive loss: configs/clip.py), FIRE / instruction records for a LLaVA."""
-    from fire_jax.data.captions import CaptionPipeline
+    """The model to train and its input pipeline, by the model's kind (:data:`PIPELINES`)."""
+    model = build_model(config, mesh, rules) if config.train.get("shard_init") else build_model(config)
+    return model, PIPELINES[model.kind](config, model)
+
+
+def _records_pipeline(config, model: LlavaNext):
+    """A LLaVA's data: FIRE / instruction records, its per-turn labels (fire_jax.data.pipeline)."""
     from fire_jax.data.pipeline import InputPipeline
 
-    model = build_model(config, mesh, rules) if config.train.get("shard_init") else build_model(config)
-    if isinstance(model, CLIPModel):
-        pipeline = CaptionPipeline(config.data, model.cfg.vision.image_size,
-                                   eos_token_id=model.cfg.text.eos_token_id, process_count=jax.process_count(),
-                                   patch_size=model.cfg.vision.patch_size)
-        _check_fact_heads(model, pipeline)
-        return model, pipeline
-    return model, InputPipeline(config.data, model.cfg.geometry, image_token_id=model.cfg.image_token_id,
-                                process_index=jax.process_index(), process_count=jax.process_count(),
-                                student_first_turn=config.loss.get("student_first_turn", False))
+    return InputPipeline(config.data, model.cfg.geometry, image_token_id=model.cfg.image_token_id,
+                         process_index=jax.process_index(), process_count=jax.process_count(),
+                         student_first_turn=config.loss.get("student_first_turn", False))
+
+
+def _captions_pipeline(config, model: CLIPModel):
+    """A CLIP's data: image-caption pairs (configs/clip.py; a vision stage's facts for its heads)."""
+    from fire_jax.data.captions import CaptionPipeline
+
+    pipeline = CaptionPipeline(config.data, model.cfg.vision.image_size, eos_token_id=model.cfg.text.eos_token_id,
+                               process_count=jax.process_count(), patch_size=model.cfg.vision.patch_size)
+    _check_fact_heads(model, pipeline)
+    return pipeline
+
+
+#: Each model kind's input pipeline (``model.kind``; its loss: fire_jax.train.step.OBJECTIVES, its export:
+#: :data:`EXPORTS`).
+PIPELINES = {"llava": _records_pipeline, "clip": _captions_pipeline}
 
 
 @dataclasses.dataclass
@@ -296,26 +308,23 @@ class _Run:
 
 
 def export(model: LlavaNext | CLIPModel, workdir: str, config) -> None:
+    """The trained model under ``workdir/export``, by its kind (:data:`EXPORTS`); each folder written whole or not
+    at all (the last good one is kept)."""
+    EXPORTS[model.kind](model, workdir, config)
+
+
+def _export_llava(model: LlavaNext, workdir: str, config) -> None:
     """Final LoRA as a PEFT adapter, and (``train.export_merged``) merged HF weights with the run's tokenizer
     (``tokenizer.json``, and its ``tokenizer_config.json`` with the chat template when it has one), so the
-    folder loads on its own. A CLIP: its HF CLIPModel checkpoint in ``export/clip`` (a LLaVA's
-    ``init.vision_tower`` reads it)."""
+    folder loads on its own."""
     import shutil
 
     from fire_jax.core.config import resolve_path
     from fire_jax.convert.hf import save_hf_checkpoint, save_peft_adapter
     from fire_jax.models import merge_lora
 
-    if isinstance(model, CLIPModel):
-        from fire_jax.convert.clip import save_clip_checkpoint
-
-        clip_dir = os.path.join(workdir, "export", "clip")
-        with output_folder(clip_dir) as written:
-            save_clip_checkpoint(model, written)
-        return
-
     adapter, merged = os.path.join(workdir, "export", "peft_adapter"), os.path.join(workdir, "export", "hf_merged")
-    with output_folder(adapter) as written:  # each folder whole or not at all: the last good one is kept
+    with output_folder(adapter) as written:
         save_peft_adapter(model, written)
     if config.train.get("export_merged", False):
         with output_folder(merged) as written:
@@ -325,6 +334,18 @@ def export(model: LlavaNext | CLIPModel, workdir: str, config) -> None:
             template = os.path.join(os.path.dirname(tokenizer), "tokenizer_config.json")
             if os.path.exists(template):
                 shutil.copyfile(template, os.path.join(written, "tokenizer_config.json"))
+
+
+def _export_clip(model: CLIPModel, workdir: str, config) -> None:
+    """A CLIP: its HF CLIPModel checkpoint in ``export/clip`` (a LLaVA's ``init.vision_tower`` reads it)."""
+    from fire_jax.convert.clip import save_clip_checkpoint
+
+    with output_folder(os.path.join(workdir, "export", "clip")) as written:
+        save_clip_checkpoint(model, written)
+
+
+#: Each model kind's export (``model.kind``).
+EXPORTS = {"llava": _export_llava, "clip": _export_clip}
 
 
 def _loss_of(metrics: dict[str, Any]) -> dict[str, float]:

@@ -22,7 +22,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from fire_jax.core.config import InputError
 from fire_jax.runtime.build import check_trainable, trainable_filter
 from fire_jax.models import LlavaNext
-from fire_jax.models.clip import CLIPModel, contrastive_loss, fact_loss
+from fire_jax.models.clip import contrastive_loss, fact_loss
 from fire_jax.runtime.sharding import DEFAULT_RULES, activation_sharding, batch_sharding, state_shardings
 from fire_jax.train import loss as losses
 
@@ -67,10 +67,8 @@ class Trainer:
         frozen weights are ShapeDtypeStructs with shardings, for lowering and memory analysis at 8B."""
         self.mesh, self.rules = mesh, rules
         self.train_cfg, self.loss_cfg = train_cfg, loss_cfg
-        self.contrastive = isinstance(model, CLIPModel)  # CLIP (Radford et al. 2021) rather than a LLaVA's LM loss
-        if self.contrastive and train_cfg.accum_steps != 1:
-            raise ValueError(f"train.accum_steps={train_cfg.accum_steps}: a contrastive batch is one micro-batch "
-                             f"(its negatives are the other pairs in it); use 1")
+        self.objective = OBJECTIVES[model.kind]  # the model's loss: its kind picks it, as it picks its data
+        self.objective.check(train_cfg)
         check_trainable(model, train_cfg)
         self.graphdef, params, frozen = nnx.split(model, trainable_filter(train_cfg), ...)
         # A copy even when already float32: the step donates its state, and the model must stay usable.
@@ -100,86 +98,10 @@ class Trainer:
         self._steps: dict[tuple, Any] = {}
 
     # ------------------------------------------------------------------ the step
-    def _loss(self, params, frozen, batch, weights, rng):
-        """sum(weights * nll) over a micro-batch, plus per-token nll / correctness."""
-        model = nnx.merge(self.graphdef, params, frozen)
-        hidden, _ = model.hidden_states(batch["input_ids"], batch.get("pixel_values"), batch.get("image_index"),
-                                        batch["attention_mask"], dropout_rng=rng)
-        targets = batch["input_ids"][:, 1:]
-        kernel = model.language_model.head_kernel()
-        labelled = batch["loss_mask"][:, 1:] > 0  # only these positions' logits are formed
-        nll, correct = losses.chunked_cross_entropy(hidden[:, :-1], kernel, targets, self.train_cfg.loss_chunk,
-                                                    labelled)
-        return jnp.sum(weights * nll), (nll, correct)
-
     def _step(self, state: TrainState, frozen, batch, rng):
         with activation_sharding(self.mesh, self.rules):
-            return self._step_body(state, frozen, batch, rng)
-
-    def _contrastive_loss(self, params, frozen, batch):
-        """CLIP's symmetric cross-entropy over the batch's image-text scores (fire_jax.models.clip), plus, for a
-        vision stage's batches (``facts``), ``loss.fact_weight`` times its auxiliary heads' cross-entropy."""
-        model = nnx.merge(self.graphdef, params, frozen)
-        logits = model(batch["pixel_values"], batch["input_ids"])
-        labels = jnp.arange(logits.shape[0])
-        loss = contrastive_loss(logits)
-        metrics = {"image_to_text_accuracy": jnp.mean(jnp.argmax(logits, 1) == labels),
-                   "text_to_image_accuracy": jnp.mean(jnp.argmax(logits, 0) == labels),
-                   "temperature": 1 / jnp.exp(model.logit_scale[...]), "contrastive_loss": loss}
-        if "facts" in batch:  # a vision stage's auxiliary heads on the features LLaVA reads (configs/clip.py)
-            facts = batch["facts"]
-            aux, correct = fact_loss(model.fact_logits(batch["view_pixels"], batch["feature_index"]), facts)
-            loss = loss + self.loss_cfg.get("fact_weight", 1.0) * aux
-            applies = facts >= 0
-            metrics.update(fact_loss=aux, fact_accuracy=correct.sum() / jnp.maximum(applies.sum(), 1),
-                           # the last head apart (the synthetic set's: the tallest bar), the rest pooled
-                           last_fact_accuracy=correct[:, -1].sum() / jnp.maximum(applies[:, -1].sum(), 1))
-        return loss, metrics
-
-    def _step_body(self, state: TrainState, frozen, batch, rng):
-        if self.contrastive:  # one batch: its negatives are the other pairs in it, so no accumulation
-            (loss, metrics), grads = jax.value_and_grad(self._contrastive_loss, has_aux=True)(
-                state.params, frozen, batch)
-            return self._update(state, grads, {"loss": loss, **metrics})
-        accum = self.train_cfg.accum_steps
-        mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
-        turns = batch["turn_ids"][:, 1:]
-        max_turns = self.loss_cfg.max_turns
-        weights = losses.token_weights(mask, turns, self.loss_cfg.normalize, max_turns)
-        step_rng = jax.random.fold_in(rng, state.step)
-
-        def micro(x):  # [batch, ...] -> [accum, batch/accum, ...], strided so every shard holds every micro-batch
-            return x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1)
-
-        micro_batches = jax.tree.map(micro, {**batch, "_weights": weights})
-        grad_fn = jax.value_and_grad(self._loss, has_aux=True)
-
-        def body(grads, xs):
-            i, mb = xs
-            w = mb.pop("_weights")
-            rng_i = jax.random.fold_in(step_rng, i)  # LoRA dropout (a no-op at rate 0)
-            (_, (nll, correct)), g = grad_fn(state.params, frozen, mb, w, rng_i)
-            return jax.tree.map(jnp.add, grads, g), (nll, correct)
-
-        zeros = jax.tree.map(jnp.zeros_like, state.params)
-        grads, (nll, correct) = jax.lax.scan(body, zeros, (jnp.arange(accum), micro_batches))
-        unmicro = lambda x: x.swapaxes(0, 1).reshape(-1, *x.shape[2:])
-        nll, correct = unmicro(nll), unmicro(correct)
-        tokens = mask.sum()
-        # Turns 0..max_turns, then one "> max_turns" bucket: every labelled token is in one of them.
-        turn_tokens = losses.turn_counts(mask, turns, max_turns)  # [max_turns + 2]
-        turn_loss = losses.turn_counts(mask * nll, turns, max_turns) / jnp.maximum(turn_tokens, 1.0)
-        metrics = {
-            "loss": jnp.sum(weights * nll),
-            "token_loss": jnp.sum(mask * nll) / jnp.maximum(tokens, 1.0),
-            "turn_loss": turn_loss[:-1],
-            "turn_tokens": turn_tokens[:-1],
-            "turn_loss_above_max": turn_loss[-1],  # turns > loss.max_turns, pooled
-            "turn_tokens_above_max": turn_tokens[-1],
-            "labelled_tokens": tokens,
-            "accuracy": jnp.sum(mask * correct) / jnp.maximum(tokens, 1.0),
-        }
-        return self._update(state, grads, metrics)
+            grads, metrics = self.objective.grads(self, state, frozen, batch, rng)
+            return self._update(state, grads, metrics)
 
     def _update(self, state: TrainState, grads, metrics: dict):
         """One optimizer step from ``grads``; the metrics get the gradient norm and the learning rate."""
@@ -210,6 +132,105 @@ class Trainer:
     def model(self, state: TrainState) -> LlavaNext:
         """The model with the state's trainable parameters (for evaluation and export)."""
         return nnx.merge(self.graphdef, state.params, self.frozen)
+
+
+class TurnLanguageModeling:
+    """A LLaVA's loss (FIRE Eqs. 5-6): masked cross-entropy on the labelled turns, summed over ``accum_steps``
+    micro-batches in one ``lax.scan``, weighted per ``loss.normalize``; metrics per turn."""
+
+    def check(self, train_cfg) -> None:
+        pass
+
+    @staticmethod
+    def _loss(trainer, params, frozen, batch, weights, rng):
+        """sum(weights * nll) over a micro-batch, plus per-token nll / correctness."""
+        model = nnx.merge(trainer.graphdef, params, frozen)
+        hidden, _ = model.hidden_states(batch["input_ids"], batch.get("pixel_values"), batch.get("image_index"),
+                                        batch["attention_mask"], dropout_rng=rng)
+        targets = batch["input_ids"][:, 1:]
+        kernel = model.language_model.head_kernel()
+        labelled = batch["loss_mask"][:, 1:] > 0  # only these positions' logits are formed
+        nll, correct = losses.chunked_cross_entropy(hidden[:, :-1], kernel, targets, trainer.train_cfg.loss_chunk,
+                                                    labelled)
+        return jnp.sum(weights * nll), (nll, correct)
+
+    def grads(self, trainer, state: TrainState, frozen, batch, rng):
+        accum, max_turns = trainer.train_cfg.accum_steps, trainer.loss_cfg.max_turns
+        mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
+        turns = batch["turn_ids"][:, 1:]
+        weights = losses.token_weights(mask, turns, trainer.loss_cfg.normalize, max_turns)
+        step_rng = jax.random.fold_in(rng, state.step)
+
+        def micro(x):  # [batch, ...] -> [accum, batch/accum, ...], strided so every shard holds every micro-batch
+            return x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1)
+
+        micro_batches = jax.tree.map(micro, {**batch, "_weights": weights})
+        grad_fn = jax.value_and_grad(lambda *args: self._loss(trainer, *args), has_aux=True)
+
+        def body(grads, xs):
+            i, mb = xs
+            w = mb.pop("_weights")
+            rng_i = jax.random.fold_in(step_rng, i)  # LoRA dropout (a no-op at rate 0)
+            (_, (nll, correct)), g = grad_fn(state.params, frozen, mb, w, rng_i)
+            return jax.tree.map(jnp.add, grads, g), (nll, correct)
+
+        zeros = jax.tree.map(jnp.zeros_like, state.params)
+        grads, (nll, correct) = jax.lax.scan(body, zeros, (jnp.arange(accum), micro_batches))
+        unmicro = lambda x: x.swapaxes(0, 1).reshape(-1, *x.shape[2:])  # noqa: E731
+        nll, correct = unmicro(nll), unmicro(correct)
+        tokens = mask.sum()
+        # Turns 0..max_turns, then one "> max_turns" bucket: every labelled token is in one of them.
+        turn_tokens = losses.turn_counts(mask, turns, max_turns)  # [max_turns + 2]
+        turn_loss = losses.turn_counts(mask * nll, turns, max_turns) / jnp.maximum(turn_tokens, 1.0)
+        return grads, {
+            "loss": jnp.sum(weights * nll),
+            "token_loss": jnp.sum(mask * nll) / jnp.maximum(tokens, 1.0),
+            "turn_loss": turn_loss[:-1],
+            "turn_tokens": turn_tokens[:-1],
+            "turn_loss_above_max": turn_loss[-1],  # turns > loss.max_turns, pooled
+            "turn_tokens_above_max": turn_tokens[-1],
+            "labelled_tokens": tokens,
+            "accuracy": jnp.sum(mask * correct) / jnp.maximum(tokens, 1.0),
+        }
+
+
+class Contrastive:
+    """A CLIP's loss (Radford et al. 2021): the symmetric cross-entropy over the batch's image-text scores
+    (fire_jax.models.clip), plus, for a vision stage's batches (``facts``), ``loss.fact_weight`` times its
+    auxiliary heads' cross-entropy. One batch a step: its negatives are the other pairs in it."""
+
+    def check(self, train_cfg) -> None:
+        if train_cfg.accum_steps != 1:
+            raise ValueError(f"train.accum_steps={train_cfg.accum_steps}: a contrastive batch is one micro-batch "
+                             f"(its negatives are the other pairs in it); use 1")
+
+    @staticmethod
+    def _loss(trainer, params, frozen, batch):
+        model = nnx.merge(trainer.graphdef, params, frozen)
+        logits = model(batch["pixel_values"], batch["input_ids"])
+        labels = jnp.arange(logits.shape[0])
+        loss = contrastive_loss(logits)
+        metrics = {"image_to_text_accuracy": jnp.mean(jnp.argmax(logits, 1) == labels),
+                   "text_to_image_accuracy": jnp.mean(jnp.argmax(logits, 0) == labels),
+                   "temperature": 1 / jnp.exp(model.logit_scale[...]), "contrastive_loss": loss}
+        if "facts" in batch:  # a vision stage's auxiliary heads on the features LLaVA reads (configs/clip.py)
+            facts = batch["facts"]
+            aux, correct = fact_loss(model.fact_logits(batch["view_pixels"], batch["feature_index"]), facts)
+            loss = loss + trainer.loss_cfg.get("fact_weight", 1.0) * aux
+            applies = facts >= 0
+            metrics.update(fact_loss=aux, fact_accuracy=correct.sum() / jnp.maximum(applies.sum(), 1),
+                           # the last head apart (the synthetic set's: the tallest bar), the rest pooled
+                           last_fact_accuracy=correct[:, -1].sum() / jnp.maximum(applies[:, -1].sum(), 1))
+        return loss, metrics
+
+    def grads(self, trainer, state: TrainState, frozen, batch, rng):
+        (loss, metrics), grads = jax.value_and_grad(lambda *args: self._loss(trainer, *args), has_aux=True)(
+            state.params, frozen, batch)
+        return grads, {"loss": loss, **metrics}
+
+
+#: Each model kind's training objective (``model.kind``: ``LlavaNext.kind``, ``CLIPModel.kind``).
+OBJECTIVES = {"llava": TurnLanguageModeling(), "clip": Contrastive()}
 
 
 def _with_shardings(tree, shardings):
