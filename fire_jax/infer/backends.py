@@ -23,7 +23,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from fire_jax.data.chat import ChatTokenizer, Message
-from fire_jax.data.images import TileCache, preprocess
+from fire_jax.data.images import TileCache, load_image, preprocess
 from fire_jax.infer.decode import requests_for
 from fire_jax.infer.engine import Engine
 from fire_jax.infer.engine_config import EngineConfig
@@ -77,6 +77,21 @@ def images_of(image) -> list:
 #: Every in-process backend's decoded and tiled images: a dialogue's image is tiled once, not at every turn by
 #: the student and again by the teacher.
 TILES = TileCache()
+
+
+def chat_request(chat: ChatTokenizer, messages: Sequence[Message], images: Sequence, sampling: SamplingParams, *,
+                 system: str | None = None, tiles: TileCache | None = None) -> Request:
+    """The one way from a chat to an engine request (the agents', the server's and the demo's alike): each image
+    (a path, encoded bytes or a PIL image) decoded and tiled as the model reads it (``chat.geometry``, its
+    conventions; through ``tiles``, a cache, when given), the messages rendered by the chat template with the
+    assistant header and each image's placeholder expanded for its size, the tiles concatenated in order.
+    ``system`` replaces the system prompt. A chat the template or the images cannot take raises ValueError."""
+    tiled = [tiles.get(image, chat.geometry) if tiles is not None else
+             preprocess(load_image(image, alpha="keep"), chat.geometry) for image in images]
+    sizes = [size for _, size in tiled]
+    prompt = chat.encode(messages, image_sizes=sizes, add_generation_prompt=True, system=system).input_ids.tolist()
+    pixel_values = None if not tiled else tiled[0][0] if len(tiled) == 1 else np.concatenate([t for t, _ in tiled])
+    return Request(prompt, sampling, pixel_values=pixel_values, image_sizes=sizes)
 
 #: The streaming engine: decode steps between two updates of a streamed text, and requests streamed at once.
 STREAM_CHUNK = 2
@@ -150,13 +165,10 @@ class InProcess:
             return [e] * len(prompts)
 
     def _generate(self, images, prompts, sampling, rng, system) -> list[str]:
-        tiled = [[TILES.get(image, self.geometry) for image in images_of(row)] for row in images]
-        sizes = [[size for _, size in row] for row in tiled]
-        ids = [self.chat.encode(messages, image_sizes=row, add_generation_prompt=True, system=system
-                                ).input_ids.tolist() for messages, row in zip(prompts, sizes)]
-        tiles = [None if not row else row[0][0] if len(row) == 1 else np.concatenate([t for t, _ in row])
-                 for row in tiled]
-        texts = self.generate_ids(ids, tiles, sizes, sampling, rng)
+        rows = [chat_request(self.chat, messages, images_of(row), sampling or self.sampling, system=system,
+                             tiles=TILES) for messages, row in zip(prompts, images)]
+        texts = self.generate_ids([r.prompt for r in rows], [r.pixel_values for r in rows],
+                                  [r.image_sizes for r in rows], sampling, rng)
         return [text.strip() for text in texts]
 
     def generate_ids(self, prompts: Sequence[Sequence[int]], pixel_values, image_sizes,
@@ -203,9 +215,7 @@ class InProcess:
                sampling: SamplingParams | None = None) -> str:
         """:meth:`Backend.stream` on the started engine (its greedy tokens are those of :meth:`generate`)."""
         s = sampling or self.sampling
-        tiles, size = preprocess(image, self.geometry)
-        prompt = self.chat.encode(messages, size, add_generation_prompt=True).input_ids.tolist()
-        request = Request(prompt, s, pixel_values=tiles, image_sizes=[size])
+        request = chat_request(self.chat, messages, [] if image is None else images_of(image), s)
         updates: queue.SimpleQueue = queue.SimpleQueue()
         engine = self.streaming_engine()
         try:

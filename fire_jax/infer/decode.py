@@ -57,16 +57,21 @@ def requests_for(prompts: Sequence[Sequence[int]], pixel_values, image_sizes, sa
                  rng: jax.Array | None = None) -> list[Request]:
     """Engine requests for a batch: row b's tiles ``pixel_values[b]`` when it has images, the call's
     ``sampling`` settings with row b's seed drawn from ``rng`` (the same key draws the same tokens)."""
-    if not sampling.greedy and rng is None:
-        raise ValueError(f"sampling (temperature={sampling.temperature}) needs an explicit rng key")
     sizes = normalise_sizes(image_sizes, len(prompts))
     if any(sizes) and pixel_values is None:
         raise ValueError("image sizes given for some examples but no pixel_values")
-    seeds = seeds_from_key(None if sampling.greedy else rng, len(prompts))
-    return [Request(list(map(int, prompt)), sampling.replace(seed=int(seeds[b])),
-                    pixel_values=np.asarray(pixel_values[b], np.float32) if sizes[b] else None,
-                    image_sizes=sizes[b])
-            for b, prompt in enumerate(prompts)]
+    return seeded([Request(list(map(int, prompt)), sampling,
+                           pixel_values=np.asarray(pixel_values[b], np.float32) if sizes[b] else None,
+                           image_sizes=sizes[b]) for b, prompt in enumerate(prompts)], sampling, rng)
+
+
+def seeded(requests: Sequence[Request], sampling: SamplingParams, rng: jax.Array | None) -> list[Request]:
+    """The requests of one call with its ``sampling`` settings, row b's seed drawn from ``rng`` (the same key
+    draws the same tokens; greedy calls need none)."""
+    if not sampling.greedy and rng is None:
+        raise ValueError(f"sampling (temperature={sampling.temperature}) needs an explicit rng key")
+    seeds = seeds_from_key(None if sampling.greedy else rng, len(requests))
+    return [dataclasses.replace(r, sampling=sampling.replace(seed=int(seed))) for r, seed in zip(requests, seeds)]
 
 
 def generate(model, prompts: Sequence[Sequence[int]], *, pixel_values: np.ndarray | None = None,

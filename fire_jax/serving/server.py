@@ -71,7 +71,7 @@ from starlette.exceptions import HTTPException
 from fire_jax.core.cli import require_model_config
 from fire_jax.core.config import DEFAULT_CONFIG, apply_overrides, load_config, split_overrides
 from fire_jax.data.chat import Message
-from fire_jax.data.images import preprocess
+from fire_jax.infer.backends import chat_request
 from fire_jax.infer.engine import Engine
 from fire_jax.infer.engine_config import EngineConfig
 from fire_jax.infer.loading import load
@@ -202,15 +202,6 @@ def parse_messages(messages, limits: Limits, max_text_chars: int = 0):
     return system, out, images
 
 
-def encode_prompt(chat, system: str | None, messages: list[Message], image_sizes) -> list[int]:
-    """Token ids of the rendered chat (+ assistant header), each ``<image>`` expanded for its image's size."""
-    try:  # the training template, each image expanded for its own size (ChatTokenizer.encode)
-        return chat.encode(messages, image_sizes=image_sizes, add_generation_prompt=True,
-                           system=system).input_ids.tolist()
-    except ValueError as e:
-        raise BadRequest(400, str(e)) from None
-
-
 def build_request(served: Served, body: dict, limits: Limits) -> Request:
     """The engine request of a chat completion body: every field checked and typed
     (:func:`fire_jax.serving.limits.sampling`), the text measured and the images counted before anything is
@@ -218,14 +209,10 @@ def build_request(served: Served, body: dict, limits: Limits) -> Request:
     settings, _ = sampling(body)
     model_limits = dataclasses.replace(limits, max_images=min(limits.max_images, served.engine.max_images))
     system, messages, images = parse_messages(body.get("messages"), model_limits, served.max_text_chars)
-    geometry = served.loaded.model.cfg.geometry
-    tiles, sizes = [], []
-    for image in images:
-        t, size = preprocess(image, geometry)
-        tiles.append(t)
-        sizes.append(size)
-    prompt = encode_prompt(served.loaded.chat, system, messages, sizes)
-    request = Request(prompt, settings, pixel_values=np.concatenate(tiles) if tiles else None, image_sizes=sizes)
+    try:  # the agents' way from a chat to a request (the training template, each image expanded for its size)
+        request = chat_request(served.loaded.chat, messages, images, settings, system=system)
+    except ValueError as e:
+        raise BadRequest(400, str(e)) from None
     try:
         served.engine.check(request)
     except ValueError as e:
