@@ -13,7 +13,7 @@ import ml_collections
 from _launch import parse
 
 from fire_jax.core.results import write_json
-from fire_jax.pipeline.main_job import base_and_teacher, eval_stage, train_and_report
+from fire_jax.stages.main_job import base_and_teacher, eval_stage, train_and_report
 
 SIZES = {"tiny": [240, 720], "8b": [200_000, 400_000, 600_000, 800_000, 1_000_000]}
 

@@ -8,7 +8,7 @@ import os
 
 from _launch import parse
 
-from fire_jax.pipeline.main_job import base_and_teacher, eval_stage
+from fire_jax.stages.main_job import base_and_teacher, eval_stage
 
 if __name__ == "__main__":
     args, config = parse(__doc__, "runs/fd_llava")

@@ -10,7 +10,7 @@ import os
 from _launch import parse
 
 from fire_jax.core.config import load_config
-from fire_jax.pipeline.main_job import run
+from fire_jax.stages.main_job import run
 
 if __name__ == "__main__":
     args, config = parse(__doc__, "runs/fire100k_llava")

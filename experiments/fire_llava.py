@@ -7,7 +7,7 @@ paper did; ``--options llava_n=N`` or ``llava_ratio=R`` sets how much), evaluate
 
 from _launch import parse
 
-from fire_jax.pipeline.main_job import run
+from fire_jax.stages.main_job import run
 
 if __name__ == "__main__":
     args, config = parse(__doc__, "runs/fire_llava")

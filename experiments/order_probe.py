@@ -55,7 +55,7 @@ def train_and_score(base: str, steps: int, workdir: str, seed: int) -> None:
     from fire_jax.core.config import load_config
     from fire_jax.data.chat import Message
     from fire_jax.eval.fire_bench import agent_from_section
-    from fire_jax.pipeline.main_job import train_stage
+    from fire_jax.stages.main_job import train_stage
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     rng = random.Random(seed)

@@ -248,7 +248,7 @@ FREE_FIGURES = ("accuracy_turn1", "accuracy_final", "agreement", "teacher_direct
 def free_dialogues(config, base: str, run: str, out: str, student_base: str) -> None:
     """The main job's free dialogues (90 test items) of its baseline and FIRE students (on ``student_base``) with
     this FD teacher (on ``base``)."""
-    from fire_jax.pipeline.main_job import eval_stage
+    from fire_jax.stages.main_job import eval_stage
 
     fd = dict(name="FD (teacher_curve)", init=base, adapter=os.path.abspath(out))
     folder = os.path.join(out, "free")

@@ -32,6 +32,7 @@ from fire_jax.data.records import Turn
 from fire_jax.data.scores import parse_score
 from fire_jax.infer.agents import from_specs
 from fire_jax.infer.api import is_api_spec
+from fire_jax.infer.dialogue import FREE_DIALOGUE, StopRule
 from fire_jax.infer.sampling import SamplingParams
 from fire_jax.infer.loading import check_checkpoint_arg
 
@@ -61,8 +62,9 @@ def parse_args(argv):
                                           "api:<base_url>#<model>")
     parser.add_argument("--teacher", help="the teacher, as --student (implied by --auto: the config's model)")
     parser.add_argument("--auto", action="store_true", help="the teacher gives the feedback")
-    parser.add_argument("--max_turns", type=int, default=5)
-    parser.add_argument("--solved", type=float, default=8.0, help="--auto stops at this score")
+    parser.add_argument("--max_turns", type=int, default=FREE_DIALOGUE.max_turns)
+    parser.add_argument("--solved", type=float, default=FREE_DIALOGUE.threshold,
+                        help="--auto stops at this score (default: the free dialogues' threshold)")
     parser.add_argument("--max_new_tokens", type=int, default=160)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     parser.add_argument("--top_p", type=float, default=1.0)
@@ -132,7 +134,7 @@ def main(argv=None, input_fn=input, print_fn=print) -> list[Turn]:
                 return history
             feedback = feedback or suggestion.text
         history.append(Turn(response, feedback, parse_score(feedback)))
-        if args.auto and suggestion.score is not None and suggestion.score >= args.solved:
+        if args.auto and StopRule(threshold=args.solved).solves(suggestion.score):
             print_fn(f"solved at turn {k} (score {suggestion.score:g} >= {args.solved:g})")
             return history
     print_fn(f"stopped after {args.max_turns} turns")

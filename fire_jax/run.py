@@ -7,7 +7,7 @@ SmolLM2-135M-Instruct (or, by config, the from-scratch tiny model or LLaVA-NeXT-
     python -m fire_jax.run --config.student_train.train.total_steps=50  # any field overridable
 
 Trains the teacher (FD) and the student (FIRE), evaluates the untrained baseline and the trained student in
-fixed and free dialogues, and prints the tables and the paths of the plots (see fire_jax/pipeline/main_job.py).
+fixed and free dialogues, and prints the tables and the paths of the plots (see fire_jax/stages/main_job.py).
 """
 
 import os
@@ -28,7 +28,7 @@ def main(argv):
 
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint at INFO
-    from fire_jax.pipeline.main_job import run
+    from fire_jax.stages.main_job import run
 
     run(_CONFIG.value, _WORKDIR.value)
 

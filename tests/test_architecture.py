@@ -7,6 +7,7 @@ under ``if TYPE_CHECKING:``).
 
 import ast
 import os
+import re
 import sys
 
 import pytest
@@ -22,7 +23,7 @@ LAYERS = (
     ("fire_jax.runtime",),
     ("fire_jax.train", "fire_jax.infer"),
     ("fire_jax.eval", "fire_jax.vlrmbench"),
-    ("fire_jax.serving", "fire_jax.pipeline"),
+    ("fire_jax.serving", "fire_jax.stages"),
 )
 
 
@@ -167,9 +168,23 @@ def test_metrics_import_no_model_code():
 
 
 def test_config_layer_imports_only_ml_collections():
-    """fire_jax.core.config is read by every config file and CLI: no jax, nothing of the package."""
-    names = imports_of(os.path.join(PACKAGE, "core", "config.py"))
+    """fire_jax.core.config is read by every config file and CLI: no jax, nothing of the package but the axis
+    names (fire_jax.core.axes, constants that import nothing)."""
+    names = imports_of(os.path.join(PACKAGE, "core", "config.py")) - {"fire_jax.core", "fire_jax.core.axes"}
     assert {n.split(".")[0] for n in names} - set(sys.stdlib_module_names) == {"ml_collections"}
+    assert imports_of(os.path.join(PACKAGE, "core", "axes.py")) == set()
+
+
+def test_axis_names_are_written_once():
+    """Every logical axis name is fire_jax.core.axes's: no string literal of one in an ``axes=`` or
+    ``constrain(...)`` of the models or the engine."""
+    from fire_jax.core import axes
+
+    names = {v for k, v in vars(axes).items() if k.isupper() and isinstance(v, str)}
+    literal = re.compile(r'(axes=|constrain\().*"(' + "|".join(sorted(names)) + r')"')
+    found = [f"{os.path.relpath(path, ROOT)}:{i}" for path in modules(PACKAGE) if not path.endswith("axes.py")
+             for i, line in enumerate(open(path), 1) if literal.search(line)]
+    assert found == []
 
 
 def test_hugepages_imports_only_the_standard_library():

@@ -11,7 +11,7 @@ import pytest
 from fire_jax.core.config import load_config
 from fire_jax.eval import judge
 from fire_jax.infer.dialogue import FREE_DIALOGUE
-from fire_jax.pipeline.main_job import JUDGED, SUMMARY, eval_stage, run
+from fire_jax.stages.main_job import JUDGED, SUMMARY, eval_stage, run
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
@@ -270,7 +270,7 @@ def test_the_smollm2_base_stage_trains_the_connector_and_image_newline():
 def test_a_stage_stopped_by_sigterm_ends_the_job_with_how_to_resume(monkeypatch, tmp_path, capsys):
     """A stage stopped by SIGTERM (the train loop checkpointed and returned early) ends the main job there, with
     one line saying how to resume, instead of starting the next stage without this one's export."""
-    from fire_jax.pipeline import main_job
+    from fire_jax.stages import main_job
     from fire_jax.train import loop
 
     monkeypatch.setattr(loop, "train", lambda config, workdir: {"step": 16, "total_steps": 20, "preempted": True,
@@ -293,7 +293,7 @@ def test_compile_cache_is_the_workdirs_for_the_job_and_a_cache_set_before_is_kep
     import jax.numpy as jnp
     from jax.experimental.compilation_cache import compilation_cache
 
-    from fire_jax.pipeline.main_job import compile_cache
+    from fire_jax.stages.main_job import compile_cache
 
     own, min_time = jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs
     if own:

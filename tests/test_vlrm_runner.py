@@ -126,7 +126,7 @@ def test_two_images_two_placeholder_blocks_and_their_tiles(bench):
 
     paths = (str(bench / "SC/1_0.png"), str(bench / "SC/1_1.png"))
     (ids, row_tiles, sizes), bare, typed = handed_to_the_engine(generator, [
-        runner.Request("Q", paths), runner.Request("Q", ()), runner.Request("Look at <image> 2.", paths)])
+        runner.Prompt("Q", paths), runner.Prompt("Q", ()), runner.Prompt("Look at <image> 2.", paths)])
     tiles = [geometry.num_tiles(s) for s in SIZES]
     assert sizes == SIZES and len(row_tiles) == sum(tiles) == 9
 
@@ -177,7 +177,7 @@ def test_shipped_records_with_a_typed_image_placeholder_get_one_image_block_per_
             paths.append(str(tmp_path / f"{k}_{i}.png"))
             Image.new("RGB", (40 + 10 * i, 60)).save(paths[-1])
         text = record["question"] + "\n" + record["reasoning_error"]
-        ((ids, _, _),) = handed_to_the_engine(generator, [runner.Request(text, tuple(paths))])
+        ((ids, _, _),) = handed_to_the_engine(generator, [runner.Prompt(text, tuple(paths))])
         ids = np.asarray(ids)
         assert (ids == chat.image_token_id).sum() == sum(geometry.num_tokens((60, 40 + 10 * i))
                                                          for i in range(len(paths)))

@@ -26,6 +26,8 @@ from typing import Any, Mapping
 
 import ml_collections
 
+from fire_jax.core import axes as ax
+
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ASSETS_DIR = os.path.join(PACKAGE_DIR, "assets")
 REPO_DIR = os.path.dirname(PACKAGE_DIR)
@@ -411,16 +413,16 @@ def check_config(config, where: str = "config") -> None:
 #: over fsdp, heads / mlp / vocab over tensor (Megatron-style), the vision tower the same way; an inference
 #: engine's decode slots (its KV cache's rows, fire_jax.infer.kernels.CACHE_AXES) over data.
 DEFAULT_RULES = (
-    ("batch", ("data", "fsdp")),
-    ("slots", ("data",)),
-    ("embed", ("fsdp",)),
-    ("heads", ("tensor",)),
-    ("kv_heads", ("tensor",)),
-    ("mlp", ("tensor",)),
-    ("vocab", ("tensor",)),
-    ("vision_embed", ("fsdp",)),
-    ("vision_heads", ("tensor",)),
-    ("vision_mlp", ("tensor",)),
+    (ax.BATCH, (ax.DATA, ax.FSDP)),
+    (ax.SLOTS, (ax.DATA,)),
+    (ax.EMBED, (ax.FSDP,)),
+    (ax.HEADS, (ax.TENSOR,)),
+    (ax.KV_HEADS, (ax.TENSOR,)),
+    (ax.MLP, (ax.TENSOR,)),
+    (ax.VOCAB, (ax.TENSOR,)),
+    (ax.VISION_EMBED, (ax.FSDP,)),
+    (ax.VISION_HEADS, (ax.TENSOR,)),
+    (ax.VISION_MLP, (ax.TENSOR,)),
 )
 
 

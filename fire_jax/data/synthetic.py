@@ -502,7 +502,7 @@ def _answer(response_text: str) -> str:
     return response_text.split("Answer:")[-1].strip()
 
 
-def labelled_turns(records: Sequence[Mapping]) -> list[tuple[int, str, bool]]:
+def judged_turns(records: Sequence[Mapping]) -> list[tuple[int, str, bool]]:
     """(turn index, response, right) for every student turn of raw records, judged against the groundtruth."""
     out = []
     for record in records:
@@ -520,7 +520,7 @@ def shortcut_report(train: Sequence[Mapping], test: Sequence[Mapping]) -> dict:
     Returns {"chance": majority-class accuracy on test, "right_share_by_turn": {k: share right in train},
     "predictors": {feature: test accuracy}}. On a task without shortcuts every predictor stays near chance.
     """
-    train_turns, test_turns = labelled_turns(train), labelled_turns(test)
+    train_turns, test_turns = judged_turns(train), judged_turns(test)
     overall = sum(right for *_, right in train_turns) * 2 >= len(train_turns)
     predictors = {}
     for name, feature in SURFACE_FEATURES.items():

@@ -183,24 +183,6 @@ def bleu(predictions: Sequence[str], references: Sequence[str]) -> list[float]:
     return [float(v) for v in bleu_per_sample(predictions, references).mean(axis=0)]
 
 
-def corpus_bleu(predictions: Sequence[str], references: Sequence[str]) -> list[float]:
-    """[BLEU-1, ..., BLEU-4] of the whole corpus, pycocoevalcap's `score` value.
-
-    The same formula as `bleu_per_sample` on the k-gram matches, k-gram counts
-    and lengths summed over all pairs (Papineni et al. 2002, eq. in section 2.3).
-    """
-    ngrams = _pair_ngrams(predictions, references)
-    correct, guess = _bleu_counts(ngrams)
-    precision = (correct.sum(axis=0) + BLEU_TINY) / (guess.sum(axis=0) + BLEU_SMALL)
-    bleu_n = np.cumprod(precision) ** (1.0 / np.arange(1, len(ngrams.orders) + 1))
-    bleu_n *= _brevity_penalty(ngrams.prediction_len.sum(), ngrams.reference_len.sum())
-    return [float(v) for v in bleu_n]
-
-
-# ----------------------------------------------------------------------------
-# CIDEr-D
-
-
 def _cider_per_sample(ngrams: _PairNgrams) -> np.ndarray:
     """[num_pairs] CIDEr-D, as pycocoevalcap's `CiderScorer.compute_score` scores."""
     num_pairs = ngrams.num_pairs

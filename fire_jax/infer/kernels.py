@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSharding
 
+from fire_jax.core import axes as ax
 from fire_jax.infer.sampling import RowSettings, pick
 from fire_jax.models.llama import KVCache, columns
 from fire_jax.models.partitioning import logical_to_spec
@@ -39,8 +40,8 @@ TRACE_COUNTS: collections.Counter = collections.Counter()
 #: Logical axes of the engine's arrays: a layer's keys ``[slots, kv_heads, head_dim, columns]`` and values
 #: ``[slots, kv_heads, columns, head_dim]``, the mask ``[slots, columns]``, the last hidden states
 #: ``[slots, dim]``.
-CACHE_AXES = dict(k=("slots", "kv_heads", None, None), v=("slots", "kv_heads", None, None),
-                  mask=("slots", None), hidden=("slots", None))
+CACHE_AXES = dict(k=(ax.SLOTS, ax.KV_HEADS, None, None), v=(ax.SLOTS, ax.KV_HEADS, None, None),
+                  mask=(ax.SLOTS, None), hidden=(ax.SLOTS, None))
 
 
 class Graph:

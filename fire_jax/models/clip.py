@@ -18,6 +18,7 @@ import numpy as np
 import jax.numpy as jnp
 from flax import nnx
 
+from fire_jax.core import axes as ax
 from fire_jax.models.config import CLIPConfig, CLIPTextConfig, VisionConfig
 from fire_jax.models.layers import LayerNorm, Linear, attention
 
@@ -36,9 +37,9 @@ class CLIPAttention(nnx.Module):
         self.causal = causal
         self.heads = cfg.heads
         for name in ("q_proj", "k_proj", "v_proj"):
-            setattr(self, name, Linear(w, w, axes=("vision_embed", "vision_heads"), bias=True,
+            setattr(self, name, Linear(w, w, axes=(ax.VISION_EMBED, ax.VISION_HEADS), bias=True,
                                        param_dtype=param_dtype, rngs=rngs))
-        self.out_proj = Linear(w, w, axes=("vision_heads", "vision_embed"), bias=True,
+        self.out_proj = Linear(w, w, axes=(ax.VISION_HEADS, ax.VISION_EMBED), bias=True,
                                param_dtype=param_dtype, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -53,9 +54,9 @@ class CLIPAttention(nnx.Module):
 
 class CLIPMLP(nnx.Module):
     def __init__(self, cfg: VisionConfig | CLIPTextConfig, *, param_dtype, rngs: nnx.Rngs):
-        self.fc1 = Linear(cfg.width, cfg.mlp_dim, axes=("vision_embed", "vision_mlp"), bias=True,
+        self.fc1 = Linear(cfg.width, cfg.mlp_dim, axes=(ax.VISION_EMBED, ax.VISION_MLP), bias=True,
                           param_dtype=param_dtype, rngs=rngs)
-        self.fc2 = Linear(cfg.mlp_dim, cfg.width, axes=("vision_mlp", "vision_embed"), bias=True,
+        self.fc2 = Linear(cfg.mlp_dim, cfg.width, axes=(ax.VISION_MLP, ax.VISION_EMBED), bias=True,
                           param_dtype=param_dtype, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -82,11 +83,11 @@ class CLIPVisionTower(nnx.Module):
         p, w = cfg.patch_size, cfg.width
         # The patch conv as a matmul over flattened (channel, row, col) patches.
         self.patch_embedding = nnx.Param(
-            jax.random.normal(rngs.params(), (3 * p * p, w), param_dtype) * 0.02, axes=(None, "vision_embed"))
+            jax.random.normal(rngs.params(), (3 * p * p, w), param_dtype) * 0.02, axes=(None, ax.VISION_EMBED))
         self.class_embedding = nnx.Param(jax.random.normal(rngs.params(), (w,), param_dtype) * 0.02,
-                                         axes=("vision_embed",))
+                                         axes=(ax.VISION_EMBED,))
         self.position_embedding = nnx.Param(
-            jax.random.normal(rngs.params(), (cfg.num_patches + 1, w), param_dtype) * 0.02, axes=(None, "vision_embed"))
+            jax.random.normal(rngs.params(), (cfg.num_patches + 1, w), param_dtype) * 0.02, axes=(None, ax.VISION_EMBED))
         self.pre_layrnorm = LayerNorm(w, cfg.layer_norm_eps, param_dtype=param_dtype)
         self.layers = nnx.List(
             [CLIPEncoderLayer(cfg, param_dtype=param_dtype, rngs=rngs, kernel=attention) for _ in range(cfg.layers)])
@@ -136,9 +137,9 @@ class CLIPTextTower(nnx.Module):
         self.dtype = dtype
         w = cfg.width
         self.token_embedding = nnx.Param(
-            jax.random.normal(rngs.params(), (cfg.vocab_size, w), param_dtype) * 0.02, axes=(None, "vision_embed"))
+            jax.random.normal(rngs.params(), (cfg.vocab_size, w), param_dtype) * 0.02, axes=(None, ax.VISION_EMBED))
         self.position_embedding = nnx.Param(
-            jax.random.normal(rngs.params(), (cfg.max_positions, w), param_dtype) * 0.01, axes=(None, "vision_embed"))
+            jax.random.normal(rngs.params(), (cfg.max_positions, w), param_dtype) * 0.01, axes=(None, ax.VISION_EMBED))
         self.layers = nnx.List([CLIPEncoderLayer(cfg, param_dtype=param_dtype, rngs=rngs, kernel=attention, causal=True)
                                 for _ in range(cfg.layers)])
         self.final_layer_norm = LayerNorm(w, cfg.layer_norm_eps, param_dtype=param_dtype)
@@ -178,14 +179,14 @@ class CLIPModel(nnx.Module):
                                             attention=cfg.attention)
         self.text_model = CLIPTextTower(cfg.text, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
                                         attention=cfg.attention)
-        self.visual_projection = Linear(cfg.vision.width, cfg.projection_dim, axes=("vision_embed", None),
+        self.visual_projection = Linear(cfg.vision.width, cfg.projection_dim, axes=(ax.VISION_EMBED, None),
                                         param_dtype=param_dtype, rngs=rngs)
-        self.text_projection = Linear(cfg.text.width, cfg.projection_dim, axes=("vision_embed", None),
+        self.text_projection = Linear(cfg.text.width, cfg.projection_dim, axes=(ax.VISION_EMBED, None),
                                       param_dtype=param_dtype, rngs=rngs)
         self.logit_scale = nnx.Param(jnp.asarray(cfg.logit_scale_init, param_dtype))
         if cfg.fact_classes:
             inputs = cfg.vision.width * (1 if cfg.fact_pooling == "token" else 1 + cfg.vision.num_patches)
-            self.fact_heads = Linear(inputs, sum(cfg.fact_classes), axes=("vision_embed", None), bias=True,
+            self.fact_heads = Linear(inputs, sum(cfg.fact_classes), axes=(ax.VISION_EMBED, None), bias=True,
                                      param_dtype=param_dtype, rngs=rngs)
 
     def fact_logits(self, view_pixels: jax.Array, feature_index: jax.Array) -> list[jax.Array]:

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from fire_jax.core import axes as ax
 from fire_jax.models.config import ATTENTION_KERNELS
 
 
@@ -92,7 +93,7 @@ class RMSNorm(nnx.Module):
     """Llama RMSNorm: statistics in float32, result cast back before the scale."""
 
     def __init__(self, dim: int, eps: float, *, param_dtype=jnp.float32):
-        self.weight = nnx.Param(jnp.ones((dim,), param_dtype), axes=("norm",))
+        self.weight = nnx.Param(jnp.ones((dim,), param_dtype), axes=(ax.NORM,))
         self.eps = eps
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -105,8 +106,8 @@ class LayerNorm(nnx.Module):
     """LayerNorm with bias (CLIP); statistics in float32."""
 
     def __init__(self, dim: int, eps: float, *, param_dtype=jnp.float32):
-        self.weight = nnx.Param(jnp.ones((dim,), param_dtype), axes=("norm",))
-        self.bias = nnx.Param(jnp.zeros((dim,), param_dtype), axes=("norm",))
+        self.weight = nnx.Param(jnp.ones((dim,), param_dtype), axes=(ax.NORM,))
+        self.bias = nnx.Param(jnp.zeros((dim,), param_dtype), axes=(ax.NORM,))
         self.eps = eps
 
     def __call__(self, x: jax.Array) -> jax.Array:

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from fire_jax.core import axes as ax
 from fire_jax.models.config import LlamaConfig, LoraConfig
 from fire_jax.models.layers import Embed, Linear, RMSNorm, attention
 from fire_jax.models.partitioning import constrain
@@ -156,10 +157,10 @@ class Attention(nnx.Module):
         self.kernel = kernel  # models.layers.ATTENTION_KERNELS
         d, q_dim, kv_dim = cfg.dim, cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
         kw = dict(bias=cfg.attention_bias, param_dtype=param_dtype, rngs=rngs)
-        self.q_proj = Linear(d, q_dim, axes=("embed", "heads"), **kw, **_lora_args(lora, "q"))
-        self.k_proj = Linear(d, kv_dim, axes=("embed", "kv_heads"), **kw, **_lora_args(lora, "k"))
-        self.v_proj = Linear(d, kv_dim, axes=("embed", "kv_heads"), **kw, **_lora_args(lora, "v"))
-        self.o_proj = Linear(q_dim, d, axes=("heads", "embed"), **kw, **_lora_args(lora, "o"))
+        self.q_proj = Linear(d, q_dim, axes=(ax.EMBED, ax.HEADS), **kw, **_lora_args(lora, "q"))
+        self.k_proj = Linear(d, kv_dim, axes=(ax.EMBED, ax.KV_HEADS), **kw, **_lora_args(lora, "k"))
+        self.v_proj = Linear(d, kv_dim, axes=(ax.EMBED, ax.KV_HEADS), **kw, **_lora_args(lora, "v"))
+        self.o_proj = Linear(q_dim, d, axes=(ax.HEADS, ax.EMBED), **kw, **_lora_args(lora, "o"))
 
     def __call__(self, x, rope, mask, cache_kv, cache_index, rngs, rows=None):
         """``rows`` ``[batch]`` (or None: every position): the one position per row whose output is wanted;
@@ -191,9 +192,9 @@ class Attention(nnx.Module):
 class MLP(nnx.Module):
     def __init__(self, cfg: LlamaConfig, lora: LoraConfig | None, *, param_dtype, rngs: nnx.Rngs):
         kw = dict(param_dtype=param_dtype, rngs=rngs)
-        self.gate_proj = Linear(cfg.dim, cfg.mlp_dim, axes=("embed", "mlp"), **kw, **_lora_args(lora, "gate"))
-        self.up_proj = Linear(cfg.dim, cfg.mlp_dim, axes=("embed", "mlp"), **kw, **_lora_args(lora, "up"))
-        self.down_proj = Linear(cfg.mlp_dim, cfg.dim, axes=("mlp", "embed"), **kw, **_lora_args(lora, "down"))
+        self.gate_proj = Linear(cfg.dim, cfg.mlp_dim, axes=(ax.EMBED, ax.MLP), **kw, **_lora_args(lora, "gate"))
+        self.up_proj = Linear(cfg.dim, cfg.mlp_dim, axes=(ax.EMBED, ax.MLP), **kw, **_lora_args(lora, "up"))
+        self.down_proj = Linear(cfg.mlp_dim, cfg.dim, axes=(ax.MLP, ax.EMBED), **kw, **_lora_args(lora, "down"))
 
     def __call__(self, x, rngs):
         return self.down_proj(jax.nn.silu(self.gate_proj(x, rngs[0])) * self.up_proj(x, rngs[1]), rngs[2])
@@ -269,7 +270,7 @@ class LlamaModel(nnx.Module):
         # The layers below the top ``lora.train_layers`` run forward only in training (see LoraConfig).
         trained = cfg.layers if lora is None or not lora.train_layers else min(lora.train_layers, cfg.layers)
         self.frozen_layers = cfg.layers - trained
-        self.embed_tokens = Embed(cfg.vocab_size, cfg.dim, axes=("vocab", "embed"), param_dtype=param_dtype,
+        self.embed_tokens = Embed(cfg.vocab_size, cfg.dim, axes=(ax.VOCAB, ax.EMBED), param_dtype=param_dtype,
                                   rngs=rngs)
         layers = [DecoderLayer(cfg, lora, param_dtype=param_dtype, rngs=rngs, kernel=attention)
                   for _ in range(cfg.layers)]
@@ -322,7 +323,7 @@ class LlamaModel(nnx.Module):
         if self.remat != "none":
             apply = jax.checkpoint(apply, policy=policy, static_argnums=(0,))
 
-        x = constrain(embeds.astype(self.dtype), ("batch", None, None))  # [batch, seq, dim]
+        x = constrain(embeds.astype(self.dtype), (ax.BATCH, None, None))  # [batch, seq, dim]
         if cache is None and self.scan_layers:
             x = self._scan(apply, x, dropout_rng)
             return self.norm(x if last is None else take_rows(x, last, 1)), None
@@ -339,7 +340,7 @@ class LlamaModel(nnx.Module):
             rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, i)
             rows = last if i == len(layers) - 1 else None
             x, kv = apply(graphdef, state, x, kv, rng, rows)
-            x = constrain(x, ("batch", None, None))
+            x = constrain(x, (ax.BATCH, None, None))
             if kv is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])
@@ -360,7 +361,7 @@ class LlamaModel(nnx.Module):
             i, state = xs
             rng = None if dropout_rng is None else jax.random.fold_in(dropout_rng, i)
             x, _ = apply(graphdef, state, x, None, rng)
-            return constrain(x, ("batch", None, None)), None
+            return constrain(x, (ax.BATCH, None, None)), None
 
         layer_ids = jnp.arange(self.cfg.layers)
         n = self.frozen_layers

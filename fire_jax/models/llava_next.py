@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from fire_jax.core import axes as ax
 from fire_jax.models.clip import CLIPVisionTower
 from fire_jax.models.config import LlavaNextConfig
 from fire_jax.models.layers import Linear, LoRAParam
@@ -32,8 +33,8 @@ class Projector(nnx.Module):
 
     def __init__(self, cfg: LlavaNextConfig, *, param_dtype, rngs: nnx.Rngs):
         kw = dict(bias=cfg.projector_bias, param_dtype=param_dtype, rngs=rngs)
-        self.linear_1 = Linear(cfg.vision.width, cfg.llm.dim, axes=("vision_embed", "embed"), **kw)
-        self.linear_2 = Linear(cfg.llm.dim, cfg.llm.dim, axes=("mlp", "embed"), **kw) \
+        self.linear_1 = Linear(cfg.vision.width, cfg.llm.dim, axes=(ax.VISION_EMBED, ax.EMBED), **kw)
+        self.linear_2 = Linear(cfg.llm.dim, cfg.llm.dim, axes=(ax.MLP, ax.EMBED), **kw) \
             if cfg.projector == "mlp2x_gelu" else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -51,7 +52,7 @@ class LanguageModel(nnx.Module):
         self.model = LlamaModel(cfg.llm, cfg.lora, dtype=dtype, param_dtype=param_dtype, remat=cfg.remat, rngs=rngs,
                                 scan_layers=cfg.scan_layers, attention=cfg.attention)
         self.lm_head = None if cfg.llm.tie_word_embeddings else Linear(
-            cfg.llm.dim, cfg.llm.vocab_size, axes=("embed", "vocab"), param_dtype=param_dtype, rngs=rngs)
+            cfg.llm.dim, cfg.llm.vocab_size, axes=(ax.EMBED, ax.VOCAB), param_dtype=param_dtype, rngs=rngs)
 
     def head_kernel(self) -> jax.Array:
         """The LM head ``[dim, vocab]``: lm_head's kernel, or the embedding transposed when tied."""
@@ -73,7 +74,7 @@ class LlavaNext(nnx.Module):
         self.multi_modal_projector = Projector(cfg, param_dtype=param_dtype, rngs=rngs)
         self.image_newline = nnx.Param(
             jax.random.normal(rngs.params(), (cfg.llm.dim,), param_dtype) * cfg.llm.dim ** -0.5,
-            axes=("embed",)) if cfg.has_image_newline else None
+            axes=(ax.EMBED,)) if cfg.has_image_newline else None
         self.language_model = LanguageModel(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
     def image_features(self, pixel_values: jax.Array) -> jax.Array:

@@ -17,10 +17,11 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from fire_jax.core import axes as ax
 from fire_jax.core.config import DEFAULT_RULES  # noqa: F401 (re-exported)
 from fire_jax.models.partitioning import activation_sharding, logical_to_spec  # noqa: F401 (re-exported)
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = (ax.DATA, ax.FSDP, ax.TENSOR)
 
 def make_mesh(shape: Sequence[int], devices=None) -> Mesh:
     """A (data, fsdp, tensor) mesh; one entry may be -1 for "all remaining devices".

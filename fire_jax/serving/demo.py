@@ -232,7 +232,7 @@ def _turn_json(turn: Turn) -> dict:
     return {"response": turn.response, "feedback": turn.feedback, "score": turn.score}
 
 
-def fire_record(body: dict) -> dict:
+def conversation_record(body: dict) -> dict:
     """The conversation as a raw FIRE record (the released schema); a trailing answer without feedback is left out."""
     turns = _turns(body)
     while turns and not turns[-1].feedback:
@@ -311,7 +311,7 @@ def create_app(student: Streaming, teacher: Streaming, descriptions: dict, sampl
 
     @app.post("/api/record")
     async def record(http: HttpRequest):
-        return fire_record(await body_of(http))
+        return conversation_record(await body_of(http))
 
     return app
 

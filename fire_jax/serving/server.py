@@ -77,11 +77,11 @@ from fire_jax.infer.engine_config import EngineConfig
 from fire_jax.infer.loading import load
 from fire_jax.infer.requests import Request
 from fire_jax.serving.defaults import default_models
-from fire_jax.serving.limits import (BadRequest, Limits, OneLineLog, add_arguments, check_text, image_urls,
-                                     json_body as limits_json_body, limits_of, longest_token_chars, open_data_uri,
-                                     run_server, sampling, text_chars_bound)
+from fire_jax.serving.limits import (SAMPLING_DEFAULTS, BadRequest, Limits, OneLineLog, add_arguments, check_text,
+                                     image_urls, json_body, limits_of, longest_token_chars, open_data_uri, run_server,
+                                     sampling, text_chars_bound)
 
-DEFAULT_MAX_TOKENS = 256
+DEFAULT_MAX_TOKENS = SAMPLING_DEFAULTS["max_tokens"]  # a request's max_tokens when it names none
 #: Characters of prompt text the default context holds besides the images: the served workloads' longest prompts
 #: with room to spare (the longest of VLRMBench's 58 shipped IC prompts, the release's prompt and the record, is
 #: 10,048 characters: 2,116 tokens with SmolLM2's tokenizer, 5,716 with the tiny 512-piece one).
@@ -147,17 +147,6 @@ def register_replier(prefix: str, factory) -> None:
 # ------------------------------------------------------------------------------------------------
 # Requests -> prompts
 # ------------------------------------------------------------------------------------------------
-
-
-async def json_body(http, limits: Limits | None = None) -> dict:
-    """A request's JSON object body within ``limits`` (size, read time, nesting), or a 4xx ``BadRequest``."""
-    return await limits_json_body(http, limits)
-
-
-def decode_data_uri(url: str, max_bytes: int, max_pixels: int):
-    """A PIL image from a ``data:image/...;base64,`` URI; BadRequest for anything else
-    (:func:`fire_jax.serving.limits.open_data_uri`)."""
-    return open_data_uri(url, max_bytes, max_pixels)
 
 
 def parse_messages(messages, limits: Limits, max_text_chars: int = 0):

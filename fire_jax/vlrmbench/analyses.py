@@ -313,7 +313,7 @@ def vote(task: str, sample: Sample, texts: Sequence[Sequence[str | None]], parse
 
 def voting(config, datasets: Mapping[str, TaskData], generator, workdir: Path) -> dict:
     """Fig. 4: each task's score by majority vote over the first k of K sampled outputs, k in vote_k."""
-    from fire_jax.vlrmbench.runner import Request, task_settings
+    from fire_jax.vlrmbench.runner import Prompt, task_settings
     from fire_jax.vlrmbench.tasks import build_prompt, num_orders
     import jax
 
@@ -333,7 +333,7 @@ def voting(config, datasets: Mapping[str, TaskData], generator, workdir: Path) -
                 if sample.id in store:
                     continue
                 seed = sample_seed(config.seed, task, sample.id)
-                requests = [Request(build_prompt(sample, task, config.vlrm.render, order), sample.images)
+                requests = [Prompt(build_prompt(sample, task, config.vlrm.render, order), sample.images)
                             for _ in range(max(ks)) for order in range(orders)]
                 outs = sampler(requests, rng=jax.random.key(seed))
                 store.add({"id": sample.id, "seed": seed, "outputs": [t for t, _ in outs],
@@ -415,13 +415,13 @@ class RewardModelTeacher:
 
     def feedback(self, images, questions, groundtruths, answers, histories, rng=None) -> list:
         from fire_jax.infer.agents import Feedback
-        from fire_jax.vlrmbench.runner import Request
+        from fire_jax.vlrmbench.runner import Prompt
 
         right = [answer_correct(a, gt) for a, gt in zip(answers, groundtruths)]
         ask = [i for i, (ok, h) in enumerate(zip(right, histories)) if not ok and len(h) + 1 < self.max_turns]
         prompt = TASK_PROMPTS["error_reason_analysis"]
         texts = dict(zip(ask, self.reward_model([
-            Request(prompt.format(question=questions[i], reasoning_process=answers[i]), (images[i],)) for i in ask])))
+            Prompt(prompt.format(question=questions[i], reasoning_process=answers[i]), (images[i],)) for i in ask])))
         return [Feedback((texts[i][0] or "") if i in texts else "", 10.0 if ok else 0.0)
                 for i, ok in enumerate(right)]
 

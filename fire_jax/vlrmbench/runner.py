@@ -106,7 +106,7 @@ def tiles_needed(sample: Sample, geometry) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class Request:
+class Prompt:
     """One generation: a task or judge prompt (without placeholders) and the sample's images."""
 
     prompt: str
@@ -131,7 +131,7 @@ def _sampling_variant(sampling: SamplingParams, max_new_tokens: int | None,
     return sampling.replace(**{k: v for k, v in changes.items() if v is not None})
 
 
-def prompt_messages(request: Request) -> list[Message]:
+def prompt_messages(request: Prompt) -> list[Message]:
     """A request's prompt: one user message, the sample's images (one placeholder each, in order, as
     LLaVA-NeXT's processor writes several images) before the prompt text. A ``<image>`` inside the text stays
     text. Served to an endpoint, it is fire_jax's system prompt and one user message of ``image_url`` parts then
@@ -200,7 +200,7 @@ class Responder:
         """An endpoint's failed tries by reason, retried ones included (None in process)."""
         return getattr(self.backend, "failures", None)
 
-    def __call__(self, requests: Sequence[Request], rng=None) -> list[tuple[str | None, str | None]]:
+    def __call__(self, requests: Sequence[Prompt], rng=None) -> list[tuple[str | None, str | None]]:
         """(text, failure) per request: failure None, "input: ...", "empty" or :func:`failure_of`'s.
 
         rng: a JAX key when sampling; batch i of the call samples with ``fold_in(rng, i)``.
@@ -299,7 +299,7 @@ def _generate_group(samples: Sequence[Sample], task: str, generator: Responder, 
     info = task_info(task)
     orders = num_orders(task)
     prompt = prompt or (lambda sample, order: build_prompt(sample, task, render, order))
-    requests = [Request(prompt(s, order), s.images) for s in samples for order in range(orders)]
+    requests = [Prompt(prompt(s, order), s.images) for s in samples for order in range(orders)]
     outs = generator(requests)
     missing = lambda s: {"missing_images": list(s.missing_images)} if s.missing_images else {}
     if info.theme != "criticism":
@@ -307,7 +307,7 @@ def _generate_group(samples: Sequence[Sample], task: str, generator: Responder, 
                  "failures": [e for _, e in outs[k * orders:(k + 1) * orders]], **missing(s)}
                 for k, s in enumerate(samples)]
     judged = [k for k, (_, failure) in enumerate(outs) if failure in (None, "empty")]
-    verdicts = judge([Request(build_judge_prompt(samples[k], task, outs[k][0] or "", render, order),
+    verdicts = judge([Prompt(build_judge_prompt(samples[k], task, outs[k][0] or "", render, order),
                               samples[k].images) for k in judged for order in (0, 1)])
     by_sample = {k: verdicts[2 * j:2 * j + 2] for j, k in enumerate(judged)}
     records = []
