@@ -533,3 +533,37 @@ def test_a_failed_server_request_is_one_line(capfd):
         reply = client.post("/v1/chat/completions", content=b"{not json")
         assert reply.status_code == 400
         assert capfd.readouterr().err.splitlines() == ["fire_jax.serve: POST /v1/chat/completions -> 400"]
+
+
+CHECKPOINT_FIELDS = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                     "intermediate_size", "rms_norm_eps", "rope_theta", "image_grid_pinpoints", "mm_projector_type",
+                     "mm_vision_select_layer", "image_aspect_ratio", "mm_patch_merge_type", "mm_vision_tower",
+                     "tokenizer_model_max_length", "model_type", "architectures"]
+FIELD_VALUES = st.one_of(st.integers(-2, 10**9), st.floats(allow_nan=True, allow_infinity=True), st.booleans(), st.none(),
+                         st.text(max_size=8), st.sampled_from(["linear", "pad", "anyres", "flat", "llava_llama"]),
+                         st.lists(st.lists(st.integers(-1, 700), max_size=3), max_size=3), st.just({}))
+_MISSING = object()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(CHECKPOINT_FIELDS), st.one_of(FIELD_VALUES, st.just(_MISSING))),
+                min_size=1, max_size=3))
+def test_fuzz_corrupt_checkpoint_configs_end_in_one_line_or_load(release, tmp_path_factory, changes):
+    """An original-format checkpoint whose config.json holds damaged fields (any JSON value, or none): loading it
+    ends in one InputError line naming its config.json, or loads."""
+    from fire_jax.convert.load import load_model
+
+    folder = _copy(release[0], tmp_path_factory.mktemp("fuzz_checkpoint") / "base")
+    path = os.path.join(folder, "config.json")
+    config = json.load(open(path))
+    for field, value in changes:
+        if value is _MISSING:
+            config.pop(field, None)
+        else:
+            config[field] = value
+    with open(path, "w") as f:
+        json.dump(config, f)
+    try:
+        load_model(folder)
+    except InputError as error:
+        assert "\n" not in str(error) and str(error).startswith(folder), str(error)

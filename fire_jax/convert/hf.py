@@ -24,7 +24,7 @@ import math
 import os
 import re
 import warnings
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -65,6 +65,21 @@ def hf_architecture(hf: dict) -> str:
     return "llava_next"
 
 
+def _check_shape_fields(section: dict, what: str, ints: Sequence[str], numbers: Sequence[str] = (),
+                        optional: Sequence[str] = ()) -> None:
+    """ValueError naming the first field of a config section that is not a positive integer (``ints``, and
+    ``optional`` ones when set) or a positive number (``numbers``): a damaged config.json ends in one line, not in
+    a shape error deep in the model."""
+    for name in (*ints, *(n for n in optional if section.get(n) is not None)):
+        value = section.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"field {name!r} ({what}) = {value!r}: expected a positive integer")
+    for name in numbers:
+        value = section.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"field {name!r} ({what}) = {value!r}: expected a positive number")
+
+
 def config_from_hf(hf: dict, lora: LoraConfig | None = LoraConfig(), **overrides) -> LlavaNextConfig:
     """Our config from a HF LLaVA-NeXT or LLaVA ``config.json`` dict (missing keys take HF's defaults).
 
@@ -82,8 +97,12 @@ def config_from_hf(hf: dict, lora: LoraConfig | None = LoraConfig(), **overrides
         raise ValueError("expected CLIP quick_gelu and Llama silu activations")
     if hf.get("projector_hidden_act", "gelu") != "gelu":
         raise ValueError(f"projector_hidden_act={hf['projector_hidden_act']!r}: only exact 'gelu' is supported")
+    _check_shape_fields(text, "the LLM's", ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                                            "intermediate_size"), ("rms_norm_eps",),
+                        optional=("num_key_value_heads", "head_dim"))
     rope = dict(text.get("rope_parameters") or {})
     theta = rope.pop("rope_theta", text["rope_theta"])
+    _check_shape_fields({"rope_theta": theta}, "the LLM's", (), ("rope_theta",))
     scaling = text.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
     heads = text["num_attention_heads"]
     # transformers' LlavaNext ties by the top-level flag; configs written without one carry it in text_config.
@@ -112,6 +131,8 @@ def config_from_hf(hf: dict, lora: LoraConfig | None = LoraConfig(), **overrides
 def vision_config_from_hf(vision: dict, feature_layer: int = -2) -> VisionConfig:
     """Our VisionConfig from a HF ``CLIPVisionConfig`` dict (missing keys take HF's defaults)."""
     vision = {**_HF_CLIP_DEFAULTS, **vision}
+    _check_shape_fields(vision, "the vision tower's", ("image_size", "patch_size", "hidden_size", "num_hidden_layers",
+                                                       "num_attention_heads", "intermediate_size"), ("layer_norm_eps",))
     if vision["hidden_act"] != "quick_gelu":
         raise ValueError(f"vision hidden_act={vision['hidden_act']!r}: only CLIP's quick_gelu is supported")
     return VisionConfig(image_size=vision["image_size"], patch_size=vision["patch_size"], width=vision["hidden_size"],

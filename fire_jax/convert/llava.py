@@ -110,6 +110,8 @@ def _where(directory: str) -> str:
 def clip_folder(hf: dict, directory: str) -> str | None:
     """The local CLIP folder ``mm_vision_tower`` names (as given, or relative to the checkpoint), else None."""
     name = hf.get("mm_vision_tower") or hf.get("vision_tower") or ""
+    if not isinstance(name, str):
+        raise InputError(f"{_where(directory)}: field 'mm_vision_tower' = {name!r}: expected a CLIP folder or hub name")
     for candidate in (name, os.path.join(directory, name)):
         if name and os.path.exists(os.path.join(candidate, "config.json")):
             return candidate
