@@ -285,10 +285,10 @@ def _copy(folder, to) -> str:
     return str(to)
 
 
-def _adapter_config(folder, **fields):
-    path = os.path.join(folder, "adapter_config.json")
+def _edit_json(path, changes) -> str:
+    """Set each (key, value) of ``changes`` in the JSON object of ``path`` (``_DROP``: remove the key)."""
     config = json.load(open(path))
-    for key, value in fields.items():
+    for key, value in changes:
         if value is _DROP:
             config.pop(key, None)
         else:
@@ -296,6 +296,10 @@ def _adapter_config(folder, **fields):
     with open(path, "w") as f:
         json.dump(config, f)
     return path
+
+
+def _adapter_config(folder, **fields):
+    return _edit_json(os.path.join(folder, "adapter_config.json"), fields.items())
 
 
 _DROP = object()
@@ -542,11 +546,10 @@ CHECKPOINT_FIELDS = ["vocab_size", "hidden_size", "num_hidden_layers", "num_atte
 FIELD_VALUES = st.one_of(st.integers(-2, 10**9), st.floats(allow_nan=True, allow_infinity=True), st.booleans(), st.none(),
                          st.text(max_size=8), st.sampled_from(["linear", "pad", "anyres", "flat", "llava_llama"]),
                          st.lists(st.lists(st.integers(-1, 700), max_size=3), max_size=3), st.just({}))
-_MISSING = object()
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(st.sampled_from(CHECKPOINT_FIELDS), st.one_of(FIELD_VALUES, st.just(_MISSING))),
+@given(st.lists(st.tuples(st.sampled_from(CHECKPOINT_FIELDS), st.one_of(FIELD_VALUES, st.just(_DROP))),
                 min_size=1, max_size=3))
 def test_fuzz_corrupt_checkpoint_configs_end_in_one_line_or_load(release, tmp_path_factory, changes):
     """An original-format checkpoint whose config.json holds damaged fields (any JSON value, or none): loading it
@@ -554,15 +557,7 @@ def test_fuzz_corrupt_checkpoint_configs_end_in_one_line_or_load(release, tmp_pa
     from fire_jax.convert.load import load_model
 
     folder = _copy(release[0], tmp_path_factory.mktemp("fuzz_checkpoint") / "base")
-    path = os.path.join(folder, "config.json")
-    config = json.load(open(path))
-    for field, value in changes:
-        if value is _MISSING:
-            config.pop(field, None)
-        else:
-            config[field] = value
-    with open(path, "w") as f:
-        json.dump(config, f)
+    _edit_json(os.path.join(folder, "config.json"), changes)
     try:
         load_model(folder)
     except InputError as error:

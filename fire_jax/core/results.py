@@ -74,7 +74,7 @@ class ResultStore:
                       f"(first: {first_unreadable})", file=sys.stderr)
         # A writer's file exists from the start (an empty run leaves an empty file); a reader's is not created.
         self._failed = False
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if repair else None
+        self._fd = self._open() if repair else None
 
     def _last_line(self, data: bytes, repair: bool) -> bytes:
         """``data`` (the file, its last line without a newline) with that line kept when it is a whole record
@@ -137,7 +137,7 @@ class ResultStore:
             raise WriteFailed(f"{self.path}: a write has failed, the store is closed for writing")
         with writing(self.path):
             if self._fd is None:
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                self._fd = self._open()
             start = os.fstat(self._fd).st_size
             try:
                 view = memoryview(data)
@@ -151,6 +151,10 @@ class ResultStore:
                 raise
         for record in records:
             self._records[str(record[self.key_field])] = record
+
+    def _open(self) -> int:
+        """The file, for appending with unbuffered writes (created empty when absent)."""
+        return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def close(self) -> None:
         """Close the file; every record was written when it was added (unbuffered), so nothing is written here."""
