@@ -10,10 +10,18 @@ configs/tiny.py's, "see": configs/smollm2_llava.py:see's), so ``init.vision_towe
 small (2 layers of 128) on the tiny BPE tokenizer of the synthetic set, its end token ``<|end_of_text|>`` (id 1).
 Data: ``captions.json`` of the synthetic set, one caption per training image (fire_jax.data.synthetic.caption_records;
 the test images have none). With "see" ("tiny,see" for the tiny tower) it is a vision stage: besides the contrastive
-loss on the whole-image tile, auxiliary heads read the facts each caption states (``FACT_CLASSES``) from the
-tower's features at the layer LLaVA reads, on its any-resolution tiles (``data.views="anyres"``), and 6,400 fresh
-drawings join the 720 captions: the tower learns to see what the questions ask on the views the LLM will get. ``init.clip_checkpoint``: a HF CLIPModel folder to start from instead (e.g.
-openai/clip-vit-large-patch14-336 with a matching ``model``).
+loss on the whole-image tile,
+
+- auxiliary heads read the facts each caption states (``FACT_CLASSES``: every (colour, shape)'s count, the
+  tallest bar) on *every* patch of the whole-image tile, at the layer LLaVA reads (``fact_pooling="token"``):
+  each token the LLM gets of that tile must carry the image's facts, as a global colour is carried;
+- dense heads (``DENSE_CLASSES``) read, two layers lower, what each patch itself holds: the shapes centred in it,
+  the bar top in it (``data.layout``: the generator's record of what it drew where, as detection data gives a
+  box per object), so that the layers between only have to gather facts the patches already hold;
+- 25,600 fresh drawings join the 720 captions (a regression on the facts learns 720 images by heart).
+
+``init.clip_checkpoint``: a HF CLIPModel folder to start from instead (e.g. openai/clip-vit-large-patch14-336 with a
+matching ``model``).
 """
 
 import ml_collections
@@ -25,7 +33,13 @@ from fire_jax.core.config import InputError, load_config, loss_config, mesh_conf
 #: is told apart by the colours drawn alone (in-batch accuracy 0.57, what a colour-only encoder reaches), so the
 #: counts and the bar heights are never needed; these heads need them, on the features LLaVA reads.
 FACT_CLASSES = (8,) * 18 + (5,)
-GENERATED = 6400
+#: The tallest bar weighs as four counts: a bars image has one fact, a shapes image eighteen.
+FACT_HEAD_WEIGHTS = (1.0,) * 18 + (4.0,)
+#: The dense heads (``fire_jax.data.synthetic.DENSE_HEADS``), on each patch of the whole-image tile at hidden state
+#: DENSE_LAYER: the shapes of each (colour, shape) centred in it (0..3), which bar's top is in it, the tallest's.
+DENSE_CLASSES = (4,) * 18 + (6, 2)
+DENSE_LAYER = 2
+GENERATED = 25600
 TEXT = dict(vocab_size=512, max_positions=64, width=128, layers=2, heads=4, mlp_dim=512, eos_token_id=1)
 
 
@@ -42,7 +56,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.init = ml_collections.ConfigDict(dict(clip_checkpoint=""))
     config.model = ml_collections.ConfigDict(dict(kind="clip", vision=vision, text=TEXT, projection_dim=64,
                                                   logit_scale_init=2.6592, fact_classes=FACT_CLASSES if see else (),
-                                                  fact_pooling="tile", dtype="float32", param_dtype="float32"))
+                                                  fact_pooling="token" if see else "tile",
+                                                  dense_classes=DENSE_CLASSES if see else (),
+                                                  dense_layer=DENSE_LAYER if see else 0,
+                                                  dtype="float32", param_dtype="float32"))
     sources = dict(captions=dict(json="assets:synthetic_fire/captions.json", image_root="assets:synthetic_fire/images"))
     if see:
         # Fresh drawings with their captions: on the 720 training images alone the heads are learned by heart
@@ -52,9 +69,13 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         tokenizer="assets:tiny_tokenizer.json", sources=sources,
         max_len=TEXT["max_positions"], batch_size=64, seed=0, num_epochs=0,
         # "see": the tiles and features the LLaVA reads, and the facts each caption states, for the heads.
-        views="anyres" if see else "tile", image_grid_pinpoints=llava.image_grid_pinpoints, facts=see))
-    config.train = train_config(lr=1e-3, weight_decay=0.1, batch_size=64, total_steps=400, warmup_frac=0.05,
-                                checkpoint_every=400, trainable=(".*",))
-    config.loss = loss_config(fact_weight=1.0)  # "see": the auxiliary heads' cross-entropy beside the contrastive loss
+        views="anyres" if see else "tile", image_grid_pinpoints=llava.image_grid_pinpoints, facts=see, layout=see))
+    # "see" on the SmolLM2 LLaVA's tower: the counts and the tallest bar take longer than the colours to come
+    steps = 1500 if size == "see" else 400
+    config.train = train_config(lr=1e-3, weight_decay=0.1, batch_size=64, total_steps=steps, warmup_frac=0.05,
+                                checkpoint_every=steps, trainable=(".*",))
+    # "see": the auxiliary heads' and the dense heads' cross-entropies beside the contrastive loss
+    config.loss = loss_config(contrastive_weight=1.0, fact_weight=1.0, fact_head_weights=FACT_HEAD_WEIGHTS if see else (),
+                              dense_weight=1.0)
     config.mesh = mesh_config((1, 1, 1))
     return config

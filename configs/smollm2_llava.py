@@ -28,8 +28,9 @@ SMOLLM2_135M = dict(vocab_size=49153, dim=576, layers=30, heads=9, kv_heads=3, h
 
 #: arg "see": the tower of the main job's seeing lineage (``configs/main_job.py:smollm2,see``): 64 px tiles of 16 px
 #: patches, the same 16 tokens a tile (every synthetic image fits its grid at its own size or larger, where a 64 x 64
-#: image was read at 32 x 32, its count shapes 5 px wide), 3 layers, the second read.
-SEEING_VISION = dict(image_size=64, patch_size=16, width=128, layers=3, heads=4, mlp_dim=512, feature_layer=-2)
+#: image was read at 32 x 32, its count shapes 5 px wide), 5 layers, the fourth read: the vision stage's dense heads
+#: read the second (what each patch holds), its fact heads the fourth (the image's facts, on every token).
+SEEING_VISION = dict(image_size=64, patch_size=16, width=128, layers=5, heads=4, mlp_dim=512, feature_layer=-2)
 SEEING_PINPOINTS = ((64, 128), (128, 64))
 
 

@@ -158,6 +158,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--config", default="configs/smollm2_llava.py",
                         help="the LLaVA config whose tower shape, feature layer and tiles are read (and the random "
                              "tower's shape)")
+    parser.add_argument("--generated", type=int, default=3200,
+                        help="fresh drawings added to the 720 training images to fit the regressions (0: none)")
     parser.add_argument("--out", default="", help="write the figures here as JSON")
     args = parser.parse_args(argv)
 
@@ -178,6 +180,12 @@ def main(argv=None) -> dict:
     train_records, train_images = load_split("train")
     test_records, test_images = load_split("test")
     facts = train_facts(train_records)
+    if args.generated:
+        from fire_jax.data.synthetic import caption_facts, synthesize
+
+        records, images, captions = synthesize(args.generated, 7, "probe")
+        train_images = train_images + [images[r["image"]] for r in records]
+        facts = np.concatenate([facts, np.asarray([caption_facts(captions[r["image"]]) for r in records], np.int32)])
     towers = {"random tower": CLIPVisionTower(vision, dtype=jax.numpy.float32, param_dtype=jax.numpy.float32,
                                               rngs=nnx.Rngs(0))}
     if args.clip:

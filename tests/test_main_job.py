@@ -338,15 +338,17 @@ def test_the_compare_variant_adds_fds_comparison_stage_and_the_default_has_none(
 
 
 def test_the_see_variant_adds_the_vision_stage_the_alignment_and_right_answers():
-    """configs/main_job.py:smollm2,see: the CLIP stage with the fact heads on the LLaVA's tiles, the connector's
-    alignment stage, the base stage on right answers; every stage and evaluation reads the 64-px tower. The
-    default keeps the plain CLIP, no alignment stage and the first answers."""
+    """configs/main_job.py:smollm2,see: the CLIP stage with the fact heads on every token of the whole-image tile and
+    dense heads below them, the connector's alignment stage, the base stage on right answers; every stage and
+    evaluation reads the 64-px tower. The default keeps the plain CLIP, no alignment stage and the first answers."""
     load = lambda arg: load_config(os.path.join(ROOT, "configs", f"main_job.py:{arg}"))
     default, see = load("smollm2"), load("smollm2,see")
     assert default.align_train is None and not default.clip_train.data.facts
     assert default.base_train.data.sources.instruct.json.endswith("/instruct.json")
     assert (default.base_train.train.total_steps, default.base_train.train.batch_size) == (20, 8)
-    assert see.clip_train.data.facts and see.clip_train.data.views == "anyres"
+    assert see.clip_train.data.facts and see.clip_train.data.views == "anyres" and see.clip_train.data.layout
+    assert see.clip_train.model.fact_pooling == "token" and see.clip_train.model.dense_layer == 2
+    assert see.clip_train.model.vision.layers == 5 and see.clip_train.data.sources.generated.generate == 25600
     assert see.align_train.data.sources.captions.json.endswith("caption_chats.json")
     assert see.base_train.data.sources.instruct.json.endswith("instruct_right.json")
     assert (see.base_train.train.total_steps, see.base_train.train.batch_size) == (80, 4)

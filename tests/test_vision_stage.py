@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fire_jax.core.config import load_config
-from fire_jax.data.synthetic import FACT_HEADS, IGNORE, caption_facts
+from fire_jax.data.synthetic import DENSE_HEADS, FACT_HEADS, IGNORE, caption_facts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ASSETS = os.path.join(ROOT, "fire_jax", "assets", "synthetic_fire")
@@ -63,7 +63,9 @@ def test_every_shipped_caption_agrees_with_its_question():
 
 
 def test_fact_classes_of_the_config_are_the_heads():
-    assert tuple(load_config("configs/clip.py:see").model.fact_classes) == tuple(c for _, c in FACT_HEADS)
+    model = load_config("configs/clip.py:see").model
+    assert tuple(model.fact_classes) == tuple(c for _, c in FACT_HEADS)
+    assert tuple(model.dense_classes) == tuple(c for _, c in DENSE_HEADS)
 
 
 def test_fact_loss_hand_computed():
@@ -221,11 +223,85 @@ def test_fact_logits_read_the_tile_or_every_token(pooling, reads):
     model = CLIPModel(CLIPConfig.from_dict(config), rngs=nnx.Rngs(0))
     pixels = jnp.asarray(np.random.default_rng(0).normal(size=(2, 3, 3, 32, 32)), jnp.float32)
     index = jnp.asarray([[0, 1, 2, 20, -1, -1], [0, 1, 2, 20, 21, 22]])
-    logits = model.fact_logits(pixels, index)
+    logits, dense = model.fact_logits(pixels, index)
     assert [h.shape for h in logits] == [(2, reads, c) for _, c in FACT_HEADS]
+    assert [h.shape for h in dense] == [(2, 16, c) for _, c in DENSE_HEADS]
     if pooling == "tile":
-        trimmed = model.fact_logits(pixels[:1], index[:1, :4])
+        trimmed = model.fact_logits(pixels[:1], index[:1, :4])[0]
         assert np.allclose(np.asarray(trimmed[0]), np.asarray(logits[0][:1]), atol=1e-5)
+    else:  # the whole-image tile alone: the grid tiles change nothing
+        other = pixels.at[:, 1:].set(0.0)
+        assert np.allclose(np.asarray(model.fact_logits(other, index)[0][0]), np.asarray(logits[0]), atol=1e-5)
+
+
+def test_dense_heads_read_their_hidden_state():
+    """The dense heads are a linear map of each whole-image-tile patch at hidden state ``dense_layer``."""
+    from flax import nnx
+
+    from fire_jax.models.clip import CLIPModel
+    from fire_jax.models.config import CLIPConfig
+
+    config = load_config("configs/clip.py:tiny,see").model
+    config.dense_layer = 1
+    model = CLIPModel(CLIPConfig.from_dict(config), rngs=nnx.Rngs(0))
+    pixels = jnp.asarray(np.random.default_rng(1).normal(size=(2, 3, 3, 32, 32)), jnp.float32)
+    _, dense = model.fact_logits(pixels, jnp.zeros((2, 4), jnp.int32))
+    state = model.vision_tower.hidden_states(pixels[:, 0], 1)[1]  # [2, 16, width]
+    expected = np.asarray(model.dense_heads(state))
+    assert np.allclose(np.concatenate([np.asarray(d) for d in dense], -1), expected, atol=1e-5)
+    # the read layer's features are the tower's own output
+    assert np.allclose(np.asarray(model.vision_tower.hidden_states(pixels[:, 0], 2)[2]),
+                       np.asarray(model.vision_tower(pixels[:, 0])), atol=1e-6)
+
+
+def test_layout_facts_hand_placed():
+    """Two red circles and a blue square on a 40 x 80 image, a 2 x 2 grid: a centre at (x, y) falls in patch
+    (y * 2 // 40, x * 2 // 80); a bars image marks each bar's top and the tallest's."""
+    from fire_jax.data.synthetic import DENSE_HEADS, layout_facts
+
+    pairs = [name for name, _ in DENSE_HEADS]
+    red, blue = pairs.index("red circle centres"), pairs.index("blue square centres")
+    rows = layout_facts([("red", "circle", (2, 2, 12, 12)), ("red", "circle", (20, 4, 30, 14)),
+                         ("blue", "square", (50, 25, 60, 35))], (40, 80), 2)
+    assert [r[red] for r in rows] == [2, 0, 0, 0] and [r[blue] for r in rows] == [0, 0, 0, 1]
+    assert all(r[-2:] == [IGNORE, IGNORE] for r in rows) and sum(map(sum, (r[:-2] for r in rows))) == 3
+    bars = [("red", "bar", (x, 40 - h, x + 3, 39)) for x, h in zip((2, 18, 34, 50, 66), (10, 30, 25, 12, 8))]
+    rows = layout_facts(bars, (40, 80), 2)
+    # tops at y 30, 10, 15, 28, 32 and centre x 4, 20, 36, 52, 68: patches 2, 0, 0, 3, 3
+    assert [r[-2] for r in rows] == [3, 0, 1, 5] and [r[-1] for r in rows] == [1, 0, 0, 0]
+    assert all(set(r[:-2]) == {IGNORE} for r in rows)
+
+
+def test_generated_layouts_agree_with_their_captions():
+    """Summed over the patches, the dense heads give each caption's counts (below MAX_CENTRES a patch), and the
+    patch marked tallest holds the caption's tallest bar's top."""
+    from fire_jax.data.synthetic import MAX_CENTRES, layout_facts, synthesize
+
+    layouts = {}
+    records, images, captions = synthesize(60, 5, "layout_check", layouts)
+    for record in records:
+        name = record["image"]
+        facts = caption_facts(captions[name])
+        rows = np.asarray(layout_facts(layouts[name], (images[name].height, images[name].width), 4))
+        if facts[-1] != IGNORE:
+            assert (rows[:, -1] == 1).sum() == 1 and rows[rows[:, -1] == 1, -2][0] >= facts[-1] + 1
+            assert set(rows[:, -2].tolist()) <= set(range(6)) and (rows[:, -2] > 0).sum() <= 5
+        else:
+            sums = rows[:, :-2].sum(0)
+            capped = (rows[:, :-2] == MAX_CENTRES).any(0)
+            assert ((sums == np.asarray(facts[:-1])) | capped).all()
+
+
+def test_dense_loss_hand_computed():
+    from fire_jax.models.clip import dense_loss
+
+    # One image, two patches, heads of 2 and 3 classes; head 1 does not apply to patch 1.
+    logits = [jnp.array([[[0.0, 0.0], [math.log(3), 0.0]]]), jnp.array([[[0.0, 0.0, 0.0], [9.0, 0.0, 0.0]]])]
+    targets = jnp.array([[[1, 2], [0, -1]]])
+    loss, correct = dense_loss(logits, targets)
+    nll = [math.log(2), math.log(3), -math.log(3 / 4)]
+    assert float(loss) == pytest.approx(sum(nll) / 2, rel=1e-6)  # summed over heads, averaged over 2 patches
+    assert np.asarray(correct).tolist() == [[[False, False], [True, False]]]
 
 
 def test_shipped_instruction_and_caption_chats_are_the_generators():
@@ -248,6 +324,9 @@ def test_shipped_instruction_and_caption_chats_are_the_generators():
     (dict(views="tile"), "data.facts=True needs data.views='anyres'"),
     (dict(fact_classes=()), "data.facts gives 19 facts an image, model.fact_classes has 0 heads"),
     (dict(fact_pooling="cls"), "model.fact_pooling must be 'tile' or 'token', got 'cls'"),
+    (dict(dense_layer=4), "model.dense_layer must be a hidden state of the tower's, 1..3, got 4"),
+    (dict(layout=True, facts=False), "data.layout=True needs data.facts=True"),
+    (dict(dense_classes=()), "data.layout gives 20 dense facts a patch, model.dense_classes has 0 heads"),
 ])
 def test_vision_stage_options_that_disagree_end_in_one_line(tmp_path, change, message):
     from fire_jax.core.config import InputError
@@ -255,6 +334,6 @@ def test_vision_stage_options_that_disagree_end_in_one_line(tmp_path, change, me
 
     config = load_config("configs/clip.py:tiny,see")
     for key, value in change.items():
-        (config.data if key == "views" else config.model)[key] = value
+        (config.data if key in ("views", "layout", "facts") else config.model)[key] = value
     with pytest.raises((InputError, ValueError), match=re.escape(message)):
         train(config, str(tmp_path))

@@ -126,7 +126,7 @@ def save_clip_checkpoint(model: CLIPModel, directory: str) -> None:
         json.dump(config_to_hf(model.cfg), f, indent=2)
     tensors = dict(path_to_hub(path, np.asarray(jax.device_get(leaf[...])), model.cfg)
                    for path, leaf in _flat_params(nnx.state(model, nnx.Param)).items()
-                   if not path.startswith("fact_heads."))  # a vision stage's training heads: not CLIP's
+                   if not path.startswith(("fact_heads.", "dense_heads.")))  # a vision stage's training heads: not CLIP's
     save_file({k: np.array(v, order="C") for k, v in tensors.items()}, os.path.join(directory, "model.safetensors"),
               metadata={"format": "pt"})
 

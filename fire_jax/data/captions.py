@@ -15,7 +15,10 @@ Two options make the batches a vision stage's for a LLaVA rather than a plain CL
   left out; -1 pads), so a loss can be put on exactly what the LLM will see;
 - ``data.facts=True``: ``facts``, the classes :func:`fire_jax.data.synthetic.caption_facts` reads from each
   caption (how many of each coloured shape, which bar is the tallest), targets of auxiliary heads that a
-  contrastive loss alone leaves unlearned: a batch of 64 captions is told apart by the colours drawn alone.
+  contrastive loss alone leaves unlearned: a batch of 64 captions is told apart by the colours drawn alone;
+- ``data.layout=True`` (with facts): ``dense_facts`` ``[n, patches, heads]``, what each patch of the whole-image
+  tile holds (:func:`fire_jax.data.synthetic.layout_facts`: the shapes centred in it, the bar tops), for the
+  images the generator draws; a caption file's images have no layout (every dense head ignored).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ class CaptionPipeline:
                  patch_size: int = 0):
         from tokenizers import Tokenizer
 
-        from fire_jax.data.synthetic import caption_facts
+        from fire_jax.data.synthetic import DENSE_HEADS, IGNORE, caption_facts, layout_facts
 
         if process_count != 1:
             raise ValueError("CLIP training runs in one process (its contrastive batch is not split over hosts)")
@@ -53,6 +56,10 @@ class CaptionPipeline:
             raise InputError(f"data.views must be 'tile' or 'anyres', got {views!r}")
         if self.with_facts and views != "anyres":
             raise InputError("data.facts=True needs data.views='anyres': the heads read the LLaVA's tiles")
+        self.with_layout = bool(config.get("layout", False))
+        if self.with_layout and not self.with_facts:
+            raise InputError("data.layout=True needs data.facts=True: the dense heads train beside the fact heads")
+        grid = image_size // patch_size if patch_size else 0
         geometry = None
         if views == "anyres":
             if not config.get("image_grid_pinpoints") or not patch_size:
@@ -60,11 +67,11 @@ class CaptionPipeline:
                                  "tower's patch size")
             geometry = ImageGeometry(tile_size=image_size, patch_size=patch_size,
                                      pinpoints=tuple(map(tuple, config["image_grid_pinpoints"])))
-        pixels, ids, views_pixels, facts = [], [], [], []
+        pixels, ids, views_pixels, facts, dense = [], [], [], [], []
         self.source_sizes, self.stated_sizes = {}, {}
         for name, source in config["sources"].items():
             self.source_sizes[name] = 0
-            for where, record, image in _source_records(name, source):
+            for where, record, image, layout in _source_records(name, source):
                 tokens = tokenizer.encode(record["caption"], add_special_tokens=False).ids + [eos_token_id]
                 if len(tokens) > self.max_len:
                     raise InputError(f"{where}: caption of {len(tokens)} tokens, data.max_len is {self.max_len}")
@@ -77,6 +84,9 @@ class CaptionPipeline:
                         facts.append(caption_facts(record["caption"]))
                     except ValueError as e:
                         raise InputError(f"{where}: field 'caption': {e}") from None
+                if self.with_layout:
+                    dense.append(layout_facts(layout, (image.height, image.width), grid) if layout is not None
+                                 else [[IGNORE] * len(DENSE_HEADS)] * (grid * grid))
                 self.source_sizes[name] += 1
         if len(ids) < self.batch_size:
             raise InputError(f"data: {len(ids)} captions, fewer than one batch of {self.batch_size}")
@@ -90,6 +100,8 @@ class CaptionPipeline:
             self.extra["view_pixels"], self.extra["feature_index"] = llava_views(views_pixels, geometry)
         if self.with_facts:
             self.extra["facts"] = np.asarray(facts, np.int32)
+        if self.with_layout:
+            self.extra["dense_facts"] = np.asarray(dense, np.int32)
         self.num_examples, self.process_count = len(ids), 1
         self.bad_records, self.dropped = collections.Counter(), collections.Counter()
         self.epoch, self.position = 0, 0
@@ -152,17 +164,21 @@ def llava_views(images, geometry: ImageGeometry) -> tuple[np.ndarray, np.ndarray
 
 
 def _source_records(name: str, source: Mapping[str, Any]):
-    """(where, record, PIL image) of one source: a JSON list of ``{"id", "image", "caption"}`` under
+    """(where, record, PIL image, layout) of one source: a JSON list of ``{"id", "image", "caption"}`` under
     ``image_root``, or ``{"generate": N, "seed": S}``: N images the synthetic set's generator draws afresh with
     their captions (:func:`fire_jax.data.synthetic.synthesize`, under a split name of their own, so never a test
-    image), as many as a vision stage needs to learn what is drawn rather than which of 720 images it sees."""
+    image), as many as a vision stage needs to learn what is drawn rather than which of 720 images it sees. The
+    layout (what is drawn where, :attr:`fire_jax.data.synthetic.Task.layout`) is a generated image's; None for a
+    caption file's."""
     if "generate" in source:  # 0: none (a config's way to leave the source out)
         from fire_jax.data.synthetic import synthesize
 
-        records, images, captions = synthesize(int(source["generate"]), int(source.get("seed", 0)), f"vision_{name}")
+        layouts: dict = {}
+        records, images, captions = synthesize(int(source["generate"]), int(source.get("seed", 0)), f"vision_{name}",
+                                               layouts)
         for i, record in enumerate(records):
             yield (f"{name}: generated image {i}", {"id": record["id"], "caption": captions[record["image"]]},
-                   images[record["image"]])
+                   images[record["image"]], layouts[record["image"]])
         return
     path, root = resolve_path(source["json"]), resolve_path(source["image_root"])
     records = read_json(path)
@@ -176,4 +192,4 @@ def _source_records(name: str, source: Mapping[str, Any]):
         path = image_path(root, record["image"], where)  # a BadRecordError (an InputError) out of the root
         if not os.path.isfile(path):
             raise InputError(f"{where}: field 'image': no file {path}")
-        yield where, record, load_image(path)
+        yield where, record, load_image(path), None

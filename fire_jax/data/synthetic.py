@@ -102,13 +102,15 @@ def feedback(score: int, text: str) -> str:
 class Task:
     """One kind of question on an ordered scale of ``size`` values (0-based internally).
 
-    ``draw`` makes (image, question, truth, caption); ``answer(v)`` is the sentence for
+    ``draw`` makes (image, question, truth, caption) and leaves what it drew where in ``layout``: (colour, shape,
+    box) per shape, (colour, "bar", box) per bar from the left, boxes (x0, y0, x1, y1) in pixels; ``answer(v)`` is the sentence for
     value ``v``; ``hint(up)`` the feedback that points up or down the scale;
     ``first_thought`` / ``refined_thought(up)`` the student's thoughts.
     """
 
     name = ""
     size = 0
+    layout: list[tuple[str, str, tuple[int, int, int, int]]] = []
 
     def draw(self, rng: random.Random, image_size) -> tuple[Image.Image, str, int, str]:
         raise NotImplementedError
@@ -143,6 +145,7 @@ class CountTask(Task):
             color, shape = (self.color, self.shape) if i < count else rng.choice(others)
             _draw_shape(draw, shape, box, COLORS[color])
             drawn.append((color, shape))
+        self.layout = [(color, shape, box) for (color, shape), box in zip(drawn, boxes)]
         return image, f"How many {self.thing} are in the image?", count - 1, _shapes_caption(drawn)
 
     @property
@@ -173,9 +176,11 @@ class BarTask(Task):
         draw = ImageDraw.Draw(image)
         bar = max(3, width // (2 * NUM_BARS))
         color_name = rng.choice(RAINBOW)
+        self.layout = []
         for i, h in enumerate(heights):
             x = (2 * i + 1) * width // (2 * NUM_BARS) - bar // 2
             draw.rectangle((x, height - h, x + bar - 1, height - 1), fill=COLORS[color_name])
+            self.layout.append((color_name, "bar", (x, height - h, x + bar - 1, height - 1)))
         # Heights in percent of the image's, so the same bars read the same at every image size.
         percents = [round(100 * h / height) for h in heights]
         caption = (f"Five {color_name} bars, {', '.join(map(str, percents[:-1]))} and {percents[-1]} percent high "
@@ -214,6 +219,7 @@ class ColorTask(Task):
                 shape = rng.choice(others)
                 drawn.append((rng.choice(RAINBOW), shape))
             _draw_shape(draw, drawn[-1][1], box, COLORS[drawn[-1][0]])
+        self.layout = [(color, shape, box) for (color, shape), box in zip(drawn, boxes)]
         return image, f"What colour is the {self.shape}?", color, _shapes_caption(drawn)
 
     def answer(self, value):
@@ -257,9 +263,11 @@ def dialogue(task: Task, truth: int, offset: int, rng: random.Random) -> list[Tu
         thought, value = task.refined_thought(up), value + (1 if up else -1)
 
 
-def synthesize(num: int, seed: int, split: str) -> tuple[list[dict], dict[str, Image.Image], dict[str, str]]:
+def synthesize(num: int, seed: int, split: str, layouts: dict | None = None
+               ) -> tuple[list[dict], dict[str, Image.Image], dict[str, str]]:
     """``num`` raw FIRE records (released schema, :func:`fire_jax.data.records.to_raw`), their images and their
-    captions, both keyed by file name."""
+    captions, both keyed by file name; ``layouts``, when given, gets each image's :attr:`Task.layout` by file name
+    (what a vision stage's dense heads learn from, :func:`layout_facts`)."""
     rng = random.Random(f"{seed}/{split}")
     records, images, captions = [], {}, {}
     for i in range(num):
@@ -271,6 +279,8 @@ def synthesize(num: int, seed: int, split: str) -> tuple[list[dict], dict[str, I
         turns = dialogue(task, truth, offset, rng)
         name = f"{split}_{i:05d}.png"
         images[name] = image
+        if layouts is not None:
+            layouts[name] = list(task.layout)
         records.append(to_raw(f"synthetic_{split}_{i:05d}", name, question, task.answer(truth), turns,
                               source=f"synthetic_{task.name}", split=f"synthetic_{split}"))
         captions[name] = caption
@@ -377,6 +387,50 @@ def caption_facts(caption: str) -> list[int]:
         counts[match.group(2), match.group(3)] = min(int(match.group(1)), MAX_COUNT)
     facts[:-1] = list(counts.values())
     return facts
+
+
+#: The dense heads of a vision stage (:func:`layout_facts`), read on every patch of the whole-image tile: how many
+#: shapes of each (colour, shape) pair have their centre in the patch (0..3), which bar's top is in it (0: none,
+#: 1..5 from the left; the rightmost of two), and whether the tallest bar's top is (0 / 1). (Measured against
+#: a bar-top count with the tallest's number, and against a yes/no head per bar: 500 steps of the vision stage
+#: named the tallest bar on 0.53 of training images with these heads, 0.30 and 0.38 with those.)
+MAX_CENTRES = 3
+DENSE_HEADS = tuple((f"{color} {shape} centres", MAX_CENTRES + 1) for color in RAINBOW for shape in SHAPES) + (
+    ("bar top", NUM_BARS + 1), ("tallest bar top", 2))
+
+
+def layout_facts(layout: Sequence[tuple], image_size: tuple[int, int], grid: int) -> list[list[int]]:
+    """Where things are drawn, patch by patch: one row per patch of a ``grid`` x ``grid`` whole-image tile (the
+    image resized to a square, as LLaVA-NeXT's tile 0; row-major), one class per head of :data:`DENSE_HEADS`
+    (``IGNORE`` where it does not apply: the bar heads on a shapes image, the shape heads on a bars image), from
+    a :attr:`Task.layout` of an image of ``image_size`` (h, w). A count is a sum over patches of the first heads,
+    the tallest bar the bar top in the patch the last head marks: targets a patch's own pixels nearly decide,
+    from which attention can gather the image's facts (:data:`FACT_HEADS`). Detection-style supervision, as
+    LLaVA-1.5's grounding data (RefCOCO, Visual Genome boxes) gives its model."""
+    height, width = image_size
+    pairs = [(color, shape) for color in RAINBOW for shape in SHAPES]
+
+    def cell(x: float, y: float) -> int:
+        return min(grid - 1, int(y * grid / height)) * grid + min(grid - 1, int(x * grid / width))
+
+    bars = [item for item in layout if item[1] == "bar"]
+    rows = [[IGNORE] * len(DENSE_HEADS) for _ in range(grid * grid)]
+    if bars:
+        tallest = min(range(len(bars)), key=lambda i: bars[i][2][1])  # the smallest y0: the highest top
+        for row in rows:
+            row[-2:] = [0, 0]
+        for i, (_, _, (x0, y0, x1, _)) in enumerate(bars):
+            row = rows[cell((x0 + x1 + 1) / 2, y0)]
+            row[-2] = i + 1
+            row[-1] = max(row[-1], int(i == tallest))
+        return rows
+    for row in rows:
+        row[:len(pairs)] = [0] * len(pairs)
+    for color, shape, (x0, y0, x1, y1) in layout:
+        row = rows[cell((x0 + x1) / 2, (y0 + y1) / 2)]
+        k = pairs.index((color, shape))
+        row[k] = min(row[k] + 1, MAX_CENTRES)
+    return rows
 
 
 def caption_records(records: list[dict], captions: Mapping[str, str]) -> list[dict]:

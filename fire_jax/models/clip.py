@@ -115,10 +115,17 @@ class CLIPVisionTower(nnx.Module):
 
     def __call__(self, pixel_values: jax.Array) -> jax.Array:
         """pixel_values ``[n, 3, H, W]`` -> features ``[n, num_patches, width]`` (CLS dropped)."""
+        return self.hidden_states(pixel_values, self.num_layers_run)[-1]
+
+    def hidden_states(self, pixel_values: jax.Array, layers: int) -> list[jax.Array]:
+        """The patches' hidden states after the embeddings and after each of the first ``layers`` layers (HF's
+        ``hidden_states[:layers + 1]``, CLS dropped): ``layers + 1`` arrays ``[n, num_patches, width]``."""
         x = self._embed(pixel_values)
-        for layer in self.layers[: self.num_layers_run]:
+        states = [x[:, 1:]]
+        for layer in self.layers[:layers]:
             x = layer(x)
-        return x[:, 1:]
+            states.append(x[:, 1:])
+        return states
 
     def pooled(self, pixel_values: jax.Array) -> jax.Array:
         """pixel_values ``[n, 3, H, W]`` -> ``[n, width]``: the CLS state after every layer and post_layernorm."""
@@ -188,24 +195,37 @@ class CLIPModel(nnx.Module):
             inputs = cfg.vision.width * (1 if cfg.fact_pooling == "token" else 1 + cfg.vision.num_patches)
             self.fact_heads = Linear(inputs, sum(cfg.fact_classes), axes=(ax.VISION_EMBED, None), bias=True,
                                      param_dtype=param_dtype, rngs=rngs)
+        if cfg.dense_classes:
+            self.dense_heads = Linear(cfg.vision.width, sum(cfg.dense_classes), axes=(ax.VISION_EMBED, None),
+                                      bias=True, param_dtype=param_dtype, rngs=rngs)
 
-    def fact_logits(self, view_pixels: jax.Array, feature_index: jax.Array) -> list[jax.Array]:
+    def fact_logits(self, view_pixels: jax.Array, feature_index: jax.Array
+                    ) -> tuple[list[jax.Array], list[jax.Array]]:
         """The auxiliary heads' logits from what a LLaVA reads of each image: ``view_pixels`` ``[n, tiles, 3, H,
-        W]`` (its any-resolution tiles), ``feature_index`` ``[n, k]`` (the features it places, -1 pads; as
-        :meth:`fire_jax.core.geometry.ImageGeometry.feature_index`). Returns one ``[n, reads, classes]`` array per
-        head of ``cfg.fact_classes``, from the tower's features at the layer LLaVA reads:
+        W]`` (its any-resolution tiles, the whole-image tile first), ``feature_index`` ``[n, k]`` (the features it
+        places, -1 pads; as :meth:`fire_jax.core.geometry.ImageGeometry.feature_index`). Returns one
+        ``[n, reads, classes]`` array per head of ``cfg.fact_classes``, from the tower's features at the layer
+        LLaVA reads:
 
         - ``fact_pooling="tile"``: one read (``reads`` 1), a linear map of the features averaged over the
           positions LLaVA places beside the whole-image tile's features patch by patch;
         - ``"token"``: a read per patch of the whole-image tile (``reads`` = its patches), the same linear map
           applied to each: every token the LLM gets of that tile must carry the image's facts, as a global
-          colour is carried, where the LLM reads it after a few updates.
+          colour is carried, where the LLM reads it after a few updates. Only that tile is run.
+
+        and one ``[n, patches, classes]`` array per head of ``cfg.dense_classes`` (none without them): a linear map
+        of each patch of the whole-image tile at hidden state ``cfg.dense_layer``, below the layer LLaVA reads, so
+        that the layers between learn to gather what the patches hold (fire_jax.data.synthetic.layout_facts).
         """
         n, tiles = view_pixels.shape[:2]
-        features = self.vision_tower(view_pixels.reshape(n * tiles, *view_pixels.shape[2:]))
-        features = features.reshape(n, -1, features.shape[-1])  # [n, tiles * patches, width]
-        patches = self.cfg.vision.num_patches
-        if self.cfg.fact_pooling == "token":
+        patches, cfg = self.cfg.vision.num_patches, self.cfg
+        read = self.vision_tower.num_layers_run
+        if cfg.fact_pooling == "token":  # the whole-image tile alone
+            view_pixels, tiles = view_pixels[:, :1], 1
+        states = self.vision_tower.hidden_states(view_pixels.reshape(n * tiles, *view_pixels.shape[2:]),
+                                                 max(read, cfg.dense_layer))
+        features = states[read].reshape(n, -1, states[read].shape[-1])  # [n, tiles * patches, width]
+        if cfg.fact_pooling == "token":
             logits = self.fact_heads(features[:, :patches]).astype(jnp.float32)  # [n, patches, classes]
         else:
             valid = (feature_index >= 0)[..., None].astype(features.dtype)
@@ -213,8 +233,11 @@ class CLIPModel(nnx.Module):
             pooled = picked.sum(1) / jnp.maximum(valid.sum(1), 1.0)
             base = features[:, :patches].reshape(n, -1)  # the whole-image tile, patch by patch
             logits = self.fact_heads(jnp.concatenate([pooled, base], -1)).astype(jnp.float32)[:, None]
-        bounds = [int(b) for b in np.cumsum(self.cfg.fact_classes)[:-1]]
-        return jnp.split(logits, bounds, axis=-1)
+        dense = []
+        if cfg.dense_classes:
+            below = states[cfg.dense_layer].reshape(n, tiles * patches, -1)[:, :patches]
+            dense = _split(self.dense_heads(below).astype(jnp.float32), cfg.dense_classes)
+        return _split(logits, cfg.fact_classes), dense
 
     def image_embeds(self, pixel_values: jax.Array) -> jax.Array:
         """``[n, 3, H, W]`` -> unit-norm ``[n, projection_dim]``."""
@@ -231,15 +254,20 @@ class CLIPModel(nnx.Module):
                         @ self.text_embeds(input_ids).astype(jnp.float32).T)
 
 
+def _split(logits: jax.Array, classes) -> list[jax.Array]:
+    """The last axis cut into one array per head of ``classes`` (their sizes)."""
+    return jnp.split(logits, [int(b) for b in np.cumsum(classes)[:-1]], axis=-1)
+
+
 def _unit(x: jax.Array) -> jax.Array:
     return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
 
 
-def fact_loss(logits: list[jax.Array], facts: jax.Array) -> tuple[jax.Array, jax.Array]:
+def fact_loss(logits: list[jax.Array], facts: jax.Array, weights=None) -> tuple[jax.Array, jax.Array]:
     """Cross-entropy of each auxiliary head (``[n, reads, classes]``, :meth:`CLIPModel.fact_logits`) against
     ``facts`` ``[n, heads]`` (-1: the head does not apply to that image), averaged over the reads and over the
-    (image, head) pairs that apply; and each pair's correctness ``[n, heads]`` (the class of the reads' summed
-    log-probabilities; False where it does not apply)."""
+    (image, head) pairs that apply, each pair weighted by its head's ``weights`` (default 1); and each pair's
+    correctness ``[n, heads]`` (the class of the reads' summed log-probabilities; False where it does not apply)."""
     nll, correct = [], []
     for h, head in enumerate(logits):
         target = jnp.maximum(facts[:, h], 0)
@@ -247,8 +275,26 @@ def fact_loss(logits: list[jax.Array], facts: jax.Array) -> tuple[jax.Array, jax
         nll.append(-jnp.take_along_axis(logp, target[:, None, None], axis=-1)[..., 0].mean(1))
         correct.append(jnp.argmax(logp.sum(1), axis=-1) == target)
     applies = facts >= 0
-    nll = jnp.where(applies, jnp.stack(nll, 1), 0.0)
-    return nll.sum() / jnp.maximum(applies.sum(), 1), jnp.stack(correct, 1) & applies
+    weight = applies * (jnp.ones(len(logits)) if weights is None else jnp.asarray(weights, jnp.float32))
+    nll = jnp.where(applies, jnp.stack(nll, 1), 0.0) * weight
+    return nll.sum() / jnp.maximum(weight.sum(), 1e-6), jnp.stack(correct, 1) & applies
+
+
+def dense_loss(logits: list[jax.Array], targets: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Cross-entropy of each dense head (``[n, patches, classes]``, :meth:`CLIPModel.fact_logits`) against
+    ``targets`` ``[n, patches, heads]`` (-1: the head does not apply), summed over the heads that apply to a patch
+    and averaged over the patches they apply to; and each (image, patch, head)'s correctness (False where it
+    does not apply)."""
+    applies = targets >= 0
+    nll, correct = [], []
+    for h, head in enumerate(logits):
+        target = jnp.maximum(targets[..., h], 0)
+        logp = jax.nn.log_softmax(head, axis=-1)  # [n, patches, classes]
+        nll.append(-jnp.take_along_axis(logp, target[..., None], axis=-1)[..., 0])
+        correct.append(jnp.argmax(logp, axis=-1) == target)
+    nll = jnp.where(applies, jnp.stack(nll, -1), 0.0)
+    rows = applies.any(-1).sum()
+    return nll.sum() / jnp.maximum(rows, 1), jnp.stack(correct, -1) & applies
 
 
 def contrastive_loss(logits_per_image: jax.Array) -> jax.Array:

@@ -99,6 +99,10 @@ class CLIPConfig:
     #: as ``fire_jax.data.synthetic.FACT_HEADS``; () for a plain CLIP. Training only: never exported.
     fact_classes: tuple = ()
     fact_pooling: str = "tile"  # what the heads read: "tile" (one read an image) or "token" (see CLIPModel.fact_logits)
+    #: Dense heads on each patch of the whole-image tile (``fire_jax.data.synthetic.DENSE_HEADS``), at hidden state
+    #: ``dense_layer`` (0: the embeddings), below the layer LLaVA reads. Training only: never exported.
+    dense_classes: tuple = ()
+    dense_layer: int = 0
     dtype: str = "float32"
     param_dtype: str = "float32"
     attention: str = "auto"
@@ -106,6 +110,9 @@ class CLIPConfig:
     def __post_init__(self):
         if self.fact_pooling not in ("tile", "token"):
             raise ValueError(f"model.fact_pooling must be 'tile' or 'token', got {self.fact_pooling!r}")
+        if self.dense_classes and not 0 < self.dense_layer <= self.vision.layers:
+            raise ValueError(f"model.dense_layer must be a hidden state of the tower's, 1..{self.vision.layers}, got "
+                             f"{self.dense_layer}")
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> "CLIPConfig":
@@ -114,7 +121,8 @@ class CLIPConfig:
         cfg.pop("kind", None)
         sub = {"vision": VisionConfig, "text": CLIPTextConfig}
         kwargs = {k: _build(sub[k], v, f"model.{k}") if k in sub else v for k, v in cfg.items()}
-        kwargs["fact_classes"] = tuple(int(c) for c in kwargs.get("fact_classes", ()))
+        for key in ("fact_classes", "dense_classes"):
+            kwargs[key] = tuple(int(c) for c in kwargs.get(key, ()))
         return _build(cls, kwargs, "model")
 
 

@@ -56,8 +56,9 @@ def train_and_report(config, workdir: str, name: str) -> dict:
 
     print(f"\n== train the {name} -> {workdir}")
     summary = train(config, workdir)
-    print(f"{name}: step {summary['step']}/{summary['total_steps']}, last loss "
-          f"{summary['metrics'].get('loss', float('nan')):.4f}")
+    loss = summary["metrics"].get("loss")  # none when the stage had finished before this run
+    print(f"{name}: step {summary['step']}/{summary['total_steps']}, "
+          + (f"last loss {loss:.4f}" if loss is not None else "finished before (nothing left to train)"))
     if summary.get("preempted"):  # the next stage starts from this one's export, which a stopped stage lacks
         by = summary.get("stopped_by") or signal.SIGTERM
         raise Stopped(by, f"{name}: stopped by {signal.Signals(by).name} at step {summary['step']} of "

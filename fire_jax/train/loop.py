@@ -154,7 +154,8 @@ def plan_report(config, pipeline, steps: int) -> str:
 
 
 def _check_fact_heads(model: CLIPModel, pipeline) -> None:
-    """A vision stage's data and heads agree: facts need heads, one per fact (configs/clip.py)."""
+    """A vision stage's data and heads agree: facts need heads, one per fact, and dense facts one per dense fact and
+    patch (configs/clip.py)."""
     from fire_jax.core.config import InputError
 
     facts = pipeline.extra.get("facts")
@@ -162,6 +163,13 @@ def _check_fact_heads(model: CLIPModel, pipeline) -> None:
     if facts is not None and facts.shape[1] != heads:
         raise InputError(f"data.facts gives {facts.shape[1]} facts an image, model.fact_classes has {heads} heads"
                          + (" (a CLIP from init.clip_checkpoint has none: set data.facts=False)" if not heads else ""))
+    dense = pipeline.extra.get("dense_facts")
+    if dense is not None and dense.shape[2] != len(model.cfg.dense_classes):
+        raise InputError(f"data.layout gives {dense.shape[2]} dense facts a patch, model.dense_classes has "
+                         f"{len(model.cfg.dense_classes)} heads")
+    if dense is not None and dense.shape[1] != model.cfg.vision.num_patches:
+        raise InputError(f"data.layout gives {dense.shape[1]} patches an image, the tower has "
+                         f"{model.cfg.vision.num_patches}")
 
 
 def train(config, workdir: str, *, max_steps: int | None = None) -> dict[str, Any]:

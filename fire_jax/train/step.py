@@ -22,12 +22,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from fire_jax.core.config import InputError
 from fire_jax.runtime.build import check_trainable, trainable_filter
 from fire_jax.models import LlavaNext
-from fire_jax.models.clip import contrastive_loss, fact_loss
+from fire_jax.models.clip import contrastive_loss, dense_loss, fact_loss
 from fire_jax.runtime.sharding import DEFAULT_RULES, activation_sharding, batch_sharding, state_shardings
 from fire_jax.train import loss as losses
 
 BATCH_KEYS = ("input_ids", "attention_mask", "loss_mask", "turn_ids", "pixel_values", "image_index",
-              "view_pixels", "feature_index", "facts")  # the last three: a vision stage's (data/captions.py)
+              "view_pixels", "feature_index", "facts", "dense_facts")  # the last four: a vision stage's (data/captions.py)
 
 
 def make_optimizer(cfg, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -196,8 +196,9 @@ class TurnLanguageModeling:
 
 class Contrastive:
     """A CLIP's loss (Radford et al. 2021): the symmetric cross-entropy over the batch's image-text scores
-    (fire_jax.models.clip), plus, for a vision stage's batches (``facts``), ``loss.fact_weight`` times its
-    auxiliary heads' cross-entropy. One batch a step: its negatives are the other pairs in it."""
+    (fire_jax.models.clip), times ``loss.contrastive_weight`` (1), plus, for a vision stage's batches (``facts``),
+    ``loss.fact_weight`` times its auxiliary heads' cross-entropy and ``loss.dense_weight`` times its dense heads'
+    (``dense_facts``). One batch a step: its negatives are the other pairs in it."""
 
     def check(self, train_cfg) -> None:
         if train_cfg.accum_steps != 1:
@@ -210,17 +211,28 @@ class Contrastive:
         logits = model(batch["pixel_values"], batch["input_ids"])
         labels = jnp.arange(logits.shape[0])
         loss = contrastive_loss(logits)
-        metrics = {"image_to_text_accuracy": jnp.mean(jnp.argmax(logits, 1) == labels),
+        metrics = {"contrastive_loss": loss, "image_to_text_accuracy": jnp.mean(jnp.argmax(logits, 1) == labels),
                    "text_to_image_accuracy": jnp.mean(jnp.argmax(logits, 0) == labels),
-                   "temperature": 1 / jnp.exp(model.logit_scale[...]), "contrastive_loss": loss}
+                   "temperature": 1 / jnp.exp(model.logit_scale[...])}
+        loss = trainer.loss_cfg.get("contrastive_weight", 1.0) * loss
         if "facts" in batch:  # a vision stage's auxiliary heads on the features LLaVA reads (configs/clip.py)
             facts = batch["facts"]
-            aux, correct = fact_loss(model.fact_logits(batch["view_pixels"], batch["feature_index"]), facts)
+            fact_logits, dense_logits = model.fact_logits(batch["view_pixels"], batch["feature_index"])
+            aux, correct = fact_loss(fact_logits, facts, trainer.loss_cfg.get("fact_head_weights") or None)
             loss = loss + trainer.loss_cfg.get("fact_weight", 1.0) * aux
             applies = facts >= 0
             metrics.update(fact_loss=aux, fact_accuracy=correct.sum() / jnp.maximum(applies.sum(), 1),
                            # the last head apart (the synthetic set's: the tallest bar), the rest pooled
-                           last_fact_accuracy=correct[:, -1].sum() / jnp.maximum(applies[:, -1].sum(), 1))
+                           last_fact_accuracy=correct[:, -1].sum() / jnp.maximum(applies[:, -1].sum(), 1),
+                           # the counts that are not 0, the hard part of the first heads
+                           nonzero_count_accuracy=(correct[:, :-1] & (facts[:, :-1] > 0)).sum()
+                           / jnp.maximum((facts[:, :-1] > 0).sum(), 1))
+            if "dense_facts" in batch:  # what each patch of the whole-image tile holds (data.layout)
+                dense, dense_correct = dense_loss(dense_logits, batch["dense_facts"])
+                loss = loss + trainer.loss_cfg.get("dense_weight", 1.0) * dense
+                marked = batch["dense_facts"] > 0
+                metrics.update(dense_loss=dense,
+                               dense_marked_accuracy=(dense_correct & marked).sum() / jnp.maximum(marked.sum(), 1))
         return loss, metrics
 
     def grads(self, trainer, state: TrainState, frozen, batch, rng):
