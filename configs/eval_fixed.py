@@ -10,7 +10,8 @@ arg: "" / "tiny" (configs/tiny.py's model and tokenizer, random weights, assets:
 release's own settings for evaluating its models (MM-FIRE/FIRE ``llava/eval/``, docs/reproducing.md): its
 templates (``llama_v3_student``), 512 new tokens in fixed dialogues (``eval_feedback.py`` generates with
 ``feedback_chat.py``'s 512), its score reading (``get_score``), the student's first turn generated too (its
-``eval_feedback.py`` generates every gpt turn). The models' input conventions (pinpoints, BOS, alpha, the prompt
+``eval_feedback.py`` generates every gpt turn), its teacher prompt (``fixed.teacher_prompt="release"``: the record's
+turns as they are, no instruction message). The models' input conventions (pinpoints, BOS, alpha, the prompt
 cut) come with their checkpoints: an original-format folder runs as the release runs it
 (``config.model.conventions`` overrides: "transformers" or "release").
 """
@@ -68,6 +69,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         roles=("student", "teacher"),
         student_first_turn=False,  # True: also generate r_1 (the turns the release's student loss labelled)
         teacher_history="full",  # the teacher sees every earlier turn, as trained (Eq. 6)
+        # "paper": FIRE Eq. 6's teacher prompt (question and groundtruth, the instruction message, the answers);
+        # "release": the record's turns as the release's eval_feedback.py feeds them (no instruction message;
+        # fire_jax.data.chat.release_teacher_messages)
+        teacher_prompt="paper",
         # Read when the metrics are computed (a rerun may change them). Teacher BLEU/CIDEr compare the
         # "feedback" after "Feedback:" ("" for a reply the release cannot read), as the release's
         # analyze_feedback.py, or the "whole" reply, score line included.
@@ -81,4 +86,5 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.decode.max_new_tokens = 512
         config.fixed.score_parser = "official"
         config.fixed.student_first_turn = True
+        config.fixed.teacher_prompt = "release"
     return ml_collections.ConfigDict(config)

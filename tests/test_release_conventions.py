@@ -157,6 +157,36 @@ def test_the_teacher_prompt_of_free_dialogues_is_the_release_s():
     assert encoded.image_tokens == chat.geometry.num_tokens((336, 672))
 
 
+@pytest.mark.parametrize("template,tokenizer", [("llama_v3_teacher", "llama3_bos_postprocessor"),
+                                                ("llava_v1_teacher_feedback", "vicuna_bos_postprocessor"),
+                                                ("llava_v1_student_feedback", "vicuna_bos_postprocessor")])
+def test_the_teacher_prompt_of_fixed_dialogues_is_the_release_s(template, tokenizer):
+    """``fixed.teacher_prompt="release"``: a real FIRE record's turns as eval_feedback.py feeds them, turn 1 and
+    turn 2 (the first answer's feedback as written). No instruction message; under a template that is not one
+    of the release's teacher templates its prompt() appends its request to the first turn (the third case)."""
+    import types
+
+    from fire_jax.data.records import Turn
+    from fire_jax.infer.agents import Teacher
+
+    case = FIXTURE["teacher_prompts"]["fixed_dialogue_teacher"]
+    chat = ChatTokenizer(_tokenizer(tokenizer), _release_geometry(DEFAULT_PINPOINTS), template=template)
+    teacher = Teacher(types.SimpleNamespace(chat=chat), history="full", prompt="release")
+    assert teacher.request == (template == "llava_v1_student_feedback")
+    responses, feedbacks = case["responses"], case["feedbacks"]
+    for k, expected in enumerate(case["prompts"][template], 1):
+        history = [Turn(r, f, None) for r, f in zip(responses[:k - 1], feedbacks)]
+        [messages] = teacher.prompts([case["question"]], [case["groundtruth"]], [responses[k - 1]], [history])
+        assert chat.render(messages, add_generation_prompt=True) == expected
+        assert sum(m.images for m in messages) == 1 and messages[0].images == 1  # the image first, once
+    # the paper's prompt keeps its instruction message under the same template
+    paper = Teacher(types.SimpleNamespace(chat=chat), history="full").prompts(
+        [case["question"]], [case["groundtruth"]], [responses[0]], [()])[0]
+    assert [m.role for m in paper] == ["user", "user", "user"] and paper[1].text.startswith("Please compare")
+    with pytest.raises(ValueError, match="teacher prompt must be one of"):
+        Teacher(types.SimpleNamespace(chat=chat), prompt="releases")
+
+
 # ------------------------------------------------------------------------------------------------ checkpoints
 
 
@@ -237,6 +267,9 @@ def test_evaluate_runs_an_original_format_checkpoint_with_the_release_switch(ori
             assert settings["model"]["image_mode"] == "pad" and settings["free"]["score_parser"] == "official"
         else:
             assert settings["fixed"]["student_first_turn"] and settings["decode"]["max_new_tokens"] == 6
+            assert settings["fixed"]["teacher_prompt"] == "release"
+            teachers = [json.loads(line) for line in open(workdir / "fixed_outputs.jsonl")]
+            assert sum(r["role"] == "teacher" for r in teachers) >= 2
         config.model.conventions = "transformers"
         with pytest.raises(ValueError, match="conventions"):
             evaluate(config, str(workdir))

@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from fire_jax.data.records import IMAGE_PLACEHOLDER, Conversation, Instruction, Record
-from fire_jax.data.templates import LLAMA3_FAMILY, ChatTemplate, template_source
+from fire_jax.data.templates import LLAMA3_FAMILY, SHIPPED, ChatTemplate, template_source
 from fire_jax.core.geometry import ImageGeometry
 from fire_jax.core.config import InputError
 from fire_jax.core.results import read_json_object
@@ -47,8 +47,35 @@ TEACHER_INSTRUCTION = (
     "identify which parts of my answer are incorrect, what is missing in my answer, and how to improve my answer.>\n"
     "'''")
 
+#: What the release's fixed-dialogue evaluation appends to the teacher's first turn under a template other than its
+#: teacher templates (MM-FIRE/FIRE ``llava/eval/eval_feedback.py``, ``prompt()``; no closing quotes, as written).
+RELEASE_TEACHER_REQUEST = (
+    "Can you provide me a feedback based on the groundtruth and the answer?\n"
+    "The feedback is formatted as:\n"
+    "'''\n"
+    "Score: <compare the human's answer with the groundtruth answer in terms of accuracy, relevance, helpfulness, "
+    "and level of detail, and provide an overall score on a scale of 1 to 10, where a higher score indicates better "
+    "overall performance.>\n"
+    "Feedback: <provide feedback on the human's answer. Do NOT directly tell the groundtruth answer. The feedback "
+    "should identify which parts of the human's answer are incorrect, what is missing in the human's answer, and how "
+    "to improve the human's answer.>")
+#: The templates under which ``eval_feedback.py`` feeds the teacher's turns as they are (``llama_v3_student``
+#: renders the same text as ``llama_v3_teacher``; ``llava_v1_teacher_feedback`` holds the format in its system
+#: prompt).
+RELEASE_TEACHER_TEMPLATES = ("llama_v3_teacher", "llama_v3_student", "llava_v1_teacher_feedback")
+
 ROLES = ("student", "teacher")
 TEACHER_HISTORIES = ("full", "latest")
+#: The teacher's prompt in fixed dialogues: "paper" (FIRE Eq. 6: question and groundtruth, the instruction
+#: message, then the answers, :func:`teacher_messages`) or "release" (:func:`release_teacher_messages`).
+TEACHER_PROMPTS = ("paper", "release")
+
+
+def check_teacher_prompt(prompt: str) -> str:
+    """``prompt`` when it is one of :data:`TEACHER_PROMPTS`, else ValueError."""
+    if prompt not in TEACHER_PROMPTS:
+        raise ValueError(f"teacher prompt must be one of {TEACHER_PROMPTS}, got {prompt!r}")
+    return prompt
 
 
 def check_teacher_history(history: str) -> str:
@@ -115,6 +142,27 @@ def teacher_messages(conv: Conversation, *, history: str = "full", until_turn: i
         messages.append(Message("user", response))
         if until_turn is None or i < until_turn:
             messages.append(Message("assistant", turn.feedback, i))
+    return messages
+
+
+def release_teacher_messages(conv: Conversation, *, until_turn: int, history: str = "full",
+                             request: bool = False) -> list[Message]:
+    """The prompt for f_k (k = ``until_turn``) as the release's fixed-dialogue evaluation feeds its teacher.
+
+    ``eval_feedback.py`` (MM-FIRE/FIRE ``llava/eval/``) feeds a test record's turns as they are: no instruction
+    message. The teacher's first turn is written as the release's own dialogue code writes it
+    (``feedback_chat.py``, ``FeedbackChat.invoke``: ``"{question}\\nGroundtruth: {groundtruth}\\n{response}\\n"``,
+    the image first), every later user turn is the answer alone, every assistant turn the feedback as written.
+    ``request``: ``eval_feedback.py``'s ``prompt()`` appends :data:`RELEASE_TEACHER_REQUEST` to that first turn,
+    which it does under every template but :data:`RELEASE_TEACHER_TEMPLATES`. ``history="latest"``: the first
+    turn carries answer k and nothing earlier.
+    """
+    check_teacher_history(history)
+    first = until_turn if history == "latest" else 1
+    text = f"{conv.question}\nGroundtruth: {conv.groundtruth}\n{conv.turns[first - 1].response}\n"
+    messages = [Message("user", f"{text}\n{RELEASE_TEACHER_REQUEST}" if request else text, images=1)]
+    for i in range(first, until_turn):
+        messages += [Message("assistant", conv.turns[i - 1].feedback, i), Message("user", conv.turns[i].response)]
     return messages
 
 
@@ -198,6 +246,8 @@ class ChatTokenizer:
         import tokenizers
 
         self.tokenizer, self.geometry, self.image_token = tokenizer, geometry, image_token
+        # a shipped template's name (the release's conv_mode of the same name), else None
+        self.template_name = template if isinstance(template, str) and template in SHIPPED else None
         specials = [t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special]
         if isinstance(template, ChatTemplate):
             self.template = template

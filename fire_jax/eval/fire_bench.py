@@ -67,16 +67,18 @@ def model_config(config):
                                           data=copy.deepcopy(config.data), init=dict(hf_checkpoint="")))
 
 
-def agent_from_section(config, role: str, *, teacher_history: str = "latest", models: dict | None = None):
+def agent_from_section(config, role: str, *, teacher_history: str = "latest", teacher_prompt: str = "paper",
+                       models: dict | None = None):
     """The ``role`` agent of ``config[role]`` (or of the section passed as ``config.student`` / ``teacher``)
-    through :func:`fire_jax.infer.agents.from_spec`, with the config's decode settings and batch size."""
+    through :func:`fire_jax.infer.agents.from_spec`, with the config's decode settings and batch size (a
+    teacher's history and prompt: :class:`fire_jax.infer.agents.Teacher`)."""
     from fire_jax.infer.agents import from_spec
 
     section = config[role]
     spec, init = agent_spec(section)
     agent = from_spec(spec, role, SamplingParams.from_config(config.decode, source="config.decode"),
                       engine=EngineConfig.from_config(config.decode), config=model_config(config), init=init,
-                      teacher_history=teacher_history, batch_size=config.decode.get("batch_size", 0),
+                      teacher_history=teacher_history, teacher_prompt=teacher_prompt, batch_size=config.decode.get("batch_size", 0),
                       seed=config.seed, models=models)
     print(f"{agent_name(section)}: {agent.description}")
     return agent
@@ -89,11 +91,12 @@ def agent_name(agent: Mapping[str, Any]) -> str:
     return display_name(name=agent.get("name") or "", checkpoint=agent.get("adapter") or "", init=agent.get("init") or "")
 
 
-def build_agents(config, teacher_history: str):
+def build_agents(config, teacher_history: str, teacher_prompt: str = "paper"):
     """(student, teacher) of ``config.student`` / ``config.teacher``; identical specs share one model."""
     models = {}
     return (agent_from_section(config, "student", models=models),
-            agent_from_section(config, "teacher", teacher_history=teacher_history, models=models))
+            agent_from_section(config, "teacher", teacher_history=teacher_history, teacher_prompt=teacher_prompt,
+                               models=models))
 
 
 # ----------------------------------------------------------------------------
@@ -147,7 +150,8 @@ def evaluate(config, workdir: str, *, agents=None) -> dict:
         raise ValueError("the test set has no usable conversation")
     protocol = PROTOCOLS[setting](config[setting])
     if agents is None:
-        agents = build_agents(config, protocol.section.teacher_history)
+        agents = build_agents(config, protocol.section.teacher_history,
+                              protocol.section.get("teacher_prompt", "paper"))
     student, teacher = agents
     rng = None
     if config.decode.temperature > 0:

@@ -23,7 +23,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from fire_jax.data.chat import Message, answer_of, check_teacher_history, student_messages, teacher_messages
+from fire_jax.data.chat import (RELEASE_TEACHER_TEMPLATES, Message, answer_of, check_teacher_history,
+                                check_teacher_prompt, release_teacher_messages, student_messages, teacher_messages)
 from fire_jax.data.records import Conversation, Turn
 from fire_jax.data.scores import parse_score
 from fire_jax.infer.api import ApiBackend
@@ -49,10 +50,13 @@ def student_prompt(question: str, history: Sequence[Turn]) -> list:
 
 
 def teacher_prompt(question: str, groundtruth: str, answer: str, history: Sequence[Turn], mode: str, *,
-                   image_inline: bool = False) -> list:
+                   image_inline: bool = False, prompt: str = "paper", request: bool = False) -> list:
     """The messages of the prompt for f_k on answer r_k, k = len(history) + 1, with teacher history ``mode``
-    (``image_inline``: the image after "Question: ", as the release's teacher prompt has it)."""
+    (``image_inline``: the image after "Question: ", as the release's teacher prompt has it); ``prompt="release"``:
+    as the release's fixed-dialogue evaluation feeds its teacher (:func:`release_teacher_messages`, ``request``)."""
     conv = _conversation(question, groundtruth, [*history, Turn(answer, "", None)])
+    if check_teacher_prompt(prompt) == "release":
+        return release_teacher_messages(conv, until_turn=len(history) + 1, history=mode, request=request)
     return teacher_messages(conv, history=mode, until_turn=len(history) + 1, image_inline=image_inline)
 
 
@@ -93,18 +97,23 @@ class Teacher(_Role):
 
     role = "teacher"
 
-    def __init__(self, backend: Backend, history: str = "latest"):
+    def __init__(self, backend: Backend, history: str = "latest", prompt: str = "paper"):
         super().__init__(backend)
         self.history = check_teacher_history(history)
+        self.prompt = check_teacher_prompt(prompt)
         # A model run as the release runs it (its checkpoint in the original format) gets the release's prompt:
         # the image after "Question: " (fire_jax.core.geometry, conventions "release").
         chat = getattr(backend, "chat", None)
         self.image_inline = bool(chat is not None and chat.geometry.release)
+        # prompt "release": eval_feedback.py's prompt() appends its request under any template but the release's
+        # teacher templates (an endpoint's template is unknown here: it gets the request too)
+        self.request = getattr(chat, "template_name", None) not in RELEASE_TEACHER_TEMPLATES
 
     def prompts(self, questions: Sequence[str], groundtruths: Sequence[str], answers: Sequence[str],
                 histories: Sequence[Sequence[Turn]]) -> list[list[Message]]:
         """The prompt messages for f_k on answer r_k, k = len(history) + 1, per example."""
-        return [teacher_prompt(q, gt, a, h, self.history, image_inline=self.image_inline)
+        return [teacher_prompt(q, gt, a, h, self.history, image_inline=self.image_inline, prompt=self.prompt,
+                               request=self.request)
                 for q, gt, a, h in zip(questions, groundtruths, answers, histories)]
 
     def feedback(self, images, questions: Sequence[str], groundtruths: Sequence[str], answers: Sequence[str],
@@ -142,12 +151,13 @@ class ExactTeacher:
         return out
 
 
-def role_agent(role: str, backend: Backend, *, teacher_history: str = "latest") -> Student | Teacher:
-    """``backend`` as the student or the teacher (``role``)."""
+def role_agent(role: str, backend: Backend, *, teacher_history: str = "latest",
+               teacher_prompt: str = "paper") -> Student | Teacher:
+    """``backend`` as the student or the teacher (``role``; the teacher's history and prompt, :class:`Teacher`)."""
     if role == "student":
         return Student(backend)
     if role == "teacher":
-        return Teacher(backend, teacher_history)
+        return Teacher(backend, teacher_history, teacher_prompt)
     raise ValueError(f"role must be 'student' or 'teacher', got {role!r}")
 
 
@@ -209,7 +219,7 @@ def generator(spec: str | None, sampling: SamplingParams = SamplingParams(), *,
 
 
 def from_spec(spec: str | None, role: str, sampling: SamplingParams = SamplingParams(), *, config=None,
-              init: str | None = None, teacher_history: str = "latest", **options):
+              init: str | None = None, teacher_history: str = "latest", teacher_prompt: str = "paper", **options):
     """The student or teacher (``role``) of a model spec: the one way every CLI and runner builds an agent.
 
     ``exact:`` is the synthetic set's :class:`ExactTeacher`; any other spec is a prompt builder
@@ -224,7 +234,7 @@ def from_spec(spec: str | None, role: str, sampling: SamplingParams = SamplingPa
             raise ValueError(f"{spec!r} is the exact teacher (the synthetic set's rule), not a {role}")
         return ExactTeacher(spec)
     backend = generator(spec, sampling, config=config, init=init, **options)
-    return role_agent(role, backend, teacher_history=teacher_history)
+    return role_agent(role, backend, teacher_history=teacher_history, teacher_prompt=teacher_prompt)
 
 
 def from_specs(config, specs: dict, sampling: SamplingParams = SamplingParams(), **options) -> tuple[dict, dict]:
