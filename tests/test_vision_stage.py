@@ -118,7 +118,8 @@ def test_caption_batches_carry_the_llava_views_and_facts():
 
 
 def test_clip_with_fact_heads_trains_and_exports_without_them(tmp_path):
-    """A few steps of the tiny vision stage: the auxiliary loss falls, and the export is a plain CLIPModel."""
+    """A few steps of the tiny vision stage: the auxiliary loss falls, the contrastive pass is not run (its weight
+    is 0: no contrastive metric, the loss is the heads' alone), and the export is a plain CLIPModel."""
     from fire_jax.convert.clip import load_clip_checkpoint
     from fire_jax.models.config import CLIPConfig
     from fire_jax.train.loop import train
@@ -130,6 +131,8 @@ def test_clip_with_fact_heads_trains_and_exports_without_them(tmp_path):
     summary = train(config, str(tmp_path))
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert rows[-1]["fact_loss"] < rows[0]["fact_loss"]
+    assert config.loss.contrastive_weight == 0 and not any("contrastive_loss" in row for row in rows)
+    assert rows[0]["loss"] == pytest.approx(rows[0]["fact_loss"] + rows[0]["dense_loss"], rel=1e-5)
     assert summary["step"] == 8
     from safetensors.numpy import load_file
 

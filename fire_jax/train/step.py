@@ -198,7 +198,8 @@ class Contrastive:
     """A CLIP's loss (Radford et al. 2021): the symmetric cross-entropy over the batch's image-text scores
     (fire_jax.models.clip), times ``loss.contrastive_weight`` (1), plus, for a vision stage's batches (``facts``),
     ``loss.fact_weight`` times its auxiliary heads' cross-entropy and ``loss.dense_weight`` times its dense heads'
-    (``dense_facts``). One batch a step: its negatives are the other pairs in it."""
+    (``dense_facts``). One batch a step: its negatives are the other pairs in it. With ``contrastive_weight`` 0
+    the towers' contrastive pass is not run (the text tower then never trains)."""
 
     def check(self, train_cfg) -> None:
         if train_cfg.accum_steps != 1:
@@ -208,13 +209,17 @@ class Contrastive:
     @staticmethod
     def _loss(trainer, params, frozen, batch):
         model = nnx.merge(trainer.graphdef, params, frozen)
-        logits = model(batch["pixel_values"], batch["input_ids"])
-        labels = jnp.arange(logits.shape[0])
-        loss = contrastive_loss(logits)
-        metrics = {"contrastive_loss": loss, "image_to_text_accuracy": jnp.mean(jnp.argmax(logits, 1) == labels),
-                   "text_to_image_accuracy": jnp.mean(jnp.argmax(logits, 0) == labels),
-                   "temperature": 1 / jnp.exp(model.logit_scale[...])}
-        loss = trainer.loss_cfg.get("contrastive_weight", 1.0) * loss
+        loss, metrics = jnp.zeros((), jnp.float32), {}
+        weight = trainer.loss_cfg.get("contrastive_weight", 1.0)
+        if weight:
+            logits = model(batch["pixel_values"], batch["input_ids"])
+            labels = jnp.arange(logits.shape[0])
+            contrastive = contrastive_loss(logits)
+            metrics = {"contrastive_loss": contrastive,
+                       "image_to_text_accuracy": jnp.mean(jnp.argmax(logits, 1) == labels),
+                       "text_to_image_accuracy": jnp.mean(jnp.argmax(logits, 0) == labels),
+                       "temperature": 1 / jnp.exp(model.logit_scale[...])}
+            loss = weight * contrastive
         if "facts" in batch:  # a vision stage's auxiliary heads on the features LLaVA reads (configs/clip.py)
             facts = batch["facts"]
             fact_logits, dense_logits = model.fact_logits(batch["view_pixels"], batch["feature_index"])
