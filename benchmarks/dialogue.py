@@ -5,7 +5,7 @@
     python benchmarks/dialogue.py --model smollm2 --gguf # ... with the fetched SmolLM2-135M-Instruct weights
     python benchmarks/dialogue.py --workload generation  # FIRE-1M-style generation (tools/make_fire1m.py's loop)
 
-:func:`fire_jax.infer.dialogue.run_dialogues` over ``--items`` items of the
+:func:`fire_jax.dialogue.loop.run_dialogues` over ``--items`` items of the
 shipped synthetic test set, ``--batch`` dialogues in flight, one model as the
 student and the teacher (``history="latest"``, as free dialogues), greedy, as
 ``fire_jax.evaluate`` runs them. Each call goes through the agents'
@@ -25,7 +25,7 @@ tokens the engines computed (not reused), tokens/s the generated tokens over
 the wall time.
 
 ``--workload generation`` times FIRE-1M-style data generation the same way:
-:func:`fire_jax.infer.dialogue.make_fire_records` (Fig. 3b: 3 turns, no stop
+:func:`fire_jax.dialogue.fire1m.make_fire_records` (Fig. 3b: 3 turns, no stop
 on a score that does not rise, records written to a temporary JSONL), and
 compares the written records instead of the texts.
 """
@@ -59,7 +59,7 @@ def load_model(name: str, gguf: bool):
 def rising_teacher(loaded, sampling, engine, score_line: bool = False):
     """The model as the teacher, its reply to turn k scored k (so no dialogue stops before ``max_turns``);
     ``score_line`` writes that score into the reply ("Score: k.\nFeedback: <text>"), as FIRE records need."""
-    from fire_jax.infer.agents import Feedback, Teacher
+    from fire_jax.dialogue.agents import Feedback, Teacher
     from fire_jax.infer.backends import InProcess
 
     class RisingTeacher(Teacher):
@@ -77,11 +77,13 @@ def run(loaded, items, args, prefix_cache: bool) -> dict:
     import json
     import tempfile
 
-    from fire_jax.infer.agents import Student
+    from fire_jax.dialogue.agents import Student
     from fire_jax.infer.backends import InProcess
     from fire_jax.infer.engine_config import EngineConfig
     from fire_jax.infer.sampling import SamplingParams
-    from fire_jax.infer.dialogue import FIRE_1M_GENERATION, StopRule, make_fire_records, run_dialogues
+    from fire_jax.dialogue.fire1m import make_fire_records
+    from fire_jax.dialogue.loop import run_dialogues
+    from fire_jax.dialogue.stop import FIRE_1M_GENERATION, StopRule
 
     sampling, engine = SamplingParams(max_tokens=args.max_new_tokens), EngineConfig(prefix_cache=prefix_cache)
     student = Student(InProcess(loaded.model, loaded.chat, sampling, engine=engine))

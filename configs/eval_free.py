@@ -16,7 +16,7 @@ import os
 
 import ml_collections
 
-from fire_jax.core.config import load_config, parse_arg
+from fire_jax.core.config import FREE_DIALOGUE_NEW_TOKENS, load_config, parse_arg
 
 CONFIGS = os.path.dirname(os.path.abspath(__file__))
 
@@ -27,9 +27,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     del config["fixed"]
     size, options = parse_arg(arg, where="configs/eval_free.py", names=("tiny", "8b"), release=False)
     release = options["release"]
-    config.decode.max_new_tokens = 16 if size == "tiny" and not release else 160  # 160 (docs/spec.md)
+    config.decode.max_new_tokens = 16 if size == "tiny" and not release else FREE_DIALOGUE_NEW_TOKENS
     config.free = ml_collections.ConfigDict(dict(
-        # The stop rule (fire_jax.infer.dialogue.StopRule, every field of it): max_turns, threshold,
+        # The stop rule (fire_jax.dialogue.stop.StopRule, every field of it): max_turns, threshold,
         # stop_on_no_increase, score_parser. The release's interactive chat (llava/eval/feedback_chat.py) stops only
         # at a score of 10 within 3 rounds: max_turns=3, threshold=10.0, stop_on_no_increase=False.
         max_turns=5,  # n_max

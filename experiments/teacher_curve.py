@@ -66,7 +66,7 @@ def held_out_turns(count: int) -> list[dict]:
 def score(turns: list[dict], feedback) -> dict:
     """Agreement over all turns; direction and distance score over the wrong ones, overall and per task."""
     from fire_jax.eval.judge import blind_check, is_right, rule_check
-    from fire_jax.infer.dialogue import FREE_DIALOGUE
+    from fire_jax.dialogue.stop import FREE_DIALOGUE
 
     out = collections.Counter()
     for record, reply in zip(turns, feedback):
@@ -89,7 +89,7 @@ def score(turns: list[dict], feedback) -> dict:
 def teacher_at(eval_config, base: str, workdir: str, step: int):
     """The FD teacher of ``workdir``'s checkpoint at ``step`` on ``base``, decoding as the main job's evaluations."""
     from fire_jax.eval.fire_bench import model_config
-    from fire_jax.infer.agents import Teacher
+    from fire_jax.dialogue.agents import Teacher
     from fire_jax.infer.backends import InProcess
     from fire_jax.infer.engine_config import EngineConfig
     from fire_jax.infer.loading import load
@@ -148,7 +148,7 @@ def main() -> None:
 
     from fire_jax.core.config import load_config, resolve_path
     from fire_jax.data import synthetic
-    from fire_jax.infer.agents import answer_of
+    from fire_jax.data.chat import answer_of
     from fire_jax.train.loop import train
 
     base = os.path.abspath(os.path.join(args.run, "base", "export", "hf_merged"))

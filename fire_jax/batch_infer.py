@@ -10,7 +10,7 @@ turns); for the teacher also ``groundtruth`` and ``answer`` (the response r_k
 to judge). Output, one line per prompt: ``{"id", "output"}``, plus ``"score"``
 (parsed from the feedback, null if none) for the teacher. The student
 generates r_k and the teacher f_k, k = len(history) + 1, on the prompts of
-:mod:`fire_jax.infer.agents`.
+:mod:`fire_jax.dialogue.agents`.
 
 --checkpoint may be api:<base_url>#<model>, any OpenAI-compatible endpoint
 (e.g. python -m fire_jax.serve, or GPT-4o with $OPENAI_API_KEY): rows go out
@@ -42,7 +42,7 @@ from fire_jax.data.image_files import image_path
 from fire_jax.data.jsonl import jsonl_lines
 from fire_jax.data.records import Turn
 from fire_jax.data.scores import parse_score
-from fire_jax.infer.agents import from_specs
+from fire_jax.dialogue.agents import from_specs
 from fire_jax.infer.api import is_api_spec
 from fire_jax.infer.sampling import SamplingParams
 from fire_jax.infer.loading import check_checkpoint_arg

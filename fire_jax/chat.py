@@ -27,12 +27,13 @@ import jax
 from PIL import Image, ImageDraw
 
 from fire_jax.core.cli import run_command, require_model_config
-from fire_jax.core.config import DEFAULT_CONFIG, apply_overrides, load_config, split_overrides
+from fire_jax.core.config import (DEFAULT_CONFIG, FREE_DIALOGUE_NEW_TOKENS, apply_overrides, load_config,
+                                  split_overrides)
 from fire_jax.data.records import Turn
 from fire_jax.data.scores import parse_score
-from fire_jax.infer.agents import from_specs
+from fire_jax.dialogue.agents import from_specs
 from fire_jax.infer.api import is_api_spec
-from fire_jax.infer.dialogue import FREE_DIALOGUE, StopRule
+from fire_jax.dialogue.stop import FREE_DIALOGUE, StopRule
 from fire_jax.infer.sampling import SamplingParams
 from fire_jax.infer.loading import check_checkpoint_arg
 
@@ -65,7 +66,7 @@ def parse_args(argv):
     parser.add_argument("--max_turns", type=int, default=FREE_DIALOGUE.max_turns)
     parser.add_argument("--solved", type=float, default=FREE_DIALOGUE.threshold,
                         help="--auto stops at this score (default: the free dialogues' threshold)")
-    parser.add_argument("--max_new_tokens", type=int, default=160)
+    parser.add_argument("--max_new_tokens", type=int, default=FREE_DIALOGUE_NEW_TOKENS)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     parser.add_argument("--top_p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)

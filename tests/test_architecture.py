@@ -22,6 +22,7 @@ LAYERS = (
     ("fire_jax.convert",),
     ("fire_jax.runtime",),
     ("fire_jax.train", "fire_jax.infer"),
+    ("fire_jax.dialogue",),
     ("fire_jax.eval", "fire_jax.vlrmbench"),
     ("fire_jax.serving", "fire_jax.stages"),
 )
@@ -103,6 +104,14 @@ def test_each_package_imports_only_the_layers_beneath_it(package):
     assert _violations(paths, forbidden) == []
 
 
+def test_inference_and_dialogues_never_import_training():
+    """infer/ sits beside train/ and dialogue/ above both: neither imports training (ARCHITECTURE.md), so changing
+    the optimizer or the training loop never breaks evaluation, serving or data generation."""
+    paths = modules(os.path.join(PACKAGE, "infer")) + modules(os.path.join(PACKAGE, "dialogue"))
+    assert len(paths) > 10
+    assert _violations(paths, ("fire_jax.train",)) == []
+
+
 def test_entry_points_do_not_import_each_other():
     jobs = [_module_name(p) for p in entry_points() if not p.endswith("__main__.py")]
     assert len(jobs) >= 8
@@ -161,8 +170,8 @@ def test_metrics_import_no_model_code():
     metrics = [os.path.join(PACKAGE, "eval", "metrics.py")]
     metrics += [p for p in modules(os.path.join(PACKAGE, "vlrmbench")) if os.path.basename(p) in ("score.py", "parse.py")]
     assert len(metrics) == 3
-    assert _violations(metrics, ("fire_jax.models", "fire_jax.infer", "fire_jax.train", "fire_jax.runtime",
-                                 "fire_jax.convert")) == []
+    assert _violations(metrics, ("fire_jax.models", "fire_jax.infer", "fire_jax.dialogue", "fire_jax.train",
+                                 "fire_jax.runtime", "fire_jax.convert")) == []
     for path in metrics:
         assert not {n for n in imports_of(path) if n.split(".")[0] in ("jax", "flax", "torch")}, path
 

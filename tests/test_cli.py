@@ -15,7 +15,7 @@ from fire_jax.convert.hf import save_hf_checkpoint, save_peft_adapter
 from fire_jax.data.bad_records import BadRecordError
 from fire_jax.data.records import Turn
 from fire_jax.infer import loading
-from fire_jax.infer.agents import Feedback, Student, Teacher
+from fire_jax.dialogue.agents import Feedback, Student, Teacher
 
 FAST = ["--max_new_tokens", "4"]
 

@@ -53,7 +53,7 @@ def events(url: str, body: dict) -> list[dict]:
 def in_process_student():
     from fire_jax.core.config import load_config
     from fire_jax.core.config import DEFAULT_CONFIG
-    from fire_jax.infer.agents import from_spec
+    from fire_jax.dialogue.agents import from_spec
     from fire_jax.infer.sampling import SamplingParams
 
     return from_spec(None, "student", SamplingParams(max_tokens=12), config=load_config(DEFAULT_CONFIG))

@@ -153,9 +153,10 @@ def test_free_dialogues_of_agents_reuse_every_turn_and_say_the_same(loaded, monk
     from fire_jax.data.images import TileCache
     from fire_jax.data.items import load_triplets
     from fire_jax.infer import backends
-    from fire_jax.infer.agents import Feedback, Student, Teacher
+    from fire_jax.dialogue.agents import Feedback, Student, Teacher
     from fire_jax.infer.backends import InProcess
-    from fire_jax.infer.dialogue import StopRule, run_dialogues
+    from fire_jax.dialogue.loop import run_dialogues
+    from fire_jax.dialogue.stop import StopRule
 
     tiles = TileCache()
     monkeypatch.setattr(backends, "TILES", tiles)

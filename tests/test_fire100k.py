@@ -13,7 +13,8 @@ import pytest
 from fire_jax.data.records import load_records
 from fire_jax.serving.demo import EXAMPLES_DIR
 from fire_jax.data.items import Item
-from fire_jax.make_fire100k import MAX_TURNS, Malformed, main, parse_conversation, to_record
+from fire_jax.dialogue.fire100k import MAX_TURNS, Malformed, parse_conversation, to_record
+from fire_jax.make_fire100k import main
 from loopback import child_env, get_json, server
 
 IMAGE_ROOT = os.path.join(EXAMPLES_DIR, "images")

@@ -14,10 +14,10 @@ from fire_jax.data.records import load_records
 from fire_jax.data.scores import feedback_text, parse_score
 from fire_jax.eval import fixed, free, plots, report
 from fire_jax.eval.fire_bench import agent_spec, build_agents, evaluate, model_config, split_statistics
-from fire_jax.infer.agents import from_spec
-from fire_jax.infer import dialogue
-from fire_jax.infer.agents import Feedback
-from fire_jax.infer.dialogue import make_fire_records
+from fire_jax.dialogue.agents import Feedback, from_spec
+from fire_jax.dialogue.fire1m import make_fire_records
+from fire_jax.dialogue.loop import run_dialogues
+from fire_jax.dialogue.stop import FIRE_1M_GENERATION, FREE_DIALOGUE, STOP_REASONS, StopRule, stop_reason
 from fire_jax.core.results import ResultStore
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
@@ -98,7 +98,7 @@ FREE_CASES = {
 def test_free_dialogue_stopping_rules_batched_with_drop_out():
     script = {name: scores for name, (scores, _, _) in FREE_CASES.items()}
     student, teacher, finished = ScriptedStudent(), ScriptedTeacher(script), []
-    steps = dialogue.run_dialogues(items_of(script), student, teacher, dialogue.FREE_DIALOGUE, batch_size=3,
+    steps = run_dialogues(items_of(script), student, teacher, FREE_DIALOGUE, batch_size=3,
                                on_finish=finished.append)
     got = {d.item.id: (d.scores, d.stop) for d in finished}
     assert got == {name: (scores, stop) for name, (_, scores, stop) in FREE_CASES.items()}
@@ -117,7 +117,7 @@ def test_free_dialogue_stopping_rules_batched_with_drop_out():
 def test_fire_1m_rule_stops_at_three_turns_and_ignores_decreases():
     script = {"a": [3, 3, 9], "b": [3, 2, 1, 9], "c": [2, 9], "d": [9]}
     finished = []
-    dialogue.run_dialogues(items_of(script), ScriptedStudent(), ScriptedTeacher(script), dialogue.FIRE_1M_GENERATION,
+    run_dialogues(items_of(script), ScriptedStudent(), ScriptedTeacher(script), FIRE_1M_GENERATION,
                        batch_size=2, on_finish=finished.append)
     assert {d.item.id: (d.scores, d.stop) for d in finished} == {
         "a": ([3, 3, 9], "solved"), "b": ([3, 2, 1], "max_turns"), "c": ([2, 9], "solved"), "d": ([9], "solved")}
@@ -156,12 +156,12 @@ def test_the_releases_chat_rule_runs_from_the_free_dialogue_config(tmp_path):
         assert f"the teacher says \"right\" when its score is >= {threshold}" in markdown
     # [9, 10] and [8, 8, 8] are solved by the paper's rule, not by the release's: the curves differ at turn 1
     assert results["metrics"]["overall"]["accuracy_by_turn"][0] == pytest.approx(1 / 5)
-    assert dialogue.StopRule.from_config(config.free) == dialogue.StopRule(max_turns=3, threshold=10.0,
+    assert StopRule.from_config(config.free) == StopRule(max_turns=3, threshold=10.0,
                                                                            stop_on_no_increase=False)
 
 
 def test_the_free_dialogue_config_gives_the_papers_rule():
-    assert dialogue.StopRule.from_config(eval_config("free").free) == dialogue.FREE_DIALOGUE
+    assert StopRule.from_config(eval_config("free").free) == FREE_DIALOGUE
 
 
 def test_free_metrics_per_source_and_baseline_normalisation(tmp_path):
@@ -260,7 +260,7 @@ def test_a_backend_is_any_generator_of_texts_for_prompt_messages():
     rng): here a test double that replies with the last message's text. The teacher's history mode decides what it
     sees."""
     from fire_jax.data.records import Turn
-    from fire_jax.infer.agents import Student, Teacher
+    from fire_jax.dialogue.agents import Student, Teacher
 
     class Echo:
         def __init__(self):
@@ -285,7 +285,7 @@ def test_a_backend_is_any_generator_of_texts_for_prompt_messages():
 def test_from_spec_builds_every_kind_of_agent_and_checks_roles():
     """One factory: endpoint, exact-teacher and in-process specs; roles naming one checkpoint share its model;
     a bad role or teacher history, and an exact student, are refused."""
-    from fire_jax.infer.agents import ExactTeacher, Student, Teacher, from_specs
+    from fire_jax.dialogue.agents import ExactTeacher, Student, Teacher, from_specs
     from fire_jax.infer.api import ApiBackend
     from fire_jax.infer.backends import InProcess
 
@@ -339,7 +339,7 @@ def test_fixed_evaluation_with_tiny_models_writes_complete_results(tmp_path, tin
 
 
 def test_free_evaluation_with_tiny_models_accounts_for_every_item(tmp_path, tiny_models):
-    from fire_jax.infer.agents import Teacher
+    from fire_jax.dialogue.agents import Teacher
 
     student, teacher = tiny_models
     latest = Teacher(teacher.backend, history="latest")
@@ -348,8 +348,8 @@ def test_free_evaluation_with_tiny_models_accounts_for_every_item(tmp_path, tiny
         records = [json.loads(line) for line in f]
     assert len(records) == results["metrics"]["overall"]["items"] == 3
     for record in records:
-        assert record["stop"] in dialogue.STOP_REASONS and len(record["turns"]) == len(record["scores"]) >= 1
-        assert record["stop"] == dialogue.stop_reason(record["scores"])
+        assert record["stop"] in STOP_REASONS and len(record["turns"]) == len(record["scores"]) >= 1
+        assert record["stop"] == stop_reason(record["scores"])
     assert len(results["metrics"]["overall"]["accuracy_by_turn"]) == 5
     assert os.path.getsize(tmp_path / "accuracy_by_turn.png") > 1000
 

@@ -16,7 +16,7 @@ from fire_jax.data.chat import ChatTokenizer
 from fire_jax.data.images import preprocess
 from fire_jax.data.records import Turn
 from fire_jax.data.scores import parse_score
-from fire_jax.infer.agents import Student, Teacher
+from fire_jax.dialogue.agents import Student, Teacher
 from fire_jax.infer.backends import InProcess
 from fire_jax.infer.buckets import Buckets
 from fire_jax.infer.decode import generate
@@ -506,7 +506,7 @@ def test_in_process_streams_what_it_generates_refuses_over_its_context_and_stops
     count rising), refuses a prompt over its streaming context before any work, and ends (cancelling the
     request) when on_delta raises; the engine goes on serving. Backends of one loaded model share it."""
     from fire_jax.core.config import DEFAULT_CONFIG, load_config
-    from fire_jax.infer.agents import generator
+    from fire_jax.infer.factory import generator
     from fire_jax.infer.backends import Refused
 
     models = {}

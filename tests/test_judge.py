@@ -9,8 +9,9 @@ import pytest
 
 from fire_jax.data import synthetic
 from fire_jax.eval import judge
-from fire_jax.infer.agents import ExactTeacher, answer_of, from_spec
-from fire_jax.infer.dialogue import FREE_DIALOGUE, StopRule, stop_reason
+from fire_jax.data.chat import answer_of
+from fire_jax.dialogue.agents import ExactTeacher, from_spec
+from fire_jax.dialogue.stop import FREE_DIALOGUE, StopRule, stop_reason
 
 ASSETS = os.path.join(os.path.dirname(__file__), "..", "fire_jax", "assets", "synthetic_fire")
 GT = "There are 3."
@@ -396,11 +397,11 @@ def test_exact_teacher_is_the_generators_rule():
 
 def test_exact_specs_need_no_import_of_the_judge():
     """``exact:`` is known to the one factory where the exact teacher is defined: a process that imports only
-    fire_jax.infer.agents builds it, and nothing of fire_jax.eval is loaded."""
+    fire_jax.dialogue.agents builds it, and nothing of fire_jax.eval is loaded."""
     import subprocess
     import sys
 
-    code = ("import sys; from fire_jax.infer.agents import from_spec; teacher = from_spec('exact:synthetic', "
+    code = ("import sys; from fire_jax.dialogue.agents import from_spec; teacher = from_spec('exact:synthetic', "
             "'teacher'); print(type(teacher).__name__, sorted(m for m in sys.modules if m.startswith('fire_jax.eval')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})
@@ -470,7 +471,7 @@ def test_the_protocols_stop_rule_is_the_judges_one_threshold():
 def test_teacher_curve_scores_replies_against_the_rule():
     """experiments/teacher_curve.py's held-out score: agreement over every turn, direction and distance score over
     the wrong answers, per task, on four hand-made replies."""
-    from fire_jax.infer.agents import Feedback
+    from fire_jax.dialogue.agents import Feedback
 
     module = _experiment("teacher_curve")
 

@@ -409,7 +409,7 @@ def test_report_prints_tables_a5_and_a6_beside_our_numbers():
     """The free-dialogue report: a run on a Vicuna base gets its appendix table (A5 or A6, the paper's rows and
     ours); a run of unknown base gets Table 4, A5 and A6."""
     from fire_jax.eval import report
-    from fire_jax.infer.dialogue import FREE_DIALOGUE
+    from fire_jax.dialogue.stop import FREE_DIALOGUE
 
     paper = report.paper_results()
     assert paper["tableA5_vicuna_7b"]["FIRE-LLaVA-Vicuna"] == [0.94, 1.11, 0.57, 0.27]

@@ -13,7 +13,7 @@ from fire_jax.data.items import load_conversations
 from fire_jax.data.scores import parse_score
 from fire_jax.eval import fixed
 from fire_jax.eval.fire_bench import evaluate
-from fire_jax.infer.agents import Feedback
+from fire_jax.dialogue.agents import Feedback
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 TASKS = os.path.join(ROOT, "integrations", "lmms_eval")

@@ -10,7 +10,7 @@ import pytest
 
 from fire_jax.core.config import load_config
 from fire_jax.eval import judge
-from fire_jax.infer.dialogue import FREE_DIALOGUE
+from fire_jax.dialogue.stop import FREE_DIALOGUE
 from fire_jax.stages.main_job import JUDGED, SUMMARY, eval_stage, run
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")

@@ -143,7 +143,7 @@ def test_inputs_are_cut_at_tokenizer_model_max_length():
 
 def test_the_teacher_prompt_of_free_dialogues_is_the_release_s():
     """model_fire_chat_loader.py: three user messages, the image after "Question: ", the latest answer alone."""
-    from fire_jax.infer.agents import teacher_prompt
+    from fire_jax.dialogue.agents import teacher_prompt
 
     case = FIXTURE["teacher_prompts"]["free_dialogue_teacher_llama_v3"]
     chat = ChatTokenizer(_tokenizer("llama3_bos_postprocessor"), _release_geometry(DEFAULT_PINPOINTS),
@@ -167,7 +167,7 @@ def test_the_teacher_prompt_of_fixed_dialogues_is_the_release_s(template, tokeni
     import types
 
     from fire_jax.data.records import Turn
-    from fire_jax.infer.agents import Teacher
+    from fire_jax.dialogue.agents import Teacher
 
     case = FIXTURE["teacher_prompts"]["fixed_dialogue_teacher"]
     chat = ChatTokenizer(_tokenizer(tokenizer), _release_geometry(DEFAULT_PINPOINTS), template=template)

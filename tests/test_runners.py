@@ -15,8 +15,8 @@ from fire_jax.data.records import Conversation, Turn
 from fire_jax.data.scores import parse_score
 from fire_jax.eval import fixed, free
 from fire_jax.eval.metrics import text_metrics
-from fire_jax.infer import dialogue
-from fire_jax.infer.agents import Feedback
+from fire_jax.dialogue.stop import FIRE_1M_GENERATION, StopRule, stop_reason
+from fire_jax.dialogue.agents import Feedback
 
 # ---------------------------------------------------------------------------- fixed dialogues
 
@@ -303,7 +303,7 @@ class ReadApartTeacher:
 @pytest.mark.parametrize("parser", ["robust", "official"])
 def test_free_dialogues_read_scores_as_the_rule_says(tmp_path, parser):
     items = [Item(name, f"{name}.png", name, f"gt {name}", "x") for name in FREE_READ_APART]
-    rule = dialogue.StopRule(score_parser=parser)
+    rule = StopRule(score_parser=parser)
     records = free.run_free(items, FreeStudent(), ReadApartTeacher(), str(tmp_path / "free.jsonl"), rule=rule)
     column = 1 if parser == "robust" else 2
     assert {r["id"]: (r["scores"], r["stop"]) for r in records} == {
@@ -318,19 +318,19 @@ def test_free_dialogues_read_scores_as_the_rule_says(tmp_path, parser):
 
 
 def test_stop_reason_rules():
-    assert dialogue.stop_reason([None]) == "no_score"
-    assert dialogue.stop_reason([8]) == "solved" and dialogue.stop_reason([7.5]) is None
-    assert dialogue.stop_reason([3, 3]) == "no_increase" and dialogue.stop_reason([3, 4]) is None
-    assert dialogue.stop_reason([1, 2, 3, 4, 5]) == "max_turns" and dialogue.stop_reason([1, 2, 3, 4]) is None
-    assert dialogue.stop_reason([1, 2, 3, 4, 8]) == "solved"
-    assert dialogue.stop_reason([3, 3], dialogue.FIRE_1M_GENERATION) is None
-    assert dialogue.stop_reason([3, 3, 2], dialogue.FIRE_1M_GENERATION) == "max_turns"
-    official = dialogue.StopRule(score_parser="official")
-    assert dialogue.stop_reason([0]) is None and dialogue.stop_reason([0], official) == "zero_score"
-    assert dialogue.stop_reason([None], official) == "no_score" and dialogue.stop_reason([11], official) == "solved"
-    assert dialogue.stop_reason([2, 3], official) is None and dialogue.stop_reason([3, 2], official) == "no_increase"
+    assert stop_reason([None]) == "no_score"
+    assert stop_reason([8]) == "solved" and stop_reason([7.5]) is None
+    assert stop_reason([3, 3]) == "no_increase" and stop_reason([3, 4]) is None
+    assert stop_reason([1, 2, 3, 4, 5]) == "max_turns" and stop_reason([1, 2, 3, 4]) is None
+    assert stop_reason([1, 2, 3, 4, 8]) == "solved"
+    assert stop_reason([3, 3], FIRE_1M_GENERATION) is None
+    assert stop_reason([3, 3, 2], FIRE_1M_GENERATION) == "max_turns"
+    official = StopRule(score_parser="official")
+    assert stop_reason([0]) is None and stop_reason([0], official) == "zero_score"
+    assert stop_reason([None], official) == "no_score" and stop_reason([11], official) == "solved"
+    assert stop_reason([2, 3], official) is None and stop_reason([3, 2], official) == "no_increase"
     with pytest.raises(ValueError, match="score_parser"):
-        dialogue.StopRule(score_parser="lenient")
+        StopRule(score_parser="lenient")
 
 
 def test_free_metrics_by_hand(free_records):

@@ -272,8 +272,8 @@ def test_free_dialogues_through_api_specs_equal_in_process(checkpoint, server, t
     from test_fire_bench import eval_config
 
     from fire_jax.data.items import item_of, load_conversations
-    from fire_jax.infer.dialogue import make_fire_records
-    from fire_jax.infer.dialogue import StopRule
+    from fire_jax.dialogue.fire1m import make_fire_records
+    from fire_jax.dialogue.stop import StopRule
 
     runs, generated = {}, {}
     for kind, init in [("in_process", checkpoint), ("api", f"api:{server[1]}/v1#tiny")]:
@@ -302,7 +302,8 @@ def test_free_dialogues_through_api_specs_equal_in_process(checkpoint, server, t
     assert generated["api"] == generated["in_process"] and generated["api"][1].count("\n") >= 1
     assert sum(len(json.loads(line)["scores"]) for line in generated["api"][1].splitlines()) >= 6
 
-    from fire_jax.infer.agents import Student, generator
+    from fire_jax.dialogue.agents import Student
+    from fire_jax.infer.factory import generator
     from fire_jax.infer.api import ApiError
     unknown = generator(f"api:{server[1]}/v1#gpt-4o", retries=3, backoff=0)
     with pytest.raises(ApiError, match="http_404"):
@@ -348,7 +349,7 @@ def test_chat_and_batch_generation_through_api_specs_equal_in_process(checkpoint
 def test_api_agents_retry_429_and_5xx_and_count_every_failure(tmp_path):
     """A flaky scripted endpoint: 503 then 429 are retried and counted; a 500 that persists fails once retries
     are spent, by reason."""
-    from fire_jax.infer.agents import Student, Teacher
+    from fire_jax.dialogue.agents import Student, Teacher
     from fire_jax.infer.api import ApiBackend, ApiError
     from loopback import get_json
 

@@ -14,12 +14,14 @@ relative to --image_root) are appended to --out, dropped ones to
 through fire_jax.data.records and its bad records (expected: none) printed.
 """
 
+import dataclasses
 import os
 
 from absl import flags, logging
 
 from fire_jax.core.cli import define_config_flag, run_absl
 from fire_jax.core.config import CONFIGS_DIR
+from fire_jax.dialogue.stop import FIRE_1M_GENERATION
 
 _CONFIG = define_config_flag(__name__, "make_fire1m", os.path.join(CONFIGS_DIR, "eval_free.py"),
                              "evaluation config (agents, decoding)", kind="setting")
@@ -28,7 +30,8 @@ _IMAGE_ROOT = flags.DEFINE_string("image_root", None, "the inputs' image paths a
 _OUT = flags.DEFINE_string("out", None, "JSONL of generated FIRE records", required=True)
 _MAX_ITEMS = flags.DEFINE_integer("max_items", 0, "a fixed random subset of this many triplets (0: all)",
                                   lower_bound=0)
-_MAX_TURNS = flags.DEFINE_integer("max_turns", 3, "turns at most per dialogue", lower_bound=1)
+_MAX_TURNS = flags.DEFINE_integer("max_turns", FIRE_1M_GENERATION.max_turns, "turns at most per dialogue",
+                                  lower_bound=1)
 _SPLIT = flags.DEFINE_string("split", "fire_1m", "the records' split field")
 
 
@@ -39,9 +42,8 @@ def main(argv):
     from fire_jax.data.bad_records import BadRecords
     from fire_jax.data.records import load_records
     from fire_jax.data.items import load_triplets
-    from fire_jax.infer.dialogue import make_fire_records
+    from fire_jax.dialogue.fire1m import make_fire_records
     from fire_jax.eval.fire_bench import build_agents
-    from fire_jax.infer.dialogue import StopRule
 
     config = _CONFIG.value
     bad = BadRecords()
@@ -50,7 +52,7 @@ def main(argv):
     print(f"{len(items)} triplets from {', '.join(_INPUT.value)}")
     print(bad.report("input bad records"))
     student, teacher = build_agents(config, config.free.teacher_history)
-    rule = StopRule(max_turns=_MAX_TURNS.value, threshold=config.free.threshold, stop_on_no_increase=False)
+    rule = dataclasses.replace(FIRE_1M_GENERATION, max_turns=_MAX_TURNS.value, threshold=config.free.threshold)
     rng = None
     if config.decode.temperature > 0:
         import jax

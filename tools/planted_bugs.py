@@ -41,8 +41,8 @@ class Bug:
 
 STEP, LOSS = "fire_jax/train/step.py", "fire_jax/train/loss.py"
 CHAT, SCORES, TEMPLATES = "fire_jax/data/chat.py", "fire_jax/data/scores.py", "fire_jax/data/templates.py"
-FIXED, FREE, METRICS = "fire_jax/eval/fixed.py", "fire_jax/infer/dialogue.py", "fire_jax/eval/metrics.py"
-AGENTS = "fire_jax/infer/agents.py"
+FIXED, FREE, METRICS = "fire_jax/eval/fixed.py", "fire_jax/dialogue/stop.py", "fire_jax/eval/metrics.py"
+AGENTS = "fire_jax/dialogue/agents.py"
 TRAIN_TESTS = ("tests/test_train.py",)
 RUNNER_TESTS = ("tests/test_runners.py",)
 

@@ -266,6 +266,11 @@ def split_overrides(argv) -> tuple[list[str], list[str]]:
     return rest, overrides
 
 
+#: New tokens a turn of a free dialogue may generate (docs/spec.md): configs/eval_free.py's ``decode.max_new_tokens``
+#: beyond the tiny models, and the default of the interactive dialogues (``fire_jax.chat``, ``fire_jax.demo``).
+FREE_DIALOGUE_NEW_TOKENS = 160
+
+
 #: Fields of ``config.data`` besides the required ``tokenizer`` and ``sources``, with their defaults.
 DATA_DEFAULTS = dict(
     image_token="<image>",  # placeholder token; its id must equal model.image_token_id

@@ -20,7 +20,7 @@ FILTER_REASONS = ("no_score", "too_many_turns", "no_improvement")
 
 def drop_reason(record: dict, *, max_turns: int | None = None) -> BadRecordError | None:
     """Why a generated conversation is not kept, or None: the one keep/drop rule of FIRE-1M-style dialogues
-    (:func:`fire_jax.infer.dialogue.make_fire_records`) and FIRE-100K-style conversations
+    (:func:`fire_jax.dialogue.fire1m.make_fire_records`) and FIRE-100K-style conversations
     (:mod:`fire_jax.make_fire100k`).
 
     ``record``: a raw record of :func:`fire_jax.data.records.to_raw` (its turns' scores under ``score``). The paper's filters (FIRE

@@ -25,7 +25,7 @@ def parse_score(feedback: str, parser: str = "robust") -> float | None:
     "Score: 11" gives 11, "Score: -2" gives 2, a score line after another
     line gives None. What the release's evaluations add to it (a "Feedback:"
     the fixed dialogues need, a failure read as 0 that stops a free dialogue)
-    is in :mod:`fire_jax.eval.fixed` and :class:`fire_jax.infer.dialogue.StopRule`.
+    is in :mod:`fire_jax.eval.fixed` and :class:`fire_jax.dialogue.stop.StopRule`.
     """
     if parser == "official":
         lines = feedback.splitlines()

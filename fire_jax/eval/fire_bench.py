@@ -8,7 +8,7 @@
 2. builds the student and the teacher (``config.student`` / ``config.teacher``:
    ``init`` a Hugging Face checkpoint folder or "" for random weights,
    ``adapter`` a PEFT adapter folder, a training workdir, or ""; see
-   :func:`agent_spec`, built by :func:`fire_jax.infer.agents.from_spec`);
+   :func:`agent_spec`, built by :func:`fire_jax.dialogue.agents.from_spec`);
 3. runs fixed dialogues (:mod:`fire_jax.eval.fixed`) or free dialogues
    (:mod:`fire_jax.eval.free`), appending to ``OUT/<setting>_outputs.jsonl``
    (a rerun resumes; ``OUT/settings.json`` stops a rerun with other settings
@@ -28,7 +28,7 @@ from fire_jax.core.config import resolve_path
 from fire_jax.data.items import item_of, load_conversations
 from fire_jax.data.bad_records import BadRecords
 from fire_jax.eval import fixed, free, judge, plots, report
-from fire_jax.infer import dialogue
+from fire_jax.dialogue.stop import StopRule
 from fire_jax.infer.engine_config import EngineConfig
 from fire_jax.infer.sampling import SamplingParams
 from fire_jax.core.results import check_settings, write_json
@@ -43,7 +43,7 @@ SETTINGS = ("fixed", "free")
 
 def agent_spec(agent: Mapping[str, Any]) -> tuple[str | None, str]:
     """(spec, init) of one agent section ``dict(init=..., adapter=...)`` for
-    :func:`fire_jax.infer.agents.from_spec`.
+    :func:`fire_jax.dialogue.agents.from_spec`.
 
     ``init``: a Hugging Face LLaVA-NeXT folder, ""/None for random weights of ``config.model``, or a backend
     spec (``api:<base_url>#<model>``, ``exact:``), which is then the agent. ``adapter``: ""/None; a PEFT
@@ -51,10 +51,10 @@ def agent_spec(agent: Mapping[str, Any]) -> tuple[str | None, str]:
     workdir (``python -m fire_jax.train``): the model of the run's own config.json with the trainable
     parameters (LoRA, and the connector if it trained) of its latest orbax checkpoint.
     """
-    from fire_jax.infer.agents import backend_of
+    from fire_jax.dialogue.agents import spec_prefix
 
     init, adapter = agent.get("init") or "", agent.get("adapter") or ""
-    if backend_of(init):
+    if spec_prefix(init):
         return init, ""
     return adapter or None, resolve_path(init)
 
@@ -70,9 +70,9 @@ def model_config(config):
 def agent_from_section(config, role: str, *, teacher_history: str = "latest", teacher_prompt: str = "paper",
                        models: dict | None = None):
     """The ``role`` agent of ``config[role]`` (or of the section passed as ``config.student`` / ``teacher``)
-    through :func:`fire_jax.infer.agents.from_spec`, with the config's decode settings and batch size (a
-    teacher's history and prompt: :class:`fire_jax.infer.agents.Teacher`)."""
-    from fire_jax.infer.agents import from_spec
+    through :func:`fire_jax.dialogue.agents.from_spec`, with the config's decode settings and batch size (a
+    teacher's history and prompt: :class:`fire_jax.dialogue.agents.Teacher`)."""
+    from fire_jax.dialogue.agents import from_spec
 
     section = config[role]
     spec, init = agent_spec(section)
@@ -111,14 +111,14 @@ METRIC_OPTIONS = ("teacher_text", "score_parser")
 def run_settings(config) -> dict:
     """What changes a run's outputs (the batch size and the fixed dialogues' metric options do not); a rerun
     in the same workdir must match it."""
-    from fire_jax.infer.agents import backend_of
+    from fire_jax.dialogue.agents import spec_prefix
     from fire_jax.runtime.build import conventions_of
 
     setting = config.setting
 
     def agent(a) -> dict:  # its weights and the input conventions it runs with (a resumed run cannot mix them)
         init, adapter = (resolve_path(a.get(k) or "") for k in ("init", "adapter"))
-        conventions = None if backend_of(init) else conventions_of(init, adapter, config.model.get("conventions"))
+        conventions = None if spec_prefix(init) else conventions_of(init, adapter, config.model.get("conventions"))
         return {"init": a.get("init") or "", "adapter": a.get("adapter") or "", "conventions": conventions}
 
     decode = {k: v for k, v in config.decode.to_dict().items() if k != "batch_size"}
@@ -133,7 +133,7 @@ def evaluate(config, workdir: str, *, agents=None) -> dict:
 
     ``agents``: a (student, teacher) pair to use instead of building them from
     the config (anything with ``respond`` / ``feedback`` like
-    :class:`fire_jax.infer.Student` / ``Teacher``).
+    :class:`fire_jax.dialogue.Student` / ``Teacher``).
     """
     setting = config.setting
     if setting not in SETTINGS:
@@ -191,7 +191,7 @@ class Protocol:
 
     def __init__(self, section):
         self.section = section
-        self.rule = dialogue.StopRule()
+        self.rule = StopRule()
 
     def run(self, pairs, student, teacher, outputs: str, *, batch_size: int, rng=None) -> list[dict]:
         raise NotImplementedError
@@ -245,7 +245,7 @@ class FreeProtocol(Protocol):
 
     def __init__(self, section):
         super().__init__(section)
-        self.rule = dialogue.StopRule.from_config(section)
+        self.rule = StopRule.from_config(section)
 
     def run(self, pairs, student, teacher, outputs, *, batch_size, rng=None):
         items = [item_of(record, image) for record, image in pairs]
@@ -295,7 +295,7 @@ def use_exact_judge(config, conversations) -> bool:
     return choice
 
 
-def judged_metrics(setting: str, records, *, rule: dialogue.StopRule) -> dict:
+def judged_metrics(setting: str, records, *, rule: StopRule) -> dict:
     """The exact judge's metrics (:mod:`fire_jax.eval.judge`) overall and per source dataset, the teacher's
     verdicts read by ``rule``; ``threshold`` records its threshold for the reports."""
     def block(group):

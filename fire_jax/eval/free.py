@@ -1,7 +1,7 @@
 """Free dialogues: the student and the teacher talk until the answer is solved (FIRE Tables 4-6, Fig. 7).
 
 The dialogue loop and its stop rule are the dialogue engine's
-(:mod:`fire_jax.infer.dialogue`: :func:`run_dialogues`, :data:`FREE_DIALOGUE`), shared with
+(:func:`fire_jax.dialogue.loop.run_dialogues`, :data:`fire_jax.dialogue.stop.FREE_DIALOGUE`), shared with
 FIRE-1M-style data generation.
 
 :func:`run_free` appends every finished dialogue (all its texts and scores) to
@@ -18,7 +18,8 @@ from typing import Mapping, Sequence
 
 from fire_jax.data.items import Item
 from fire_jax.eval.metrics import accuracy_by_turn, free_dialogue_metrics
-from fire_jax.infer.dialogue import FREE_DIALOGUE, Dialogue, StopRule, dialogue_record, run_dialogues
+from fire_jax.dialogue.loop import Dialogue, dialogue_record, run_dialogues
+from fire_jax.dialogue.stop import FREE_DIALOGUE, StopRule
 from fire_jax.core.results import ResultStore, read_json_object
 
 

@@ -18,7 +18,7 @@ function of the dialogue records the runners write:
   accuracy by turn; teacher agreement on the ground-truth answers it scored).
 
 "Agreement" is the free dialogues' solved rule (FIRE Tables 4-6) read as a classifier: the teacher says
-"right" when the stop rule's :meth:`~fire_jax.infer.dialogue.StopRule.solves` its score (a score >= the rule's
+"right" when the stop rule's :meth:`~fire_jax.dialogue.stop.StopRule.solves` its score (a score >= the rule's
 threshold); a reply with no score says "wrong".
 """
 
@@ -32,7 +32,7 @@ from typing import Iterable, Mapping, Sequence
 
 from fire_jax.data import synthetic
 from fire_jax.data.chat import answer_of
-from fire_jax.infer.dialogue import StopRule
+from fire_jax.dialogue.stop import StopRule
 
 #: The FD teacher's training turns in the main job (configs/main_job.py), which the blind teacher is fitted on.
 TEACHER_TURNS = "assets:synthetic_fire/teacher_turns.json"
@@ -108,7 +108,7 @@ def blind_check(response: str, groundtruth: str) -> tuple[bool, bool] | None:
 
 def judged_free(records: Sequence[Mapping], *, rule: StopRule) -> dict:
     """Exact-judge metrics of free dialogues (records with ``groundtruth``, ``stop`` and
-    ``turns[].response`` / ``turns[].score``, as :func:`fire_jax.infer.dialogue.dialogue_record` writes them).
+    ``turns[].response`` / ``turns[].score``, as :func:`fire_jax.dialogue.loop.dialogue_record` writes them).
 
     - ``accuracy_by_turn[t-1]``: share of items whose answer at turn t is right; a dialogue that ended
       earlier keeps its last answer (the judged counterpart of FIRE Fig. 7's accuracy curve);

@@ -301,7 +301,7 @@ def free_dialogue_metrics(score_sequences: Sequence[Sequence[float | None]],
                           max_turns: int = 5, penalty_turns: float = 10) -> dict[str, float]:
     """AT, ADR, ATR, RR of free dialogues (FIRE Tables 4-6).
 
-    ``threshold``: the stop rule's (:class:`fire_jax.infer.dialogue.StopRule`, 8 in the paper), passed by the
+    ``threshold``: the stop rule's (:class:`fire_jax.dialogue.stop.StopRule`, 8 in the paper), passed by the
     caller so that the metrics count as solved what stopped the dialogues.
 
     `score_sequences[k]` holds the teacher scores a_{k,1..n_k}; a None (reply

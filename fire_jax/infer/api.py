@@ -3,7 +3,7 @@
     api:http://127.0.0.1:8000/v1#student          # a fire_jax.serve model
     api:https://api.openai.com/v1#gpt-4o          # key from $OPENAI_API_KEY (or $FIRE_JAX_API_KEY)
 
-The prompts are the agents' own (:mod:`fire_jax.infer.agents`, rendered by
+The prompts are the agents' own (:mod:`fire_jax.dialogue.agents`, rendered by
 :mod:`fire_jax.data.chat`), sent as chat messages: fire_jax's system prompt,
 then each message, the ``<image>\\n`` placeholder becoming a PNG ``image_url``
 part (a ``data:`` URI) followed by the rest of the text, which is how
@@ -20,7 +20,7 @@ dialogues and FIRE-1M-style generation (``student.init`` / ``teacher.init``,
 :func:`fire_jax.eval.fire_bench.build_agents`), the VLRMBench model and
 ERA/EC judge (:class:`fire_jax.vlrmbench.runner.Responder`),
 ``python -m fire_jax.chat`` / ``.batch_infer`` / ``.demo`` and ``python -m fire_jax.make_fire100k``, all
-through :func:`fire_jax.infer.agents.generator`.
+through :func:`fire_jax.infer.factory.generator`.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class ApiBackend:
     """The endpoint backend (:class:`fire_jax.infer.backends.Backend`): chat completions from one endpoint's
     model, rows in parallel, retried, failures counted. ``sampling``: the settings of a call that names none."""
 
-    prefix = API_PREFIX  # the specs it serves (fire_jax.infer.agents.generator)
+    prefix = API_PREFIX  # the specs it serves (fire_jax.infer.factory.generator)
     context, tokenizer, geometry = 0, None, None  # the endpoint's own
 
     def __init__(self, spec: str, sampling: SamplingParams = SamplingParams(), *, concurrency: int = 32,

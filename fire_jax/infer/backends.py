@@ -9,7 +9,7 @@ implement it:
   (:class:`fire_jax.infer.engine.Engine`): one sized for each call's batch, and a started one that streams;
 - :class:`fire_jax.infer.api.ApiBackend`: an OpenAI-compatible endpoint (``api:<base_url>#<model>``).
 
-Backends are built by :func:`fire_jax.infer.agents.generator` (a model spec to a backend); the prompt builders
+Backends are built by :func:`fire_jax.infer.factory.generator` (a model spec to a backend); the prompt builders
 over them (the student, the teacher, VLRMBench's responder, FIRE-100K generation, the demo's streaming chat)
 never look inside one.
 """

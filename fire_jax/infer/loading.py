@@ -1,5 +1,5 @@
 """A model and its chat tokenizer for inference, from a config and an optional checkpoint (the backends of
-:func:`fire_jax.infer.agents.generator` and the server build on it).
+:func:`fire_jax.infer.factory.generator` and the server build on it).
 
 A checkpoint is one of (detected from the files in the directory):
 

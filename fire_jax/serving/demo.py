@@ -53,11 +53,12 @@ from fastapi import FastAPI, Request as HttpRequest
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, StreamingResponse
 
 from fire_jax.core.cli import require_model_config
-from fire_jax.core.config import DEFAULT_CONFIG, apply_overrides, load_config, split_overrides
+from fire_jax.core.config import (DEFAULT_CONFIG, FREE_DIALOGUE_NEW_TOKENS, apply_overrides, load_config,
+                                  split_overrides)
 from fire_jax.data.bad_records import BadRecordError
 from fire_jax.data.records import Turn, parse_record, to_raw
 from fire_jax.data.scores import parse_score
-from fire_jax.infer.agents import from_specs
+from fire_jax.dialogue.agents import from_specs
 from fire_jax.infer.api import ApiError
 from fire_jax.infer.backends import Refused
 from fire_jax.infer.sampling import SamplingParams
@@ -81,7 +82,7 @@ def examples(directory: str = EXAMPLES_DIR, limit: int = NUM_EXAMPLES) -> list[d
 
 def load_agents(config, student_spec: str | None, teacher_spec: str | None, init: str | None,
                 sampling: SamplingParams, *, seed: int = 0, context: int = 2048):
-    """(student, teacher, {role: description}): :func:`fire_jax.infer.agents.from_spec`, one request at a time,
+    """(student, teacher, {role: description}): :func:`fire_jax.dialogue.agents.from_spec`, one request at a time,
     an in-process model streaming with ``context`` columns; the teacher sees the latest answer."""
     agents, descriptions = from_specs(config, {"student": student_spec, "teacher": teacher_spec}, sampling,
                                       init=init, concurrency=1, seed=seed, context=context)
@@ -355,7 +356,7 @@ def parse_args(argv=None):
     parser.add_argument("--teacher", help="as --student (default: the main job's teacher if present, else random)")
     parser.add_argument("--init", help="base HF checkpoint for PEFT adapters (default: the main job's base, or the "
                                        "config's)")
-    parser.add_argument("--max_new_tokens", type=int, default=160, help="as in the free dialogues")
+    parser.add_argument("--max_new_tokens", type=int, default=FREE_DIALOGUE_NEW_TOKENS, help="as in the free dialogues")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     parser.add_argument("--top_p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)

@@ -155,7 +155,7 @@ def _run(config, workdir: str) -> dict[str, Any]:
         results[(agent, setting)] = _timed(
             seconds, name, eval_stage, config.eval_fixed if setting == "fixed" else config.eval_free,
             os.path.join(out, name), student=student, teacher=teacher, baseline_results=baseline_results)
-    from fire_jax.infer.dialogue import StopRule
+    from fire_jax.dialogue.stop import StopRule
 
     summary = summarize(results)
     threshold = StopRule.from_config(config.eval_free.free).threshold  # what the free dialogues stopped at

@@ -23,7 +23,7 @@ rerun; the settings it depends on are kept in
 - ``correction`` (Table 7): on (image, question, groundtruth) items, a student
   answers, the evaluated model (the reward model) writes an error analysis
   of a wrong answer with the ERA prompt, and the student answers again; run
-  on :func:`fire_jax.infer.dialogue.run_dialogues` with a two-turn stop rule.
+  on :func:`fire_jax.dialogue.loop.run_dialogues` with a two-turn stop rule.
   Correction rate = first answers wrong then right / first answers wrong,
   judged against the groundtruth by :func:`answer_correct`.
 
@@ -41,7 +41,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from fire_jax.infer.dialogue import StopRule
+from fire_jax.dialogue.stop import StopRule
 from fire_jax.core.results import ResultStore, check_settings, markdown_table
 from fire_jax.core.files import write_text
 from fire_jax.vlrmbench.data import TaskData
@@ -400,13 +400,13 @@ def answer_correct(response: str, groundtruth: str) -> bool:
 
 
 class RewardModelTeacher:
-    """The ``teacher`` of :func:`fire_jax.infer.dialogue.run_dialogues` for the correction rate: a prompt builder
+    """The ``teacher`` of :func:`fire_jax.dialogue.loop.run_dialogues` for the correction rate: a prompt builder
     over the reward model (a :class:`fire_jax.vlrmbench.runner.Responder`, itself over a backend).
 
     ``feedback`` judges each answer against the groundtruth; for a wrong one
     before the last turn, the reward model writes an error analysis with the
     release's ERA prompt (question, the answer as the reasoning process), which
-    the student reads as feedback: a :class:`fire_jax.infer.agents.Feedback` whose text is the analysis (""
+    the student reads as feedback: a :class:`fire_jax.dialogue.agents.Feedback` whose text is the analysis (""
     when none was asked for) and whose score is 10 when the answer is right, 0 when wrong.
     """
 
@@ -414,7 +414,7 @@ class RewardModelTeacher:
         self.reward_model, self.max_turns = reward_model, max_turns
 
     def feedback(self, images, questions, groundtruths, answers, histories, rng=None) -> list:
-        from fire_jax.infer.agents import Feedback
+        from fire_jax.dialogue.agents import Feedback
         from fire_jax.vlrmbench.runner import Prompt
 
         right = [answer_correct(a, gt) for a, gt in zip(answers, groundtruths)]
@@ -444,8 +444,8 @@ def correction(config, generator, workdir: Path) -> dict:
     """Table 7: the student's correction rate with the evaluated model's ERA analyses, per source and overall."""
     from fire_jax.core.config import load_config
     from fire_jax.data.items import load_triplets
-    from fire_jax.infer.dialogue import run_dialogues
-    from fire_jax.infer.agents import from_spec
+    from fire_jax.dialogue.agents import from_spec
+    from fire_jax.dialogue.loop import run_dialogues
     from fire_jax.infer.engine_config import EngineConfig
     from fire_jax.infer.sampling import SamplingParams
 

@@ -74,7 +74,7 @@ import jax
 from fire_jax.core.config import load_config
 from fire_jax.data.chat import Message
 from fire_jax.data.images import load_image
-from fire_jax.infer import agents
+from fire_jax.infer import factory
 from fire_jax.infer.api import ApiError
 from fire_jax.infer.engine_config import EngineConfig
 from fire_jax.infer.sampling import SamplingParams
@@ -150,7 +150,7 @@ def failure_of(error: Exception) -> str:
 class Responder:
     """A model answering VLRMBench requests: ``responder(requests)`` -> [(text, failure)].
 
-    A thin adapter over the backend of ``config.checkpoint`` (:func:`fire_jax.infer.agents.generator`: in
+    A thin adapter over the backend of ``config.checkpoint`` (:func:`fire_jax.infer.factory.generator`: in
     process, on an engine of ``batch_size`` slots for every call, or an ``api:<base_url>#<model>`` endpoint,
     ``concurrency`` requests at a time with its retries): what is VLRMBench's own is the multi-image prompt
     (:func:`prompt_messages`) and the per-request failures. A request may have no image (its files were
@@ -166,7 +166,7 @@ class Responder:
 
     @classmethod
     def from_config(cls, config, generate_config, *, name: str, max_new_tokens: int) -> "Responder":
-        """The model of ``config`` (:func:`fire_jax.infer.agents.generator` of ``config.checkpoint``): an
+        """The model of ``config`` (:func:`fire_jax.infer.factory.generator` of ``config.checkpoint``): an
         ``api:<base_url>#<model>`` endpoint, an HF / PEFT adapter / train workdir checkpoint
         (:func:`fire_jax.infer.loading.load`), else ``config.init.hf_checkpoint``, else random weights."""
         spec, models = config.get("checkpoint") or None, {}
@@ -174,8 +174,8 @@ class Responder:
         engine = EngineConfig.from_config(generate_config)
 
         def build(sampling: SamplingParams, batch_size: int):
-            return agents.generator(spec, sampling, engine=engine, config=config, batch_size=batch_size,
-                                    seed=config.seed, models=models)
+            return factory.generator(spec, sampling, engine=engine, config=config, batch_size=batch_size,
+                                     seed=config.seed, models=models)
 
         backend = build(sampling, generate_config.batch_size)
         print(f"{name}: {backend.description}")

@@ -12,7 +12,7 @@ where fire_jax is importable: every piece of the protocol is fire_jax's own, so 
 - Docs: one per labelled turn, in :func:`fire_jax.eval.fixed.labelled_turns`'s order: the student's r_k for
   k >= 2 (the turns Eq. 5 labels), the teacher's f_k for every k (Eq. 6).
 - Prompts: the student's prompt for r_k and the teacher's for f_k given the reference history
-  (:func:`fire_jax.infer.agents.student_prompt` / ``teacher_prompt``, the teacher seeing every earlier turn,
+  (:func:`fire_jax.dialogue.agents.student_prompt` / ``teacher_prompt``, the teacher seeing every earlier turn,
   as trained), with fire_jax's system prompt and the image as a file lmms-eval sends as a PNG data URL.
 - Metrics: :func:`fire_jax.eval.fixed.fixed_results` on the turn records
   (:func:`fire_jax.eval.fixed.turn_record`): BLEU-1..4 and CIDEr for both roles, the teacher's BLEU/CIDEr on
@@ -33,7 +33,7 @@ from fire_jax.data.image_files import check_image
 from fire_jax.data.records import Conversation, parse_record
 from fire_jax.data.scores import parse_score
 from fire_jax.eval import fixed
-from fire_jax.infer.agents import student_prompt, teacher_prompt
+from fire_jax.dialogue.agents import student_prompt, teacher_prompt
 
 #: The image root of the records: $FIRE_BENCH_IMAGE_ROOT, else the shipped synthetic test set's images (those of
 #: the default data_files).

@@ -13,9 +13,9 @@ an agent sees exactly what its model was trained on:
   the teacher sees only the latest answer (``"latest"``, the default; Fig. A14).
 
 Both stop on the chat template's end-of-turn token and EOS (``ChatTokenizer.stop_ids``). They are prompt
-builders over a backend (:mod:`fire_jax.infer.backends`), which :func:`generator` builds of a model spec;
-:func:`from_spec` makes the agent of a spec and a role, ``exact:`` the synthetic set's :class:`ExactTeacher`
-(its feedback a rule, no backend).
+builders over a backend (:mod:`fire_jax.infer.backends`), which :func:`fire_jax.infer.factory.generator` builds
+of a model spec; :func:`from_spec` makes the agent of a spec and a role, ``exact:`` the synthetic set's
+:class:`ExactTeacher` (its feedback a rule, no backend).
 """
 
 from __future__ import annotations
@@ -27,9 +27,8 @@ from fire_jax.data.chat import (RELEASE_TEACHER_TEMPLATES, Message, answer_of, c
                                 check_teacher_prompt, release_teacher_messages, student_messages, teacher_messages)
 from fire_jax.data.records import Conversation, Turn
 from fire_jax.data.scores import parse_score
-from fire_jax.infer.api import ApiBackend
-from fire_jax.infer.backends import Backend, InProcess, StreamingEngines
-from fire_jax.infer.engine_config import EngineConfig
+from fire_jax.infer import factory
+from fire_jax.infer.backends import Backend
 from fire_jax.infer.sampling import SamplingParams
 
 
@@ -61,8 +60,9 @@ def teacher_prompt(question: str, groundtruth: str, answer: str, history: Sequen
 
 
 class _Role:
-    """A prompt builder over a backend (:class:`fire_jax.infer.backends.Backend`: :class:`InProcess`, an
-    endpoint's :class:`fire_jax.infer.api.ApiBackend`, or any object with its ``generate``)."""
+    """A prompt builder over a backend (:class:`fire_jax.infer.backends.Backend`:
+    :class:`fire_jax.infer.backends.InProcess`, an endpoint's :class:`fire_jax.infer.api.ApiBackend`, or any
+    object with its ``generate``)."""
 
     role = ""
 
@@ -161,61 +161,16 @@ def role_agent(role: str, backend: Backend, *, teacher_history: str = "latest",
     raise ValueError(f"role must be 'student' or 'teacher', got {role!r}")
 
 
-# ----------------------------------------------------------------------------
-# The one factory of backends and agents
-# ----------------------------------------------------------------------------
-
-#: The spec prefixes that name no checkpoint, each its class's own ``prefix``: an endpoint's backend, and the
-#: exact teacher (an agent with no backend). Any other spec is a checkpoint run in process.
-SPEC_PREFIXES = (ApiBackend.prefix, ExactTeacher.prefix)
+#: The spec prefixes that name no checkpoint: an endpoint's backend (:data:`fire_jax.infer.factory.SPEC_PREFIXES`)
+#: and the exact teacher (an agent with no backend), each its class's own ``prefix``. Any other spec is a
+#: checkpoint run in process.
+SPEC_PREFIXES = (*factory.SPEC_PREFIXES, ExactTeacher.prefix)
 
 
-def backend_of(spec) -> str | None:
+def spec_prefix(spec) -> str | None:
     """The prefix of :data:`SPEC_PREFIXES` that ``spec`` begins with, or None (a checkpoint, or the config's own
     model)."""
     return next((p for p in SPEC_PREFIXES if isinstance(spec, str) and spec.startswith(p)), None)
-
-
-def generator(spec: str | None, sampling: SamplingParams = SamplingParams(), *,
-              engine: EngineConfig = EngineConfig(), config=None, init: str | None = None, batch_size: int = 0,
-              mesh=None, concurrency: int = 32, seed: int = 0, models: dict | None = None, context: int = 2048, **endpoint) -> Backend:
-    """The backend of a model spec, before any role: the one way a backend is built.
-
-    ``spec``:
-      - ``api:<base_url>#<model>``: an OpenAI-compatible endpoint (:class:`fire_jax.infer.api.ApiBackend`,
-        ``concurrency`` requests at a time, ``endpoint``: its other options, such as ``retries`` and
-        ``timeout``);
-      - a checkpoint (an HF folder, a PEFT adapter whose base is ``init``, a ``fire_jax.train`` workdir:
-        :func:`fire_jax.infer.loading.load`), or None / "" / "random": the model of ``config`` (its
-        ``init.hf_checkpoint``, else random weights), :class:`InProcess` on an engine of ``batch_size`` slots,
-        streaming on one of ``context`` columns.
-
-    ``sampling``: the settings of a call that names none (sampled requests seeded from ``seed``); ``engine``: the
-    shape of an in-process backend's engine (sized for each call). ``models``: a
-    dict shared between calls, so backends of the same checkpoint share one loaded model and one streaming
-    engine. The backend's ``description`` says where it came from.
-    """
-    spec = None if spec in (None, "", "random") else spec
-    sampling = sampling.replace(seed=seed)
-    if backend_of(spec) == ApiBackend.prefix:
-        return ApiBackend(spec, sampling, concurrency=concurrency, **endpoint)
-    if backend_of(spec) is not None:
-        raise ValueError(f"{spec!r} is an agent with no backend behind it: build it with from_spec")
-    if endpoint:
-        raise TypeError(f"{sorted(endpoint)}: options of an endpoint, not of an in-process model ({spec!r})")
-    import copy
-
-    from fire_jax.infer.loading import load
-
-    models = {} if models is None else models
-    if (spec, init) not in models:
-        model_config = copy.deepcopy(config)
-        if init:
-            model_config.init = dict(hf_checkpoint=init)
-        models[(spec, init)] = (load(model_config, spec), StreamingEngines())
-    loaded, streaming = models[(spec, init)]
-    return InProcess(loaded.model, loaded.chat, sampling, engine=engine, mesh=mesh, batch_size=batch_size,
-                     description=loaded.description, context=context, streaming=streaming)
 
 
 def from_spec(spec: str | None, role: str, sampling: SamplingParams = SamplingParams(), *, config=None,
@@ -223,17 +178,18 @@ def from_spec(spec: str | None, role: str, sampling: SamplingParams = SamplingPa
     """The student or teacher (``role``) of a model spec: the one way every CLI and runner builds an agent.
 
     ``exact:`` is the synthetic set's :class:`ExactTeacher`; any other spec is a prompt builder
-    (:class:`Student`, :class:`Teacher`) over the backend :func:`generator` builds of it, with ``options``
+    (:class:`Student`, :class:`Teacher`) over the backend :func:`fire_jax.infer.factory.generator` builds of it,
+    with ``options``
     (``engine``, ``batch_size``, ``mesh``, ``concurrency``, ``seed``, ``models``, ``context``). The agent's
     ``description`` says where it came from.
     """
     if role not in ("student", "teacher"):
         raise ValueError(f"role must be 'student' or 'teacher', got {role!r}")
-    if backend_of(spec) == ExactTeacher.prefix:
+    if spec_prefix(spec) == ExactTeacher.prefix:
         if role != "teacher":
             raise ValueError(f"{spec!r} is the exact teacher (the synthetic set's rule), not a {role}")
         return ExactTeacher(spec)
-    backend = generator(spec, sampling, config=config, init=init, **options)
+    backend = factory.generator(spec, sampling, config=config, init=init, **options)
     return role_agent(role, backend, teacher_history=teacher_history, teacher_prompt=teacher_prompt)
 
 
