@@ -70,7 +70,7 @@ def train_and_report(config, workdir: str, name: str) -> dict:
 #: measured idle (15 minutes at 400 GFLOP/s). The last line prints the product.
 BUDGET = 6000
 
-#: The teacher spec of the exact teacher (fire_jax.infer.agents.ExactTeacher): no model, the generator's rule.
+#: The teacher spec of the exact teacher (fire_jax.dialogue.agents.ExactTeacher): no model, the generator's rule.
 EXACT_TEACHER = dict(name="exact teacher", init="exact:synthetic", adapter="")
 
 
@@ -83,7 +83,7 @@ def eval_stage(base, workdir: str, *, student: dict, teacher: dict, baseline_res
     if baseline_results:
         config.free.baseline_results = baseline_results
     print(f"\n== {config.setting} dialogues: student {student['name']}, teacher {teacher['name']} -> {workdir}")
-    return evaluate(config, workdir)  # an "exact:" teacher is the judge's rule (fire_jax.infer.agents.from_spec)
+    return evaluate(config, workdir)  # an "exact:" teacher is the judge's rule (fire_jax.dialogue.agents.from_spec)
 
 
 def fetch_stage(config) -> float:
