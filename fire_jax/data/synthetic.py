@@ -361,10 +361,15 @@ def caption_chat_records(captions: list[dict]) -> list[dict]:
                                {"from": "gpt", "value": c["caption"]}]} for c in captions]
 
 
+#: Every (colour, shape) pair a shapes image may hold, in the order of the count heads (:data:`FACT_HEADS`) and the
+#: dense heads (:data:`DENSE_HEADS`); :data:`PAIR_INDEX` maps a pair to its head.
+PAIRS = tuple((color, shape) for color in RAINBOW for shape in SHAPES)
+PAIR_INDEX = {pair: i for i, pair in enumerate(PAIRS)}
+
 #: What :func:`caption_facts` reads from a caption, as (head name, classes): the count (0..MAX_COUNT) of every
 #: (colour, shape) on a shapes image, then the tallest of the bars on a bars image. The vision stage's auxiliary
 #: targets (``configs/clip.py``) and the tower probe (``experiments/vision_probe.py``) read the same heads.
-FACT_HEADS = tuple((f"count {color} {shape}", MAX_COUNT + 1) for color in RAINBOW for shape in SHAPES) + (
+FACT_HEADS = tuple((f"count {color} {shape}", MAX_COUNT + 1) for color, shape in PAIRS) + (
     ("tallest bar", NUM_BARS),)
 IGNORE = -1  # a head that does not apply to an image (a count on a bars image, the tallest bar on a shapes image)
 
@@ -379,7 +384,7 @@ def caption_facts(caption: str) -> list[int]:
     if bars:
         facts[-1] = int(bars.group(1)) - 1
         return facts
-    counts = dict.fromkeys(((c, s) for c in RAINBOW for s in SHAPES), 0)
+    counts = dict.fromkeys(PAIRS, 0)
     for part in re.split(r", | and ", caption.rstrip(".")):
         match = re.fullmatch(r"(\d+) (\w+) (\w+?)s?", part)
         if not match or (match.group(2), match.group(3)) not in counts:
@@ -395,7 +400,7 @@ def caption_facts(caption: str) -> list[int]:
 #: a bar-top count with the tallest's number, and against a yes/no head per bar: 500 steps of the vision stage
 #: named the tallest bar on 0.53 of training images with these heads, 0.30 and 0.38 with those.)
 MAX_CENTRES = 3
-DENSE_HEADS = tuple((f"{color} {shape} centres", MAX_CENTRES + 1) for color in RAINBOW for shape in SHAPES) + (
+DENSE_HEADS = tuple((f"{color} {shape} centres", MAX_CENTRES + 1) for color, shape in PAIRS) + (
     ("bar top", NUM_BARS + 1), ("tallest bar top", 2))
 
 
@@ -408,7 +413,6 @@ def layout_facts(layout: Sequence[tuple], image_size: tuple[int, int], grid: int
     from which attention can gather the image's facts (:data:`FACT_HEADS`). Detection-style supervision, as
     LLaVA-1.5's grounding data (RefCOCO, Visual Genome boxes) gives its model."""
     height, width = image_size
-    pairs = [(color, shape) for color in RAINBOW for shape in SHAPES]
 
     def cell(x: float, y: float) -> int:
         return min(grid - 1, int(y * grid / height)) * grid + min(grid - 1, int(x * grid / width))
@@ -425,10 +429,10 @@ def layout_facts(layout: Sequence[tuple], image_size: tuple[int, int], grid: int
             row[-1] = max(row[-1], int(i == tallest))
         return rows
     for row in rows:
-        row[:len(pairs)] = [0] * len(pairs)
+        row[:len(PAIRS)] = [0] * len(PAIRS)
     for color, shape, (x0, y0, x1, y1) in layout:
         row = rows[cell((x0 + x1) / 2, (y0 + y1) / 2)]
-        k = pairs.index((color, shape))
+        k = PAIR_INDEX[color, shape]
         row[k] = min(row[k] + 1, MAX_CENTRES)
     return rows
 

@@ -263,6 +263,12 @@ def _unit(x: jax.Array) -> jax.Array:
     return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
 
 
+def _head_nll(head: jax.Array, target: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(log-probabilities ``[..., classes]``, negative log-likelihood of ``target`` ``[...]``) of one head."""
+    logp = jax.nn.log_softmax(head, axis=-1)
+    return logp, -jnp.take_along_axis(logp, target[..., None], axis=-1)[..., 0]
+
+
 def fact_loss(logits: list[jax.Array], facts: jax.Array, weights=None) -> tuple[jax.Array, jax.Array]:
     """Cross-entropy of each auxiliary head (``[n, reads, classes]``, :meth:`CLIPModel.fact_logits`) against
     ``facts`` ``[n, heads]`` (-1: the head does not apply to that image), averaged over the reads and over the
@@ -271,8 +277,8 @@ def fact_loss(logits: list[jax.Array], facts: jax.Array, weights=None) -> tuple[
     nll, correct = [], []
     for h, head in enumerate(logits):
         target = jnp.maximum(facts[:, h], 0)
-        logp = jax.nn.log_softmax(head, axis=-1)  # [n, reads, classes]
-        nll.append(-jnp.take_along_axis(logp, target[:, None, None], axis=-1)[..., 0].mean(1))
+        logp, head_nll = _head_nll(head, jnp.broadcast_to(target[:, None], head.shape[:-1]))  # [n, reads, ...]
+        nll.append(head_nll.mean(1))
         correct.append(jnp.argmax(logp.sum(1), axis=-1) == target)
     applies = facts >= 0
     weight = applies * (jnp.ones(len(logits)) if weights is None else jnp.asarray(weights, jnp.float32))
@@ -289,8 +295,8 @@ def dense_loss(logits: list[jax.Array], targets: jax.Array) -> tuple[jax.Array, 
     nll, correct = [], []
     for h, head in enumerate(logits):
         target = jnp.maximum(targets[..., h], 0)
-        logp = jax.nn.log_softmax(head, axis=-1)  # [n, patches, classes]
-        nll.append(-jnp.take_along_axis(logp, target[..., None], axis=-1)[..., 0])
+        logp, head_nll = _head_nll(head, target)  # [n, patches, ...]
+        nll.append(head_nll)
         correct.append(jnp.argmax(logp, axis=-1) == target)
     nll = jnp.where(applies, jnp.stack(nll, -1), 0.0)
     rows = applies.any(-1).sum()
