@@ -258,6 +258,35 @@ def test_instruction_source_with_text_only_records(tmp_path):
     assert (batch["turn_ids"] == 1).sum(1).min() > 0 and (batch["turn_ids"] > 1).sum() == 0
 
 
+def test_a_generated_source_draws_fresh_images_with_their_right_answers():
+    """``generate``: fresh drawings (never a shipped image) as single-turn records whose answer is the groundtruth
+    in the first turn's words; the same (seed, split) draws the same images."""
+    from fire_jax.data.images import load_image
+    from fire_jax.data.sources import generated_instructions
+    from fire_jax.data.synthetic import parse_answer
+
+    source = dict(generate=6, seed=1, split="align_generated")
+    records = open_source(source)
+    raws, images, _ = synthesize(6, 1, "align_generated")
+    assert len(records) == 6 and [r.id for r, _ in records] == [f"{r['id']}_instruct" for r in raws]
+    for (record, png), raw in zip(records, raws):
+        question, answer = record.messages[0][1], record.messages[1][1]
+        assert question == raw["question"]["value"] and answer.startswith("Thought: ")
+        assert parse_answer(answer.split("Answer: ")[1]) == parse_answer(raw["groundtruth"]["value"])
+        assert (np.asarray(load_image(png)) == np.asarray(images[record.image].convert("RGB"))).all()
+    root = os.path.join(ASSETS_DIR, "synthetic_fire")
+    shipped = [np.asarray(load_image(os.path.join(root, "images", r["image"])))
+               for r in json.load(open(os.path.join(root, "test.json")))]
+    drawn = [np.asarray(load_image(png)) for _, png in records]
+    assert not any(a.shape == b.shape and (a == b).all() for a in drawn for b in shipped)
+    assert [r.id for r, _ in generated_instructions(6, 1, "align_generated")] == [r.id for r, _ in records]
+    with pytest.raises(ValueError, match="must not be the shipped set's 'test'"):
+        open_source(dict(generate=2, seed=0, split="test"))
+    batch = next(InputPipeline(data_config(sources=dict(generated=source), num_epochs=1, shuffle=False,
+                                           batch_size=2), TINY))
+    assert batch["example_id"].tolist() == [r.id for r, _ in records[:2]] and (batch["image_sizes"] > 0).all()
+
+
 def test_max_examples_takes_nested_subsets():
     def ids(n):
         config = data_config(sources=dict(synthetic=dict(SYNTHETIC, max_examples=n)), num_epochs=1, batch_size=8)

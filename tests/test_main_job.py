@@ -72,7 +72,8 @@ def test_pipeline_writes_every_table_and_plot(pipeline_run):
     assert json.load(open(os.path.join(workdir, "align", "config.json")))["init"]["vision_tower"] == os.path.abspath(clip)
     assert init("base") == os.path.abspath(os.path.join(workdir, "align", "export", "hf_merged"))
     aligned = json.load(open(os.path.join(workdir, "align", "config.json")))["data"]["sources"]
-    assert list(aligned) == ["captions"] and aligned["captions"]["json"].endswith("caption_chats.json")
+    assert list(aligned) == ["captions", "generated"] and aligned["captions"]["json"].endswith("caption_chats.json")
+    assert aligned["generated"] == dict(generate=160, seed=1, split="align_generated")
     clip_losses = [json.loads(line)["loss"] for line in open(os.path.join(workdir, "clip", "metrics.jsonl"))]
     assert len(clip_losses) == 12 and clip_losses[-1] < clip_losses[0]
     assert json.load(open(os.path.join(workdir, "summary.json"))) == json.loads(json.dumps(summary))
@@ -350,6 +351,7 @@ def test_the_see_variant_adds_the_vision_stage_the_alignment_and_right_answers()
     assert see.clip_train.model.fact_pooling == "token" and see.clip_train.model.dense_layer == 2
     assert see.clip_train.model.vision.layers == 5 and see.clip_train.data.sources.generated.generate == 25600
     assert see.align_train.data.sources.captions.json.endswith("caption_chats.json")
+    assert see.align_train.data.sources.generated.to_dict() == dict(generate=1600, seed=1, split="align_generated")
     assert see.base_train.data.sources.instruct.json.endswith("instruct_right.json")
     assert (see.base_train.train.total_steps, see.base_train.train.batch_size) == (80, 4)
     for stage in (see.clip_train, see.align_train, see.base_train, see.teacher_train, see.student_train,

@@ -8,6 +8,13 @@ or a split built by ``tools/build_dataset.py``::
 
     dict(tfds="/data/tfds", split="fire_100k", weight=1.0)
 
+or ``generate`` fresh drawings of the shipped synthetic set (:mod:`fire_jax.data.synthetic`), each with its
+question and the right answer in the first turn's words, as single-turn instruction records::
+
+    dict(generate=1600, seed=1, split="align_generated")
+
+(``split`` names the drawings' random stream, ``f"{seed}/{split}"``, one of its own: never the shipped test images)
+
 plus, optionally, ``max_examples`` (a fixed random subset of that many
 records) and ``num_examples`` (the size the source is expected to have: the trainer
 plans its steps from the records that actually load and prints both).
@@ -47,7 +54,8 @@ class _TfdsRecords(SequenceABC):
 
 
 #: Fields of one source: where the data is, its mixing weight, an optional subset size, and its expected size.
-SOURCE_FIELDS = ("json", "image_root", "tfds", "split", "weight", "max_examples", "num_examples")
+SOURCE_FIELDS = ("json", "image_root", "tfds", "generate", "seed", "split", "weight", "max_examples",
+                 "num_examples")
 
 
 def subset_indices(total: int, size: int) -> list[int]:
@@ -98,9 +106,35 @@ def open_source(source: Mapping[str, Any], *, on_bad_record: str = "skip", bad: 
         records = list(iter_records(paths, resolve_path(source.get("image_root", "")), on_bad_record=on_bad_record,
                                     split=source.get("split", ""), bad=bad, require_scores=require_scores,
                                     caps=caps))
+    elif "generate" in source:
+        records = generated_instructions(int(source["generate"]), int(source.get("seed", 0)),
+                                         source.get("split") or "generated")
     else:
-        raise ValueError(f"a data source needs 'json' (+ 'image_root') or 'tfds' (+ 'split'), got {dict(source)}")
+        raise ValueError(f"a data source needs 'json' (+ 'image_root'), 'tfds' (+ 'split') or 'generate' (+ 'seed'), "
+                         f"got {dict(source)}")
     size = source.get("max_examples")
     if size and size < len(records):
         records = _Subset(records, size)
     return records
+
+
+def generated_instructions(num: int, seed: int, split: str) -> list[tuple[Record, bytes]]:
+    """``num`` fresh drawings of the synthetic set (:func:`fire_jax.data.synthetic.synthesize` under ``split``),
+    each as a single-turn instruction record with the right answer
+    (:func:`fire_jax.data.synthetic.instruction_records`, ``right=True``) and its PNG bytes: as many images as a
+    stage needs to learn to read the tower rather than the 720 training images by heart."""
+    import io
+
+    from fire_jax.data.records import parse_record
+    from fire_jax.data.synthetic import instruction_records, synthesize
+
+    if split in ("train", "test"):
+        raise ValueError(f"a generated source's split must not be the shipped set's {split!r}: its drawings would be "
+                         f"the shipped images")
+    raws, images, _ = synthesize(num, seed, split)
+    out = []
+    for raw in instruction_records(raws, right=True):
+        buffer = io.BytesIO()
+        images[raw["image"]].save(buffer, format="PNG")
+        out.append((parse_record(raw, default_id=raw["id"], default_split=split), buffer.getvalue()))
+    return out
