@@ -112,6 +112,20 @@ def test_inference_and_dialogues_never_import_training():
     assert _violations(paths, ("fire_jax.train",)) == []
 
 
+#: What lies beneath infer/'s backends: the engine, its requests, scheduler and kernels, and the fixed-batch driver.
+BENEATH_THE_BACKENDS = ("fire_jax.infer.engine", "fire_jax.infer.requests", "fire_jax.infer.scheduler",
+                        "fire_jax.infer.kernels", "fire_jax.infer.decode")
+
+
+def test_the_server_and_the_demo_reach_models_through_the_backends():
+    """serving/ (the OpenAI-compatible server, the demo) goes through infer/'s backends (``Serving``, a
+    ``Backend``), never the engine beneath them: what a served request may ask and what it gets back is the
+    backends' to say, in one place."""
+    paths = modules(os.path.join(PACKAGE, "serving"))
+    assert os.path.join(PACKAGE, "serving", "server.py") in paths
+    assert _violations(paths, BENEATH_THE_BACKENDS) == []
+
+
 def test_entry_points_do_not_import_each_other():
     jobs = [_module_name(p) for p in entry_points() if not p.endswith("__main__.py")]
     assert len(jobs) >= 8
@@ -244,7 +258,7 @@ def decode_loops(path: str) -> list[str]:
 def test_only_the_engine_holds_a_decode_loop():
     """One decoder: outside the model (which defines the cache) and training (whose loss scans over chunks of
     the sequence), only the engine's kernels (infer/kernels.py) loop over tokens or build a KV cache; generate,
-    the agents, the server and the runners drive an Engine."""
+    the agents, the server's backends and the runners drive an Engine."""
     outside = (os.path.join(PACKAGE, "models") + os.sep, os.path.join(PACKAGE, "train") + os.sep)
     paths = [p for p in modules(PACKAGE)
              if not p.startswith(outside) and p != os.path.join(PACKAGE, "infer", "kernels.py")]

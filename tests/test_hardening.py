@@ -126,9 +126,8 @@ def test_a_text_over_the_context_is_refused_before_tokenising():
     def untouchable(*_, **__):
         raise AssertionError("tokenised or decoded")
 
-    served = types.SimpleNamespace(engine=types.SimpleNamespace(max_images=4), max_text_chars=1000,
-                                   loaded=types.SimpleNamespace(chat=types.SimpleNamespace(encode=untouchable),
-                                                                model=None))
+    served = types.SimpleNamespace(backend=types.SimpleNamespace(max_images=4, request=untouchable),
+                                   max_text_chars=1000)
     body = lambda content: {"model": "m", "messages": [{"role": "system", "content": "s" * 10},
                                                        {"role": "user", "content": content}]}
     assert refused(build_request, served, body("x" * 991), Limits()) == (400, "context_length_exceeded")
@@ -149,7 +148,7 @@ def test_a_finished_requests_result_is_there_when_its_listener_hears_the_reason(
 
     from fire_jax.core.config import DEFAULT_CONFIG, load_config
     from fire_jax.infer import requests as requests_module
-    from fire_jax.infer.engine import Engine
+    from fire_jax.infer.backends import Serving
     from fire_jax.infer.engine_config import EngineConfig
     from fire_jax.infer.loading import load
     from fire_jax.infer.requests import Request, Ticket
@@ -170,9 +169,8 @@ def test_a_finished_requests_result_is_there_when_its_listener_hears_the_reason(
 
     monkeypatch.setattr(requests_module, "Result", slow_result)
     loaded = load(load_config(DEFAULT_CONFIG))
-    engine = Engine(loaded.model, EngineConfig(bucket_step=None, pad_id=loaded.chat.pad_id, slots=2, cache_len=256,
-                                               chunk=4), tokenizer=loaded.chat.tokenizer)
-    app = create_app({"tiny": Served("tiny", "a tiny random model", loaded, engine)})
+    backend = Serving(loaded.model, loaded.chat, EngineConfig(bucket_step=None, slots=2, cache_len=256, chunk=4))
+    app = create_app({"tiny": Served("tiny", "a tiny random model", backend)})
     body = json.dumps({"model": "tiny", "max_tokens": 3, "temperature": 0,
                        "messages": [{"role": "user", "content": "hello"}]}).encode()
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
@@ -195,11 +193,11 @@ def test_a_finished_requests_result_is_there_when_its_listener_hears_the_reason(
 
         await app(scope, receive, send)
 
-    engine.start()
+    backend.start()
     try:
         asyncio.run(call())
     finally:
-        engine.stop()
+        backend.stop()
     reply = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
     assert sent[0]["status"] == 200, reply
     assert reply["choices"][0]["finish_reason"] == "length" and reply["usage"]["completion_tokens"] == 3

@@ -533,3 +533,57 @@ def test_in_process_streams_what_it_generates_refuses_over_its_context_and_stops
         backend.stream(image, messages, enough)
     assert backend.stream(image, messages, lambda *_: None) == text
     assert other.streaming_engine() is backend.streaming_engine() and other.model is backend.model
+
+
+def test_serving_backend_updates_count_tokens_refuse_and_cancel():
+    """Serving, the server's backend: a submitted request's updates carry pieces adding up to its text, the
+    prompt's tokens and the tokens generated so far, then the finish reason ("length" at max_tokens, no stop ids);
+    its greedy text is generate's. A prompt over the context is refused before any work ("context"), a waiting
+    request cancelled ends at once ("cancelled", nothing generated), a stopped backend refuses ("stopping"), and
+    stats count what it served."""
+    import queue
+
+    from fire_jax.core.config import DEFAULT_CONFIG, load_config
+    from fire_jax.data.chat import Message
+    from fire_jax.infer.backends import Refused, Serving
+    from fire_jax.infer.loading import load
+
+    loaded = load(load_config(DEFAULT_CONFIG))
+    backend = Serving(loaded.model, loaded.chat, EngineConfig(bucket_step=None, slots=2, cache_len=256, chunk=2))
+    llm = loaded.model.cfg.llm
+    assert (backend.context, backend.slots, backend.max_images) == (256, 2, 4)
+    assert backend.kv_cache_bytes == 2 * llm.layers * 2 * llm.kv_heads * 256 * llm.head_dim * 4  # float32
+    with pytest.raises(Refused, match="exceeds the context of 256 tokens") as refused:
+        backend.request([Message("user", "word " * 300)], [], SamplingParams(max_tokens=8))
+    assert refused.value.kind == "context"
+
+    heard = []  # not started: the request waits, and a cancel ends it at once
+    waiting = backend.request([Message("user", "Hello there")], [], SamplingParams(max_tokens=50, stop_ids=()))
+    ticket = backend.submit(waiting, heard.append)
+    assert backend.in_flight == 1 and backend.cancel(ticket) and not backend.cancel(ticket)
+    assert [(u.reason, u.prompt_tokens, u.completion_tokens) for u in heard] == [("cancelled", len(waiting.prompt), 0)]
+    assert backend.in_flight == 0 and backend.stats["cancelled"] == 1
+
+    image, messages = Image.new("RGB", (40, 30), "red"), [Message("user", "What colour?", images=1)]
+    sampling = SamplingParams(max_tokens=6, stop_ids=())
+    request = backend.request(messages, [image], sampling)
+    updates: queue.SimpleQueue = queue.SimpleQueue()
+    backend.start()
+    try:
+        backend.submit(request, updates.put)
+        heard = [updates.get(timeout=300)]
+        while heard[-1].reason is None:
+            heard.append(updates.get(timeout=300))
+    finally:
+        backend.stop()
+    last = heard[-1]
+    assert (last.reason, last.completion_tokens, last.prompt_tokens, last.error) == ("length", 6, len(request.prompt),
+                                                                                     None)
+    assert "".join(u.delta for u in heard) == last.text and last.text.strip()
+    counts = [u.completion_tokens for u in heard]
+    assert counts == sorted(counts) and counts[0] >= 1
+    assert last.text.strip() == InProcess(loaded.model, loaded.chat, sampling).generate([image], [messages])[0]
+    assert backend.stats["requests"] == 1 and backend.stats["prompt_tokens"] == len(request.prompt)
+    with pytest.raises(Refused) as refused:
+        backend.submit(request, updates.put)
+    assert refused.value.kind == "stopping"

@@ -9,25 +9,30 @@ implement it:
   (:class:`fire_jax.infer.engine.Engine`): one sized for each call's batch, and a started one that streams;
 - :class:`fire_jax.infer.api.ApiBackend`: an OpenAI-compatible endpoint (``api:<base_url>#<model>``).
 
-Backends are built by :func:`fire_jax.infer.factory.generator` (a model spec to a backend); the prompt builders
-over them (the student, the teacher, VLRMBench's responder, FIRE-100K generation, the demo's streaming chat)
-never look inside one.
+A server needs more of a request than its text: its finish reason and token counts, a queue it can cancel from,
+counts of what it served. :class:`Serving` gives that over one started engine of a fixed shape (requests made
+and checked, submitted, followed by :class:`Update` s, cancelled); the OpenAI-compatible server serves its models
+on them, and :meth:`InProcess.stream` runs on one.
+
+Backends are built by :func:`fire_jax.infer.factory.generator` (a model spec to a backend; a server's by
+:func:`fire_jax.infer.factory.serving`); the prompt builders over them (the student, the teacher, VLRMBench's
+responder, FIRE-100K generation, the demo's streaming chat) and the server never look inside one.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from typing import Callable, Protocol, Sequence
+from typing import Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
 from fire_jax.data.chat import ChatTokenizer, Message
 from fire_jax.data.images import TileCache, load_image, preprocess
 from fire_jax.infer.decode import requests_for
-from fire_jax.infer.engine import Engine
+from fire_jax.infer.engine import ContextExceeded, Engine
 from fire_jax.infer.engine_config import EngineConfig
-from fire_jax.infer.requests import Request
+from fire_jax.infer.requests import Request, Result
 from fire_jax.infer.sampling import SamplingParams
 
 
@@ -61,12 +66,19 @@ class Backend(Protocol):
 
 
 class Refused(ValueError):
-    """A streamed request refused before generation: over the backend's context, or the backend is stopping
-    (``stopping``)."""
+    """A request refused before generation, for the reason ``kind`` says: "context" (its prompt and max_tokens
+    over the backend's context), "stopping" (the backend takes no more requests) or "invalid" (anything else the
+    model cannot run: too many images, too many stop ids)."""
 
-    def __init__(self, message: str, stopping: bool = False):
+    def __init__(self, message: str, kind: str = "invalid"):
         super().__init__(message)
-        self.stopping = stopping
+        self.kind = kind
+
+    @classmethod
+    def of(cls, error: ValueError) -> "Refused":
+        """The refusal of an engine's check: "context" for :class:`fire_jax.infer.engine.ContextExceeded`, else
+        "invalid"."""
+        return cls(str(error), "context" if isinstance(error, ContextExceeded) else "invalid")
 
 
 def images_of(image) -> list:
@@ -93,26 +105,123 @@ def chat_request(chat: ChatTokenizer, messages: Sequence[Message], images: Seque
     pixel_values = None if not tiled else tiled[0][0] if len(tiled) == 1 else np.concatenate([t for t, _ in tiled])
     return Request(prompt, sampling, pixel_values=pixel_values, image_sizes=sizes)
 
+
+class Update(NamedTuple):
+    """How far a submitted request has got (:meth:`Serving.submit`), passed on each time its text grows and once
+    when it ends."""
+
+    delta: str  # the text added since the last update
+    reason: str | None  # None while it runs; then "stop" (a stop id or string), "length", "cancelled" or "error"
+    text: str  # the text so far: once finished, the reply (without stop ids, cut before a stop string)
+    prompt_tokens: int  # the prompt's tokens, each image's placeholder expanded
+    completion_tokens: int  # tokens generated so far (a stop id counted)
+    error: BaseException | None  # why it failed ("error"), else None
+
+
+class Serving:
+    """A model on one engine of a fixed shape, started to take requests from any thread as they come: the
+    backend a server serves a model on (and :meth:`InProcess.stream`'s). A request is made from a chat and
+    checked before it costs anything (:meth:`request`), then submitted (:meth:`submit`) and followed by its
+    :class:`Update` s; :meth:`cancel` frees its slot (a client gone away). ``shape``'s stop and pad ids are
+    the chat tokenizer's; no log-probs (an update carries none). ``stats`` counts what the engine served
+    (requests finished, cancelled, prompt tokens admitted, reused from cached prefixes, prefilled)."""
+
+    def __init__(self, model, chat: ChatTokenizer, shape: EngineConfig, *, description: str = ""):
+        self.model, self.chat, self.description = model, chat, description
+        self.tokenizer, self.geometry = chat.tokenizer, model.cfg.geometry
+        self._engine = Engine(model, shape.replace(stop_ids=chat.stop_ids, pad_id=chat.pad_id, logprobs=False),
+                              tokenizer=chat.tokenizer)
+        self.stats = self._engine.stats
+
+    @property
+    def context(self) -> int:
+        """Tokens one request may hold, prompt bucket and max_tokens (cache columns a slot)."""
+        return self._engine.cache_len
+
+    @property
+    def slots(self) -> int:
+        return self._engine.slots
+
+    @property
+    def max_images(self) -> int:
+        return self._engine.max_images
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the engine's KV cache: k and v of every layer, ``[slots, kv_heads, context, head_dim]``."""
+        llm = self.model.cfg.llm
+        return 2 * llm.layers * self.slots * llm.kv_heads * self.context * llm.head_dim * np.dtype(
+            self.model.dtype).itemsize
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not finished (waiting or in a slot)."""
+        return self._engine.in_flight
+
+    def request(self, messages: Sequence[Message], images: Sequence, sampling: SamplingParams, *,
+                system: str | None = None) -> Request:
+        """A chat's request (:func:`chat_request`: a ValueError when the template or an image cannot take it),
+        checked against the engine: :class:`Refused` ("context", "invalid") for one it cannot run."""
+        request = chat_request(self.chat, messages, images, sampling, system=system)
+        try:
+            self._engine.check(request)
+        except ValueError as e:
+            raise Refused.of(e) from None
+        return request
+
+    def submit(self, request: Request, on_update: Callable[[Update], None]):
+        """Queue a request (made by :meth:`request`); ``on_update`` hears its :class:`Update` s on the engine's
+        thread. Returns its ticket, for :meth:`cancel`. :class:`Refused` ("stopping") once :meth:`stop` was
+        called, ("context", "invalid") for a request the engine cannot run."""
+        def update(ticket, delta: str, reason: str | None) -> None:
+            on_update(Update(delta, reason, ticket.text, len(ticket.ids), len(ticket.tokens), ticket.error))
+
+        try:
+            return self._engine.submit(request, update)
+        except RuntimeError as e:
+            raise Refused(str(e), "stopping") from None
+        except ValueError as e:
+            raise Refused.of(e) from None
+
+    def cancel(self, ticket) -> bool:
+        """Stop a submitted request (its last update's reason "cancelled"); False when it had finished."""
+        return self._engine.cancel(ticket)
+
+    def start(self) -> "Serving":
+        """Start the engine's thread: requests run as they are submitted."""
+        self._engine.start()
+        return self
+
+    def stop(self, drain: bool = True) -> None:
+        """Take no more requests; finish those in flight (``drain``) or fail them; join the engine's thread."""
+        self._engine.stop(drain=drain)
+
+    def warm_up(self) -> int:
+        """Compile every decode shape now (:meth:`fire_jax.infer.engine.Engine.warm_up`); returns how many."""
+        return self._engine.warm_up()
+
+
 #: The streaming engine: decode steps between two updates of a streamed text, and requests streamed at once.
 STREAM_CHUNK = 2
 STREAM_SLOTS = 4
 
 
 class StreamingEngines:
-    """The started engines streamed requests run on, one per model and context: backends of one model (the demo's
-    student and teacher when they are one checkpoint) stream on one engine. Thread-safe."""
+    """The started engines streamed requests run on (each a :class:`Serving`), one per model and context: backends
+    of one model (the demo's student and teacher when they are one checkpoint) stream on one engine.
+    Thread-safe."""
 
     def __init__(self):
         self._engines: dict = {}
         self._lock = threading.Lock()
 
-    def engine(self, model, chat: ChatTokenizer, context: int) -> Engine:
+    def engine(self, model, chat: ChatTokenizer, context: int) -> Serving:
         with self._lock:
             key = (id(model), context)
             if key not in self._engines:
-                config = EngineConfig(slots=STREAM_SLOTS, cache_len=context, prefill_batch=1, chunk=STREAM_CHUNK,
-                                      bucket_step=None, stop_ids=chat.stop_ids, pad_id=chat.pad_id, logprobs=False)
-                self._engines[key] = Engine(model, config, tokenizer=chat.tokenizer).start()
+                shape = EngineConfig(slots=STREAM_SLOTS, cache_len=context, prefill_batch=1, chunk=STREAM_CHUNK,
+                                     bucket_step=None)
+                self._engines[key] = Serving(model, chat, shape).start()
             return self._engines[key]
 
 
@@ -165,22 +274,31 @@ class InProcess:
             return [e] * len(prompts)
 
     def _generate(self, images, prompts, sampling, rng, system) -> list[str]:
+        return [result.text.strip() for _, result in self.results(images, prompts, sampling, rng, system=system)]
+
+    def results(self, images, prompts: Sequence[Sequence[Message]], sampling: SamplingParams | None = None,
+                rng=None, *, system: str | None = None) -> list[tuple[Request, Result]]:
+        """:meth:`generate`'s rows as (the engine's request, its :class:`fire_jax.infer.requests.Result`): the
+        prompt's token ids and tiles as the model read them and the token ids sampled (a stop id kept), for a
+        caller that trains on what was sampled (the reinforcement stage's rollouts, :mod:`fire_jax.rl`)."""
         rows = [chat_request(self.chat, messages, images_of(row), sampling or self.sampling, system=system,
                              tiles=TILES) for messages, row in zip(prompts, images)]
-        texts = self.generate_ids([r.prompt for r in rows], [r.pixel_values for r in rows],
-                                  [r.image_sizes for r in rows], sampling, rng)
-        return [text.strip() for text in texts]
+        return self._run([r.prompt for r in rows], [r.pixel_values for r in rows], [r.image_sizes for r in rows],
+                         sampling, rng)
 
     def generate_ids(self, prompts: Sequence[Sequence[int]], pixel_values, image_sizes,
                      sampling: SamplingParams | None = None, rng=None) -> list[str]:
         """The texts generated for token-id prompts (images expanded), each row's tiles (a list of
         ``[tiles, 3, T, T]`` arrays, None for a row without images, or one padded ``[batch, tiles, 3, T, T]``
         array) and each row's image size(s)."""
+        return [result.text for _, result in self._run(prompts, pixel_values, image_sizes, sampling, rng)]
+
+    def _run(self, prompts, pixel_values, image_sizes, sampling, rng) -> list[tuple[Request, Result]]:
         sampling = sampling or self.sampling
         requests = requests_for(prompts, pixel_values, image_sizes, sampling, rng)
         try:
             engine = self.engine(prompts, max(len(r.image_sizes) for r in requests), sampling.max_tokens)
-            return [result.text for result in engine.generate(requests)]
+            return list(zip(requests, engine.generate(requests)))
         except BaseException:  # an interrupted or failed call leaves requests in the engine: start afresh
             self._engine = None
             raise
@@ -206,33 +324,26 @@ class InProcess:
                     self._engine.adopt(old)
         return self._engine
 
-    def streaming_engine(self) -> Engine:
-        """The started engine :meth:`stream` runs on (built at its first use, shared with the backends built
-        with the same ``streaming``)."""
+    def streaming_engine(self) -> Serving:
+        """The started engine :meth:`stream` runs on, a :class:`Serving` (built at its first use, shared with the
+        backends built with the same ``streaming``)."""
         return self.streaming.engine(self.model, self.chat, self.context)
 
     def stream(self, image, messages: Sequence[Message], on_delta: Callable[[str, int], None],
                sampling: SamplingParams | None = None) -> str:
         """:meth:`Backend.stream` on the started engine (its greedy tokens are those of :meth:`generate`)."""
-        s = sampling or self.sampling
-        request = chat_request(self.chat, messages, [] if image is None else images_of(image), s)
+        serving = self.streaming_engine()
+        request = serving.request(messages, [] if image is None else images_of(image), sampling or self.sampling)
         updates: queue.SimpleQueue = queue.SimpleQueue()
-        engine = self.streaming_engine()
-        try:
-            ticket = engine.submit(request, lambda ticket, delta, reason: updates.put(
-                (delta, reason, len(ticket.tokens))))  # the engine's thread: counted as the piece arrives
-        except ValueError as e:  # e.g. a prompt over the engine's context
-            raise Refused(str(e)) from None
-        except RuntimeError as e:  # the engine is stopping
-            raise Refused(str(e), stopping=True) from None
+        ticket = serving.submit(request, updates.put)
         try:
             while True:
-                delta, reason, tokens = updates.get()
-                if reason == "error":
-                    raise ticket.error
-                on_delta(delta, tokens)
-                if reason in ("stop", "length"):
-                    return ticket.text.strip()
+                update = updates.get()
+                if update.reason == "error":
+                    raise update.error
+                on_delta(update.delta, update.completion_tokens)
+                if update.reason in ("stop", "length"):
+                    return update.text.strip()
         except BaseException:
-            engine.cancel(ticket)
+            serving.cancel(ticket)
             raise

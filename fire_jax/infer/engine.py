@@ -72,6 +72,10 @@ def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int):
     return ids, mask, positions
 
 
+class ContextExceeded(ValueError):
+    """A request whose prompt bucket and ``max_tokens`` are over a cache row (:meth:`Engine.check`)."""
+
+
 class Engine:
     """Continuous batching over ``config.slots`` decode slots of ``config.cache_len`` cache columns each
     (:class:`fire_jax.infer.engine_config.EngineConfig` says what each field does).
@@ -140,8 +144,8 @@ class Engine:
 
     def check(self, request: Request) -> None:
         """Raise ValueError when a request cannot run on this engine (its settings were checked when made):
-        an empty prompt, a prompt and max_tokens over a cache row, too many images, stop strings without a
-        tokenizer, too many stop ids of the engine's."""
+        an empty prompt, a prompt and max_tokens over a cache row (:class:`ContextExceeded`), too many images,
+        stop strings without a tokenizer, too many stop ids of the engine's."""
         n = len(request.prompt)
         if n < 1:
             raise ValueError("empty prompt")
@@ -153,8 +157,8 @@ class Engine:
             raise ValueError(f"at most {self.config.max_images} images per request, got {len(request.image_sizes)}")
         bucket, max_tokens = self.bucket(request), request.sampling.max_tokens
         if bucket + max_tokens > self.config.cache_len:
-            raise ValueError(f"prompt of {n} tokens (bucket {bucket}) + max_tokens {max_tokens} exceeds the "
-                             f"context of {self.config.cache_len} tokens")
+            raise ContextExceeded(f"prompt of {n} tokens (bucket {bucket}) + max_tokens {max_tokens} exceeds the "
+                                  f"context of {self.config.cache_len} tokens")
 
     def bucket(self, request: Request) -> int:
         """A request's prompt bucket, leaving room for its ``max_tokens`` in the cache row."""

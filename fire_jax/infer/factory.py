@@ -1,15 +1,18 @@
-"""The one factory of backends: a model spec to the backend that generates for it (:func:`generator`).
+"""The one factory of backends: a model spec to the backend that generates for it (:func:`generator`), or that a
+server serves it on (:func:`serving`).
 
 A spec is a checkpoint run in process (:class:`fire_jax.infer.backends.InProcess` over
-:func:`fire_jax.infer.loading.load`) or, with a prefix of :data:`SPEC_PREFIXES`, an endpoint
-(:class:`fire_jax.infer.api.ApiBackend`). The agents over a backend (the student, the teacher, and the exact
+:func:`fire_jax.infer.loading.load`; a server's :class:`fire_jax.infer.backends.Serving`) or, with a prefix of
+:data:`SPEC_PREFIXES`, an endpoint (:class:`fire_jax.infer.api.ApiBackend`). The agents over a backend (the student, the teacher, and the exact
 teacher, an agent with no backend) are built by :func:`fire_jax.dialogue.agents.from_spec`.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 from fire_jax.infer.api import ApiBackend
-from fire_jax.infer.backends import Backend, InProcess, StreamingEngines
+from fire_jax.infer.backends import Backend, InProcess, Serving, StreamingEngines
 from fire_jax.infer.engine_config import EngineConfig
 from fire_jax.infer.sampling import SamplingParams
 
@@ -49,16 +52,34 @@ def generator(spec: str | None, sampling: SamplingParams = SamplingParams(), *,
         return ApiBackend(spec, sampling, concurrency=concurrency, **endpoint)
     if endpoint:
         raise TypeError(f"{sorted(endpoint)}: options of an endpoint, not of an in-process model ({spec!r})")
+    models = {} if models is None else models
+    if (spec, init) not in models:
+        models[(spec, init)] = (_load(spec, config, init), StreamingEngines())
+    loaded, streaming = models[(spec, init)]
+    return InProcess(loaded.model, loaded.chat, sampling, engine=engine, mesh=mesh, batch_size=batch_size,
+                     description=loaded.description, context=context, streaming=streaming)
+
+
+def serving(spec: str | None, shape: EngineConfig, *, config, init: str | None = None,
+            context: Callable | None = None) -> Serving:
+    """The backend a server serves a checkpoint on (None: the model of ``config``, as :func:`generator`): its
+    model on one engine of ``shape`` (not started), with ``context(chat)`` cache columns a slot when given (a
+    function of the model's :class:`fire_jax.data.chat.ChatTokenizer`: its tokenizer and tile geometry), else
+    ``shape.cache_len``."""
+    loaded = _load(spec, config, init)
+    if context is not None:
+        shape = shape.replace(cache_len=context(loaded.chat))
+    return Serving(loaded.model, loaded.chat, shape, description=loaded.description)
+
+
+def _load(spec: str | None, config, init: str | None):
+    """The loaded model of a checkpoint spec (:func:`fire_jax.infer.loading.load`), a PEFT adapter's base
+    ``init`` when given."""
     import copy
 
     from fire_jax.infer.loading import load
 
-    models = {} if models is None else models
-    if (spec, init) not in models:
-        model_config = copy.deepcopy(config)
-        if init:
-            model_config.init = dict(hf_checkpoint=init)
-        models[(spec, init)] = (load(model_config, spec), StreamingEngines())
-    loaded, streaming = models[(spec, init)]
-    return InProcess(loaded.model, loaded.chat, sampling, engine=engine, mesh=mesh, batch_size=batch_size,
-                     description=loaded.description, context=context, streaming=streaming)
+    model_config = copy.deepcopy(config)
+    if init:
+        model_config.init = dict(hf_checkpoint=init)
+    return load(model_config, spec)

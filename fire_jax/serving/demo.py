@@ -138,9 +138,9 @@ class _Cancelled(Exception):
 
 def refusal(error: Refused) -> BadRequest:
     """The 4xx of a request the model refused before generating: over the context, or the demo is stopping."""
-    if error.stopping:
+    if error.kind == "stopping":
         return BadRequest(503, str(error), "shutting_down")
-    if "context" in str(error):
+    if error.kind == "context":
         return BadRequest(400, f"{error}; start the demo with a larger --cache_len", "context_length_exceeded")
     return BadRequest(400, str(error), "invalid_request_error")
 

@@ -1,4 +1,5 @@
-"""An OpenAI-compatible chat server over the continuous-batching engine.
+"""An OpenAI-compatible chat server over the continuous-batching engine, each model on its serving backend
+(:class:`fire_jax.infer.backends.Serving`, built by :func:`fire_jax.infer.factory.serving`).
 
     python -m fire_jax.serve                                   # the main job's student + teacher, else a random tiny model
     python -m fire_jax.serve --port 8000 --model student=WORKDIR_OR_ADAPTER_OR_HF_DIR --model teacher=...
@@ -40,7 +41,7 @@ seconds at most, then end those still running, each with a clean answer
 ``[DONE]``) and one line in the log, then exit. ``--port 0`` takes a free
 port; the line "listening on http://HOST:PORT/v1" says which.
 
-A ``--plugin MODULE`` may register served models that answer without an engine
+A ``--plugin MODULE`` may register served models that answer without a model
 (:func:`register_replier`): the tests' ``scripted:FILE.json`` endpoints
 (``tests/scripted_model.py``) answer the demo's and FIRE-100K-style
 generation's clients with fixed strings, delays and errors.
@@ -53,7 +54,6 @@ import sys
 import argparse
 import asyncio
 import contextlib
-import copy
 import dataclasses
 import importlib
 import json
@@ -62,7 +62,6 @@ import time
 import uuid
 from typing import Any
 
-import numpy as np
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -71,11 +70,9 @@ from starlette.exceptions import HTTPException
 from fire_jax.core.cli import require_model_config
 from fire_jax.core.config import DEFAULT_CONFIG, apply_overrides, load_config, split_overrides
 from fire_jax.data.chat import Message
-from fire_jax.infer.backends import chat_request
-from fire_jax.infer.engine import Engine
+from fire_jax.infer.backends import Refused, Update
 from fire_jax.infer.engine_config import EngineConfig
-from fire_jax.infer.loading import load
-from fire_jax.infer.requests import Request
+from fire_jax.infer import factory
 from fire_jax.serving.defaults import default_models
 from fire_jax.serving.limits import (SAMPLING_DEFAULTS, BadRequest, Limits, OneLineLog, add_arguments, check_text,
                                      image_urls, json_body, limits_of, longest_token_chars, open_data_uri, run_server,
@@ -117,23 +114,16 @@ def default_cache_len(geometry, text_tokens: int, max_images: int = MAX_IMAGES,
     return SERVER_ENGINE.sized_for([max_images * image_tokens + text_tokens], new_tokens).cache_len
 
 
-def kv_cache_bytes(model, slots: int, cache_len: int) -> int:
-    """Bytes of an engine's KV cache: k and v of every layer, ``[slots, kv_heads, cache_len, head_dim]``."""
-    llm = model.cfg.llm
-    return 2 * llm.layers * slots * llm.kv_heads * cache_len * llm.head_dim * np.dtype(model.dtype).itemsize
-
-
 @dataclasses.dataclass
 class Served:
     name: str
     description: str
-    loaded: Any  # fire_jax.infer.loading.Loaded; None for a replier
-    engine: Engine | None  # None for a replier
-    replier: Any = None  # a REPLIERS model: fixed replies instead of an engine
+    backend: Any  # its fire_jax.infer.backends.Serving; None for a replier
+    replier: Any = None  # a REPLIERS model: fixed replies instead of a backend
     max_text_chars: int = 0  # characters of text a request may hold (its context at the longest token); 0: any
 
 
-#: Served models that answer without an engine (test doubles of an endpoint), by spec prefix:
+#: Served models that answer without a model (test doubles of an endpoint), by spec prefix:
 #: ``factory(rest_of_spec)`` gives an object with ``description``, ``counts`` (a dict /health shows) and
 #: ``reply(text) -> (reply, delay_s)``, which may raise :class:`BadRequest` to answer with an error. A
 #: ``--plugin`` module's ``register(register_replier)`` registers its kinds here.
@@ -191,30 +181,27 @@ def parse_messages(messages, limits: Limits, max_text_chars: int = 0):
     return system, out, images
 
 
-def build_request(served: Served, body: dict, limits: Limits) -> Request:
-    """The engine request of a chat completion body: every field checked and typed
+def build_request(served: Served, body: dict, limits: Limits):
+    """The backend's request of a chat completion body: every field checked and typed
     (:func:`fire_jax.serving.limits.sampling`), the text measured and the images counted before anything is
     decoded or tokenised, then the prompt checked against the context (400 ``context_length_exceeded``)."""
     settings, _ = sampling(body)
-    model_limits = dataclasses.replace(limits, max_images=min(limits.max_images, served.engine.max_images))
+    model_limits = dataclasses.replace(limits, max_images=min(limits.max_images, served.backend.max_images))
     system, messages, images = parse_messages(body.get("messages"), model_limits, served.max_text_chars)
     try:  # the agents' way from a chat to a request (the training template, each image expanded for its size)
-        request = chat_request(served.loaded.chat, messages, images, settings, system=system)
-    except ValueError as e:
-        raise BadRequest(400, str(e)) from None
-    try:
-        served.engine.check(request)
-    except ValueError as e:
-        if "context" in str(e):
+        return served.backend.request(messages, images, settings, system=system)
+    except Refused as e:
+        if e.kind == "context":
             raise BadRequest(400, f"{e}; serve with a larger --cache_len", "context_length_exceeded") from None
         raise BadRequest(400, str(e), "invalid_request_error") from None
-    return request
+    except ValueError as e:  # the template or an image cannot take the chat
+        raise BadRequest(400, str(e)) from None
 
 
 class Admitted:
     """The requests a model has admitted and not yet finished, counted from admission (while waiting, being
-    prefilled and decoding alike) to their last update: what ``--max_queue`` bounds. Thread-safe (the engine
-    thread lets requests go); letting one go twice is a no-op."""
+    prefilled and decoding alike) to their last update: what ``--max_queue`` bounds. Thread-safe (the backend's
+    engine thread lets requests go); letting one go twice is a no-op."""
 
     def __init__(self, limit: int):
         self.limit, self._lock = limit, threading.Lock()
@@ -270,8 +257,9 @@ class GracefulTimeout:
         print(f"graceful timeout of {self.seconds:g} s passed: request {rid} to {name!r} ended ({how})", flush=True)
 
 
-async def _next_update(updates: asyncio.Queue, grace: GracefulTimeout):
-    """The next (delta, reason) of a request, or None once the graceful timeout has passed."""
+async def _next_update(updates: asyncio.Queue, grace: GracefulTimeout) -> Update | None:
+    """The next :class:`fire_jax.infer.backends.Update` of a request, or None once the graceful timeout has
+    passed."""
     if grace.passed.is_set():
         return None
     get, passed = asyncio.ensure_future(updates.get()), asyncio.ensure_future(grace.passed.wait())
@@ -300,17 +288,17 @@ def create_app(models: dict[str, Served], *, max_queue: int = 256, limits: Limit
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        engines = [served.engine for served in models.values() if served.engine is not None]
-        for engine in engines:
-            engine.start()
+        backends = [served.backend for served in models.values() if served.backend is not None]
+        for backend in backends:
+            backend.start()
         yield
         # uvicorn has finished the requests in flight, or its graceful-shutdown timeout has passed: cancel
-        # what is left, so the engines stop now
+        # what is left, so the backends stop now
         for name, served in models.items():
             for ticket in admitted[name].tickets():
-                served.engine.cancel(ticket)
-        for engine in engines:
-            engine.stop(drain=True)
+                served.backend.cancel(ticket)
+        for backend in backends:
+            backend.stop(drain=True)
 
     app = FastAPI(title="fire_jax", lifespan=lifespan)
     app.state.grace = grace
@@ -361,17 +349,18 @@ def _add_error_handlers(app) -> None:
 
 def _health(models: dict[str, Served], admitted: dict[str, Admitted]) -> dict:
     return {"status": "ok", "models": {
-        name: {"description": s.description, "in_flight": s.engine.in_flight, "admitted": len(admitted[name]),
-               "finished": s.engine.stats["requests"], "cancelled": s.engine.stats["cancelled"],
-               **{key: s.engine.stats[key] for key in ("prompt_tokens", "reused_tokens", "prefilled_tokens")}}
+        name: {"description": s.description, "in_flight": s.backend.in_flight, "admitted": len(admitted[name]),
+               "finished": s.backend.stats["requests"], "cancelled": s.backend.stats["cancelled"],
+               **{key: s.backend.stats[key] for key in ("prompt_tokens", "reused_tokens", "prefilled_tokens")}}
         if s.replier is None else
         {"description": s.description, "requests": dict(s.replier.counts)} for name, s in models.items()}}
 
 
 async def _chat_completion(http: HttpRequest, models: dict[str, Served], admitted: dict[str, Admitted],
                            limits: Limits, grace: GracefulTimeout):
-    """One /v1/chat/completions request: admitted (503 when its model's queue is full), submitted to the engine,
-    answered whole or streamed; a client that goes away frees its slot; past the graceful timeout, a 503."""
+    """One /v1/chat/completions request: admitted (503 when its model's queue is full), submitted to its model's
+    backend, answered whole or streamed; a client that goes away frees its slot; past the graceful timeout, a
+    503."""
     body = await json_body(http, limits)
     name = body.get("model")
     if not isinstance(name, str):
@@ -388,44 +377,43 @@ async def _chat_completion(http: HttpRequest, models: dict[str, Served], admitte
     loop = asyncio.get_running_loop()
     updates: asyncio.Queue = asyncio.Queue()
 
-    def on_update(ticket, delta, reason):  # the engine thread
-        if reason is not None:
+    def on_update(update: Update):  # the backend's engine thread
+        if update.reason is not None:
             queue.release(key)
-        loop.call_soon_threadsafe(updates.put_nowait, (delta, reason))
+        loop.call_soon_threadsafe(updates.put_nowait, update)
 
+    backend = served.backend
     try:
-        ticket = served.engine.submit(request, on_update)
-    except RuntimeError as e:  # shutting down
+        ticket = backend.submit(request, on_update)
+    except Refused as e:  # shutting down; else checked in build_request, kept for safety
         queue.release(key)
-        raise BadRequest(503, str(e), "shutting_down", {"Retry-After": "5"})
-    except ValueError as e:  # checked in build_request; kept for safety
-        queue.release(key)
+        if e.kind == "stopping":
+            raise BadRequest(503, str(e), "shutting_down", {"Retry-After": "5"})
         raise BadRequest(400, str(e), "invalid_request_error")
     queue.submitted(key, ticket)
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if stream:
-        return StreamingResponse(_stream(rid, created, name, updates, ticket, served.engine, grace),
+        return StreamingResponse(_stream(rid, created, name, updates, ticket, backend, grace),
                                  media_type="text/event-stream")
     try:
-        reason = await _wait_unless_disconnected(http, updates, grace)
+        last = await _wait_unless_disconnected(http, updates, grace)
     except BaseException:  # cancelled by the server (uvicorn's own shutdown timeout): free the slot
-        served.engine.cancel(ticket)
+        backend.cancel(ticket)
         raise
-    if reason is None:  # the client went away: free its slot (no one reads the reply)
-        served.engine.cancel(ticket)
+    if last is None:  # the client went away: free its slot (no one reads the reply)
+        backend.cancel(ticket)
         return error(499, "client disconnected", "client_disconnected")
-    if reason == "shutting_down":
-        served.engine.cancel(ticket)
+    if last == "shutting_down":
+        backend.cancel(ticket)
         grace.ended(rid, name, "503")
         return error(503, grace.message, "shutting_down", {"Retry-After": "5"})
-    if reason == "error":
-        return error(500, f"generation failed: {ticket.error}", "generation_failed")
-    result = ticket.result
+    if last.reason == "error":
+        return error(500, f"generation failed: {last.error}", "generation_failed")
     return {"id": rid, "object": "chat.completion", "created": created, "model": name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
-                         "finish_reason": result.finish_reason}],
-            "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": len(result.tokens),
-                      "total_tokens": result.prompt_tokens + len(result.tokens)}}
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": last.text},
+                         "finish_reason": last.reason}],
+            "usage": {"prompt_tokens": last.prompt_tokens, "completion_tokens": last.completion_tokens,
+                      "total_tokens": last.prompt_tokens + last.completion_tokens}}
 
 
 async def _replied(served: Served, body: dict, limits: Limits, grace: GracefulTimeout):
@@ -437,9 +425,9 @@ async def _replied(served: Served, body: dict, limits: Limits, grace: GracefulTi
     text, delay = served.replier.reply("\n".join(([system] if system else []) + [m.text for m in messages]))
     rid, created, name = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), served.name
     updates: asyncio.Queue = asyncio.Queue()
-    asyncio.get_running_loop().call_later(delay, updates.put_nowait, (text, "stop"))
+    asyncio.get_running_loop().call_later(delay, updates.put_nowait, Update(text, "stop", text, 0, 0, None))
     if stream:
-        return StreamingResponse(_events(rid, created, name, updates, None, grace), media_type="text/event-stream")
+        return StreamingResponse(_events(rid, created, name, updates, grace), media_type="text/event-stream")
     if await _next_update(updates, grace) is None:
         grace.ended(rid, name, "503")
         raise BadRequest(503, grace.message, "shutting_down", {"Retry-After": "5"})
@@ -448,9 +436,9 @@ async def _replied(served: Served, body: dict, limits: Limits, grace: GracefulTi
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
 
 
-async def _wait_unless_disconnected(http, updates: asyncio.Queue, grace: GracefulTimeout) -> str | None:
-    """The finish reason of a request, "shutting_down" once the graceful timeout has passed, or None when its
-    client disconnects first."""
+async def _wait_unless_disconnected(http, updates: asyncio.Queue, grace: GracefulTimeout) -> Update | str | None:
+    """The last update of a request (its finish reason set), "shutting_down" once the graceful timeout has
+    passed, or None when its client disconnects first."""
     async def disconnected():
         while (await http.receive())["type"] != "http.disconnect":  # the body is read: only a disconnect comes
             pass
@@ -465,24 +453,23 @@ async def _wait_unless_disconnected(http, updates: asyncio.Queue, grace: Gracefu
                 return None
             if update.result() is None:
                 return "shutting_down"
-            _, reason = update.result()
-            if reason is not None:
-                return reason
+            if update.result().reason is not None:
+                return update.result()
     finally:
         watch.cancel()
 
 
-async def _stream(rid, created, name, updates: asyncio.Queue, ticket, engine: Engine, grace: GracefulTimeout):
+async def _stream(rid, created, name, updates: asyncio.Queue, ticket, backend, grace: GracefulTimeout):
     """Server-sent events of one request; a client that disconnects cancels it (starlette cancels this
     generator when the connection closes)."""
     try:
-        async for chunk in _events(rid, created, name, updates, ticket, grace):
+        async for chunk in _events(rid, created, name, updates, grace):
             yield chunk
     finally:
-        engine.cancel(ticket)  # a no-op once finished
+        backend.cancel(ticket)  # a no-op once finished
 
 
-async def _events(rid, created, name, updates: asyncio.Queue, ticket, grace: GracefulTimeout):
+async def _events(rid, created, name, updates: asyncio.Queue, grace: GracefulTimeout):
     """The events of a stream: the role, each piece of text, the finish reason, then ``[DONE]``; a failed
     generation, or one still running when the graceful timeout passes, an error event before ``[DONE]``."""
     def event(delta: dict, reason=None):
@@ -498,14 +485,13 @@ async def _events(rid, created, name, updates: asyncio.Queue, ticket, grace: Gra
             failure = {"message": grace.message, "type": "server_error", "code": "shutting_down"}
             yield f"data: {json.dumps({'error': failure})}\n\n"
             break
-        delta, reason = update
-        if reason == "error":
-            yield f"data: {json.dumps({'error': {'message': str(ticket.error), 'type': 'server_error'}})}\n\n"
+        if update.reason == "error":
+            yield f"data: {json.dumps({'error': {'message': str(update.error), 'type': 'server_error'}})}\n\n"
             break
-        if delta:
-            yield event({"content": delta})
-        if reason is not None:
-            yield event({}, reason)
+        if update.delta:
+            yield event({"content": update.delta})
+        if update.reason is not None:
+            yield event({}, update.reason)
             break
     yield "data: [DONE]\n\n"
 
@@ -517,33 +503,28 @@ async def _events(rid, created, name, updates: asyncio.Queue, ticket, grace: Gra
 
 def load_models(config, specs: dict[str, str | None], init: str | None, shape: EngineConfig, cache_len: int = 0,
                 warm_up: bool = False, max_text_chars: int = 0, max_images: int = MAX_IMAGES) -> dict[str, Served]:
-    """The served models of ``specs``, each on an engine of ``shape`` with ``cache_len`` columns a slot (0:
-    :func:`default_cache_len`); a request's text is bounded by ``max_text_chars`` characters, 0: by the
-    model's context times its tokenizer's longest token (:func:`fire_jax.serving.limits.text_chars_bound`)."""
+    """The served models of ``specs``, each on a serving backend (:func:`fire_jax.infer.factory.serving`) of
+    ``shape`` with ``cache_len`` columns a slot (0: :func:`default_cache_len`); a request's text is bounded by
+    ``max_text_chars`` characters, 0: by the model's context times its tokenizer's longest token
+    (:func:`fire_jax.serving.limits.text_chars_bound`)."""
     out = {}
     for name, checkpoint in specs.items():
         prefix = next((p for p in REPLIERS if checkpoint is not None and checkpoint.startswith(p)), None)
         if prefix is not None:
             replier = REPLIERS[prefix](checkpoint[len(prefix):])
-            out[name] = Served(name, replier.description, None, None, replier)
+            out[name] = Served(name, replier.description, None, replier)
             print(f"serving {name!r}: {replier.description}", flush=True)
             continue
-        model_config = copy.deepcopy(config)
-        if init:
-            model_config.init = dict(hf_checkpoint=init)
-        loaded = load(model_config, checkpoint)
-        chat = loaded.chat
-        columns = cache_len or default_cache_len(loaded.model.cfg.geometry, prompt_text_tokens(chat.tokenizer))
-        engine = Engine(loaded.model, shape.replace(cache_len=columns, max_images=max_images, stop_ids=chat.stop_ids,
-                                                    pad_id=chat.pad_id), tokenizer=chat.tokenizer)
-        chars = max_text_chars or text_chars_bound(engine.cache_len, longest_token_chars(chat.tokenizer))
-        out[name] = Served(name, loaded.description, loaded, engine, max_text_chars=chars)
-        print(f"serving {name!r}: {loaded.description}; context {engine.cache_len} tokens x {engine.slots} slots "
-              f"(KV cache {kv_cache_bytes(loaded.model, engine.slots, engine.cache_len) / 2 ** 30:.2f} GiB)",
-              flush=True)
+        backend = factory.serving(checkpoint, shape.replace(max_images=max_images), config=config, init=init,
+                          context=lambda chat: cache_len or default_cache_len(chat.geometry,
+                                                                              prompt_text_tokens(chat.tokenizer)))
+        chars = max_text_chars or text_chars_bound(backend.context, longest_token_chars(backend.tokenizer))
+        out[name] = Served(name, backend.description, backend, max_text_chars=chars)
+        print(f"serving {name!r}: {backend.description}; context {backend.context} tokens x {backend.slots} slots "
+              f"(KV cache {backend.kv_cache_bytes / 2 ** 30:.2f} GiB)", flush=True)
         if warm_up:
             start = time.perf_counter()
-            shapes = engine.warm_up()
+            shapes = backend.warm_up()
             print(f"  {shapes} decode shapes compiled in {time.perf_counter() - start:.0f} s", flush=True)
     return out
 
