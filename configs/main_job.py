@@ -3,6 +3,7 @@
 #   python -m fire_jax.run                                                   # SmolLM2-135M LLaVA, CPU, ~20 minutes
 #   python -m fire_jax.run --config configs/main_job.py:smollm2,compare --workdir runs/compare   # FD from a comparison stage
 #   python -m fire_jax.run --config configs/main_job.py:smollm2,see --workdir runs/see   # a vision stage that must see
+#   python -m fire_jax.run --config configs/main_job.py:smollm2,rl --workdir runs/main   # + reinforcement after FIRE
 #   python -m fire_jax.run --config configs/main_job.py:tiny --workdir /tmp/fire_tiny   # from-scratch tiny, tests
 #   python -m fire_jax.run --config configs/main_job.py:8b --workdir /runs/fire_8b
 #   python -m fire_jax.run --config configs/main_job.py:8b,llava_n=100000 --workdir /runs/fire_8b   (configs/fire.py options)
@@ -183,13 +184,42 @@ def _smollm2(config, compare: bool, see: bool) -> None:
     config.exact_teacher_runs = True
 
 
+#: The ",rl" variant (docs/main_job.md, "Reinforcement from the teacher's scores"): after FIRE, one reinforcement
+#: stage per teacher whose scores are the reward, the exact teacher (the synthetic set's rule) and FD, each then
+#: judged in free dialogues beside FIRE. Any workdir of the same size and lineage resumes into it: its finished
+#: stages and evaluations are skipped.
+RL_REWARD_TEACHERS = ("exact", "fd")
+#: Each stage's rollouts (items x dialogues an item) and updates. SmolLM2: about 4 minutes a stage at 310 GFLOP/s,
+#: the two within the variant's 4,000 GFLOP/s-min (fire_jax.stages.main_job.RL_BUDGET).
+RL_STAGES = dict(smollm2=dict(items_per_step=4, group_size=4, iterations=12, lr=1e-3),
+                 tiny=dict(items_per_step=4, group_size=4, iterations=6, lr=2e-3))
+
+
+def _rl(config, size: str) -> None:
+    """The ",rl" variant's stage config (configs/fire_rl.py, its student and teacher set by the main job): the free
+    dialogues' model, tokenizer, decoding and stop rule, items from the synthetic training set, LoRA (rank and
+    targets of the model's) on the FIRE student with its own adapter folded in."""
+    rl = _load("fire_rl.py:tiny")
+    free = config.eval_free
+    rl.model, rl.data = ml_collections.ConfigDict(free.model.to_dict()), ml_collections.ConfigDict(free.data.to_dict())
+    rl.free = ml_collections.ConfigDict(free.free.to_dict())
+    sizes = RL_STAGES[size]
+    rl.rl.update({k: v for k, v in sizes.items() if k != "lr"})
+    rl.rl.buckets = (192, 256, 384, 512)  # a turn's prompt and reply: 110-400 tokens
+    rows = rl.rl.items_per_step * rl.rl.group_size
+    rl.decode = ml_collections.ConfigDict(dict(free.decode.to_dict(), batch_size=rows))
+    rl.train.update(dict(lr=sizes["lr"], batch_size=rows, checkpoint_every=rl.rl.iterations))
+    config.rl_train = rl
+    config.rl_reward_teachers = RL_REWARD_TEACHERS
+
+
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
     size, _, options = (arg or "smollm2").partition(",")
     chosen = set(options.split(",")) - {""} if size != "8b" else set()
     compare, see = "compare" in chosen, "see" in chosen
-    if size not in ("smollm2", "tiny", "8b") or chosen - {"compare", "see"}:
-        raise InputError(f"configs/main_job.py: arg must be 'smollm2[,compare][,see]', 'tiny[,compare][,see]' or "
-                         f"'8b[,key=value...]', got {arg!r}")
+    if size not in ("smollm2", "tiny", "8b") or chosen - {"compare", "see", "rl"}:
+        raise InputError(f"configs/main_job.py: arg must be 'smollm2[,compare][,see][,rl]', 'tiny[,compare][,see][,rl]' "
+                         f"or '8b[,key=value...]', got {arg!r}")
     config = ml_collections.ConfigDict()
     config.compare_train = None  # FD's comparison stage: the ",compare" variants
     config.align_train = None  # the connector's alignment stage, between the CLIP and the base stages: ",see"
@@ -237,4 +267,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.baseline = dict(name="LLaVA-NeXT-8B", init=config.eval_free.student.init, adapter="")
         config.exact_teacher_runs = False  # no exact rule for real data
         config.ablation_source = _fire_module().ABLATION_SOURCE  # Fig. 6 subsamples FIRE-1M (configs/fire.py)
+    if "rl" in chosen:
+        _rl(config, size)
     return config

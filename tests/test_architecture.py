@@ -24,6 +24,7 @@ LAYERS = (
     ("fire_jax.train", "fire_jax.infer"),
     ("fire_jax.dialogue",),
     ("fire_jax.eval", "fire_jax.vlrmbench"),
+    ("fire_jax.rl",),
     ("fire_jax.serving", "fire_jax.stages"),
 )
 

@@ -384,6 +384,13 @@ FIELD_CHECKS = {
         loss_chunk=_number(1, integer=True), checkpoint_every=_number(1, integer=True),
         keep_checkpoints=_number(1, integer=True)),
     "loss": dict(normalize=_one_of("token", "turn"), max_turns=_number(1, integer=True)),
+    # a reinforcement stage's (configs/fire_rl.py, fire_jax.train.policy)
+    "rl": dict(items_per_step=_number(1, integer=True), group_size=_number(2, integer=True),
+               iterations=_number(1, integer=True), updates=_number(1, integer=True), temperature=_number(0, 2),
+               top_p=_number(0, 1), gamma=_number(0, 1), advantage=_one_of("grpo", "rloo"),
+               normalize=_one_of("token", "sequence"), clip=_number(0, low_open=True), kl_coef=_number(0),
+               max_failed_rollouts=_number(1, integer=True)),
+    "reward": dict(score=_number(), improvement=_number()),
     "data": dict(max_len=_number(1, integer=True), batch_size=_number(1, integer=True),
                  group_by_length=_number(0, integer=True), num_epochs=_number(0, integer=True),
                  num_threads=_number(0, integer=True), num_workers=_number(0, integer=True),

@@ -88,6 +88,15 @@ class Linear(nnx.Module):
         self.kernel[...] = (self.kernel[...].astype(jnp.float32) + delta).astype(self.kernel[...].dtype)
         self.lora_a = self.lora_b = None
 
+    def fold_lora(self) -> None:
+        """Fold the adapter into the kernel and restart it from zero (``lora_b`` = 0, ``lora_a`` kept): the same
+        function, with an adapter whose "off" is the model as it now is (a reinforcement stage's reference)."""
+        if self.lora_a is None:
+            return
+        delta = (self.lora_a[...] @ self.lora_b[...]) * self.lora_scale
+        self.kernel[...] = (self.kernel[...].astype(jnp.float32) + delta).astype(self.kernel[...].dtype)
+        self.lora_b[...] = jnp.zeros_like(self.lora_b[...])
+
 
 class RMSNorm(nnx.Module):
     """Llama RMSNorm: statistics in float32, result cast back before the scale."""

@@ -132,6 +132,15 @@ def merge_lora(model: nnx.Module) -> nnx.Module:
     return model
 
 
+def fold_lora(model: nnx.Module) -> nnx.Module:
+    """Fold every LoRA adapter into its kernel and restart it from zero (:meth:`Linear.fold_lora`), in place;
+    returns the model."""
+    for _, module in nnx.iter_modules(model):
+        if isinstance(module, Linear):
+            module.fold_lora()
+    return model
+
+
 def set_layer_layout(model: LlavaNext, scan_layers: bool) -> LlavaNext:
     """Stack the LLM layers (``scan_layers=True``: training, scoring) or list them (decoding), in place.
 

@@ -70,6 +70,18 @@ def train_and_report(config, workdir: str, name: str) -> dict:
 #: measured idle (15 minutes at 400 GFLOP/s). The last line prints the product.
 BUDGET = 6000
 
+#: The ",rl" variant's reinforcement stages, machine-independent as :data:`BUDGET` (10 minutes at 400 GFLOP/s).
+RL_BUDGET = 4000
+#: Columns of the reinforcement stages' summary: (label, setting, path into its metrics). "free": dialogues with FD
+#: (the exact judge's verdicts), "free_exact": with the exact teacher.
+RL_COLUMNS = (("acc final", "free", ("judged", "overall", "accuracy_final")),
+              ("judged RR", "free", ("judged", "overall", "refinement_rate")),
+              ("mean turns", "free", ("overall", "mean_turns")),
+              ("FD solved but wrong", "free", ("judged", "overall", "solved_but_wrong_share")),
+              ("exact: acc final", "free_exact", ("judged", "overall", "accuracy_final")),
+              ("exact: judged RR", "free_exact", ("judged", "overall", "refinement_rate")),
+              ("exact: mean turns", "free_exact", ("overall", "mean_turns")))
+
 #: The teacher spec of the exact teacher (fire_jax.dialogue.agents.ExactTeacher): no model, the generator's rule.
 EXACT_TEACHER = dict(name="exact teacher", init="exact:synthetic", adapter="")
 
@@ -84,6 +96,49 @@ def eval_stage(base, workdir: str, *, student: dict, teacher: dict, baseline_res
         config.free.baseline_results = baseline_results
     print(f"\n== {config.setting} dialogues: student {student['name']}, teacher {teacher['name']} -> {workdir}")
     return evaluate(config, workdir)  # an "exact:" teacher is the judge's rule (fire_jax.dialogue.agents.from_spec)
+
+
+def rl_stages(config, workdir: str, fire: dict, fd: dict, seconds: dict) -> dict:
+    """The ",rl" variant: the FIRE student's reinforcement stage (fire_jax.rl) once per reward teacher
+    (``config.rl_rewards``: "exact", the synthetic set's rule; "fd", the trained teacher), each student then in free
+    dialogues with FD and with the exact teacher, judged as FIRE's are. Returns their results by (run, setting)."""
+    from fire_jax.rl.stage import train_rl
+
+    results, out = {}, os.path.join(workdir, "eval")
+    for reward in config.rl_reward_teachers:
+        teacher, name = (EXACT_TEACHER if reward == "exact" else fd), f"rl_{reward}"
+        stage = ml_collections.ConfigDict(config.rl_train.to_dict())
+        stage.student, stage.teacher = dict(fire), dict(teacher)
+        rl_dir = os.path.join(workdir, name)
+        print(f"\n== reinforcement stage, reward: {teacher['name']}'s scores -> {rl_dir}")
+        summary = _timed(seconds, name, train_rl, stage, rl_dir)
+        if summary["preempted"]:
+            by = summary["stopped_by"] or signal.SIGTERM
+            raise Stopped(by, f"{name}: stopped by {signal.Signals(by).name} at step {summary['step']} of "
+                              f"{summary['total_steps']} (checkpoint in {rl_dir}); the same command resumes")
+        student = dict(name=f"FIRE + RL ({teacher['name']})", adapter="",
+                       init=os.path.abspath(os.path.join(rl_dir, "export", "hf_merged")))
+        for setting, judge_teacher in (("free", fd), ("free_exact", EXACT_TEACHER)):
+            results[(name, setting)] = _timed(
+                seconds, f"{name}_{setting}", eval_stage, config.eval_free, os.path.join(out, f"{name}_{setting}"),
+                student=student, teacher=judge_teacher,
+                baseline_results=os.path.join(out, f"baseline_{setting}", "results.json"))
+    return results
+
+
+def rl_summary(results: dict, runs) -> dict:
+    """:data:`RL_COLUMNS` for FIRE and each reinforcement stage's student (``runs``: "rl_exact", ...)."""
+    return {run: {label: _get(results[(run, setting)]["metrics"], path) for label, setting, path in RL_COLUMNS}
+            for run in ("fire", *runs)}
+
+
+def rl_cost(seconds: dict, rate: float) -> str:
+    """The reinforcement stages' line: their minutes (training alone) times the matmul rate, against
+    :data:`RL_BUDGET`."""
+    stages = {k: v for k, v in seconds.items() if k.startswith("rl_") and not k.endswith(("_free", "_free_exact"))}
+    minutes = sum(stages.values()) / 60
+    return (f"reinforcement stages ({', '.join(f'{k} {v / 60:.1f}' for k, v in stages.items())} min): "
+            f"{minutes:.1f} min at {rate:.0f} GFLOP/s: {minutes * rate:,.0f} GFLOP/s-min (their budget: {RL_BUDGET:,})")
 
 
 def fetch_stage(config) -> float:
@@ -155,9 +210,14 @@ def _run(config, workdir: str) -> dict[str, Any]:
         results[(agent, setting)] = _timed(
             seconds, name, eval_stage, config.eval_fixed if setting == "fixed" else config.eval_free,
             os.path.join(out, name), student=student, teacher=teacher, baseline_results=baseline_results)
+    rl_runs = [f"rl_{reward}" for reward in config.rl_reward_teachers] if config.get("rl_train") else []
+    if rl_runs:  # the ",rl" variant: after FIRE, its reinforcement stages and their evaluations
+        results.update(rl_stages(config, workdir, fire, fd, seconds))
     from fire_jax.dialogue.stop import StopRule
 
     summary = summarize(results)
+    if rl_runs:
+        summary["rl"] = rl_summary(results, rl_runs)
     threshold = StopRule.from_config(config.eval_free.free).threshold  # what the free dialogues stopped at
     figures = [p for r in results.values() for p in r.get("figures", {}).values()]
     if summary.get("judged"):
@@ -179,6 +239,8 @@ def _run(config, workdir: str) -> dict[str, Any]:
     print("\n== summary (overall, synthetic test set)\n" + table)
     print("plots:\n  " + "\n  ".join(os.path.join(workdir, p) for p in summary["figures"]))
     print("stage minutes: " + ", ".join(f"{name} {value / 60:.1f}" for name, value in seconds.items()))
+    if rl_runs:
+        print(rl_cost(seconds, rate))
     print(f"done in {minutes:.1f} min on a machine whose float32 matmul runs at {rate:.0f} GFLOP/s (and "
           f"{fetch_seconds:.0f} s fetching the pretrained LLM before it): {minutes * rate:,.0f} GFLOP/s-min "
           f"(the SmolLM2 job's budget: {BUDGET:,}); {workdir}/summary.json, summary.md, eval/*/results.md")
@@ -253,6 +315,12 @@ def summary_table(summary: dict, *, threshold: float) -> str:
         lines += ["", "Free dialogues with the exact teacher (the synthetic set's own feedback rule, never wrong): "
                   "what each student does with informative feedback, apart from the FD teacher's mistakes.", ""]
         lines.append(_table(summary["exact_teacher"], ["AT", "ADR", "ATR", "RR", "K", *EXACT_COLUMNS]))
+    if summary.get("rl"):
+        lines += ["", "After FIRE, the reinforcement stages (rl_exact: the exact teacher's scores as the reward; rl_fd: "
+                  "FD's), judged in free dialogues with FD (the first four columns; FD solved but wrong: the share of "
+                  "the dialogues FD stopped as solved whose last answer is wrong, the sign of a student that games its "
+                  "teacher) and with the exact teacher (exact: ...); mean turns unnormalised.", ""]
+        lines.append(_table(summary["rl"], [label for label, *_ in RL_COLUMNS]))
     return "\n".join(lines) + "\n"
 
 

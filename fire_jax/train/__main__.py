@@ -2,6 +2,8 @@
 
     python -m fire_jax.train --config configs/tiny.py --workdir /tmp/tiny
     python -m fire_jax.train --config configs/fire_student.py --workdir gs://... --config.train.lr=1e-4
+    python -m fire_jax.train --config configs/fire_rl.py:tiny --workdir /tmp/rl   # a config with an ``rl`` section:
+                                                                                # the reinforcement stage
 
 Multi-host: run the same command on every host with ``--coordinator HOST:PORT
 --num_processes N --process_id I`` (or the environment that
@@ -34,7 +36,10 @@ def main(argv):
     if _COORDINATOR.value or _DISTRIBUTED.value:
         jax.distributed.initialize(coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
                                    process_id=_PROCESS_ID.value)
-    from fire_jax.train.loop import train
+    if _CONFIG.value.get("rl"):  # the student's reinforcement stage (fire_jax.rl: rollouts, then this trainer's step)
+        from fire_jax.rl.stage import train_rl as train
+    else:
+        from fire_jax.train.loop import train
 
     summary = train(_CONFIG.value, _WORKDIR.value, max_steps=_MAX_STEPS.value)
     if summary["stopped_by"] is not None:  # exit 128 + the signal: a scheduler must not read the run as done

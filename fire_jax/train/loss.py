@@ -42,6 +42,27 @@ def token_weights(loss_mask: jax.Array, turn_ids: jax.Array, normalize: str, max
     return jnp.where(mask > 0, 1.0 / (present * jnp.maximum(count, 1.0)), 0.0)
 
 
+def accumulated_grads(grad_fn, params, batch: dict, accum: int, rng: jax.Array):
+    """A loss's gradients summed over ``accum`` micro-batches of ``batch`` in one ``lax.scan``, the batch split
+    strided so that every shard holds every micro-batch. ``grad_fn(params, micro_batch, rng_i)`` returns
+    ``((loss, aux), grads)`` (``rng_i``: ``rng`` folded with the micro-batch's index). Returns (grads, the summed
+    loss, aux back in the batch's order ``[batch, ...]``): exact when the loss's weights were computed over the
+    whole batch first."""
+
+    def micro(x):  # [batch, ...] -> [accum, batch/accum, ...]
+        return x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1)
+
+    def body(carry, xs):
+        grads, total = carry
+        i, micro_batch = xs
+        (loss, aux), g = grad_fn(params, micro_batch, jax.random.fold_in(rng, i))
+        return (jax.tree.map(jnp.add, grads, g), total + loss), aux
+
+    zeros = (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32))
+    (grads, total), aux = jax.lax.scan(body, zeros, (jnp.arange(accum), jax.tree.map(micro, batch)))
+    return grads, total, jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(-1, *x.shape[2:]), aux)
+
+
 def turn_counts(values: jax.Array, turn_ids: jax.Array, max_turns: int) -> jax.Array:
     """Sum of ``values`` per turn bucket: indices 0..max_turns, then one "> max_turns" bucket.
 

@@ -25,9 +25,11 @@ from fire_jax.models import LlavaNext
 from fire_jax.models.clip import contrastive_loss, dense_loss, fact_loss
 from fire_jax.runtime.sharding import DEFAULT_RULES, activation_sharding, batch_sharding, state_shardings
 from fire_jax.train import loss as losses
+from fire_jax.train.policy import PolicyGradient
 
 BATCH_KEYS = ("input_ids", "attention_mask", "loss_mask", "turn_ids", "pixel_values", "image_index",
-              "view_pixels", "feature_index", "facts", "dense_facts")  # the last four: a vision stage's (data/captions.py)
+              "view_pixels", "feature_index", "facts", "dense_facts",  # these four: a vision stage's (data/captions.py)
+              "advantages", "old_logprobs", "ref_logprobs")  # a reinforcement step's (fire_jax.train.policy)
 
 
 def make_optimizer(cfg, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -67,7 +69,8 @@ class Trainer:
         frozen weights are ShapeDtypeStructs with shardings, for lowering and memory analysis at 8B."""
         self.mesh, self.rules = mesh, rules
         self.train_cfg, self.loss_cfg = train_cfg, loss_cfg
-        self.objective = OBJECTIVES[model.kind]  # the model's loss: its kind picks it, as it picks its data
+        # the model's loss: its kind picks it, as it picks its data, unless the config names one (train.objective)
+        self.objective = OBJECTIVES[train_cfg.get("objective") or model.kind]
         self.objective.check(train_cfg)
         check_trainable(model, train_cfg)
         self.graphdef, params, frozen = nnx.split(model, trainable_filter(train_cfg), ...)
@@ -129,6 +132,22 @@ class Trainer:
         batch = {k: v for k, v in batch.items() if k in BATCH_KEYS}
         return self.compiled_step(batch)(state, self.frozen, batch, rng)
 
+    def logprobs(self, state: TrainState, batch: dict[str, jax.Array], *, reference: bool = False) -> jax.Array:
+        """Per-token log-probs ``[batch, seq]`` of ``batch``'s labelled tokens under the state's parameters, or
+        (``reference``) under the objective's reference: an objective with ``logprobs``
+        (:class:`fire_jax.train.policy.PolicyGradient`). Jitted once per shape, sharded as the step."""
+        batch = {k: v for k, v in batch.items() if k in BATCH_KEYS}
+        key = ("logprobs", reference, tuple(sorted((k, v.shape) for k, v in batch.items())))
+        if key not in self._steps:
+            def run(params, frozen, b):
+                with activation_sharding(self.mesh, self.rules):
+                    return self.objective.logprobs(self, params, frozen, b, reference)
+
+            batch_sh = {k: batch_sharding(self.mesh, v.ndim, self.rules) for k, v in batch.items()}
+            self._steps[key] = jax.jit(run, in_shardings=(self.param_sharding, self.frozen_sharding, batch_sh),
+                                       out_shardings=batch_sharding(self.mesh, 2, self.rules))
+        return self._steps[key](state.params, self.frozen, batch)
+
     def model(self, state: TrainState) -> LlavaNext:
         """The model with the state's trainable parameters (for evaluation and export)."""
         return nnx.merge(self.graphdef, state.params, self.frozen)
@@ -159,25 +178,15 @@ class TurnLanguageModeling:
         mask = batch["loss_mask"][:, 1:].astype(jnp.float32)
         turns = batch["turn_ids"][:, 1:]
         weights = losses.token_weights(mask, turns, trainer.loss_cfg.normalize, max_turns)
-        step_rng = jax.random.fold_in(rng, state.step)
-
-        def micro(x):  # [batch, ...] -> [accum, batch/accum, ...], strided so every shard holds every micro-batch
-            return x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1)
-
-        micro_batches = jax.tree.map(micro, {**batch, "_weights": weights})
+        step_rng = jax.random.fold_in(rng, state.step)  # LoRA dropout (a no-op at rate 0), per micro-batch
         grad_fn = jax.value_and_grad(lambda *args: self._loss(trainer, *args), has_aux=True)
 
-        def body(grads, xs):
-            i, mb = xs
-            w = mb.pop("_weights")
-            rng_i = jax.random.fold_in(step_rng, i)  # LoRA dropout (a no-op at rate 0)
-            (_, (nll, correct)), g = grad_fn(state.params, frozen, mb, w, rng_i)
-            return jax.tree.map(jnp.add, grads, g), (nll, correct)
+        def micro_grads(params, micro_batch, rng_i):
+            rest = {k: v for k, v in micro_batch.items() if k != "_weights"}
+            return grad_fn(params, frozen, rest, micro_batch["_weights"], rng_i)
 
-        zeros = jax.tree.map(jnp.zeros_like, state.params)
-        grads, (nll, correct) = jax.lax.scan(body, zeros, (jnp.arange(accum), micro_batches))
-        unmicro = lambda x: x.swapaxes(0, 1).reshape(-1, *x.shape[2:])  # noqa: E731
-        nll, correct = unmicro(nll), unmicro(correct)
+        grads, _, (nll, correct) = losses.accumulated_grads(micro_grads, state.params, {**batch, "_weights": weights},
+                                                            accum, step_rng)
         tokens = mask.sum()
         # Turns 0..max_turns, then one "> max_turns" bucket: every labelled token is in one of them.
         turn_tokens = losses.turn_counts(mask, turns, max_turns)  # [max_turns + 2]
@@ -246,8 +255,9 @@ class Contrastive:
         return grads, {"loss": loss, **metrics}
 
 
-#: Each model kind's training objective (``model.kind``: ``LlavaNext.kind``, ``CLIPModel.kind``).
-OBJECTIVES = {"llava": TurnLanguageModeling(), "clip": Contrastive()}
+#: Each model kind's training objective (``model.kind``: ``LlavaNext.kind``, ``CLIPModel.kind``), and the ones a
+#: config names instead (``train.objective``): "rl", a LLaVA student's reinforcement from the teacher's scores.
+OBJECTIVES = {"llava": TurnLanguageModeling(), "clip": Contrastive(), "rl": PolicyGradient()}
 
 
 def _with_shardings(tree, shardings):
