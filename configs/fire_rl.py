@@ -68,6 +68,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.train = train_config(lr=1e-5, lr_schedule="constant", warmup_frac=0.0, accum_steps=8,
                                     checkpoint_every=10)
         config.mesh = mesh_config((1, -1, 1))  # the 8B recipes' (configs/fire.py): FSDP over all devices
+        config.model.remat = "full"  # the update's activations (the evaluations' config sets "none")
     rows = config.rl.items_per_step * config.rl.group_size
     config.train.update(dict(objective="rl", batch_size=rows, export_merged=True))
     config.decode.batch_size = rows  # the teacher scores a whole rollout's turns at once

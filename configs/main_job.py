@@ -184,7 +184,7 @@ def _smollm2(config, compare: bool, see: bool) -> None:
     config.exact_teacher_runs = True
 
 
-#: The ",rl" variant (docs/main_job.md, "Reinforcement from the teacher's scores"): after FIRE, one reinforcement
+#: The ",rl" variant (docs/training.md, "Reinforcement from the teacher's scores"): after FIRE, one reinforcement
 #: stage per teacher whose scores are the reward, the exact teacher (the synthetic set's rule) and FD, each then
 #: judged in free dialogues beside FIRE. Any workdir of the same size and lineage resumes into it: its finished
 #: stages and evaluations are skipped.
