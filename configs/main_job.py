@@ -205,7 +205,7 @@ def _rl(config, size: str) -> None:
     rl.free = ml_collections.ConfigDict(free.free.to_dict())
     sizes = RL_STAGES[size]
     rl.rl.update({k: v for k, v in sizes.items() if k != "lr"})
-    rl.rl.buckets = (192, 256, 384, 512)  # a turn's prompt and reply: 110-400 tokens
+    rl.rl.buckets = (256, 512)  # a turn's prompt and reply: 110-400 tokens; two lengths, few compiled steps
     rows = rl.rl.items_per_step * rl.rl.group_size
     rl.decode = ml_collections.ConfigDict(dict(free.decode.to_dict(), batch_size=rows))
     rl.train.update(dict(lr=sizes["lr"], batch_size=rows, checkpoint_every=rl.rl.iterations))

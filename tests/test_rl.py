@@ -119,7 +119,8 @@ def test_greedy_rollouts_are_the_greedy_dialogues_and_rows_hold_what_was_sampled
 
 def test_the_reference_is_the_student_with_its_adapter_off(tiny):
     """The student is folded (its adapter into its weights, the adapter restarted at 0): the reference's and the
-    policy's log-probs are then the unfolded student's, and the reference stays so when the adapter trains."""
+    policy's log-probs are then the unfolded student's, and the reference stays so when the adapter trains; on the
+    8B recipes' mesh."""
     config, _, items = tiny
     loaded = load(model_config(config), None)
     for path, variable in nnx.iter_graph(loaded.model):
@@ -145,10 +146,6 @@ def test_the_reference_is_the_student_with_its_adapter_off(tiny):
     moved = dataclasses_replace_params(state, 0.05)
     assert np.abs(np.asarray(trainer.logprobs(moved, batch)) - student).max() > 1e-2
     np.testing.assert_allclose(trainer.logprobs(moved, batch, reference=True), student, atol=2e-4)
-    batch.update(old_logprobs=trainer.logprobs(state, batch), ref_logprobs=trainer.logprobs(state, batch, reference=True))
-    _, metrics = trainer.step(state, batch, jax.random.key(0))  # the sharded step: ratio 1, KL 0, every A = 1
-    assert float(metrics["loss"]) == pytest.approx(-1.0, abs=1e-6) and float(metrics["kl"]) == pytest.approx(0.0, abs=1e-6)
-    assert float(metrics["clip_fraction"]) == 0.0 and float(metrics["grad_norm"]) > 0
 
 
 def dataclasses_replace_params(state, scale: float):
@@ -205,7 +202,9 @@ def test_a_toy_reward_rises_and_a_resumed_stage_repeats_it(tiny, tmp_path, monke
     metrics = _metrics(tmp_path / "whole")
     rewards = [m["reward"] for m in metrics]
     assert whole["step"] == 2 and rewards[-1] > rewards[0] + 0.2, rewards  # one update: 0.5 -> 0.9 or so
-    assert metrics[-1]["kl"] > 0 and metrics[0]["readable"] == 1.0
+    # the first update: the policy is the reference and the sampler (KL 0, ratio 1, nothing clipped)
+    assert metrics[0]["kl"] == pytest.approx(0.0, abs=1e-6) and metrics[0]["ratio"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics[0]["clip_fraction"] == 0.0 and metrics[-1]["kl"] > 0 and metrics[0]["readable"] == 1.0
     stage.train_rl(config, str(tmp_path / "resumed"), teacher=Lowercase(), max_steps=1)
     resumed = stage.train_rl(config, str(tmp_path / "resumed"), teacher=Lowercase())
     assert resumed["step"] == 2

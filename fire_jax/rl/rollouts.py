@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 from typing import Sequence
 
 import numpy as np
@@ -148,13 +149,14 @@ def rollout_batch(rollout_: Rollout, per_turn: Sequence[Sequence[float] | None],
                   pad_id: int, image_token_id: int, geometry) -> dict[str, np.ndarray]:
     """The training batch of a rollout: a row per turn of the dialogues whose rewards were read (the others leave
     the batch), its prompt and sampled ids (cut at the largest bucket), labelled on the sampled ids with
-    ``turn_ids`` k and ``advantages`` the turn's; padded to a multiple of ``rows`` rows (few compiled shapes)."""
+    ``turn_ids`` k and ``advantages`` the turn's; padded to ``rows`` times a power of two rows (few compiled
+    shapes: each new one compiles the step and the log-probs again)."""
     turns = [(sample, k + 1, values[k]) for dialogue_samples, values in zip(rollout_.samples, per_turn)
              if values is not None for k, sample in enumerate(dialogue_samples)]
     if not turns:
         raise ValueError("a rollout with no readable reward has no batch")
     length = batch_length(max(len(r.prompt) + len(out.tokens) for (r, out), _, _ in turns), buckets)
-    count = -(-len(turns) // rows) * rows
+    count = rows * 2 ** math.ceil(math.log2(-(-len(turns) // rows)))  # rows x a power of two: few shapes
     batch = {"input_ids": np.full((count, length), pad_id, np.int32),
              "attention_mask": np.zeros((count, length), np.int32),
              "loss_mask": np.zeros((count, length), np.float32), "turn_ids": np.full((count, length), -1, np.int32),

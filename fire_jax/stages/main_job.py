@@ -72,15 +72,22 @@ BUDGET = 6000
 
 #: The ",rl" variant's reinforcement stages, machine-independent as :data:`BUDGET` (10 minutes at 400 GFLOP/s).
 RL_BUDGET = 4000
-#: Columns of the reinforcement stages' summary: (label, setting, path into its metrics). "free": dialogues with FD
-#: (the exact judge's verdicts), "free_exact": with the exact teacher.
-RL_COLUMNS = (("acc final", "free", ("judged", "overall", "accuracy_final")),
-              ("judged RR", "free", ("judged", "overall", "refinement_rate")),
-              ("mean turns", "free", ("overall", "mean_turns")),
-              ("FD solved but wrong", "free", ("judged", "overall", "solved_but_wrong_share")),
-              ("exact: acc final", "free_exact", ("judged", "overall", "accuracy_final")),
-              ("exact: judged RR", "free_exact", ("judged", "overall", "refinement_rate")),
-              ("exact: mean turns", "free_exact", ("overall", "mean_turns")))
+#: Columns of the reinforcement stages' summary: (label, setting, its value in that run's metrics). "free":
+#: dialogues with FD (the exact judge's verdicts), "free_exact": with the exact teacher.
+RL_COLUMNS = (("acc final", "free", lambda m: _get(m, ("judged", "overall", "accuracy_final"))),
+              ("judged RR", "free", lambda m: _get(m, ("judged", "overall", "refinement_rate"))),
+              ("mean turns", "free", lambda m: _mean_turns(m)),
+              ("FD solved but wrong", "free", lambda m: _get(m, ("judged", "overall", "solved_but_wrong_share"))),
+              ("exact: acc final", "free_exact", lambda m: _get(m, ("judged", "overall", "accuracy_final"))),
+              ("exact: judged RR", "free_exact", lambda m: _get(m, ("judged", "overall", "refinement_rate"))),
+              ("exact: mean turns", "free_exact", lambda m: _mean_turns(m)))
+
+
+def _mean_turns(metrics: dict) -> float | None:
+    """The dialogues' mean number of turns (no penalty for the unsolved), from the run's turn counts."""
+    counts = {int(turns): n for turns, n in metrics["overall"]["turns"].items()}
+    return sum(t * n for t, n in counts.items()) / sum(counts.values()) if counts else None
+
 
 #: The teacher spec of the exact teacher (fire_jax.dialogue.agents.ExactTeacher): no model, the generator's rule.
 EXACT_TEACHER = dict(name="exact teacher", init="exact:synthetic", adapter="")
@@ -128,7 +135,7 @@ def rl_stages(config, workdir: str, fire: dict, fd: dict, seconds: dict) -> dict
 
 def rl_summary(results: dict, runs) -> dict:
     """:data:`RL_COLUMNS` for FIRE and each reinforcement stage's student (``runs``: "rl_exact", ...)."""
-    return {run: {label: _get(results[(run, setting)]["metrics"], path) for label, setting, path in RL_COLUMNS}
+    return {run: {label: value(results[(run, setting)]["metrics"]) for label, setting, value in RL_COLUMNS}
             for run in ("fire", *runs)}
 
 
@@ -319,7 +326,7 @@ def summary_table(summary: dict, *, threshold: float) -> str:
         lines += ["", "After FIRE, the reinforcement stages (rl_exact: the exact teacher's scores as the reward; rl_fd: "
                   "FD's), judged in free dialogues with FD (the first four columns; FD solved but wrong: the share of "
                   "the dialogues FD stopped as solved whose last answer is wrong, the sign of a student that games its "
-                  "teacher) and with the exact teacher (exact: ...); mean turns unnormalised.", ""]
+                  "teacher) and with the exact teacher (exact: ...); mean turns: turns a dialogue, no penalty.", ""]
         lines.append(_table(summary["rl"], [label for label, *_ in RL_COLUMNS]))
     return "\n".join(lines) + "\n"
 

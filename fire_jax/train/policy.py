@@ -115,7 +115,7 @@ def policy_loss(logp, old_logp, ref_logp, advantage, weights, *, clip: float, kl
 class PolicyGradient:
     """A LLaVA student's reinforcement step on teacher-scored rollouts (``train.objective="rl"``): the batch
     carries ``advantages``, ``old_logprobs`` (the policy that sampled, before this rollout's updates) and
-    ``ref_logprobs`` (the reference: the model with its adapter off, :meth:`logprobs` ``reference=True``), all
+    ``ref_logprobs`` (the reference: the model with its adapter off, :meth:`reference_params`), all
     ``[batch, seq]``; ``rl`` settings come in the trainer's ``loss`` section (``clip``, ``kl_coef``,
     ``normalize``). Gradient accumulation as :class:`fire_jax.train.step.TurnLanguageModeling`'s."""
 
@@ -137,12 +137,11 @@ class PolicyGradient:
                                               batch["input_ids"][:, 1:], trainer.train_cfg.loss_chunk, labelled)
         return jnp.pad(-nll, ((0, 0), (1, 0)))
 
-    def logprobs(self, trainer, params, frozen, batch, reference: bool) -> jax.Array:
-        """:meth:`token_logprobs` under ``params``, or under the reference: every trainable parameter is a LoRA
-        factor (:meth:`check`), so zeroing them all is the model with its adapter off, no copy of it."""
-        if reference:
-            params = jax.tree.map(jnp.zeros_like, params)
-        return self.token_logprobs(trainer, params, frozen, batch)
+    @staticmethod
+    def reference_params(params):
+        """The reference's parameters: every trainable parameter is a LoRA factor (:meth:`check`), so zeroing them all
+        is the model with its adapter off, no copy of it."""
+        return jax.tree.map(jnp.zeros_like, params)
 
     def _loss(self, trainer, params, frozen, batch):
         rl = trainer.loss_cfg

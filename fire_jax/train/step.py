@@ -134,19 +134,21 @@ class Trainer:
 
     def logprobs(self, state: TrainState, batch: dict[str, jax.Array], *, reference: bool = False) -> jax.Array:
         """Per-token log-probs ``[batch, seq]`` of ``batch``'s labelled tokens under the state's parameters, or
-        (``reference``) under the objective's reference: an objective with ``logprobs``
-        (:class:`fire_jax.train.policy.PolicyGradient`). Jitted once per shape, sharded as the step."""
+        (``reference``) under the objective's reference parameters: an objective with ``token_logprobs`` and
+        ``reference_params`` (:class:`fire_jax.train.policy.PolicyGradient`). One program for both, jitted once per
+        shape, sharded as the step."""
         batch = {k: v for k, v in batch.items() if k in BATCH_KEYS}
-        key = ("logprobs", reference, tuple(sorted((k, v.shape) for k, v in batch.items())))
+        key = ("logprobs", tuple(sorted((k, v.shape) for k, v in batch.items())))
         if key not in self._steps:
             def run(params, frozen, b):
                 with activation_sharding(self.mesh, self.rules):
-                    return self.objective.logprobs(self, params, frozen, b, reference)
+                    return self.objective.token_logprobs(self, params, frozen, b)
 
             batch_sh = {k: batch_sharding(self.mesh, v.ndim, self.rules) for k, v in batch.items()}
             self._steps[key] = jax.jit(run, in_shardings=(self.param_sharding, self.frozen_sharding, batch_sh),
                                        out_shardings=batch_sharding(self.mesh, 2, self.rules))
-        return self._steps[key](state.params, self.frozen, batch)
+        params = self.objective.reference_params(state.params) if reference else state.params
+        return self._steps[key](params, self.frozen, batch)
 
     def model(self, state: TrainState) -> LlavaNext:
         """The model with the state's trainable parameters (for evaluation and export)."""
