@@ -332,7 +332,8 @@ def test_the_compare_variant_adds_fds_comparison_stage_and_the_default_has_none(
     assert compare.teacher_train.train.lr_schedule == "constant"
     assert compare.teacher_train.data.sources.synthetic.json == "assets:synthetic_fire/teacher_turns_quarter_right.json"
     assert compare.student_train.to_dict() == default.student_train.to_dict()
-    with pytest.raises(InputError, match=r"arg must be 'smollm2\[,compare\]\[,see\]', 'tiny\[,compare\]\[,see\]'"):
+    with pytest.raises(InputError, match=r"arg must be 'smollm2\[,compare\]\[,see\]\[,rl\]', "
+                                         r"'tiny\[,compare\]\[,see\]\[,rl\]'"):
         load("smollm2,other")
     with pytest.raises(InputError, match="expected key=value, got 'compare'"):  # 8b's options are configs/fire.py's
         load("8b,compare")
