@@ -113,24 +113,27 @@ def _fd_from_comparisons(config, compare_train) -> None:
     config.teacher_train.data.sources.synthetic.json = "assets:synthetic_fire/teacher_turns_quarter_right.json"
 
 
-#: The alignment stage's fresh drawings with their right answers (``data.sources.generated``): the ",see" lineage's
-#: base model's turn 1 rose from 0.278 (the caption chats alone) to 0.411 with them (docs/main_job.md).
-ALIGN_GENERATED = 1600
+#: The alignment stage's fresh drawings with their right answers (``data.sources.generated``, beside the caption
+#: chats); 0: none, the ",see" lineage's choice. Measured with 1,600 (docs/main_job.md, "The lineage with drawings in
+#: its alignment"): the base model's turn 1 rose from 0.267 to 0.367, but FD then called every answer right and the
+#: FIRE student no longer moved with the feedback, so the whole lineage ended lower (FIRE 0.367 against 0.500).
+ALIGN_GENERATED = 0
 
 
 def _align(align, base, generated: int = ALIGN_GENERATED) -> None:
     """The connector's alignment stage (after LLaVA-1.5's first stage), ``align``: the CLIP stage's tower under the
     pretrained LLM, the fresh connector and image_newline trained on the training images' captions as chats
-    ("Describe the image." -> the caption; the shipped caption_chats.json) and on ``generated`` fresh drawings
-    with their questions' right answers (``fire_jax.data.sources``, ``generate``: LLaVA-1.5's second stage's kind of
-    data, on images no later stage sees), with the LLM's LoRA (which every stage trains; LLaVA-1.5 keeps the LLM
-    frozen here), merged; the base stage (``base``) starts from its export. Measured (docs/main_job.md): the base
-    model's turn-1 accuracy 0.189 without the stage, 0.278 after 100 steps of 8 on the captions, 0.411 with the
-    drawings mixed in: the LLM learns to read the tower's tallest bar and colours when its updates ask for them."""
+    ("Describe the image." -> the caption; the shipped caption_chats.json) and, when ``generated`` > 0, on that
+    many fresh drawings with their questions' right answers (``fire_jax.data.sources``, ``generate``: LLaVA-1.5's
+    second stage's kind of data, on images no later stage sees), with the LLM's LoRA (which every stage trains;
+    LLaVA-1.5 keeps the LLM frozen here), merged; the base stage (``base``) starts from its export. Measured
+    (docs/main_job.md): the base model's turn-1 accuracy 0.189 without the stage, 0.278 after 100 steps of 8 on the
+    captions, 0.367-0.411 with 1,600 drawings mixed in (:data:`ALIGN_GENERATED`)."""
     align.init.vision_tower = ""  # set to the CLIP stage's export
     align.data.sources = dict(captions=dict(json="assets:synthetic_fire/caption_chats.json",
-                                            image_root="assets:synthetic_fire/images"),
-                              generated=dict(generate=generated, seed=1, split="align_generated"))
+                                            image_root="assets:synthetic_fire/images"))
+    if generated:
+        align.data.sources.generated = dict(generate=generated, seed=1, split="align_generated")
     align.train.update(dict(trainable=VISION_PARTS, export_merged=True))
     base.init.hf_checkpoint = ""  # set to the alignment stage's export
 
@@ -235,7 +238,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                                              image_root="assets:synthetic_fire/images"))
         if see:
             config.align_train = _tiny_train("student")
-            _align(config.align_train, config.base_train, generated=160)
+            _align(config.align_train, config.base_train, generated=160)  # the tests' run of the generated source
             config.align_train.train.trainable = (".*",)  # the from-scratch LLM learns with it
         else:
             config.base_train.init.vision_tower = ""  # set to the CLIP stage's export

@@ -372,8 +372,10 @@ def base_and_teacher(config, workdir: str, seconds: dict | None = None) -> tuple
         tower = os.path.abspath(os.path.join(clip_dir, "export", "clip"))
         if config.get("align_train"):  # after LLaVA's first stage: the connector (and LoRA) on captions, then the base
             config.align_train.init.vision_tower = tower
+            data = "caption chats" + (", fresh drawings answered" if "generated" in config.align_train.data.sources
+                                      else "")
             align_dir = _timed(seconds, "align", train_stage, config.align_train, os.path.join(workdir, "align"),
-                               "connector alignment (caption chats, fresh drawings answered)")
+                               f"connector alignment ({data})")
             config.base_train.init.hf_checkpoint = os.path.abspath(os.path.join(align_dir, "export", "hf_merged"))
         else:
             config.base_train.init.vision_tower = tower
