@@ -213,6 +213,10 @@ def _rl(config, size: str) -> None:
     rows = rl.rl.items_per_step * rl.rl.group_size
     rl.decode = ml_collections.ConfigDict(dict(free.decode.to_dict(), batch_size=rows))
     rl.train.update(dict(lr=sizes["lr"], batch_size=rows, checkpoint_every=rl.rl.iterations))
+    if size == "smollm2":
+        # The update's rows are a rollout's turns (up to 128 x 512 tokens): the evaluations' unrematerialised 30
+        # layers asked for 54 GB; each layer's input alone is kept (about 70 KB a token).
+        rl.model.remat = "full"
     config.rl_train = rl
     config.rl_reward_teachers = RL_REWARD_TEACHERS
 
