@@ -269,3 +269,36 @@ def test_the_main_jobs_rl_variant_and_its_checks():
     variant.rl_train.rl.group_size = 1
     with pytest.raises(InputError, match=r"rl_train\.rl\.group_size = 1: expected an integer >= 2"):
         check_config(variant)
+
+
+
+def test_set_remat_switches_a_loaded_model_and_keeps_its_gradients():
+    """The stage rematerialises the policy it loads (``set_remat``, the stage's ``model.remat``, not the
+    checkpoint's training config): the forward then holds a checkpoint per layer, and the gradients are the same."""
+    import os
+
+    from fire_jax.models import LoRAParam, set_remat
+    from fire_jax.runtime.build import build_model
+
+    model = build_model(load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.py")))
+    ids = jnp.arange(1, 13, dtype=jnp.int32).reshape(2, 6)
+
+    def grads_and_program(m):
+        graphdef, lora, rest = nnx.split(m, LoRAParam, ...)
+
+        def loss(p):
+            hidden, _ = nnx.merge(graphdef, p, rest).hidden_states(ids, None, None, jnp.ones_like(ids))
+            return jnp.sum(hidden ** 2)
+
+        return jax.grad(loss)(lora), str(jax.make_jaxpr(jax.grad(loss))(lora))
+
+    plain, program = grads_and_program(model)
+    assert model.cfg.remat == "none" and "checkpoint" not in program and "remat" not in program
+    set_remat(model, "full")
+    remat, program = grads_and_program(model)
+    assert model.cfg.remat == "full" and ("checkpoint" in program or "remat" in program)
+    assert len(jax.tree.leaves(plain)) > 0
+    for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(remat)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="model.remat='often'"):
+        set_remat(model, "often")

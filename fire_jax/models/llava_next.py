@@ -161,6 +161,19 @@ def set_attention(model: LlavaNext, kernel: str) -> LlavaNext:
     return model
 
 
+def set_remat(model: LlavaNext, policy: str) -> LlavaNext:
+    """Switch the LLM's per-layer rematerialisation to ``policy`` (``models.llama.REMAT_POLICIES``) in place, as
+    :func:`set_attention` switches the kernel: a model loaded from a checkpoint trained with another policy (a
+    reinforcement update holds many more rows than its supervised steps did). Returns the model."""
+    from fire_jax.models.llama import REMAT_POLICIES
+
+    if policy not in REMAT_POLICIES:
+        raise ValueError(f"model.remat={policy!r}: choose from {sorted(REMAT_POLICIES)}")
+    model.cfg = dataclasses.replace(model.cfg, remat=policy)
+    model.language_model.model.remat = policy
+    return model
+
+
 def count_params(model: nnx.Module, filter_=nnx.Param) -> int:
     """Number of parameters of one variable type (works on abstract models too)."""
     return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, filter_)))

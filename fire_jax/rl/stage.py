@@ -48,7 +48,7 @@ def load_policy(config):
     into its weights and restarted from zero (:func:`fire_jax.models.fold_lora`): the adapter off is that student,
     the reference."""
     from fire_jax.infer.loading import load
-    from fire_jax.models import fold_lora
+    from fire_jax.models import fold_lora, set_remat
 
     spec, init = agent_spec(config.student)
     settings = model_config(config)
@@ -56,6 +56,7 @@ def load_policy(config):
         settings.init = dict(hf_checkpoint=init)
     loaded = load(settings, spec)
     fold_lora(loaded.model)
+    set_remat(loaded.model, config.model.get("remat", "none"))  # the stage's, not the checkpoint's training config
     print(f"rl: student {loaded.description}, adapter folded (the reference)")
     return loaded
 
