@@ -274,15 +274,21 @@ class InProcess:
             return [e] * len(prompts)
 
     def _generate(self, images, prompts, sampling, rng, system) -> list[str]:
-        return [result.text.strip() for _, result in self.results(images, prompts, sampling, rng, system=system)]
+        rows = self._requests(images, prompts, sampling, system)
+        texts = self.generate_ids([r.prompt for r in rows], [r.pixel_values for r in rows],
+                                  [r.image_sizes for r in rows], sampling, rng)
+        return [text.strip() for text in texts]
+
+    def _requests(self, images, prompts, sampling, system) -> list[Request]:
+        return [chat_request(self.chat, messages, images_of(row), sampling or self.sampling, system=system,
+                             tiles=TILES) for messages, row in zip(prompts, images)]
 
     def results(self, images, prompts: Sequence[Sequence[Message]], sampling: SamplingParams | None = None,
                 rng=None, *, system: str | None = None) -> list[tuple[Request, Result]]:
         """:meth:`generate`'s rows as (the engine's request, its :class:`fire_jax.infer.requests.Result`): the
         prompt's token ids and tiles as the model read them and the token ids sampled (a stop id kept), for a
         caller that trains on what was sampled (the reinforcement stage's rollouts, :mod:`fire_jax.rl`)."""
-        rows = [chat_request(self.chat, messages, images_of(row), sampling or self.sampling, system=system,
-                             tiles=TILES) for messages, row in zip(prompts, images)]
+        rows = self._requests(images, prompts, sampling, system)
         return self._run([r.prompt for r in rows], [r.pixel_values for r in rows], [r.image_sizes for r in rows],
                          sampling, rng)
 
