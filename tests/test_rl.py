@@ -3,6 +3,7 @@ reference, a toy reward that rises, resume, and unreadable rewards (fire_jax.tra
 
 import json
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -275,8 +276,6 @@ def test_the_main_jobs_rl_variant_and_its_checks():
 def test_set_remat_switches_a_loaded_model_and_keeps_its_gradients():
     """The stage rematerialises the policy it loads (``set_remat``, the stage's ``model.remat``, not the
     checkpoint's training config): the forward then holds a checkpoint per layer, and the gradients are the same."""
-    import os
-
     from fire_jax.models import LoRAParam, set_remat
     from fire_jax.runtime.build import build_model
 
