@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fire_jax.core.config import InputError, WriteFailed, check_config, error_number, load_config
@@ -464,6 +464,7 @@ VALUES = st.one_of(st.integers(-3, 5000), st.floats(allow_nan=True, allow_infini
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(FIELDS), VALUES), min_size=1, max_size=3))
+@example(changes=[(("train", "lr"), 3.4028235677973366e38)])  # finite, but its schedule overflows float32
 def test_fuzz_config_values_end_in_one_line_or_a_schedule(changes):
     """Any values in the checked fields: one InputError line, or a config whose optimizer and learning-rate
     schedule build and give finite rates over the run (what the trainer computes from them first)."""
@@ -551,6 +552,10 @@ FIELD_VALUES = st.one_of(st.integers(-2, 10**9), st.floats(allow_nan=True, allow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.sampled_from(CHECKPOINT_FIELDS), st.one_of(FIELD_VALUES, st.just(_DROP))),
                 min_size=1, max_size=3))
+@example(changes=[("architectures", 5)])  # not a list
+@example(changes=[("model_type", {})])  # not a string (unhashable)
+@example(changes=[("model_type", None), ("architectures", None)])  # neither says what the checkpoint is
+@example(changes=[("model_type", _DROP), ("architectures", _DROP)])
 def test_fuzz_corrupt_checkpoint_configs_end_in_one_line_or_load(release, tmp_path_factory, changes):
     """An original-format checkpoint whose config.json holds damaged fields (any JSON value, or none): loading it
     ends in one InputError line naming its config.json, or loads."""

@@ -53,15 +53,16 @@ _LLAVA_DEFAULT_VISION = dict(hidden_size=1024, intermediate_size=4096, num_hidde
 def hf_architecture(hf: dict) -> str:
     """``LlavaNextConfig.architecture`` of a HF ``config.json`` dict: by ``model_type``, else ``architectures``."""
     by_type = {"llava_next": "llava_next", "llava": "llava"}
-    if hf.get("model_type") in by_type:
-        return by_type[hf["model_type"]]
-    for name in hf.get("architectures") or ():
+    model_type, architectures = hf.get("model_type"), hf.get("architectures")
+    if isinstance(model_type, str) and model_type in by_type:
+        return by_type[model_type]
+    for name in architectures if isinstance(architectures, list) else ():
         for ours, theirs in ARCHITECTURES.items():
             if name == theirs:
                 return ours
-    if "model_type" in hf or hf.get("architectures"):
-        raise ValueError(f"config.json: model_type={hf.get('model_type')!r}, architectures={hf.get('architectures')}"
-                         f" is neither of {sorted(ARCHITECTURES.values())}")
+    if "model_type" in hf or architectures:
+        raise ValueError(f"model_type={model_type!r}, architectures={architectures!r} is neither of "
+                         f"{sorted(ARCHITECTURES.values())}")
     return "llava_next"
 
 
@@ -389,7 +390,12 @@ def load_hf_checkpoint(directory: str, lora: LoraConfig | None = LoraConfig(), *
     LoRA factors are freshly initialised (B = 0). A tied model (``tie_word_embeddings``) has no
     lm_head; a checkpoint's copy of it, if any, is skipped.
     """
-    cfg = config_from_hf(read_config(directory), lora=lora, **overrides)
+    try:
+        cfg = config_from_hf(read_config(directory), lora=lora, **overrides)
+    except InputError:
+        raise
+    except ValueError as e:
+        raise InputError(f"{os.path.join(directory, 'config.json')}: {e}") from None
     return model_from_tensors(cfg, iter_hf_tensors(directory), directory, seed=seed, sharding=sharding)
 
 

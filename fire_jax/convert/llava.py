@@ -77,7 +77,8 @@ _MM_FIELDS = ("mm_", "image_aspect_ratio", "image_grid_pinpoints", "tokenizer_",
 
 def is_llava_config(hf: dict) -> bool:
     """Whether a ``config.json`` dict is the original LLaVA format's."""
-    return hf.get("model_type") == MODEL_TYPE or ARCHITECTURE in (hf.get("architectures") or ())
+    architectures = hf.get("architectures")
+    return hf.get("model_type") == MODEL_TYPE or (isinstance(architectures, list) and ARCHITECTURE in architectures)
 
 
 def to_hub(key: str) -> str | None:

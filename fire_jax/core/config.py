@@ -377,7 +377,7 @@ def _one_of(*choices):
 #: (a training config's ``train``, a main job's ``base_train.train``, ...): :func:`check_config`.
 FIELD_CHECKS = {
     "train": dict(
-        lr=_number(0, low_open=True), weight_decay=_number(0), b1=_number(0, 1, high_open=True),
+        lr=_number(0, 1e3, low_open=True), weight_decay=_number(0), b1=_number(0, 1, high_open=True),
         b2=_number(0, 1, high_open=True), eps=_number(0, low_open=True), warmup_frac=_number(0, 1, high_open=True),
         clip_norm=_number(0), lr_schedule=_one_of("cosine", "constant"), batch_size=_number(1, integer=True),
         accum_steps=_number(1, integer=True), epochs=_number(0, low_open=True), total_steps=_number(0, integer=True),
