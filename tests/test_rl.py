@@ -4,6 +4,7 @@ reference, a toy reward that rises, resume, and unreadable rewards (fire_jax.tra
 import json
 import math
 import os
+import types
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +24,7 @@ from fire_jax.infer.loading import load
 from fire_jax.infer.sampling import SamplingParams
 from fire_jax.models import fold_lora
 from fire_jax.rl import stage
-from fire_jax.rl.rollouts import ScoringTeacher, dialogue_rewards, rollout, rollout_batch
+from fire_jax.rl.rollouts import Rollout, ScoringTeacher, dialogue_rewards, dialogue_rows, rollout, rollout_batch
 from fire_jax.runtime.sharding import make_mesh, put_batch
 from fire_jax.train.policy import advantages, policy_loss, sequence_weights, turn_rewards
 from fire_jax.train.step import BATCH_KEYS, Trainer
@@ -68,6 +69,11 @@ def test_rewards_advantages_and_weights_hand_computed():
     np.testing.assert_allclose(sequence_weights(mask, "sequence"), [[0, 1 / 6, 1 / 6, 1 / 6], [0, 1 / 2, 0, 0],
                                                                   [0, 0, 0, 0]], atol=1e-7)
     np.testing.assert_allclose(sequence_weights(mask, "token"), mask / 4)
+    # a row holding a dialogue: r_1 (2 tokens), r_2 (1 token, right after r_1), r_3 (1 token); a row of one turn
+    mask = jnp.array([[0.0, 1, 1, 1, 0, 1], [0, 0, 1, 1, 0, 0]])
+    turns = jnp.array([[-1, 1, 1, 2, -1, 3], [-1, -1, 1, 1, -1, -1]])
+    np.testing.assert_allclose(sequence_weights(mask, "sequence", turns),
+                               [[0, 1 / 8, 1 / 8, 1 / 4, 0, 1 / 4], [0, 0, 1 / 8, 1 / 8, 0, 0]], atol=1e-7)
     with pytest.raises(InputError, match="rl.advantage"):
         advantages([[1.0]], [0], method="ppo")
 
@@ -104,18 +110,42 @@ def test_greedy_rollouts_are_the_greedy_dialogues_and_rows_hold_what_was_sampled
     per_turn = [[0.5, -0.25], None, [1.0, 2.0], [3.0, 4.0]]  # the second dialogue's reward was not read
     batch = rollout_batch(out, per_turn, rows=8, buckets=(384,), pad_id=loaded.chat.pad_id,
                           image_token_id=loaded.chat.image_token_id, geometry=loaded.model.cfg.geometry)
+    assert batch["input_ids"].shape == (8, 384)
+    rows = dialogue_rows(out, per_turn, 384)
+    assert len(rows) == batch["rows_used"] and 3 <= len(rows) <= 6  # a row a dialogue where its prompts extend
+    spans = [(row, span) for row, (_, row_spans, _) in enumerate(rows) for span in row_spans]
     kept = [(k, sample, value) for d, values in zip(out.samples, per_turn) if values is not None
             for k, (sample, value) in enumerate(zip(d, values))]
-    assert batch["input_ids"].shape == (8, 384) and len(kept) == 6
-    for row, (k, (request, result), value) in enumerate(kept):
-        labelled = np.flatnonzero(batch["loss_mask"][row])
-        start = len(request.prompt)
-        assert labelled.tolist() == list(range(start, start + len(result.tokens)))  # exactly the sampled ids
-        assert batch["input_ids"][row, labelled].tolist() == list(result.tokens)
-        assert set(batch["advantages"][row, labelled]) == {value} and set(batch["turn_ids"][row, labelled]) == {k + 1}
-        assert batch["advantages"][row].sum() == pytest.approx(value * len(labelled))
+    assert len(spans) == len(kept) == 6
+    for (row, (start, stop, turn, advantage)), (k, (request, result), value) in zip(spans, kept):
+        assert (turn, advantage) == (k + 1, value)
+        assert batch["input_ids"][row, :start].tolist() == list(request.prompt)  # the prompt the engine read
+        assert batch["input_ids"][row, start:stop].tolist() == list(result.tokens)  # exactly the sampled ids
+        assert set(batch["advantages"][row, start:stop]) == {value} and set(batch["turn_ids"][row, start:stop]) == {k + 1}
         assert (batch["image_index"][row] >= 0).sum() > 0  # the prompt's image placeholders
-    assert batch["loss_mask"][6:].sum() == 0 and batch["advantages"][6:].sum() == 0
+    for row in range(len(rows)):  # nothing labelled but the sampled ids
+        labelled = sum(stop - start for r, (start, stop, _, _) in spans if r == row)
+        assert batch["loss_mask"][row].sum() == labelled
+    assert batch["loss_mask"][len(rows):].sum() == 0 and batch["advantages"][len(rows):].sum() == 0
+
+
+def test_a_dialogue_is_one_row_where_its_prompts_extend_each_other():
+    """Turn 2's prompt begins with turn 1's prompt and sampled ids: one row; a prompt that re-encoded the reply
+    otherwise, or a row that would pass the limit, starts a row of its own."""
+    def sample(prompt, tokens):
+        return (types.SimpleNamespace(prompt=prompt, pixel_values=None, image_sizes=[]),
+                types.SimpleNamespace(tokens=tokens))
+
+    first = sample([1, 2, 3], [7, 8])
+    extends = sample([1, 2, 3, 7, 8, 4, 5], [9])
+    re_encoded = sample([1, 2, 3, 6, 4, 5], [9])  # the reply's text encoded to other ids
+    out = Rollout(dialogues=[], groups=[0, 0, 0], samples=[[first, extends], [first, re_encoded], [first, extends]])
+    rows = dialogue_rows(out, [[0.5, 1.5], [0.5, 1.5], None], limit=16)
+    assert [ids for ids, _, _ in rows] == [[1, 2, 3, 7, 8, 4, 5, 9], [1, 2, 3, 7, 8], [1, 2, 3, 6, 4, 5, 9]]
+    assert [spans for _, spans, _ in rows] == [[(3, 5, 1, 0.5), (7, 8, 2, 1.5)], [(3, 5, 1, 0.5)], [(6, 7, 2, 1.5)]]
+    rows = dialogue_rows(out, [[0.5, 1.5], None, None], limit=7)  # 8 ids would pass 7: turn 2 in a row of its own
+    assert [ids for ids, _, _ in rows] == [[1, 2, 3, 7, 8], [1, 2, 3, 7, 8, 4, 5]]
+    assert [spans for _, spans, _ in rows] == [[(3, 5, 1, 0.5)], []]  # the cut removed turn 2's sampled id
 
 
 def test_the_reference_is_the_student_with_its_adapter_off(tiny):

@@ -8,8 +8,8 @@ each turn's reward from the teacher's score, and the training batch they make.
   (:func:`fire_jax.dialogue.loop.run_dialogues`), the student an in-process backend over the trained model itself;
 - :func:`dialogue_rewards`: per-turn rewards (:func:`fire_jax.train.policy.turn_rewards`), None for a dialogue
   with a reward that could not be read, which then never enters the update;
-- :func:`rollout_batch`: one row per turn, the student's prompt for r_k as the engine read it and the token ids it
-  sampled (the only labelled ones), with the turn's advantage (turn-level credit).
+- :func:`rollout_batch`: a row per dialogue (:func:`dialogue_rows`), every turn's prompt as the engine read it and
+  the token ids it sampled (the only labelled ones), each turn's with its advantage (turn-level credit).
 
 Rows are what was sampled, not the dialogue's text encoded again: a text's canonical tokens need not be the ones
 sampled (a leading space, a byte token that decodes to U+FFFD), and the ratio and the KL term compare
@@ -145,35 +145,59 @@ def dialogue_rewards(dialogues: Sequence[Dialogue], reward) -> list[list[float] 
     return out
 
 
+def dialogue_rows(rollout_: Rollout, per_turn: Sequence[Sequence[float] | None], limit: int) -> list[tuple]:
+    """The rows of a rollout's readable dialogues, as few as the prompts allow: turn k's prompt is the dialogue so
+    far, so when it begins with turn k-1's row (its prompt and sampled ids, token for token) turn k extends that
+    row, and one forward pass scores every turn of the dialogue. A turn starts a row of its own where the prompt
+    does not extend it (a sampled reply whose text encodes to other ids, the template's cut) or the row would pass
+    ``limit`` tokens. Each row: (ids, [(start, stop, turn k, advantage)] its labelled spans, its first request)."""
+    out = []
+    for samples, values in zip(rollout_.samples, per_turn):
+        if values is None:
+            continue
+        row = None
+        for k, ((request, result), value) in enumerate(zip(samples, values)):
+            prompt, sampled = list(request.prompt), list(result.tokens)
+            extends = row is not None and prompt[:len(row[0])] == row[0] and len(prompt) + len(sampled) <= limit
+            if not extends:
+                row = ([], [], request)
+                out.append(row)
+            ids = (prompt + sampled)[:limit]
+            row[0][:] = ids
+            if len(ids) > len(prompt):
+                row[1].append((len(prompt), len(ids), k + 1, value))
+    return out
+
+
 def rollout_batch(rollout_: Rollout, per_turn: Sequence[Sequence[float] | None], *, rows: int, buckets: Sequence[int],
                   pad_id: int, image_token_id: int, geometry) -> dict[str, np.ndarray]:
-    """The training batch of a rollout: a row per turn of the dialogues whose rewards were read (the others leave
-    the batch), its prompt and sampled ids (cut at the largest bucket), labelled on the sampled ids with
-    ``turn_ids`` k and ``advantages`` the turn's; padded to ``rows`` times a power of two rows (few compiled
-    shapes: each new one compiles the step and the log-probs again)."""
-    turns = [(sample, k + 1, values[k]) for dialogue_samples, values in zip(rollout_.samples, per_turn)
-             if values is not None for k, sample in enumerate(dialogue_samples)]
-    if not turns:
+    """The training batch of a rollout: the dialogues whose rewards were read (the others leave the batch), a row
+    per dialogue where its prompts extend each other (:func:`dialogue_rows`; a row is cut at the largest bucket),
+    labelled on the sampled ids, each turn's with ``turn_ids`` k and ``advantages`` the turn's (turn-level
+    credit); padded to ``rows`` times a power of two rows (few compiled shapes: each new one compiles the step and
+    the log-probs again)."""
+    built = dialogue_rows(rollout_, per_turn, max(buckets))
+    if not built:
         raise ValueError("a rollout with no readable reward has no batch")
-    length = batch_length(max(len(r.prompt) + len(out.tokens) for (r, out), _, _ in turns), buckets)
-    count = rows * 2 ** math.ceil(math.log2(-(-len(turns) // rows)))  # rows x a power of two: few shapes
+    length = batch_length(max(len(ids) for ids, _, _ in built), buckets)
+    count = rows * 2 ** math.ceil(math.log2(-(-len(built) // rows)))  # rows x a power of two: few shapes
     batch = {"input_ids": np.full((count, length), pad_id, np.int32),
              "attention_mask": np.zeros((count, length), np.int32),
              "loss_mask": np.zeros((count, length), np.float32), "turn_ids": np.full((count, length), -1, np.int32),
              "advantages": np.zeros((count, length), np.float32)}
-    for row, ((request, result), turn, advantage) in enumerate(turns):
-        ids = (list(request.prompt) + list(result.tokens))[:length]
-        sampled = slice(len(request.prompt), len(ids))
+    for row, (ids, spans, _) in enumerate(built):
         batch["input_ids"][row, :len(ids)] = ids
         batch["attention_mask"][row, :len(ids)] = 1
-        batch["loss_mask"][row, sampled], batch["turn_ids"][row, sampled] = 1.0, turn
-        batch["advantages"][row, sampled] = advantage
-    batch["input_ids"][len(turns):, 0] = batch["input_ids"][0, 0]  # padding rows: one attended token, no label
-    batch["attention_mask"][len(turns):, 0] = 1
-    images = [request.pixel_values for (request, _), _, _ in turns]
-    batch["pixel_values"] = pad_tiles(images, tiles=geometry.max_tiles, batch=count, tile_size=geometry.tile_size)
-    sizes = [[tuple(s) for s in request.image_sizes] for (request, _), _, _ in turns] + [[]] * (count - len(turns))
+        for start, stop, turn, advantage in spans:
+            batch["loss_mask"][row, start:stop], batch["turn_ids"][row, start:stop] = 1.0, turn
+            batch["advantages"][row, start:stop] = advantage
+    batch["input_ids"][len(built):, 0] = batch["input_ids"][0, 0]  # padding rows: one attended token, no label
+    batch["attention_mask"][len(built):, 0] = 1
+    batch["pixel_values"] = pad_tiles([request.pixel_values for _, _, request in built], tiles=geometry.max_tiles,
+                                      batch=count, tile_size=geometry.tile_size)
+    sizes = [[tuple(s) for s in request.image_sizes] for _, _, request in built] + [[]] * (count - len(built))
     # the prompts' image placeholders only: a sampled id equal to the image token's is text, as the engine read it
     prompts_only = np.where(batch["loss_mask"] > 0, pad_id, batch["input_ids"])
     batch["image_index"] = place_images(prompts_only, image_token_id, sizes, geometry, geometry.max_tiles)
+    batch["rows_used"] = np.asarray(len(built))
     return batch

@@ -239,7 +239,7 @@ class _Stage:
 
 def rollout_metrics(dialogues, rewards, batch: dict, failures, rule: StopRule, *, judged: bool) -> dict:
     """A rollout's metrics: reward (mean return of the readable dialogues), final score, turns, the student's
-    tokens a turn, unreadable rewards by reason, the teacher's solved share by turn and (``judged``: the exact
+    tokens a turn, the batch's rows a dialogue (1: every dialogue in one row), unreadable rewards by reason, the teacher's solved share by turn and (``judged``: the exact
     judge applies) the judged accuracy by turn, each dialogue's last answer carried past its end."""
     readable = [r for r in rewards if r is not None]
     turns = [len(d.turns) for d in dialogues]
@@ -248,6 +248,7 @@ def rollout_metrics(dialogues, rewards, batch: dict, failures, rule: StopRule, *
     out = {"reward": float(np.mean([sum(r) for r in readable])), "readable": len(readable) / len(rewards),
            "final_score": float(np.mean([d.scores[-1] for d, r in zip(dialogues, rewards) if r is not None])),
            "turns": float(np.mean(turns)), "response_tokens": labelled / max(sum(len(r) for r in readable), 1),
+           "rows_per_dialogue": float(batch["rows_used"]) / max(len(readable), 1),
            "solved_by_turn": np.mean(solved, axis=1)}
     out.update({f"unreadable/{why}": float(n) for why, n in failures.items()})
     if judged:

@@ -81,17 +81,21 @@ def advantages(rewards: Sequence[Sequence[float] | None], groups: Sequence[int],
     return out
 
 
-def sequence_weights(mask: jax.Array, normalize: str) -> jax.Array:
+def sequence_weights(mask: jax.Array, normalize: str, turn_ids: jax.Array | None = None) -> jax.Array:
     """Per-token weights over the global batch, summing to 1: ``"token"`` every sampled token alike; ``"sequence"``
-    GRPO's 1/|o_i| within a response (a row: one turn's r_k), then the mean over the rows that have tokens
-    (arXiv 2402.03300, Eq. 3)."""
+    GRPO's 1/|o_i| within a response, then the mean over the responses (arXiv 2402.03300, Eq. 3). A response is
+    one turn's r_k: a run of labelled tokens with one ``turn_ids`` value (a row holds a dialogue's turns); without
+    ``turn_ids``, a run of labelled tokens."""
     if normalize == "token":
         return mask / jnp.maximum(mask.sum(), 1.0)
     if normalize != "sequence":
         raise InputError(f"rl.normalize must be one of {NORMALIZE}, got {normalize!r}")
-    per_row = mask.sum(axis=1, keepdims=True)
-    rows = jnp.maximum((per_row > 0).sum(), 1)
-    return mask / jnp.maximum(per_row, 1.0) / rows
+    labelled = mask > 0
+    turn = jnp.where(labelled, jnp.ones_like(mask, jnp.int32) if turn_ids is None else turn_ids, -1)
+    starts = labelled & (turn != jnp.pad(turn[:, :-1], ((0, 0), (1, 0)), constant_values=-1))
+    response = jnp.maximum(jnp.cumsum(starts.reshape(-1)) - 1, 0)  # each token's response, over the flat batch
+    sizes = jax.ops.segment_sum(mask.reshape(-1), response, num_segments=mask.size)[response].reshape(mask.shape)
+    return mask / jnp.maximum(sizes, 1.0) / jnp.maximum(starts.sum(), 1)
 
 
 def policy_loss(logp, old_logp, ref_logp, advantage, weights, *, clip: float, kl_coef: float):
@@ -153,7 +157,7 @@ class PolicyGradient:
     def grads(self, trainer, state, frozen, batch, rng):
         del rng  # no dropout: see token_logprobs
         mask = batch["loss_mask"].astype(jnp.float32).at[:, 0].set(0.0)
-        weights = sequence_weights(mask, trainer.loss_cfg.normalize)
+        weights = sequence_weights(mask, trainer.loss_cfg.normalize, batch["turn_ids"])
         grad_fn = jax.value_and_grad(lambda p, mb: self._loss(trainer, p, frozen, mb), has_aux=True)
         grads, loss, (kl, clipped, logp) = losses.accumulated_grads(
             lambda params, mb, _: grad_fn(params, mb), state.params, {**batch, "_weights": weights},
