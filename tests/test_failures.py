@@ -549,7 +549,7 @@ FIELD_VALUES = st.one_of(st.integers(-2, 10**9), st.floats(allow_nan=True, allow
                          st.lists(st.lists(st.integers(-1, 700), max_size=3), max_size=3), st.just({}))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.sampled_from(CHECKPOINT_FIELDS), st.one_of(FIELD_VALUES, st.just(_DROP))),
                 min_size=1, max_size=3))
 @example(changes=[("architectures", 5)])  # not a list

@@ -177,6 +177,16 @@ def test_the_reference_is_the_student_with_its_adapter_off(tiny):
     moved = dataclasses_replace_params(state, 0.05)
     assert np.abs(np.asarray(trainer.logprobs(moved, batch)) - student).max() > 1e-2
     np.testing.assert_allclose(trainer.logprobs(moved, batch, reference=True), student, atol=2e-4)
+    # a rollout's only update needs no old log-probs: the ratio is 1 and the step is the one given them
+    ref = trainer.logprobs(moved, batch, reference=True)
+    given = trainer.step(jax.tree.map(jnp.copy, moved), {**batch, "ref_logprobs": ref,
+                                                          "old_logprobs": trainer.logprobs(moved, batch)},
+                         jax.random.key(0))
+    left_out = trainer.step(jax.tree.map(jnp.copy, moved), {**batch, "ref_logprobs": ref}, jax.random.key(0))
+    assert float(left_out[1]["ratio"]) == pytest.approx(1.0) and float(left_out[1]["loss"]) != 0.0
+    assert float(left_out[1]["loss"]) == pytest.approx(float(given[1]["loss"]), rel=1e-5)
+    for a, b in zip(jax.tree.leaves(given[0].params), jax.tree.leaves(left_out[0].params)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
 
 
 def dataclasses_replace_params(state, scale: float):

@@ -200,7 +200,8 @@ class _Stage:
         host = rollout_batch(out, per_turn, rows=self.config.train.batch_size, buckets=rl.buckets,
                              pad_id=self.chat.pad_id, image_token_id=self.chat.image_token_id, geometry=self.geometry)
         batch = put_batch({k: v for k, v in host.items() if k in BATCH_KEYS}, self.mesh, self.rules)
-        batch["old_logprobs"] = self.trainer.logprobs(state, batch)
+        if rl.updates > 1:  # one update: pi_old is the policy being updated (PolicyGradient.old_logprobs)
+            batch["old_logprobs"] = self.trainer.logprobs(state, batch)
         batch["ref_logprobs"] = self.trainer.logprobs(state, batch, reference=True)
         for update in range(rl.updates):
             state, update_metrics = self.trainer.step(state, batch, self._key(iteration, 1 + update))

@@ -118,7 +118,8 @@ def policy_loss(logp, old_logp, ref_logp, advantage, weights, *, clip: float, kl
 
 class PolicyGradient:
     """A LLaVA student's reinforcement step on teacher-scored rollouts (``train.objective="rl"``): the batch
-    carries ``advantages``, ``old_logprobs`` (the policy that sampled, before this rollout's updates) and
+    carries ``advantages``, ``old_logprobs`` (the policy that sampled, before this rollout's updates; left out
+    when the rollout has one update, :meth:`old_logprobs`) and
     ``ref_logprobs`` (the reference: the model with its adapter off, :meth:`reference_params`), all
     ``[batch, seq]``; ``rl`` settings come in the trainer's ``loss`` section (``clip``, ``kl_coef``,
     ``normalize``). Gradient accumulation as :class:`fire_jax.train.step.TurnLanguageModeling`'s."""
@@ -147,11 +148,18 @@ class PolicyGradient:
         is the model with its adapter off, no copy of it."""
         return jax.tree.map(jnp.zeros_like, params)
 
+    @staticmethod
+    def old_logprobs(batch, logp):
+        """pi_old's log-probs: the batch's, or (none given: the rollout's only update, whose parameters sampled it)
+        the current ones without their gradient, so the ratio is 1 and no forward pass is spent on them."""
+        old = batch.get("old_logprobs")
+        return jax.lax.stop_gradient(logp) if old is None else old
+
     def _loss(self, trainer, params, frozen, batch):
         rl = trainer.loss_cfg
         logp = self.token_logprobs(trainer, params, frozen, batch)
-        loss, kl, clipped = policy_loss(logp, batch["old_logprobs"], batch["ref_logprobs"], batch["advantages"],
-                                        batch["_weights"], clip=rl.clip, kl_coef=rl.kl_coef)
+        loss, kl, clipped = policy_loss(logp, self.old_logprobs(batch, logp), batch["ref_logprobs"],
+                                        batch["advantages"], batch["_weights"], clip=rl.clip, kl_coef=rl.kl_coef)
         return loss, (kl, clipped, logp)
 
     def grads(self, trainer, state, frozen, batch, rng):
@@ -163,7 +171,7 @@ class PolicyGradient:
             lambda params, mb, _: grad_fn(params, mb), state.params, {**batch, "_weights": weights},
             trainer.train_cfg.accum_steps, jax.random.key(0))
         tokens = jnp.maximum(mask.sum(), 1.0)
-        ratio = jnp.exp(logp - batch["old_logprobs"])
+        ratio = jnp.exp(logp - self.old_logprobs(batch, logp))
         return grads, {
             "loss": loss,
             "kl": jnp.sum(mask * kl) / tokens,
