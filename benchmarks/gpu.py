@@ -169,7 +169,7 @@ def main(argv=None, print_fn=print) -> list[dict]:
     from fire_jax.infer.sampling import SamplingParams
     from fire_jax.models import LlavaNext, LlavaNextConfig, set_attention, set_layer_layout
     from fire_jax.core.config import loss_config, train_config
-    from fire_jax.runtime.sharding import make_mesh
+    from fire_jax.weights.sharding import make_mesh
     from fire_jax.train.step import Trainer
 
     start_all = time.perf_counter()

@@ -45,8 +45,8 @@ def pipeline(config, **overrides) -> InputPipeline:
 
 
 def step_times(stage: str, scan_layers: bool, steps: int) -> dict:
-    from fire_jax.runtime.build import build_model
-    from fire_jax.runtime.sharding import make_mesh, put_batch
+    from fire_jax.weights.build import build_model
+    from fire_jax.weights.sharding import make_mesh, put_batch
     from fire_jax.train.step import Trainer
 
     config = stage_config(stage)

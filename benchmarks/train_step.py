@@ -37,7 +37,7 @@ from flax import nnx  # noqa: E402
 from fire_jax.core.config import loss_config, train_config
 from fire_jax.core.machine import matmul_rate  # noqa: E402
 from fire_jax.models import LlavaNext, LlavaNextConfig  # noqa: E402
-from fire_jax.runtime.sharding import make_mesh  # noqa: E402
+from fire_jax.weights.sharding import make_mesh  # noqa: E402
 from fire_jax.train.step import Trainer  # noqa: E402
 
 SMALL = dict(

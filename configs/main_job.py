@@ -86,7 +86,7 @@ SMOLLM2_STAGES = dict(base=dict(steps=20, batch=8), compare=dict(steps=COMPARE_S
                       teacher=dict(steps=160, batch=2), student=dict(steps=32, batch=8))
 #: What the base stage trains besides LoRA: the fresh connector and image_newline, the CLIP stage's tower frozen
 #: (LLaVA-1.5's instruction stage; regexes over "/"-joined parameter paths, as
-#: ``fire_jax.runtime.build.trainable_filter`` matches them). Training the tower too left the base as blind and
+#: ``fire_jax.weights.build.trainable_filter`` matches them). Training the tower too left the base as blind and
 #: made the teacher from it worse (docs/main_job.md).
 VISION_PARTS = (r"multi_modal_projector/.*", r"image_newline")
 

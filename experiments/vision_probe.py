@@ -193,7 +193,7 @@ def main(argv=None) -> dict:
 
         towers["trained tower"] = load_clip_checkpoint(args.clip).vision_tower
     elif args.llava:
-        from fire_jax.runtime.build import build_model
+        from fire_jax.weights.build import build_model
 
         config = load_config(args.config)
         config.init = dict(hf_checkpoint=args.llava)

@@ -202,10 +202,10 @@ def test_peft_adapter_round_trip(config, tmp_path):
 
 
 def test_train_workdir_restores_the_latest_checkpoint(config, tmp_path):
-    """A workdir's latest checkpoint restores its LoRA weights through fire_jax.runtime.checkpoint, without a
+    """A workdir's latest checkpoint restores its LoRA weights through fire_jax.weights.checkpoint, without a
     trainer."""
-    from fire_jax.runtime.checkpoint import Checkpointer
-    from fire_jax.runtime.sharding import make_mesh
+    from fire_jax.weights.checkpoint import Checkpointer
+    from fire_jax.weights.sharding import make_mesh
     from fire_jax.train.step import Trainer
 
     mesh = make_mesh((1, 1, 1), jax.devices()[:1])
@@ -244,8 +244,8 @@ def test_workdir_written_before_the_params_item_still_loads(config, tmp_path):
     ``params`` item) restores its LoRA weights without a trainer; the trainer resumes from it too."""
     import orbax.checkpoint as ocp
 
-    from fire_jax.runtime.checkpoint import Checkpointer
-    from fire_jax.runtime.sharding import make_mesh
+    from fire_jax.weights.checkpoint import Checkpointer
+    from fire_jax.weights.sharding import make_mesh
     from fire_jax.train.step import Trainer
 
     trainer = Trainer(loading.load(config).model, config.train, config.loss, 10, make_mesh((1, 1, 1), jax.devices()[:1]))

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fire_jax.runtime.checkpoint import CheckpointDamaged, Checkpointer
+from fire_jax.weights.checkpoint import CheckpointDamaged, Checkpointer
 from fire_jax.core.config import InputError
 
 State = collections.namedtuple("State", "step params opt_state")

@@ -102,7 +102,7 @@ def test_a_store_cut_by_a_full_disk_keeps_its_whole_lines_and_writes_no_more(sma
 def test_an_export_on_a_full_disk_keeps_the_last_good_folder(small_disk):
     """The PEFT export (safetensors' own error, "(os error 28)", read as the errno) and a folder of files."""
     from fire_jax.convert.hf import save_peft_adapter
-    from fire_jax.runtime.build import build_model
+    from fire_jax.weights.build import build_model
 
     config = load_config(os.path.join(ROOT, "configs", "tiny.py"))
     model = build_model(config)
@@ -259,7 +259,7 @@ def release(tmp_path_factory):
     import jax
 
     from fire_jax.convert import llava
-    from fire_jax.runtime.build import build_model
+    from fire_jax.weights.build import build_model
 
     root = tmp_path_factory.mktemp("release")
     config = load_config(os.path.join(ROOT, "configs", "tiny.py"))

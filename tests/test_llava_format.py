@@ -279,7 +279,7 @@ def test_lora_teacher_equals_the_merge_by_hand(release, teacher):
 def test_lora_folder_alone_and_config_init_adapter(release, teacher):
     from flax import nnx
 
-    from fire_jax.runtime.build import build_model
+    from fire_jax.weights.build import build_model
     from fire_jax.core.config import load_config
     from fire_jax.infer.loading import checkpoint_kind, load
 

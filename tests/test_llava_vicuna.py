@@ -165,7 +165,7 @@ def test_train_step_loss_is_hf_cross_entropy(pair, batch):
     """One jitted train step on the padded image + text-only batch: its loss is transformers' mean
     cross-entropy over the labelled tokens (LoRA B = 0 at the start), and the step moves LoRA."""
     from fire_jax.core.config import loss_config, train_config
-    from fire_jax.runtime.sharding import make_mesh
+    from fire_jax.weights.sharding import make_mesh
     from fire_jax.train.step import Trainer
 
     arch, hf, _, directory = pair

@@ -248,7 +248,7 @@ def test_the_smollm2_base_stage_trains_the_connector_and_image_newline():
 
     from fire_jax.core.config import InputError
     from fire_jax.models import LoRAParam
-    from fire_jax.runtime.build import build_model, check_trainable, param_path, trainable_filter
+    from fire_jax.weights.build import build_model, check_trainable, param_path, trainable_filter
 
     train = load_config(os.path.join(ROOT, "configs", "main_job.py")).base_train.train
     model = build_model(load_config(os.path.join(ROOT, "configs", "tiny.py")))

@@ -87,7 +87,7 @@ def test_llama31_rope_scaling_matches_hf_under_jit(tmp_path):
     from fire_jax.infer.sampling import SamplingParams
     from fire_jax.infer.forward import forward_logits
     from fire_jax.core.config import loss_config, train_config
-    from fire_jax.runtime.sharding import make_mesh
+    from fire_jax.weights.sharding import make_mesh
     from fire_jax.train.step import Trainer
 
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -133,7 +133,7 @@ def test_tied_embeddings_one_matrix_through_save_transformers_and_a_train_step(t
 
     from fire_jax.core.config import loss_config, train_config
     from fire_jax.models import LlamaConfig, VisionConfig
-    from fire_jax.runtime.sharding import make_mesh
+    from fire_jax.weights.sharding import make_mesh
     from fire_jax.train.step import Trainer
 
     llm = LlamaConfig(vocab_size=512, dim=64, layers=2, heads=4, kv_heads=2, head_dim=16, mlp_dim=128,

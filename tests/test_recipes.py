@@ -15,7 +15,7 @@ from fire_jax.core.config import load_config
 from fire_jax.data.pipeline import InputPipeline
 from fire_jax.data.synthetic import synthesize
 from fire_jax.models import LlavaNext, LlavaNextConfig
-from fire_jax.runtime.sharding import make_mesh
+from fire_jax.weights.sharding import make_mesh
 from fire_jax.train import loop
 from fire_jax.train.loss import token_weights
 from fire_jax.train.step import Trainer

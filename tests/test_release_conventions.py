@@ -198,7 +198,7 @@ def original(tmp_path_factory):
     from fire_jax.convert import llava
     from fire_jax.core.config import load_config
     from fire_jax.models import merge_lora
-    from fire_jax.runtime.build import build_model
+    from fire_jax.weights.build import build_model
 
     config = load_config(os.path.join(ROOT, "configs", "tiny.py"))
     model = merge_lora(build_model(config))
@@ -216,7 +216,7 @@ def original(tmp_path_factory):
 
 def test_an_original_format_checkpoint_carries_the_release_s_conventions(original):
     from fire_jax.convert.load import load_checkpoint
-    from fire_jax.runtime.build import conventions_of
+    from fire_jax.weights.build import conventions_of
 
     folder, model = original
     written = json.load(open(os.path.join(folder, "config.json")))

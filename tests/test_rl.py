@@ -25,7 +25,7 @@ from fire_jax.infer.sampling import SamplingParams
 from fire_jax.models import fold_lora
 from fire_jax.rl import stage
 from fire_jax.rl.rollouts import Rollout, ScoringTeacher, dialogue_rewards, dialogue_rows, rollout, rollout_batch
-from fire_jax.runtime.sharding import make_mesh, put_batch
+from fire_jax.weights.sharding import make_mesh, put_batch
 from fire_jax.train.policy import advantages, policy_loss, sequence_weights, turn_rewards
 from fire_jax.train.step import BATCH_KEYS, Trainer
 
@@ -317,7 +317,7 @@ def test_set_remat_switches_a_loaded_model_and_keeps_its_gradients():
     """The stage rematerialises the policy it loads (``set_remat``, the stage's ``model.remat``, not the
     checkpoint's training config): the forward then holds a checkpoint per layer, and the gradients are the same."""
     from fire_jax.models import LoRAParam, set_remat
-    from fire_jax.runtime.build import build_model
+    from fire_jax.weights.build import build_model
 
     model = build_model(load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.py")))
     ids = jnp.arange(1, 13, dtype=jnp.int32).reshape(2, 6)

@@ -16,7 +16,7 @@ from flax import nnx
 from fire_jax.core.config import load_config
 from fire_jax.data.pipeline import InputPipeline
 from fire_jax.models import LlavaNext, LlavaNextConfig, LoRAParam, set_layer_layout
-from fire_jax.runtime.sharding import make_mesh, put_batch
+from fire_jax.weights.sharding import make_mesh, put_batch
 from fire_jax.train import loop
 from fire_jax.train.loss import token_weights
 from fire_jax.train.step import Trainer
@@ -193,11 +193,11 @@ def test_step_loss_and_gradients_equal_a_hand_computation(hand_setup, role, norm
 
 
 def test_build_model_on_a_mesh_makes_each_weight_sharded():
-    """fire_jax.runtime.build.build_model(config, mesh): the random weights are created already placed by the
+    """fire_jax.weights.build.build_model(config, mesh): the random weights are created already placed by the
     sharding rules (no whole-model copy on one device first), the same values as the eager build to float
     rounding (XLA fuses the initialisers' scaling under jit)."""
-    from fire_jax.runtime.build import build_model
-    from fire_jax.runtime.sharding import state_shardings
+    from fire_jax.weights.build import build_model
+    from fire_jax.weights.sharding import state_shardings
 
     config = tiny_config()
     mesh = make_mesh((2, 2, 2))
@@ -361,7 +361,7 @@ def test_two_processes_write_a_checkpoint_one_process_restores(tmp_path):
     import portpicker
     from safetensors.numpy import load_file
 
-    from fire_jax.runtime.checkpoint import Checkpointer
+    from fire_jax.weights.checkpoint import Checkpointer
 
     workdir = str(tmp_path / "multi")
     port = portpicker.pick_unused_port()
@@ -476,7 +476,7 @@ def test_a_stage_starts_from_another_s_lora(tmp_path):
     on the same base), the rest of the model as the config builds it."""
     from fire_jax.convert.hf import save_peft_adapter
     from fire_jax.models import LoRAParam
-    from fire_jax.runtime.build import build_model
+    from fire_jax.weights.build import build_model
 
     config = tiny_config()
     trained = build_model(config)

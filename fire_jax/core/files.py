@@ -1,4 +1,4 @@
-"""Every output a job writes (checkpoints aside: :mod:`fire_jax.runtime.checkpoint`) is written whole or not at all.
+"""Every output a job writes (checkpoints aside: :mod:`fire_jax.weights.checkpoint`) is written whole or not at all.
 
 - :func:`output_file`: a file (results, reports, settings, plots, a config) written under a temporary name in
   its own folder, then renamed over ``path`` (``os.replace``, atomic on POSIX): a failure leaves the last good

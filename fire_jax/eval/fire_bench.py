@@ -112,7 +112,7 @@ def run_settings(config) -> dict:
     """What changes a run's outputs (the batch size and the fixed dialogues' metric options do not); a rerun
     in the same workdir must match it."""
     from fire_jax.dialogue.agents import spec_prefix
-    from fire_jax.runtime.build import conventions_of
+    from fire_jax.weights.build import conventions_of
 
     setting = config.setting
 

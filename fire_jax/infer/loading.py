@@ -30,8 +30,8 @@ import dataclasses
 import glob
 import os
 
-from fire_jax.runtime.build import build_model
-from fire_jax.runtime.checkpoint import restore_params
+from fire_jax.weights.build import build_model
+from fire_jax.weights.checkpoint import restore_params
 from fire_jax.core.config import resolve_path
 from fire_jax.convert.hf import load_peft_adapter, peft_lora_config
 from fire_jax.convert.llava import adapter_base, is_llava_lora
@@ -143,7 +143,7 @@ def load(config, checkpoint: str | None = None, *, step: int | None = None) -> L
 
 
 def _base(config) -> str:
-    """What :func:`fire_jax.runtime.build.build_model` builds the weights from, in words."""
+    """What :func:`fire_jax.weights.build.build_model` builds the weights from, in words."""
     source = config.init.get("hf_checkpoint") if config.get("init") else None
     return f"HF checkpoint {source}" if source else f"random init (seed {config.seed})"
 

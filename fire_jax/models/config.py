@@ -253,7 +253,7 @@ class LlavaNextConfig:
                 kwargs[key] = None if value is None else _build(sub[key], value, f"model.{key}")
             elif key == "image_grid_pinpoints":
                 kwargs[key] = tuple(tuple(p) for p in value)
-            elif key == "conventions" and not value:  # "": the checkpoint's (runtime.build), else the default
+            elif key == "conventions" and not value:  # "": the checkpoint's (weights.build), else the default
                 continue
             else:
                 kwargs[key] = value

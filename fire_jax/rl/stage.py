@@ -31,8 +31,8 @@ from fire_jax.eval.judge import is_right
 from fire_jax.infer.engine_config import EngineConfig
 from fire_jax.infer.sampling import SamplingParams
 from fire_jax.rl.rollouts import ScoringTeacher, dialogue_rewards, items_at, rollout, rollout_batch
-from fire_jax.runtime.checkpoint import Checkpointer
-from fire_jax.runtime.sharding import make_mesh, put_batch
+from fire_jax.weights.checkpoint import Checkpointer
+from fire_jax.weights.sharding import make_mesh, put_batch
 from fire_jax.train.loop import MetricWriter, cut_metrics, export
 from fire_jax.train.policy import advantages
 from fire_jax.train.step import BATCH_KEYS, Trainer

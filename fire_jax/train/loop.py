@@ -17,14 +17,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from fire_jax.runtime.build import build_model
-from fire_jax.runtime.checkpoint import Checkpointer
+from fire_jax.weights.build import build_model
+from fire_jax.weights.checkpoint import Checkpointer
 from fire_jax.core.cli import StopSignals
 from fire_jax.core.config import WriteFailed, check_config, writing
 from fire_jax.core.files import output_folder, write_text
 from fire_jax.models import LlavaNext
 from fire_jax.models.clip import CLIPModel
-from fire_jax.runtime.sharding import make_mesh, put_batch
+from fire_jax.weights.sharding import make_mesh, put_batch
 from fire_jax.train.step import Trainer, batch_example_ids
 
 

@@ -20,10 +20,10 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fire_jax.core.config import InputError
-from fire_jax.runtime.build import check_trainable, trainable_filter
+from fire_jax.weights.build import check_trainable, trainable_filter
 from fire_jax.models import LlavaNext
 from fire_jax.models.clip import contrastive_loss, dense_loss, fact_loss
-from fire_jax.runtime.sharding import DEFAULT_RULES, activation_sharding, batch_sharding, state_shardings
+from fire_jax.weights.sharding import DEFAULT_RULES, activation_sharding, batch_sharding, state_shardings
 from fire_jax.train import loss as losses
 from fire_jax.train.policy import PolicyGradient
 

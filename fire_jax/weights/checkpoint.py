@@ -1,5 +1,5 @@
 """Orbax checkpoints of a train workdir, for training and inference alike (a model is built by
-:mod:`fire_jax.runtime.build`).
+:mod:`fire_jax.weights.build`).
 
 - :class:`Checkpointer`: orbax checkpoints of a train workdir (``WORKDIR/checkpoints/STEP/``), items
   ``params`` (the trained weights, float32), ``optimizer`` (step and AdamW moments), ``data`` (the
@@ -36,7 +36,7 @@ from flax import nnx
 from orbax.checkpoint import checkpoint_managers as policies
 
 from fire_jax.core.config import InputError, WriteFailed, error_number, json_error_at, write_failed
-from fire_jax.runtime.build import trainable_filter
+from fire_jax.weights.build import trainable_filter
 
 
 class CheckpointDamaged(InputError):

@@ -50,7 +50,7 @@ def _weights(config, mesh=None, rules=None) -> LlavaNext:
     With ``mesh``, random weights are created already sharded by ``rules`` (each device makes only its
     shard: nothing lands on one device first); a Hugging Face checkpoint is read and then placed.
     """
-    from fire_jax.runtime.sharding import DEFAULT_RULES, state_shardings
+    from fire_jax.weights.sharding import DEFAULT_RULES, state_shardings
 
     init = config.get("init", {})
     if config.model.get("kind") == "clip":
@@ -127,7 +127,7 @@ def _from_gguf(config, cfg: LlavaNextConfig, mesh, rules) -> LlavaNext:
     connector, image_newline and any rows past the file's vocabulary (the image token) start random."""
     from fire_jax.convert.fetch import prepare
     from fire_jax.convert.gguf import load_gguf_llm
-    from fire_jax.runtime.sharding import DEFAULT_RULES, state_shardings
+    from fire_jax.weights.sharding import DEFAULT_RULES, state_shardings
 
     model = LlavaNext(cfg, rngs=nnx.Rngs(config.seed))
     load_gguf_llm(model, prepare(config.init.gguf))

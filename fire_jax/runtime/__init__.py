@@ -1,2 +1,0 @@
-"""Models on devices: the mesh and shardings, building a config's model, orbax checkpoints.
-"""
