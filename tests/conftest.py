@@ -81,12 +81,12 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(cores, available // WORKER_MEMORY) if available else cores)
 
 
-#: The files that take one worker longest, longest first (their tests' seconds under 2 workers on a 2-core machine,
-#: 2026-12-06: 157, 144, 126, 116, 96, 83, 83, 64, 61, 61, 59, 56, 53; docs/testing.md). Under ``loadfile`` they
-#: are queued first, so that the last files to start are short ones.
-SLOW_FILES = ("test_wheel.py", "test_train.py", "test_main_job.py", "test_serve.py", "test_infer.py",
-              "test_engine.py", "test_model.py", "test_engine_prefix.py", "test_vlrm_runner.py", "test_gguf.py",
-              "test_stopping.py", "test_llava_vicuna.py", "test_lmms_eval.py")
+#: The files that take one worker longest, longest first (2026-12-07, 2 workers on a 2-core machine: the reduced
+#: main job's file about 190 s, the wheel's 140, then 60-120 each; docs/testing.md). Under ``loadfile`` they are
+#: queued first, so that the last files to start are short ones.
+SLOW_FILES = ("test_main_job.py", "test_wheel.py", "test_train.py", "test_serve.py", "test_infer.py",
+              "test_engine.py", "test_model.py", "test_failures.py", "test_engine_prefix.py", "test_rl.py",
+              "test_vlrm_runner.py", "test_gguf.py", "test_stopping.py", "test_llava_vicuna.py", "test_lmms_eval.py")
 
 
 def pytest_configure(config):
