@@ -170,7 +170,7 @@ def test_a_finished_requests_result_is_there_when_its_listener_hears_the_reason(
     monkeypatch.setattr(requests_module, "Result", slow_result)
     loaded = load(load_config(DEFAULT_CONFIG))
     backend = Serving(loaded.model, loaded.chat, EngineConfig(bucket_step=None, slots=2, cache_len=256, chunk=4))
-    app = create_app({"tiny": Served("tiny", "a tiny random model", backend)})
+    app = create_app({"tiny": Served("tiny", backend)})
     body = json.dumps({"model": "tiny", "max_tokens": 3, "temperature": 0,
                        "messages": [{"role": "user", "content": "hello"}]}).encode()
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
@@ -418,6 +418,41 @@ def test_requests_past_the_graceful_timeout_end_cleanly(tmp_path):
     ended = [line for line in log.splitlines() if line.startswith("graceful timeout of 1 s passed: request ")]
     assert len(ended) == 3 and sum(line.endswith("(503)") for line in ended) == 1
     assert "Traceback" not in log and "Error" not in log
+
+
+def test_a_plugin_kind_is_served_on_the_backend_protocol(tmp_path):
+    """The tests' scripted endpoint has every member of the server's backend protocol, and is served as a model
+    is: a slow request whose client goes away is cancelled, its place in the queue and its timer freed
+    (/health: nothing admitted, nothing in flight), and the next request is answered."""
+    import typing
+
+    from fire_jax.infer.backends import ServedBackend
+    from loopback import get_json, server as loopback_server
+    from scripted_model import ScriptedBackend
+
+    members = {name for name in dir(ServedBackend) if not name.startswith("_")} | set(
+        typing.get_type_hints(ServedBackend))
+    assert members == {"description", "context", "tokenizer", "max_images", "in_flight", "summary", "health",
+                       "request", "submit", "cancel", "start", "stop", "warm_up"}
+    script = tmp_path / "slow.json"
+    script.write_text(json.dumps({"rules": [{"contains": "slow", "reply": "late", "delay_s": 60}], "default": "now"}))
+    assert all(hasattr(ScriptedBackend(str(script)), name) for name in members)
+    with loopback_server("fire_jax.serve", ["--plugin", "scripted_model", "--model", f"m=scripted:{script}"],
+                         "/health") as (_, base):
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "slow"}]}).encode()
+        with pytest.raises(OSError):  # the client gives up after a second
+            urllib.request.urlopen(urllib.request.Request(f"{base}/v1/chat/completions", body,
+                                                          {"content-type": "application/json"}), timeout=1)
+        deadline = time.perf_counter() + 20
+        while (health := get_json(f"{base}/health")["models"]["m"])["in_flight"] or health["admitted"]:
+            assert time.perf_counter() < deadline, health
+            time.sleep(0.1)
+        assert health == {"description": f"scripted replies from {script}", "admitted": 0, "in_flight": 0,
+                          "requests": {"slow": 1}}
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "quick"}]}).encode()
+        with urllib.request.urlopen(urllib.request.Request(f"{base}/v1/chat/completions", body,
+                                                           {"content-type": "application/json"}), timeout=30) as r:
+            assert json.loads(r.read())["choices"][0]["message"]["content"] == "now"
 
 
 def test_engine_requests_past_the_graceful_timeout_end_cleanly():

@@ -10,7 +10,7 @@ implement it:
 - :class:`fire_jax.infer.api.ApiBackend`: an OpenAI-compatible endpoint (``api:<base_url>#<model>``).
 
 A server needs more of a request than its text: its finish reason and token counts, a queue it can cancel from,
-counts of what it served. :class:`Serving` gives that over one started engine of a fixed shape (requests made
+counts of what it served: :class:`ServedBackend`. :class:`Serving` gives that over one started engine of a fixed shape (requests made
 and checked, submitted, followed by :class:`Update` s, cancelled); the OpenAI-compatible server serves its models
 on them, and :meth:`InProcess.stream` runs on one.
 
@@ -118,6 +118,52 @@ class Update(NamedTuple):
     error: BaseException | None  # why it failed ("error"), else None
 
 
+class ServedBackend(Protocol):
+    """What a server serves a model on: :class:`Serving` (a model on an engine), or a kind a plugin registers
+    (:func:`fire_jax.infer.factory.register_serving`, e.g. the tests' scripted endpoints). A request is made from
+    a chat and checked (:meth:`request`), submitted and followed by :class:`Update` s on any thread
+    (:meth:`submit`), and may be cancelled (:meth:`cancel`); the server sees nothing else of it."""
+
+    #: Where its replies come from, in words (a checkpoint, a script).
+    description: str
+    #: Tokens one request may hold, prompt and reply (0: unbounded by the backend).
+    context: int
+    #: The tokenizer a request's text is counted in (None: the text is bounded only by the server's flags).
+    tokenizer: object
+    #: Images one request may hold.
+    max_images: int
+    #: Requests submitted and not finished.
+    in_flight: int
+
+    def summary(self) -> str:
+        """One line for the server's startup log: what it serves and how much memory it holds."""
+
+    def health(self) -> dict:
+        """What ``/health`` shows of it (JSON-serialisable counts)."""
+
+    def request(self, messages: Sequence[Message], images: Sequence, sampling: SamplingParams, *,
+                system: str | None = None):
+        """A chat's request, checked before it costs anything; :class:`Refused` for one it cannot run, ValueError
+        for a chat it cannot take. (A test double of an HTTP endpoint may raise
+        :class:`fire_jax.serving.limits.BadRequest` to answer with a status of its own.)"""
+
+    def submit(self, request, on_update: Callable[[Update], None]):
+        """Queue ``request`` (from :meth:`request`); ``on_update`` hears its updates, the last with a finish
+        reason. Returns a ticket for :meth:`cancel`; :class:`Refused` ("stopping") once stopped."""
+
+    def cancel(self, ticket) -> bool:
+        """End a submitted request (its last update's reason "cancelled"); False when it had finished."""
+
+    def start(self) -> "ServedBackend":
+        """Take requests from now on."""
+
+    def stop(self, drain: bool = True) -> None:
+        """Take no more requests; finish those in flight (``drain``) or end them."""
+
+    def warm_up(self) -> int:
+        """Compile what requests will need now; returns how many shapes."""
+
+
 class Serving:
     """A model on one engine of a fixed shape, started to take requests from any thread as they come: the
     backend a server serves a model on (and :meth:`InProcess.stream`'s). A request is made from a chat and
@@ -157,6 +203,16 @@ class Serving:
     def in_flight(self) -> int:
         """Requests submitted and not finished (waiting or in a slot)."""
         return self._engine.in_flight
+
+    def summary(self) -> str:
+        return (f"{self.description}; context {self.context} tokens x {self.slots} slots "
+                f"(KV cache {self.kv_cache_bytes / 2 ** 30:.2f} GiB)")
+
+    def health(self) -> dict:
+        """Requests in flight, finished and cancelled, and prompt tokens admitted, reused from cached prefixes and
+        prefilled."""
+        return {"in_flight": self.in_flight, "finished": self.stats["requests"], "cancelled": self.stats["cancelled"],
+                **{key: self.stats[key] for key in ("prompt_tokens", "reused_tokens", "prefilled_tokens")}}
 
     def request(self, messages: Sequence[Message], images: Sequence, sampling: SamplingParams, *,
                 system: str | None = None) -> Request:

@@ -5,6 +5,9 @@ A spec is a checkpoint run in process (:class:`fire_jax.infer.backends.InProcess
 :func:`fire_jax.infer.loading.load`; a server's :class:`fire_jax.infer.backends.Serving`) or, with a prefix of
 :data:`SPEC_PREFIXES`, an endpoint (:class:`fire_jax.infer.api.ApiBackend`). The agents over a backend (the student, the teacher, and the exact
 teacher, an agent with no backend) are built by :func:`fire_jax.dialogue.agents.from_spec`.
+
+A server may also serve kinds of its own that a plugin registers (:func:`register_serving`): the tests' scripted
+endpoints (``tests/scripted_model.py``) stand for a slow or flaky model behind the same backend protocol.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 from typing import Callable
 
 from fire_jax.infer.api import ApiBackend
-from fire_jax.infer.backends import Backend, InProcess, Serving, StreamingEngines
+from fire_jax.infer.backends import Backend, InProcess, ServedBackend, Serving, StreamingEngines
 from fire_jax.infer.engine_config import EngineConfig
 from fire_jax.infer.sampling import SamplingParams
 
@@ -60,12 +63,26 @@ def generator(spec: str | None, sampling: SamplingParams = SamplingParams(), *,
                      description=loaded.description, context=context, streaming=streaming)
 
 
+#: Served kinds that are no checkpoint, by spec prefix: ``build(rest_of_spec)`` gives a
+#: :class:`fire_jax.infer.backends.ServedBackend` (:func:`register_serving`).
+SERVING_KINDS: dict[str, Callable[[str], ServedBackend]] = {}
+
+
+def register_serving(prefix: str, build: Callable[[str], ServedBackend]) -> None:
+    """Serve specs beginning with ``prefix`` on ``build(the rest of the spec)`` (a ``fire_jax.serve --plugin``
+    module calls this when imported)."""
+    SERVING_KINDS[prefix] = build
+
+
 def serving(spec: str | None, shape: EngineConfig, *, config, init: str | None = None,
-            context: Callable | None = None) -> Serving:
-    """The backend a server serves a checkpoint on (None: the model of ``config``, as :func:`generator`): its
-    model on one engine of ``shape`` (not started), with ``context(chat)`` cache columns a slot when given (a
-    function of the model's :class:`fire_jax.data.chat.ChatTokenizer`: its tokenizer and tile geometry), else
-    ``shape.cache_len``."""
+            context: Callable | None = None) -> ServedBackend:
+    """The backend a server serves a spec on: a registered kind's (:func:`register_serving`), else a checkpoint's
+    (None: the model of ``config``, as :func:`generator`), its model on one engine of ``shape`` (not started),
+    with ``context(chat)`` cache columns a slot when given (a function of the model's
+    :class:`fire_jax.data.chat.ChatTokenizer`: its tokenizer and tile geometry), else ``shape.cache_len``."""
+    kind = next((p for p in SERVING_KINDS if isinstance(spec, str) and spec.startswith(p)), None)
+    if kind is not None:
+        return SERVING_KINDS[kind](spec[len(kind):])
     loaded = _load(spec, config, init)
     if context is not None:
         shape = shape.replace(cache_len=context(loaded.chat))

@@ -41,10 +41,11 @@ seconds at most, then end those still running, each with a clean answer
 ``[DONE]``) and one line in the log, then exit. ``--port 0`` takes a free
 port; the line "listening on http://HOST:PORT/v1" says which.
 
-A ``--plugin MODULE`` may register served models that answer without a model
-(:func:`register_replier`): the tests' ``scripted:FILE.json`` endpoints
-(``tests/scripted_model.py``) answer the demo's and FIRE-100K-style
-generation's clients with fixed strings, delays and errors.
+Every model is served on the backend protocol (:class:`fire_jax.infer.backends.ServedBackend`). A
+``--plugin MODULE`` is imported first and may register served kinds of its own on that protocol
+(:func:`fire_jax.infer.factory.register_serving`): the tests' ``scripted:FILE.json`` endpoints
+(``tests/scripted_model.py``) answer the demo's and FIRE-100K-style generation's clients with fixed strings,
+delays and errors.
 """
 
 from __future__ import annotations
@@ -117,21 +118,8 @@ def default_cache_len(geometry, text_tokens: int, max_images: int = MAX_IMAGES,
 @dataclasses.dataclass
 class Served:
     name: str
-    description: str
-    backend: Any  # its fire_jax.infer.backends.Serving; None for a replier
-    replier: Any = None  # a REPLIERS model: fixed replies instead of a backend
+    backend: Any  # a fire_jax.infer.backends.ServedBackend: Serving, or a kind a plugin registered
     max_text_chars: int = 0  # characters of text a request may hold (its context at the longest token); 0: any
-
-
-#: Served models that answer without a model (test doubles of an endpoint), by spec prefix:
-#: ``factory(rest_of_spec)`` gives an object with ``description``, ``counts`` (a dict /health shows) and
-#: ``reply(text) -> (reply, delay_s)``, which may raise :class:`BadRequest` to answer with an error. A
-#: ``--plugin`` module's ``register(register_replier)`` registers its kinds here.
-REPLIERS: dict = {}
-
-
-def register_replier(prefix: str, factory) -> None:
-    REPLIERS[prefix] = factory
 
 
 # ------------------------------------------------------------------------------------------------
@@ -288,7 +276,7 @@ def create_app(models: dict[str, Served], *, max_queue: int = 256, limits: Limit
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        backends = [served.backend for served in models.values() if served.backend is not None]
+        backends = [served.backend for served in models.values()]
         for backend in backends:
             backend.start()
         yield
@@ -349,11 +337,8 @@ def _add_error_handlers(app) -> None:
 
 def _health(models: dict[str, Served], admitted: dict[str, Admitted]) -> dict:
     return {"status": "ok", "models": {
-        name: {"description": s.description, "in_flight": s.backend.in_flight, "admitted": len(admitted[name]),
-               "finished": s.backend.stats["requests"], "cancelled": s.backend.stats["cancelled"],
-               **{key: s.backend.stats[key] for key in ("prompt_tokens", "reused_tokens", "prefilled_tokens")}}
-        if s.replier is None else
-        {"description": s.description, "requests": dict(s.replier.counts)} for name, s in models.items()}}
+        name: {"description": s.backend.description, "admitted": len(admitted[name]), **s.backend.health()}
+        for name, s in models.items()}}
 
 
 async def _chat_completion(http: HttpRequest, models: dict[str, Served], admitted: dict[str, Admitted],
@@ -368,8 +353,6 @@ async def _chat_completion(http: HttpRequest, models: dict[str, Served], admitte
     if name not in models:
         raise BadRequest(404, f"that model is not served; serving {sorted(models)}", "model_not_found")
     served = models[name]
-    if served.replier is not None:
-        return await _replied(served, body, limits, grace)
     request = build_request(served, body, limits)
     stream = body.get("stream") is True  # a boolean: build_request checked it
     queue = admitted[name]
@@ -414,26 +397,6 @@ async def _chat_completion(http: HttpRequest, models: dict[str, Served], admitte
                          "finish_reason": last.reason}],
             "usage": {"prompt_tokens": last.prompt_tokens, "completion_tokens": last.completion_tokens,
                       "total_tokens": last.prompt_tokens + last.completion_tokens}}
-
-
-async def _replied(served: Served, body: dict, limits: Limits, grace: GracefulTimeout):
-    """A replier's answer after its delay, non-streamed or streamed (the role event, the delay, the text); fields
-    and images are checked as for a real model. The graceful timeout ends the delay (a 503; a stream: an error
-    event and [DONE])."""
-    _, stream = sampling(body)
-    system, messages, _ = parse_messages(body.get("messages"), limits, limits.max_text_chars)
-    text, delay = served.replier.reply("\n".join(([system] if system else []) + [m.text for m in messages]))
-    rid, created, name = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), served.name
-    updates: asyncio.Queue = asyncio.Queue()
-    asyncio.get_running_loop().call_later(delay, updates.put_nowait, Update(text, "stop", text, 0, 0, None))
-    if stream:
-        return StreamingResponse(_events(rid, created, name, updates, grace), media_type="text/event-stream")
-    if await _next_update(updates, grace) is None:
-        grace.ended(rid, name, "503")
-        raise BadRequest(503, grace.message, "shutting_down", {"Retry-After": "5"})
-    return {"id": rid, "object": "chat.completion", "created": created, "model": name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
 
 
 async def _wait_unless_disconnected(http, updates: asyncio.Queue, grace: GracefulTimeout) -> Update | str | None:
@@ -509,19 +472,13 @@ def load_models(config, specs: dict[str, str | None], init: str | None, shape: E
     (:func:`fire_jax.serving.limits.text_chars_bound`)."""
     out = {}
     for name, checkpoint in specs.items():
-        prefix = next((p for p in REPLIERS if checkpoint is not None and checkpoint.startswith(p)), None)
-        if prefix is not None:
-            replier = REPLIERS[prefix](checkpoint[len(prefix):])
-            out[name] = Served(name, replier.description, None, replier)
-            print(f"serving {name!r}: {replier.description}", flush=True)
-            continue
         backend = factory.serving(checkpoint, shape.replace(max_images=max_images), config=config, init=init,
                           context=lambda chat: cache_len or default_cache_len(chat.geometry,
                                                                               prompt_text_tokens(chat.tokenizer)))
-        chars = max_text_chars or text_chars_bound(backend.context, longest_token_chars(backend.tokenizer))
-        out[name] = Served(name, backend.description, backend, max_text_chars=chars)
-        print(f"serving {name!r}: {backend.description}; context {backend.context} tokens x {backend.slots} slots "
-              f"(KV cache {backend.kv_cache_bytes / 2 ** 30:.2f} GiB)", flush=True)
+        chars = max_text_chars or (text_chars_bound(backend.context, longest_token_chars(backend.tokenizer))
+                                   if backend.tokenizer is not None and backend.context else 0)
+        out[name] = Served(name, backend, max_text_chars=chars)
+        print(f"serving {name!r}: {backend.summary()}", flush=True)
         if warm_up:
             start = time.perf_counter()
             shapes = backend.warm_up()
@@ -540,8 +497,9 @@ def parse_args(argv=None):
                         help="a served model: an HF dir, a PEFT adapter, a train workdir, 'random', or a spec of a "
                              "kind a --plugin registers (repeatable)")
     parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
-                        help="import MODULE first and call its register(register_replier) to add served model kinds, "
-                             "e.g. the tests' scripted endpoints (repeatable)")
+                        help="import MODULE first: it may register served model kinds on the backend protocol "
+                             "(fire_jax.infer.factory.register_serving), e.g. the tests' scripted endpoints "
+                             "(repeatable)")
     parser.add_argument("--init", help="base HF checkpoint for PEFT adapters (default: the config's init)")
     parser.add_argument("--slots", type=int, default=32, help="decode slots per model")
     parser.add_argument("--cache_len", type=int, default=0,
@@ -576,8 +534,8 @@ def main(argv=None):
     argv, overrides = split_overrides(sys.argv[1:] if argv is None else list(argv))
     args = parse_args(argv)
     config = require_model_config(apply_overrides(load_config(args.config), overrides), args.config)
-    for module in args.plugin:  # register() gets this module's function: under -m this module is __main__
-        importlib.import_module(module).register(register_replier)
+    for module in args.plugin:  # registers its kinds with fire_jax.infer.factory as it is imported
+        importlib.import_module(module)
     if args.model:
         specs = {name: (None if path == "random" else path) for name, path in (s.split("=", 1) for s in args.model)}
         init = args.init
