@@ -3,6 +3,7 @@
     python benchmarks/decode.py                       # dim 256, 4 layers, vocab 32000, prompt 512, 128 new
     python benchmarks/decode.py --dim 512 --layers 8 --batches 1,8
     python benchmarks/decode.py --gguf smollm2-135m-instruct --prompt 128 --new 64   # the main job's LLM
+    python benchmarks/decode.py --gguf smollm2-135m-instruct --temperature 1 --batches 1,16   # sampled (RL rollouts)
 
 A Llama-shaped LLaVA-NeXT with random weights (a tiny vision tower, never
 run: prompts are text-only) is built in PyTorch, saved, and loaded into
@@ -12,6 +13,9 @@ ids). Each configuration is run once to warm up (JAX compiles, PyTorch
 allocates), then timed, best of ``--repeats`` (3). "prefill" is a run with one
 new token; "decode" is the rest: (time(new) - time(1)) over ``batch * (new - 1)``
 tokens.
+
+``--temperature T`` > 0 samples instead, both sides from the whole vocabulary (top_k 0, top_p 1: the reinforcement
+stage's rollouts), each sequence still running the full ``--new`` tokens.
 
 ``--gguf`` (a model name of ``fire_jax.convert.fetch`` or a ``.gguf`` path) runs that file's LLM instead, both
 sides reading its weights (transformers: ``from_pretrained(folder, gguf_file=name)``), dequantized to float32,
@@ -78,6 +82,8 @@ def main(argv=None):
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gguf", default="", help="a GGUF model (name or path): its LLM, its weights, both sides")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: sampled from the whole "
+                        "vocabulary on both sides")
     parser.add_argument("--chunk", type=int, default=0, help="decode steps per engine dispatch (EngineConfig.chunk; "
                         "0: its default)")
     args = parser.parse_args(argv)
@@ -95,7 +101,7 @@ def main(argv=None):
         from transformers import AutoModelForCausalLM
 
         from fire_jax.convert.fetch import resolve_model
-        from fire_jax.convert.gguf import load_model
+        from fire_jax.convert.load import load_model
 
         path = resolve_model(args.gguf)
         model = load_model(path)
@@ -113,7 +119,8 @@ def main(argv=None):
     print(f"jax {jax.__version__} on {jax.devices()[0].platform} | torch {torch.__version__} "
           f"({torch.get_num_threads()} threads) | {os.cpu_count()} CPUs | load average "
           "{:.2f} {:.2f} {:.2f} before".format(*os.getloadavg()))
-    print(f"model: {described}; prompt {args.prompt}, {args.new} new tokens, float32\n")
+    print(f"model: {described}; prompt {args.prompt}, {args.new} new tokens, float32, "
+          + (f"sampled at temperature {args.temperature:g}\n" if args.temperature > 0 else "greedy\n"))
 
     rows = []
     for batch in [int(b) for b in args.batches.split(",")]:
@@ -121,15 +128,18 @@ def main(argv=None):
         ids = torch.as_tensor(prompts)
 
         def ours(new):
-            sampling = SamplingParams(max_tokens=new, stop_ids=())
+            sampling = SamplingParams(max_tokens=new, stop_ids=(), temperature=args.temperature)
             engine = EngineConfig(**({"chunk": args.chunk} if args.chunk else {}))
-            return lambda: generate(model, list(prompts), sampling=sampling, engine=engine).tokens
+            rng = jax.random.key(1) if args.temperature > 0 else None
+            return lambda: generate(model, list(prompts), sampling=sampling, engine=engine, rng=rng).tokens
 
         def theirs(new):
             def run():
                 with torch.no_grad():
                     out = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
-                                      do_sample=False, pad_token_id=0, eos_token_id=None)
+                                      do_sample=args.temperature > 0, pad_token_id=0, eos_token_id=None,
+                                      **(dict(temperature=args.temperature, top_k=0, top_p=1.0)
+                                         if args.temperature > 0 else {}))
                 assert out.shape[1] == args.prompt + new
             return run
 

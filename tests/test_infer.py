@@ -229,6 +229,15 @@ def test_sampler_filters_per_row():
     token = np.asarray(token)
     assert token[0] == 1 and token[2] == 1 and token[3] == 1  # greedy rows, and a top-1 row
     np.testing.assert_allclose(logprob, skewed[token], rtol=1e-4)
+    # the filters run only when a row asks (lax.cond): rows that filter nothing draw the same tokens either way
+    wide = jax.random.normal(jax.random.key(1), (6, 3000)) * 3
+    wide_keys = jax.random.split(jax.random.key(2), 6)
+    plain = Nucleus(jnp.ones(6), jnp.zeros(6, jnp.int32), jnp.ones(6))
+    beside_filters = Nucleus(jnp.ones(6), jnp.asarray([0, 0, 0, 0, 5, 0]), jnp.asarray([1, 1, 1, 1, 1, 0.5]))
+    unfiltered, filtered = np.asarray(plain(wide, wide_keys)), np.asarray(beside_filters(wide, wide_keys))
+    assert (unfiltered[:4] == filtered[:4]).all() and len(set(unfiltered.tolist())) > 3
+    np.testing.assert_array_equal(plain.scores(wide), wide)
+    assert filtered[4] in np.argsort(np.asarray(wide[4]))[-5:]
 
 
 def test_compilations_bounded_by_buckets(pair):
