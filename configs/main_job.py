@@ -192,9 +192,9 @@ def _smollm2(config, compare: bool, see: bool) -> None:
 #: judged in free dialogues beside FIRE. Any workdir of the same size and lineage resumes into it: its finished
 #: stages and evaluations are skipped.
 RL_REWARD_TEACHERS = ("exact", "fd")
-#: Each stage's rollouts (items x dialogues an item) and updates. SmolLM2, estimated from its free dialogues' and its
-#: student's steps (not yet measured): 8 rollouts of 16 dialogues, 5-7 minutes a stage at 310 GFLOP/s with its
-#: compiles, the two within the variant's 4,000 GFLOP/s-min (fire_jax.stages.main_job.RL_BUDGET).
+#: Each stage's rollouts (items x dialogues an item) and updates. SmolLM2: 8 rollouts of 16 dialogues; measured on
+#: 2 cores at 189 GFLOP/s (docs/main_job.md), the exact teacher's stage 10.9 minutes and FD's 8.1, the two within
+#: the variant's 4,000 GFLOP/s-min (fire_jax.stages.main_job.RL_BUDGET) with little room.
 RL_STAGES = dict(smollm2=dict(items_per_step=4, group_size=4, iterations=8, lr=1e-3),
                  tiny=dict(items_per_step=4, group_size=4, iterations=6, lr=2e-3))
 

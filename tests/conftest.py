@@ -81,10 +81,10 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(cores, available // WORKER_MEMORY) if available else cores)
 
 
-#: The files that take one worker longest, longest first (2026-12-07, 2 workers on a 2-core machine: the reduced
-#: main job's file about 190 s, the wheel's 140, then 60-120 each; docs/testing.md). Under ``loadfile`` they are
-#: queued first, so that the last files to start are short ones.
-SLOW_FILES = ("test_main_job.py", "test_wheel.py", "test_train.py", "test_serve.py", "test_infer.py",
+#: The files that take one worker longest, longest first (2026-12-08, 2 workers on a 2-core machine: the reduced
+#: main job's file, its wheel built and installed, about 230 s, then 60-120 each; docs/testing.md). Under
+#: ``loadfile`` they are queued first, so that the last files to start are short ones.
+SLOW_FILES = ("test_main_job.py", "test_train.py", "test_serve.py", "test_infer.py",
               "test_engine.py", "test_model.py", "test_failures.py", "test_engine_prefix.py", "test_rl.py",
               "test_vlrm_runner.py", "test_gguf.py", "test_stopping.py", "test_llava_vicuna.py", "test_lmms_eval.py")
 

@@ -1,4 +1,5 @@
-"""The main job end to end in a reduced form, and the Fig. 6 ablation launcher at tiny scale."""
+"""The main job end to end in a reduced form, run from the wheel in an empty environment, and the Fig. 6 ablation
+launcher at tiny scale."""
 
 import json
 import os
@@ -11,39 +12,40 @@ import pytest
 from fire_jax.core.config import load_config
 from fire_jax.eval import judge
 from fire_jax.dialogue.stop import FREE_DIALOGUE
-from fire_jax.stages.main_job import JUDGED, SUMMARY, eval_stage, run
+from fire_jax.stages.main_job import JUDGED, SUMMARY
+from wheel_env import ROOT, build, installed
 
-ROOT = os.path.join(os.path.dirname(__file__), "..")
+REDUCED = os.path.join(ROOT, "tests", "reduced_main_job.py")
 
 
-def reduced_config(steps=12):
-    """configs/main_job.py:tiny,compare,see at test scale (FD from a comparison stage, the seeing lineage: every stage). Every stage pads to one length bucket, so the three stages (and
-    the ablation's and the retrained teacher's) run one step program, compiled once per run.
-
-    The stages train on one device, as the main job does on a CPU: the suite's process has 8 host devices, and a
-    mesh over them would split each batch of 8 into 8 shards and reduce the gradients across them. Their step
-    is compiled at XLA's default level over the suite's LLVM -O0 (conftest): it runs 50 times a module, and a
-    step of 8 x 768 tokens takes about half the time at the default level."""
-    config = load_config(os.path.join(ROOT, "configs", "main_job.py:tiny,compare,see"))
-    config.clip_train.train.update(dict(total_steps=steps, checkpoint_every=100))
-    config.clip_train.data.batch_size = config.clip_train.train.batch_size = 16
-    for stage in (config.align_train, config.base_train, config.compare_train, config.teacher_train,
-                  config.student_train):
-        stage.train.total_steps = steps
-        stage.train.checkpoint_every = 100
-        stage.train.xla_options = (("xla_backend_optimization_level", 2),)
-        stage.data.buckets = (stage.data.max_len,)
-        stage.mesh.shape = (1, 1, 1)
-    for setting in (config.eval_fixed, config.eval_free):
-        setting.test.max_examples = 6
-        setting.decode.max_new_tokens = 12
-    return config
+def reduced_config(steps: int = 12):
+    """configs/main_job.py:tiny,compare,see at test scale (tests/reduced_main_job.py)."""
+    return load_config(f"{REDUCED}:{steps}")
 
 
 @pytest.fixture(scope="module")
-def pipeline_run(tmp_path_factory):
-    workdir = str(tmp_path_factory.mktemp("pipeline"))
-    return workdir, run(reduced_config(), workdir)
+def wheel_python(tmp_path_factory):
+    """(python, env): the wheel, built from the source tree, installed alone into an empty virtual environment
+    (tests/wheel_env.py), and the environment its jobs run in."""
+    wheel, _ = build(tmp_path_factory.mktemp("wheel"), sdist=False)
+    return installed(wheel, tmp_path_factory.mktemp("env"))
+
+
+@pytest.fixture(scope="module")
+def pipeline_run(wheel_python, tmp_path_factory):
+    """The reduced main job as a user runs it: ``python -m fire_jax.run`` from the wheel, installed alone into an
+    empty virtual environment, in a folder that holds no source (a module importing an undeclared package, an
+    asset or a config left out of the wheel, a path into the source tree, fails here). Returns (its workdir, its
+    summary.json)."""
+    python, env = wheel_python
+    where = tmp_path_factory.mktemp("pipeline")
+    workdir = str(where / "run")
+    job = subprocess.run([python, "-m", "fire_jax.run", "--config", REDUCED, "--workdir", workdir], cwd=where,
+                         env=env, capture_output=True, text=True, timeout=1200)
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    last = job.stdout.strip().splitlines()[-1]
+    assert last.startswith("done in ") and "GFLOP/s" in last, last
+    return workdir, json.load(open(os.path.join(workdir, "summary.json")))
 
 
 def test_pipeline_writes_every_table_and_plot(pipeline_run):
@@ -76,7 +78,6 @@ def test_pipeline_writes_every_table_and_plot(pipeline_run):
     assert aligned["generated"] == dict(generate=160, seed=1, split="align_generated")
     clip_losses = [json.loads(line)["loss"] for line in open(os.path.join(workdir, "clip", "metrics.jsonl"))]
     assert len(clip_losses) == 12 and clip_losses[-1] < clip_losses[0]
-    assert json.load(open(os.path.join(workdir, "summary.json"))) == json.loads(json.dumps(summary))
     timing = json.load(open(os.path.join(workdir, "timing.json")))
     # the budget's measure: minutes x the matmul rate (rounded to a GFLOP/s in the file)
     assert abs(timing["gflops_minutes"] - timing["minutes"] * timing["matmul_gflops"]) <= timing["minutes"] / 2 + 1
@@ -154,28 +155,43 @@ def test_exact_teacher_runs_agree_with_the_judge(pipeline_run):
         assert summary["exact_teacher"][run_name]["RR"] == results["metrics"]["overall"]["RR"]
 
 
-def test_same_command_same_results(pipeline_run, tmp_path):
+#: The determinism test's second run, in the pipeline's own environment (the wheel's interpreter, one host device):
+#: the suite's process has 8 host devices, and XLA:CPU then sums some reductions in another order (the last bit of
+#: a loss at step 3).
+AGAIN = """
+import json, os, sys
+from fire_jax.core.config import load_config
+from fire_jax.stages.main_job import eval_stage
+from fire_jax.train.loop import train
+
+reduced, workdir, out = sys.argv[1:]
+config = load_config(reduced)
+compare, base = (os.path.join(workdir, stage, "export", "hf_merged") for stage in ("compare", "base"))
+config.teacher_train.init.hf_checkpoint = compare
+# The first 4 of the stage's 12 steps, under the same 12-step schedule (as a stopped run would log them).
+train(config.teacher_train, os.path.join(out, "teacher"), max_steps=4)
+eval_stage(config.eval_free, os.path.join(out, "fire_free"),
+           student=dict(name="FIRE (ours)", init=base, adapter=os.path.join(workdir, "student")),
+           teacher=dict(name="FD (ours)", init=compare, adapter=os.path.join(workdir, "teacher")),
+           baseline_results=os.path.join(workdir, "eval", "baseline_free", "results.json"))
+"""
+
+
+def test_same_command_same_results(pipeline_run, wheel_python, tmp_path):
     """Determinism: a stage trained again from scratch logs the same losses (its first 4 steps, under the same
     12-step schedule); an evaluation run again writes the same metrics (the whole summary.json is then identical,
     which the README's two-run check shows)."""
-    from fire_jax.train.loop import train
-
     workdir, _ = pipeline_run
-    config = reduced_config()
-    config.teacher_train.init.hf_checkpoint = os.path.join(workdir, "compare", "export", "hf_merged")
-    # The first 4 of the stage's 12 steps, under the same 12-step schedule (as a stopped run would log them).
-    train(config.teacher_train, str(tmp_path / "teacher"), max_steps=4)
+    python, env = wheel_python
+    again = subprocess.run([python, "-c", AGAIN, REDUCED, workdir, str(tmp_path)], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     losses = lambda d: [json.loads(line).get("loss") for line in open(os.path.join(d, "metrics.jsonl"))]
-    again = losses(str(tmp_path / "teacher"))
-    assert len(again) == 4 and again == losses(os.path.join(workdir, "teacher"))[:4]
-    base = os.path.join(workdir, "base", "export", "hf_merged")
-    again = eval_stage(config.eval_free, str(tmp_path / "fire_free"),
-                       student=dict(name="FIRE (ours)", init=base, adapter=os.path.join(workdir, "student")),
-                       teacher=dict(name="FD (ours)", init=os.path.join(workdir, "compare", "export", "hf_merged"),
-                                    adapter=os.path.join(workdir, "teacher")),
-                       baseline_results=os.path.join(workdir, "eval", "baseline_free", "results.json"))
-    first = json.load(open(os.path.join(workdir, "eval", "fire_free", "results.json")))
-    assert again["metrics"] == first["metrics"]
+    retrained = losses(str(tmp_path / "teacher"))
+    assert len(retrained) == 4 and retrained == losses(os.path.join(workdir, "teacher"))[:4]
+    first, second = (json.load(open(os.path.join(d, "fire_free", "results.json")))
+                     for d in (os.path.join(workdir, "eval"), str(tmp_path)))
+    assert second["metrics"] == first["metrics"]
 
 
 def data_size_ablation(*args):
