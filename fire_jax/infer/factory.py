@@ -27,7 +27,12 @@ SPEC_PREFIXES = (ApiBackend.prefix,)
 def backend_of(spec) -> str | None:
     """The prefix of :data:`SPEC_PREFIXES` that ``spec`` begins with, or None (a checkpoint, or the config's own
     model)."""
-    return next((p for p in SPEC_PREFIXES if isinstance(spec, str) and spec.startswith(p)), None)
+    return _prefix_of(spec, SPEC_PREFIXES)
+
+
+def _prefix_of(spec, prefixes) -> str | None:
+    """The first of ``prefixes`` that ``spec`` (a string, else None) begins with, or None."""
+    return next((p for p in prefixes if isinstance(spec, str) and spec.startswith(p)), None)
 
 
 def generator(spec: str | None, sampling: SamplingParams = SamplingParams(), *,
@@ -80,7 +85,7 @@ def serving(spec: str | None, shape: EngineConfig, *, config, init: str | None =
     (None: the model of ``config``, as :func:`generator`), its model on one engine of ``shape`` (not started),
     with ``context(chat)`` cache columns a slot when given (a function of the model's
     :class:`fire_jax.data.chat.ChatTokenizer`: its tokenizer and tile geometry), else ``shape.cache_len``."""
-    kind = next((p for p in SERVING_KINDS if isinstance(spec, str) and spec.startswith(p)), None)
+    kind = _prefix_of(spec, SERVING_KINDS)
     if kind is not None:
         return SERVING_KINDS[kind](spec[len(kind):])
     loaded = _load(spec, config, init)
